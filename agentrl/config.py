@@ -1,0 +1,266 @@
+"""Typed configuration: defaults here, YAML files in `configs/` override them, and dotted
+`key=value` pairs on the command line override both.
+
+Every field has a docstring (it is the config reference, see `agentrl config`). Unknown keys,
+wrong types and unsupported values fail at start-up with the key and the allowed values.
+This module imports no torch, so the CLI parses and validates before the heavy imports.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+ALGOS = ("grpo", "dr_grpo", "gspo", "rloo", "reinforce_pp", "ppo", "dpo")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+class EnvConfig(_Section):
+    name: str = "code_sandbox"
+    """Env to train on: a short name (`agentrl envs`), a Gymnasium id, or `pkg.module:Class`."""
+    max_turns: int | None = Field(default=None, ge=1)
+    """Extra limit on agent turns per episode (the registered limit still applies; the smaller wins)."""
+    dataset: str | None = None
+    """Task source for envs that take one (code_sandbox: a HumanEval/MBPP/EvalPlus file or `humaneval`)."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Extra keyword arguments for the env's constructor."""
+    wrappers: list[str] = Field(default_factory=list)
+    """Reward wrappers stacked on the env, in order (e.g. `curiosity`, `judge`, `safety`)."""
+
+
+class ModelConfig(_Section):
+    path: str | None = None
+    """Local Hugging Face model directory. None: build the embedded tiny default (see `tiny`)."""
+    hidden_size: int = Field(default=128, ge=8)
+    """Embedded default: hidden size of the tiny Qwen2 model."""
+    num_layers: int = Field(default=4, ge=1)
+    """Embedded default: number of transformer layers."""
+    num_heads: int = Field(default=4, ge=1)
+    """Embedded default: attention heads."""
+    intermediate_size: int = Field(default=384, ge=8)
+    """Embedded default: MLP width."""
+    vocab_size: int = Field(default=1024, ge=300)
+    """Embedded default: byte-level BPE vocabulary size trained offline on the env's corpus."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Parameter dtype of policy and engine (float32 on CPU)."""
+
+
+class RolloutConfig(_Section):
+    engine: Literal["hf", "vllm"] = "hf"
+    """Inference engine: `hf` (transformers, CPU default) or `vllm` (needs `agentrl[vllm]`)."""
+    num_workers: int = Field(default=0, ge=0)
+    """Ray rollout workers; 0 runs rollouts in-process (debuggable, the CPU default)."""
+    tasks_per_step: int = Field(default=8, ge=1)
+    """Distinct tasks per training step (each run `algo.group_size` times)."""
+    temperature: float = Field(default=1.0, ge=0.0)
+    """Sampling temperature (tokens); the learner scales logits by the same value."""
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass."""
+    max_tokens: int = Field(default=96, ge=1)
+    """Most tokens the agent may sample per turn."""
+    max_episode_tokens: int = Field(default=1024, ge=16)
+    """Most tokens in a whole episode (prompt included); exceeding it truncates the episode."""
+    env_threads: int = Field(default=4, ge=1)
+    """Threads stepping envs concurrently (sandbox runs, HTTP calls)."""
+    torch_threads: int = Field(default=1, ge=1)
+    """torch threads of the engine process (on 2 cores keep engine + learner threads <= cores)."""
+
+
+class AlgoConfig(_Section):
+    name: str = "grpo"
+    """Algorithm: one of grpo, dr_grpo, gspo, rloo, reinforce_pp, ppo, dpo."""
+    group_size: int = Field(default=8, ge=1)
+    """Episodes per task (G) for group-relative algorithms."""
+    scale: Literal["std", "none"] = "std"
+    """Group advantage scaling: divide by group std (`std`, GRPO) or not (`none`, Dr. GRPO)."""
+    clip_low: float = Field(default=0.2, ge=0.0)
+    """PPO ratio clip below: ratio >= 1 - clip_low."""
+    clip_high: float = Field(default=0.28, ge=0.0)
+    """PPO ratio clip above (clip-higher, DAPO): ratio <= 1 + clip_high."""
+    agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    """Loss aggregation over tokens and sequences."""
+    kl_coef: float = Field(default=0.0, ge=0.0)
+    """Coefficient of the KL penalty to the frozen reference (0: no reference model)."""
+    kl_kind: Literal["k1", "k2", "k3"] = "k3"
+    """KL estimator (Schulman's k1, k2, k3)."""
+    update_epochs: int = Field(default=1, ge=1)
+    """Passes over each batch."""
+    minibatches: int = Field(default=1, ge=1)
+    """Optimizer steps per epoch (the batch is split into this many minibatches)."""
+    dynamic_sampling: bool = False
+    """Drop zero-variance groups from the batch (DAPO dynamic sampling)."""
+    tis_cap: float | None = None
+    """Truncated importance sampling cap for the sampler/learner gap (None: off)."""
+    entropy_coef: float = 0.0
+    """Entropy bonus coefficient."""
+    gamma: float = 1.0
+    """Discount (PPO/REINFORCE++)."""
+    lam: float = 0.95
+    """GAE lambda (PPO)."""
+    vf_coef: float = 0.5
+    """Value loss coefficient (PPO)."""
+    value_clip: float | None = 0.2
+    """Value clipping range (PPO; None: plain MSE)."""
+    beta: float = 0.1
+    """DPO beta."""
+
+    @field_validator("name")
+    @classmethod
+    def _known_algo(cls, v: str) -> str:
+        if v not in ALGOS:
+            raise ValueError(f"unknown algorithm {v!r}; allowed: {', '.join(ALGOS)}")
+        return v
+
+
+class TrainConfig(_Section):
+    steps: int = Field(default=40, ge=0)
+    """Training steps (each: rollout -> advantages -> updates)."""
+    lr: float = Field(default=2e-4, gt=0)
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    grad_clip: float = Field(default=1.0, gt=0)
+    """Max global gradient norm."""
+    micro_batch_size: int = Field(default=16, ge=1)
+    """Sequences per forward/backward; gradients accumulate to the full minibatch."""
+    torch_threads: int = Field(default=1, ge=1)
+    """torch threads of the learner process."""
+    save_every: int = Field(default=0, ge=0)
+    """Checkpoint every N steps (0: only at the end)."""
+    eval_every: int = Field(default=0, ge=0)
+    """Evaluate on the held-out split every N steps (0: only before and after training)."""
+    eval_tasks: int = Field(default=64, ge=1)
+    """Held-out tasks used for evaluation during training."""
+    eval_samples: int = Field(default=4, ge=1)
+    """Samples per held-out task for pass@1 during training."""
+    max_staleness: int = Field(default=0, ge=0)
+    """Drop trajectories sampled by a policy more than this many versions old."""
+    log_rollouts_every: int = Field(default=5, ge=0)
+    """Save sampled rollouts to OUT/rollouts/step_N.jsonl every N steps (0: never)."""
+
+
+class SFTConfig(_Section):
+    steps: int = Field(default=200, ge=0)
+    """Supervised warm-start steps on reference solutions of the training split (0: skip)."""
+    lr: float = Field(default=1e-3, gt=0)
+    """Warm-start learning rate."""
+    batch_size: int = Field(default=32, ge=1)
+    """Warm-start sequences per step."""
+
+
+class Config(_Section):
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    seed: int = 0
+    """Seed of tasks, sampling, and initialisation."""
+    out: str = "runs/latest"
+    """Output directory (metrics.jsonl, checkpoints/, rollouts/)."""
+    resume: str | None = None
+    """Resume from this output directory's latest checkpoint."""
+    quiet: bool = False
+    """No progress bar (CI)."""
+
+
+class ConfigError(ValueError):
+    """A configuration error with the offending key and what is allowed."""
+
+
+def _set_dotted(d: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    cur = d
+    for p in parts[:-1]:
+        cur = cur.setdefault(p, {})
+        if not isinstance(cur, dict):
+            raise ConfigError(f"{key}: {p!r} is not a section")
+    cur[parts[-1]] = value
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _format_error(e: ValidationError) -> str:
+    lines = []
+    for err in e.errors():
+        key = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            section = Config
+            for p in err["loc"][:-1]:
+                ann = section.model_fields.get(str(p))
+                section = ann.annotation if ann is not None else section  # type: ignore[assignment]
+            allowed = ", ".join(getattr(section, "model_fields", {}))
+            msg = f"unknown key; allowed here: {allowed}"
+        elif err["type"] == "literal_error":
+            msg = f"{msg} (got {err.get('input')!r})"
+        lines.append(f"config error: {key}: {msg}")
+    return "\n".join(lines)
+
+
+def load_config(yaml_path: str | Path | None = None, overrides: list[str] | None = None,
+                **top: Any) -> Config:
+    """Build the config: defaults <- YAML file <- `key=value` overrides <- `top` keywords.
+
+    Values in overrides are parsed as YAML scalars (`train.lr=1e-4`, `algo.tis_cap=null`).
+
+    Raises:
+        ConfigError: unknown key, wrong type, unsupported value, or a malformed override;
+            the message names the key and the allowed values.
+    """
+    data: dict[str, Any] = {}
+    if yaml_path:
+        p = Path(yaml_path)
+        if not p.exists():
+            raise ConfigError(f"config file not found: {p}")
+        loaded = yaml.safe_load(p.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{p}: the top level must be a mapping of sections")
+        data = _merge(data, loaded)
+    for ov in overrides or []:
+        if "=" not in ov:
+            raise ConfigError(f"override {ov!r} must be key=value (e.g. train.lr=1e-4)")
+        k, _, v = ov.partition("=")
+        _set_dotted(data, k.strip(), yaml.safe_load(v) if v != "" else None)
+    for k, v in top.items():
+        if v is None:
+            continue
+        _set_dotted(data, k, v)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_error(e)) from None
+
+
+def config_reference() -> str:
+    """The config reference as Markdown, generated from the field docstrings."""
+    lines = ["# Configuration reference", "",
+             "Generated from `agentrl/config.py` (`agentrl config --reference`).", ""]
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        rows = []
+        for name, f in model.model_fields.items():
+            ann = f.annotation
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                walk(ann, f"{prefix}{name}.")
+                continue
+            default = f.default_factory() if f.default_factory else f.default  # type: ignore[call-arg]
+            rows.append(f"| `{prefix}{name}` | `{default!r}` | {f.description or ''} |")
+        if rows:
+            lines.extend([f"## {prefix.rstrip('.') or 'top level'}", "", "| key | default | meaning |",
+                          "| --- | --- | --- |", *rows, ""])
+
+    walk(Config, "")
+    return "\n".join(lines)

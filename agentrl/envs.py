@@ -1,0 +1,192 @@
+"""Text environments: a `gymnasium.Env` whose actions are the agent's text and whose
+observations are chat messages, and registration through Gymnasium's own registry.
+
+Contract (docs/design.md):
+- `reset(seed=None, options=None) -> (messages, info)`: the opening messages
+  (`[{"role": "system"|"user", "content": str}, ...]`). `options={"task": ...}` picks a task.
+- `step(action: str) -> (messages, reward, terminated, truncated, info)`: `messages` are the new
+  messages that follow the agent's turn (a `user` feedback or `tool` results; `[]` when the
+  episode ends). `reward` is the scalar reward of that agent turn.
+- A step never raises for bad agent output: errors become `info["error"]` with a penalty.
+
+Built-in envs are registered here by *string* entry point, so `import agentrl` does not import
+`agentrl_envs` (the `envs/` folder) until an env is made.
+"""
+
+from __future__ import annotations
+
+import importlib
+import string
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+Message = dict[str, Any]
+
+
+class ChatMessages(spaces.Space):
+    """Observation space: a list of chat messages, each a dict with str `role` and `content`."""
+
+    ROLES = ("system", "user", "assistant", "tool")
+
+    def __init__(self, seed: int | None = None):
+        super().__init__(shape=None, dtype=None, seed=seed)
+
+    @property
+    def is_np_flattenable(self) -> bool:
+        return False
+
+    def sample(self, mask: Any = None, probability: Any = None) -> list[Message]:
+        n = int(self.np_random.integers(1, 3))
+        return [{"role": "user", "content": f"message {int(self.np_random.integers(1e6))}"} for _ in range(n)]
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, list) and all(
+            isinstance(m, dict) and m.get("role") in self.ROLES and isinstance(m.get("content"), str)
+            for m in x
+        )
+
+    def __repr__(self) -> str:
+        return "ChatMessages()"
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, ChatMessages)
+
+
+class AgentText(spaces.Space):
+    """Action space: any str of at most `max_length` characters; samples random printable text."""
+
+    def __init__(self, max_length: int = 100_000, seed: int | None = None):
+        self.max_length = max_length
+        super().__init__(shape=None, dtype=None, seed=seed)
+
+    @property
+    def is_np_flattenable(self) -> bool:
+        return False
+
+    def sample(self, mask: Any = None, probability: Any = None) -> str:
+        chars = np.array(list(string.printable))
+        n = int(self.np_random.integers(0, 64))
+        return "".join(self.np_random.choice(chars, size=n))
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) and len(x) <= self.max_length
+
+    def __repr__(self) -> str:
+        return f"AgentText({self.max_length})"
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, AgentText) and other.max_length == self.max_length
+
+
+class TextEnv(gym.Env):
+    """Base class of agentrl's text environments.
+
+    Subclasses implement `reset` and `step` (Gymnasium signatures, str actions, message-list
+    observations). Use `self.np_random` (seeded by `super().reset(seed=seed)`) for every random
+    choice, never the global `random` (case G1). Put `info["task_id"]` in the reset info.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}
+    observation_space = ChatMessages()
+    action_space = AgentText()
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        return [], {}
+
+
+# ---------------------------------------------------------------------------------------------
+# Registry: Gymnasium's, plus short names for the CLI.
+# ---------------------------------------------------------------------------------------------
+
+#: short CLI name -> Gymnasium id
+SHORT_NAMES: dict[str, str] = {}
+#: Gymnasium id -> one-line description (for `agentrl envs`)
+DESCRIPTIONS: dict[str, str] = {}
+
+
+def register_env(
+    env_id: str,
+    entry_point: str | type,
+    *,
+    short_name: str | None = None,
+    description: str = "",
+    max_turns: int | None = None,
+    kwargs: dict[str, Any] | None = None,
+) -> str:
+    """Register a text env in Gymnasium's registry (one call; re-registering replaces it).
+
+    Args:
+        env_id: versioned Gymnasium id, e.g. `"my_pkg/MyEnv-v0"`.
+        entry_point: `"pkg.module:Class"` (imported only when made) or the class itself.
+        short_name: optional CLI name (`--env NAME`).
+        description: one line shown by `agentrl envs`.
+        max_turns: episode limit in agent turns (Gymnasium's `max_episode_steps`; reaching it
+            gives `truncated=True`).
+        kwargs: default constructor kwargs.
+
+    Returns:
+        env_id.
+    """
+    if env_id in gym.registry:
+        del gym.registry[env_id]
+    gym.register(id=env_id, entry_point=entry_point, max_episode_steps=max_turns, kwargs=kwargs or {})
+    if short_name:
+        SHORT_NAMES[short_name] = env_id
+    DESCRIPTIONS[env_id] = description
+    return env_id
+
+
+def resolve_env_id(name: str) -> str:
+    """Map a CLI `--env` value to a Gymnasium id.
+
+    Accepts a short name (`code_sandbox`), a registered id (`agentrl/CodeSandbox-v0`) or an
+    entry point `pkg.module:Class` (registered on the fly as `custom/<Class>-v0`). An entry point
+    `pkg.module` (no class) is imported so that its import-time `register_env` calls run.
+
+    Raises:
+        ValueError: unknown name, naming the registered ones.
+    """
+    if name in SHORT_NAMES:
+        return SHORT_NAMES[name]
+    if name in gym.registry:
+        return name
+    if ":" in name:
+        module, _, attr = name.partition(":")
+        cls = getattr(importlib.import_module(module), attr)
+        return register_env(f"custom/{attr}-v0", cls, description=(cls.__doc__ or "").strip().split("\n")[0])
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        pass
+    else:
+        if name in SHORT_NAMES:
+            return SHORT_NAMES[name]
+    known = sorted(SHORT_NAMES) + sorted(i for i in gym.registry if i.startswith("agentrl/"))
+    raise ValueError(f"env: unknown environment {name!r}; registered: {', '.join(known)}; "
+                     "or give an entry point 'pkg.module:Class'")
+
+
+def make_env(name: str, *, max_turns: int | None = None, **kwargs: Any) -> gym.Env:
+    """Make an env by CLI name or id. `max_turns` adds a further turn limit on top of the
+    registered one: the smaller limit wins (case G2).
+
+    Raises:
+        ValueError: unknown env name.
+    """
+    env = gym.make(resolve_env_id(name), **kwargs)
+    if max_turns is not None:
+        env = gym.wrappers.TimeLimit(env, max_turns)
+    return env
+
+
+def register_builtin_envs() -> None:
+    """Register the envs shipped in `envs/` (package `agentrl_envs`) by string entry point."""
+    register_env("agentrl/CodeSandbox-v0", "agentrl_envs.code_sandbox:CodeSandboxEnv",
+                 short_name="code_sandbox",
+                 description="write a Python function; rewarded by unit tests run in the sandbox")
+    register_env("agentrl/Toy-v0", "agentrl_envs.toy:ToyEnv", short_name="toy",
+                 description="trivially learnable toy: say the target word (for tests and demos)")
