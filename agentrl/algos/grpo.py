@@ -1,0 +1,53 @@
+"""GRPO (Shao et al. 2024, DeepSeekMath) with the DAPO clip-higher (Yu et al. 2025) and the
+Dr. GRPO preset (Liu et al. 2025: no std scaling, length-unbiased aggregation).
+
+advantage_i = (R_i - mean_group(R)) / (std_group(R) + eps)   (std: unbiased; `scale="none"`
+drops the division), broadcast onto the episode's agent tokens. The loss is the PPO clipped
+surrogate with separate low/high clips, plus `kl_coef * KL(pi || pi_ref)` per token.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from agentrl.algos.advantages import expand_to_tokens, group_advantages, group_stats
+from agentrl.algos.losses import aggregate, kl, ppo_policy_loss
+
+
+def advantages(batch: dict[str, Any], cfg: Any) -> tuple[torch.Tensor, dict[str, float]]:
+    """Group-relative advantages on agent tokens.
+
+    Args:
+        batch: needs `scores` (B,) episode returns (NaN = failed reward, excluded), `group_ids`
+            (B,), `loss_mask` (B, T).
+        cfg: AlgoConfig (`scale`).
+
+    Returns:
+        advantages (B, T) (0 off the loss mask) and group metrics.
+    """
+    scale = "none" if cfg.name == "dr_grpo" else cfg.scale
+    adv = group_advantages(batch["scores"], batch["group_ids"], scale=scale)
+    stats = group_stats(batch["scores"], batch["group_ids"])
+    return expand_to_tokens(adv, batch["loss_mask"]), stats
+
+
+def loss(logp: torch.Tensor, batch: dict[str, Any], cfg: Any, *, num_tokens: float,
+         num_seqs: int, entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Clipped surrogate (+ KL to the reference) of one micro-batch; logp/old_logprobs (B, T)."""
+    agg = "seq-mean-token-sum-norm" if cfg.name == "dr_grpo" else cfg.agg
+    mask = batch["loss_mask"]
+    pg, metrics = ppo_policy_loss(
+        logp, batch["old_logprobs"], batch["advantages"], mask,
+        clip_low=cfg.clip_low, clip_high=cfg.clip_high, agg=agg, num_tokens=num_tokens,
+        num_seqs=num_seqs, max_len=batch.get("max_len"), tis_weights=batch.get("tis_weights"))
+    total = pg
+    if cfg.kl_coef > 0 and "ref_logprobs" in batch:
+        k = kl(logp, batch["ref_logprobs"], cfg.kl_kind)
+        kl_term = aggregate(k, mask, "token-mean", num_tokens=num_tokens)
+        total = total + cfg.kl_coef * kl_term
+        metrics["kl"] = float(kl_term.detach())
+    if entropy is not None and cfg.entropy_coef > 0:
+        total = total - cfg.entropy_coef * aggregate(entropy, mask, "token-mean", num_tokens=num_tokens)
+    return total, metrics

@@ -1,0 +1,620 @@
+"""Policy, value, KL and preference losses: pure functions over `(B, T)` tensors.
+
+Conventions (see docs/algorithms.md):
+
+- `loss_mask[b, t] != 0` marks a token the policy sampled; every loss, KL and metric is taken
+  over those tokens only, and values at masked positions (any value, even NaN) never reach a
+  loss or a gradient.
+- Log-probabilities are natural-log per token; ratios and KL are computed in float32 (bf16 and
+  fp16 are upcast; float64 stays float64).
+- Losses are minimised. Each `*_loss` returns `(loss, metrics)`: a 0-dim tensor and a dict of
+  Python floats (the caller prefixes keys, e.g. `loss/clipfrac`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = [
+    "AGG_MODES",
+    "masked_mean",
+    "aggregate",
+    "kl",
+    "ppo_policy_loss",
+    "gspo_policy_loss",
+    "value_loss",
+    "dpo_loss",
+    "sequence_logps",
+    "tis_weights",
+    "entropy_from_logits",
+    "logprobs_from_logits",
+]
+
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+LOGRATIO_CLAMP = 20.0
+"""|log-ratio| and |ref - logp| are clamped to this before `exp` (exp(20) ~ 4.9e8)."""
+
+Count = int | float | Tensor
+
+
+# -- helpers ---------------------------------------------------------------------------------
+def _float_dtype(*xs: Tensor) -> torch.dtype:
+    return torch.float64 if any(x.dtype == torch.float64 for x in xs) else torch.float32
+
+
+def _check_same(loss_mask: Tensor, **tensors: Tensor) -> None:
+    if loss_mask.dim() != 2:
+        raise ValueError(f"loss_mask must be (B, T), got shape {tuple(loss_mask.shape)}")
+    for name, x in tensors.items():
+        if x.shape != loss_mask.shape:
+            raise ValueError(
+                f"{name} has shape {tuple(x.shape)}, loss_mask has {tuple(loss_mask.shape)}"
+            )
+
+
+def _per_token(advantages: Tensor, loss_mask: Tensor) -> Tensor:
+    """(B,) or (B, T) advantages as (B, T)."""
+    if advantages.shape == loss_mask.shape:
+        return advantages
+    if advantages.shape == loss_mask.shape[:1]:
+        return advantages[:, None].expand_as(loss_mask)
+    raise ValueError(
+        f"advantages must be (B,) or (B, T) = {tuple(loss_mask.shape)}, "
+        f"got {tuple(advantages.shape)}"
+    )
+
+
+def _denominator(count: Count, like: Tensor) -> Tensor:
+    return torch.as_tensor(count, dtype=like.dtype, device=like.device).clamp(min=1)
+
+
+def _f(x: Tensor) -> float:
+    return float(x.detach())
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean of `x` over entries where `mask` is nonzero; 0 (not NaN) when there are none.
+
+    Args:
+        x: any shape.
+        mask: broadcastable to `x`, 0/1 (nonzero counts as 1).
+        dim: reduce this dimension only, or all (None).
+
+    Returns:
+        0-dim tensor (dim=None) or `x` reduced over `dim`. Values of `x` at masked entries
+        never reach the result or its gradient.
+    """
+    m = (mask != 0).expand_as(x) if mask.shape != x.shape else mask != 0
+    total = torch.where(m, x, 0.0)
+    if dim is None:
+        return total.sum() / m.sum().clamp(min=1)
+    return total.sum(dim) / m.sum(dim).clamp(min=1)
+
+
+# -- aggregation -----------------------------------------------------------------------------
+def aggregate(
+    loss: Tensor,
+    loss_mask: Tensor,
+    mode: str,
+    *,
+    num_tokens: Count | None = None,
+    num_seqs: Count | None = None,
+    max_len: int | None = None,
+) -> Tensor:
+    """Reduce a per-token loss to a scalar over agent tokens.
+
+    Modes (M = loss_mask, L = loss):
+    - `token-mean`: sum(L*M) / N_tok, N_tok = `num_tokens` or sum(M). Each token weighs the
+      same (DAPO, Yu et al. 2025, sec. 3.3).
+    - `seq-mean-token-mean`: mean over sequences of each sequence's token mean; the number of
+      sequences is `num_seqs` or the number of rows with at least one agent token (all-masked
+      rows contribute nothing). The original GRPO aggregation (Shao et al. 2024).
+    - `seq-mean-token-sum-norm`: sum(L*M) / (N_seq * L_max), N_seq = `num_seqs` or B (all
+      rows), L_max = `max_len` or T. A constant normaliser (Dr. GRPO, Liu et al. 2025). Pass
+      `max_len` (the generation budget), otherwise the result depends on padding width.
+
+    Micro-batching: pass the counts of the whole optimizer batch as `num_tokens` / `num_seqs`
+    (and the same `max_len`) to every micro-batch; then the sum of the micro-batch losses, and
+    of their gradients, equals the full-batch value (case L2). Under data parallelism whose
+    all-reduce averages gradients, multiply the loss by the world size.
+
+    Args:
+        loss: (B, T) per-token loss (values at masked positions are ignored).
+        loss_mask: (B, T) 0/1.
+        mode: one of AGG_MODES.
+        num_tokens: global agent-token count (token-mean).
+        num_seqs: global sequence count (seq modes).
+        max_len: L_max for seq-mean-token-sum-norm.
+
+    Returns:
+        0-dim tensor; 0 (not NaN) when no token is valid.
+
+    Raises:
+        ValueError: unknown mode or shape mismatch.
+    """
+    _check_same(loss_mask, loss=loss)
+    m = loss_mask != 0
+    masked = torch.where(m, loss, 0.0)
+    if mode == "token-mean":
+        n_tok = m.sum() if num_tokens is None else num_tokens
+        return masked.sum() / _denominator(n_tok, masked)
+    if mode == "seq-mean-token-mean":
+        tokens = m.sum(dim=-1)
+        seq = masked.sum(dim=-1) / tokens.clamp(min=1)
+        n_seq = (tokens > 0).sum() if num_seqs is None else num_seqs
+        return seq.sum() / _denominator(n_seq, masked)
+    if mode == "seq-mean-token-sum-norm":
+        b, t_len = loss_mask.shape
+        n_seq = b if num_seqs is None else num_seqs
+        length = t_len if max_len is None else max_len
+        return masked.sum() / (_denominator(n_seq, masked) * max(length, 1))
+    raise ValueError(f"unknown aggregation {mode!r}; allowed: {', '.join(AGG_MODES)}")
+
+
+# -- KL --------------------------------------------------------------------------------------
+def kl(logp: Tensor, ref_logp: Tensor, kind: str) -> Tensor:
+    """Per-token KL(pi || pi_ref) estimators for tokens sampled from pi (Schulman 2020).
+
+    With d = ref_logp - logp (= log(pi_ref / pi)):
+    - `k1` = -d (unbiased, high variance, can be negative);
+    - `k2` = d^2 / 2 (biased, low variance, >= 0);
+    - `k3` = exp(d) - d - 1 (unbiased, low variance, >= 0).
+    Source: J. Schulman, "Approximating KL Divergence", 2020 (http://joschu.net/blog/kl-approx.html).
+
+    Computed in float32 (bf16/fp16 upcast). Where both logprobs are -inf d is 0. For k3, d is
+    clamped to [-20, 20] before use, so k3 is finite and >= 0 for every non-NaN input
+    (its gradient is 0 beyond the clamp); k1 and k2 are not clamped (finite for finite input).
+    NaN input gives NaN.
+
+    Args:
+        logp: (...) log pi(token) of the policy being trained.
+        ref_logp: (...) log pi_ref(token) of the reference, same shape.
+        kind: "k1", "k2" or "k3".
+
+    Returns:
+        (...) per-token estimate; reduce it with `aggregate` / `masked_mean`.
+
+    Raises:
+        ValueError: unknown kind or shape mismatch.
+    """
+    if kind not in ("k1", "k2", "k3"):
+        raise ValueError(f"unknown KL estimator {kind!r}; allowed: k1, k2, k3")
+    if logp.shape != ref_logp.shape:
+        raise ValueError(f"logp {tuple(logp.shape)} and ref_logp {tuple(ref_logp.shape)} differ")
+    dtype = _float_dtype(logp, ref_logp)
+    lp, rp = logp.to(dtype), ref_logp.to(dtype)
+    both_impossible = torch.isneginf(lp) & torch.isneginf(rp)
+    d = torch.where(both_impossible, 0.0, rp - lp)
+    if kind == "k1":
+        return -d
+    if kind == "k2":
+        return 0.5 * d * d
+    d = d.clamp(-LOGRATIO_CLAMP, LOGRATIO_CLAMP)
+    return (torch.expm1(d) - d).clamp(min=0.0)  # clamp: a rounding guard only
+
+
+# -- policy losses ---------------------------------------------------------------------------
+def _logratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    dtype = _float_dtype(logp, old_logp)
+    lp = torch.where(mask, logp.to(dtype), 0.0)
+    old = torch.where(mask, old_logp.detach().to(dtype), 0.0)
+    return lp - old
+
+
+def _check_clip(clip_low: float, clip_high: float) -> None:
+    if not 0.0 <= clip_low < 1.0:
+        raise ValueError(f"clip_low must be in [0, 1), got {clip_low}")
+    if clip_high < 0.0:
+        raise ValueError(f"clip_high must be >= 0, got {clip_high}")
+
+
+def ppo_policy_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    agg: str = "token-mean",
+    num_tokens: Count | None = None,
+    num_seqs: Count | None = None,
+    max_len: int | None = None,
+    tis_weights: Tensor | None = None,
+    dual_clip: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """Clipped surrogate policy loss, per token, aggregated over agent tokens.
+
+        r_t  = exp(logp_t - old_logp_t)
+        l_t  = max(-A_t * r_t, -A_t * clip(r_t, 1 - clip_low, 1 + clip_high))
+        dual clip (A_t < 0 only): l_t = min(l_t, -A_t * dual_clip)
+        loss = aggregate(w_t * l_t)         w_t = tis_weights (1 if None)
+
+    Sources: Schulman et al. 2017, "Proximal Policy Optimization Algorithms", eq. 7;
+    asymmetric clip-higher: DAPO (Yu et al. 2025), sec. 3.1; dual clip: Ye et al. 2020,
+    "Mastering Complex Control in MOBA Games with Deep RL", eq. 5; truncated IS: Yao et al.
+    2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training".
+
+    The log-ratio is computed in float32 and clamped to [-20, 20] before exp. `old_logp`,
+    `advantages` and `tis_weights` are detached.
+
+    Args:
+        logp: (B, T) current log pi(token), with gradient.
+        old_logp: (B, T) log pi_old(token) recomputed at the start of the update.
+        advantages: (B, T) per token, or (B,) per sequence (broadcast over its tokens).
+        loss_mask: (B, T) 0/1.
+        clip_low, clip_high: the ratio is clipped to [1 - clip_low, 1 + clip_high].
+        agg, num_tokens, num_seqs, max_len: passed to `aggregate`.
+        tis_weights: (B, T) truncated importance weights (see `tis_weights`), or None.
+        dual_clip: c > 1 bounding the loss of negative-advantage tokens at -A*c, or None.
+
+    Returns:
+        (loss, metrics). metrics (floats, over agent tokens): `clipfrac` (fraction of tokens
+        where the clipped term is the active one, i.e. zero gradient), `approx_kl` (mean of
+        (r - 1) - log r, a k3 estimate of KL(pi_old || pi)), `ratio_mean`, `ratio_min`,
+        `ratio_max` (1.0 when no token is valid), `pg_loss`, and `dual_clipfrac` when dual_clip.
+
+    Raises:
+        ValueError: shape mismatch, clip_low outside [0, 1), clip_high < 0, dual_clip <= 1,
+            unknown agg.
+    """
+    _check_same(loss_mask, logp=logp, old_logp=old_logp)
+    _check_clip(clip_low, clip_high)
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+    m = loss_mask != 0
+    logratio = _logratio(logp, old_logp, m).clamp(-LOGRATIO_CLAMP, LOGRATIO_CLAMP)
+    ratio = torch.exp(logratio)
+    adv = torch.where(m, _per_token(advantages, loss_mask).detach().to(ratio.dtype), 0.0)
+
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    pg = torch.maximum(unclipped, clipped)
+    metrics: dict[str, float] = {}
+    if dual_clip is not None:
+        bound = -adv * dual_clip
+        dual_active = (adv < 0) & (pg > bound) & m
+        pg = torch.where(adv < 0, torch.minimum(pg, bound), pg)
+        metrics["dual_clipfrac"] = _f(masked_mean(dual_active.float(), m))
+    if tis_weights is not None:
+        _check_same(loss_mask, tis_weights=tis_weights)
+        pg = pg * tis_weights.detach().to(pg.dtype)
+    loss = aggregate(pg, loss_mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len)
+
+    with torch.no_grad():
+        any_valid = bool(m.any())
+        metrics.update(
+            clipfrac=_f(masked_mean((clipped > unclipped).float(), m)),
+            approx_kl=_f(masked_mean(ratio - 1.0 - logratio, m)),
+            ratio_mean=_f(masked_mean(ratio, m)) if any_valid else 1.0,
+            ratio_min=_f(ratio[m].min()) if any_valid else 1.0,
+            ratio_max=_f(ratio[m].max()) if any_valid else 1.0,
+            pg_loss=_f(loss),
+        )
+    return loss, metrics
+
+
+def gspo_policy_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    num_seqs: Count | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """Group Sequence Policy Optimization: one clipped term per sequence.
+
+        s_i  = exp( (1/|y_i|) * sum_t M_it * (logp_it - old_logp_it) )
+        l_i  = max(-A_i * s_i, -A_i * clip(s_i, 1 - clip_low, 1 + clip_high))
+        loss = (1/N) * sum_i l_i        over the N sequences with at least one agent token
+
+    Source: Zheng et al. 2025, "Group Sequence Policy Optimization", eq. 5-7. The paper's clip
+    ranges are small (clip_low 3e-4, clip_high 4e-4) because s_i is a length-normalised ratio.
+    The gradient reaches every agent token of a sequence with weight 1/|y_i|.
+
+    Args:
+        logp, old_logp: (B, T) current and old log pi(token).
+        advantages: (B,) per sequence, or (B, T) per token, in which case each row's mean over
+            its agent tokens is used (equal to the sequence's value when the advantages were
+            broadcast with `expand_to_tokens`).
+        loss_mask: (B, T) 0/1.
+        clip_low, clip_high: the sequence ratio is clipped to [1 - clip_low, 1 + clip_high].
+        num_seqs: global number of non-empty sequences under micro-batching (default: local).
+
+    Returns:
+        (loss, metrics) with `clipfrac` (fraction of sequences clipped), `ratio_mean`,
+        `ratio_min`, `ratio_max` (sequence ratios; 1.0 when none), `approx_kl` (token-level,
+        as in `ppo_policy_loss`), `pg_loss`.
+
+    Raises:
+        ValueError: shape mismatch or clip values out of range.
+    """
+    _check_same(loss_mask, logp=logp, old_logp=old_logp)
+    _check_clip(clip_low, clip_high)
+    m = loss_mask != 0
+    logratio = _logratio(logp, old_logp, m)
+    tokens = m.sum(dim=-1)
+    has_tokens = tokens > 0
+    seq_logratio = (logratio.sum(dim=-1) / tokens.clamp(min=1)).clamp(
+        -LOGRATIO_CLAMP, LOGRATIO_CLAMP
+    )
+    ratio = torch.exp(seq_logratio)
+    if advantages.shape == loss_mask.shape:
+        adv = masked_mean(advantages.detach().to(ratio.dtype), m, dim=-1)
+    elif advantages.shape == loss_mask.shape[:1]:
+        adv = advantages.detach().to(ratio.dtype)
+    else:
+        raise ValueError(
+            f"advantages must be (B,) or (B, T) = {tuple(loss_mask.shape)}, "
+            f"got {tuple(advantages.shape)}"
+        )
+    adv = torch.where(has_tokens, adv, 0.0)
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    per_seq = torch.where(has_tokens, torch.maximum(unclipped, clipped), 0.0)
+    n_seq = has_tokens.sum() if num_seqs is None else num_seqs
+    loss = per_seq.sum() / _denominator(n_seq, per_seq)
+
+    with torch.no_grad():
+        any_valid = bool(has_tokens.any())
+        token_ratio = torch.exp(logratio.clamp(-LOGRATIO_CLAMP, LOGRATIO_CLAMP))
+        metrics = {
+            "clipfrac": _f(masked_mean((clipped > unclipped).float(), has_tokens)),
+            "approx_kl": _f(masked_mean(token_ratio - 1.0 - logratio, m)),
+            "ratio_mean": _f(masked_mean(ratio, has_tokens)) if any_valid else 1.0,
+            "ratio_min": _f(ratio[has_tokens].min()) if any_valid else 1.0,
+            "ratio_max": _f(ratio[has_tokens].max()) if any_valid else 1.0,
+            "pg_loss": _f(loss),
+        }
+    return loss, metrics
+
+
+# -- value loss ------------------------------------------------------------------------------
+def value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    loss_mask: Tensor,
+    *,
+    clip: float | None = None,
+    agg: str = "token-mean",
+    num_tokens: Count | None = None,
+    num_seqs: Count | None = None,
+    max_len: int | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """Masked (optionally clipped) squared error of the value head.
+
+        plain:   l_t = 0.5 * (V_t - R_t)^2
+        clipped: V'_t = old_V_t + clip(V_t - old_V_t, -clip, clip)
+                 l_t = 0.5 * max((V_t - R_t)^2, (V'_t - R_t)^2)
+
+    Source: the PPO implementation of Schulman et al. 2017 (OpenAI baselines `ppo2`, as in
+    CleanRL); 0.5 is the usual factor.
+
+    Args:
+        values: (B, T) current value predictions, with gradient.
+        old_values: (B, T) values at rollout time (detached).
+        returns: (B, T) value targets, e.g. `gae(...)[1]` (detached).
+        loss_mask: (B, T) 0/1.
+        clip: clip range (absolute, in reward units) or None for the plain loss.
+        agg, num_tokens, num_seqs, max_len: passed to `aggregate`.
+
+    Returns:
+        (loss, metrics) with `clipfrac` (fraction of tokens where the clipped error is the
+        larger one), `value_mean`, `return_mean`, `vf_loss`.
+
+    Raises:
+        ValueError: shape mismatch, clip <= 0, unknown agg.
+    """
+    _check_same(loss_mask, values=values, old_values=old_values, returns=returns)
+    if clip is not None and clip <= 0:
+        raise ValueError(f"value clip must be > 0 or None, got {clip}")
+    m = loss_mask != 0
+    dtype = _float_dtype(values, old_values, returns)
+    v = torch.where(m, values.to(dtype), 0.0)
+    ret = torch.where(m, returns.detach().to(dtype), 0.0)
+    err = (v - ret) ** 2
+    clipped_active = torch.zeros_like(m)
+    if clip is not None:
+        old = torch.where(m, old_values.detach().to(dtype), 0.0)
+        v_clipped = old + (v - old).clamp(-clip, clip)
+        err_clipped = (v_clipped - ret) ** 2
+        clipped_active = (err_clipped > err) & m
+        err = torch.maximum(err, err_clipped)
+    loss = aggregate(
+        0.5 * err, loss_mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len
+    )
+    with torch.no_grad():
+        metrics = {
+            "clipfrac": _f(masked_mean(clipped_active.float(), m)),
+            "value_mean": _f(masked_mean(v, m)),
+            "return_mean": _f(masked_mean(ret, m)),
+            "vf_loss": _f(loss),
+        }
+    return loss, metrics
+
+
+# -- preference loss -------------------------------------------------------------------------
+def sequence_logps(token_logps: Tensor, loss_mask: Tensor) -> Tensor:
+    """Sum of per-token logprobs over response tokens only (prompt tokens never count).
+
+    Args:
+        token_logps: (B, T) log pi(token).
+        loss_mask: (B, T) 0/1, 1 on response tokens.
+
+    Returns:
+        (B,) log pi(response | prompt), with gradient; 0 for a row without response tokens.
+
+    Raises:
+        ValueError: shape mismatch.
+    """
+    _check_same(loss_mask, token_logps=token_logps)
+    return torch.where(loss_mask != 0, token_logps, 0.0).sum(dim=-1)
+
+
+def dpo_loss(
+    policy_chosen_logps: Tensor,
+    policy_rejected_logps: Tensor,
+    ref_chosen_logps: Tensor,
+    ref_rejected_logps: Tensor,
+    *,
+    beta: float,
+    label_smoothing: float = 0.0,
+) -> tuple[Tensor, dict[str, float]]:
+    """Direct Preference Optimization loss over P preference pairs.
+
+        h    = (pc - rc) - (pr - rr)        (log-ratio margin, sequence logprobs)
+        loss = mean( -(1 - eps) * log sigmoid(beta * h) - eps * log sigmoid(-beta * h) )
+
+    with eps = label_smoothing (0: the original loss; >0: conservative DPO). Implicit rewards
+    are beta * (policy - ref) logps. Source: Rafailov et al. 2023, "Direct Preference
+    Optimization", eq. 7.
+
+    Args:
+        policy_chosen_logps, policy_rejected_logps: (P,) sequence logprobs of the policy
+            (use `sequence_logps`, response tokens only).
+        ref_chosen_logps, ref_rejected_logps: (P,) the same under the frozen reference
+            (detached).
+        beta: > 0, strength of the implicit KL constraint.
+        label_smoothing: in [0, 0.5).
+
+    Returns:
+        (loss, metrics) with `reward_margin` (mean chosen - rejected implicit reward),
+        `reward_accuracy` (fraction of pairs with chosen reward > rejected), `chosen_reward`,
+        `rejected_reward` (means), `dpo_loss`.
+
+    Raises:
+        ValueError: beta <= 0, label_smoothing out of range, empty or mismatched inputs.
+    """
+    if beta <= 0:
+        raise ValueError(f"beta must be > 0, got {beta}")
+    if not 0.0 <= label_smoothing < 0.5:
+        raise ValueError(f"label_smoothing must be in [0, 0.5), got {label_smoothing}")
+    shapes = {
+        tuple(x.shape)
+        for x in (policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    }
+    if len(shapes) != 1 or policy_chosen_logps.dim() != 1 or policy_chosen_logps.numel() == 0:
+        raise ValueError(f"all four inputs must be the same non-empty (P,) shape, got {shapes}")
+    dtype = _float_dtype(policy_chosen_logps, policy_rejected_logps)
+    chosen = policy_chosen_logps.to(dtype) - ref_chosen_logps.detach().to(dtype)
+    rejected = policy_rejected_logps.to(dtype) - ref_rejected_logps.detach().to(dtype)
+    logits = beta * (chosen - rejected)
+    losses = -(1.0 - label_smoothing) * F.logsigmoid(logits) - label_smoothing * F.logsigmoid(
+        -logits
+    )
+    loss = losses.mean()
+    with torch.no_grad():
+        chosen_reward = beta * chosen
+        rejected_reward = beta * rejected
+        metrics = {
+            "reward_margin": _f((chosen_reward - rejected_reward).mean()),
+            "reward_accuracy": _f((chosen_reward > rejected_reward).float().mean()),
+            "chosen_reward": _f(chosen_reward.mean()),
+            "rejected_reward": _f(rejected_reward.mean()),
+            "dpo_loss": _f(loss),
+        }
+    return loss, metrics
+
+
+# -- sampler/learner mismatch ----------------------------------------------------------------
+def tis_weights(
+    learner_logp: Tensor,
+    sampler_logp: Tensor,
+    loss_mask: Tensor,
+    *,
+    cap: float,
+    level: str = "token",
+) -> Tensor:
+    """Truncated importance-sampling weights correcting sampler/learner mismatch (case L5).
+
+        token:    w_t = min(exp(learner_t - sampler_t), cap)
+        sequence: w_b = min(exp(sum_t M_bt * (learner_bt - sampler_bt)), cap), on every agent
+                  token of row b
+
+    `learner_logp` is log pi_old as recomputed by the trainer, `sampler_logp` what the
+    inference engine reported for the same tokens. Source: Yao et al. 2025, "Your Efficient RL
+    Framework Secretly Brings You Off-Policy RL Training" (truncated IS, Ionides 2008).
+
+    The log-ratio is capped at log(cap) before exp, so weights are finite; they are detached.
+
+    Args:
+        learner_logp, sampler_logp: (B, T) per-token logprobs.
+        loss_mask: (B, T) 0/1.
+        cap: > 0, the truncation C.
+        level: "token" or "sequence".
+
+    Returns:
+        (B, T) float32 weights without gradient; 0 at masked positions.
+
+    Raises:
+        ValueError: cap <= 0, unknown level, shape mismatch.
+    """
+    _check_same(loss_mask, learner_logp=learner_logp, sampler_logp=sampler_logp)
+    if not cap > 0:
+        raise ValueError(f"cap must be > 0, got {cap}")
+    if level not in ("token", "sequence"):
+        raise ValueError(f"level must be 'token' or 'sequence', got {level!r}")
+    m = loss_mask != 0
+    with torch.no_grad():
+        logratio = _logratio(learner_logp.detach(), sampler_logp, m)
+        if level == "sequence":
+            logratio = logratio.sum(dim=-1, keepdim=True).expand_as(logratio)
+        w = torch.exp(logratio.clamp(max=math.log(cap)))
+        return torch.where(m, w, 0.0)
+
+
+# -- logits ----------------------------------------------------------------------------------
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy of softmax(logits) over the last dimension, numerically stable.
+
+    H = -sum_v p_v log p_v with log p = logits - logsumexp(logits); entries with p = 0
+    (logit -inf, e.g. a masked vocabulary entry) contribute 0, also to the gradient. Computed in
+    float32 (bf16/fp16 upcast). Divide logits by the sampling temperature first if the entropy
+    of the sampling distribution is wanted.
+
+    Args:
+        logits: (..., V).
+
+    Returns:
+        (...) entropy in nats.
+    """
+    x = logits.to(_float_dtype(logits))
+    logp = torch.log_softmax(x, dim=-1)
+    p = torch.exp(logp)
+    safe_logp = torch.where(torch.isfinite(logp), logp, 0.0)
+    return -(p * safe_logp).sum(dim=-1)
+
+
+def logprobs_from_logits(logits: Tensor, token_ids: Tensor, *, temperature: float = 1.0) -> Tensor:
+    """log softmax(logits / temperature)[token], as the sampler computes it (case L4).
+
+    The engines report logprobs of `logits / temperature` over the full vocabulary (before
+    top-p), so the trainer must use the same temperature or the PPO ratio is off by a constant
+    factor even with unchanged weights.
+
+    Args:
+        logits: (..., V).
+        token_ids: (...) long, the tokens whose logprobs are wanted.
+        temperature: > 0.
+
+    Returns:
+        (...) float32 logprobs (float64 for float64 logits).
+
+    Raises:
+        ValueError: temperature <= 0 or shape mismatch.
+    """
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if logits.shape[:-1] != token_ids.shape:
+        raise ValueError(
+            f"logits {tuple(logits.shape)} do not match token_ids {tuple(token_ids.shape)}"
+        )
+    x = logits.to(_float_dtype(logits)) / temperature
+    return torch.log_softmax(x, dim=-1).gather(-1, token_ids.unsqueeze(-1)).squeeze(-1)

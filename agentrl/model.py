@@ -1,0 +1,322 @@
+"""The embedded default model: an offline byte-level BPE tokenizer with a ChatML template and a
+tiny Qwen2 causal LM, saved as a normal Hugging Face model directory; plus loading of any local
+Hugging Face causal-LM directory and the chat helpers the agent loop uses.
+
+Nothing here touches the network: the tokenizer is trained with the `tokenizers` library on
+texts the caller gives (e.g. the env's training prompts and reference solutions), and the model
+is randomly initialised from a `Qwen2Config`. torch and transformers are imported inside the
+functions, so importing this module is cheap and has no side effects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+EOS_TOKEN = "<|endoftext|>"
+"""End of text: eos and pad of the base model (as in Qwen2)."""
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+"""End of a chat turn: the token the sampler stops at in chat."""
+SPECIAL_TOKENS = (EOS_TOKEN, IM_START, IM_END)
+"""Special tokens, ids 0, 1, 2 in the embedded tokenizer."""
+TOOL_TOKENS = ("<tool_call>", "</tool_call>")
+"""Added (not special) tokens: kept by `decode(skip_special_tokens=True)`, like Qwen2.5's."""
+
+# Qwen2's pre-tokenizer split: letters with one leading non-letter, single digits, punctuation
+# runs, newline runs and whitespace runs (so code indentation gets its own tokens).
+_SPLIT_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+# ChatML, as Qwen2.5's template: tools (OpenAI-style schemas) go into the system prompt; every
+# message renders as `<|im_start|>{role}\n{content}<|im_end|>\n`; an assistant message's
+# `tool_calls` (OpenAI style) render after its content inside <tool_call></tool_call>. The
+# `{% generation %}` block marks assistant content + <|im_end|> for
+# `return_assistant_tokens_mask=True` (the newline after <|im_end|> is template glue, case M3).
+CHAT_TEMPLATE = r"""
+{%- set tools_header = '# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>' -%}
+{%- set tools_footer = '\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>' -%}
+{%- macro render_content(content) -%}
+{%- if content is none -%}
+{%- elif content is string -%}{{ content }}
+{%- else -%}{%- for part in content -%}{%- if part['type'] == 'text' -%}{{ part['text'] }}{%- endif -%}{%- endfor -%}
+{%- endif -%}
+{%- endmacro -%}
+{%- set ns = namespace(start=0) -%}
+{%- if tools -%}
+{{- '<|im_start|>system\n' -}}
+{%- if messages and messages[0]['role'] == 'system' -%}
+{{- render_content(messages[0]['content']) + '\n\n' -}}
+{%- set ns.start = 1 -%}
+{%- endif -%}
+{{- tools_header -}}
+{%- for tool in tools -%}{{- '\n' + (tool | tojson) -}}{%- endfor -%}
+{{- tools_footer + '<|im_end|>\n' -}}
+{%- endif -%}
+{%- for message in messages[ns.start:] -%}
+{%- if message['role'] not in ['system', 'user', 'assistant', 'tool'] -%}
+{{- raise_exception('unknown chat role ' ~ message['role'] ~ ': allowed are system, user, assistant, tool') -}}
+{%- endif -%}
+{{- '<|im_start|>' + message['role'] + '\n' -}}
+{%- if message['role'] == 'assistant' -%}
+{%- generation -%}
+{{- render_content(message['content']) -}}
+{%- if message['tool_calls'] is defined and message['tool_calls'] -%}
+{%- for call in message['tool_calls'] -%}
+{%- if call['function'] is defined -%}{%- set call = call['function'] -%}{%- endif -%}
+{%- if loop.first and not message['content'] -%}{{- '<tool_call>\n' -}}{%- else -%}{{- '\n<tool_call>\n' -}}{%- endif -%}
+{{- '{"name": "' + call['name'] + '", "arguments": ' -}}
+{%- if call['arguments'] is string -%}{{- call['arguments'] -}}{%- else -%}{{- call['arguments'] | tojson -}}{%- endif -%}
+{{- '}\n</tool_call>' -}}
+{%- endfor -%}
+{%- endif -%}
+{{- '<|im_end|>' -}}
+{%- endgeneration -%}
+{{- '\n' -}}
+{%- else -%}
+{{- render_content(message['content']) + '<|im_end|>\n' -}}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}
+""".strip()
+
+# End-of-turn tokens of common chat formats, checked by `chat_stop_ids` on any tokenizer.
+_END_OF_TURN_TOKENS = (IM_END, "<|eot_id|>", "<end_of_turn>", "<|end|>")
+
+
+def build_tokenizer(texts: Iterable[str], vocab_size: int = 1024) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE tokenizer offline on `texts` and wrap it for transformers.
+
+    The pre-tokenizer is Qwen2's (regex split, then GPT-2 byte-level mapping), so any unicode
+    string round-trips: `decode(encode(s)) == s`. Special tokens `<|endoftext|>` (ids 0: eos and
+    pad), `<|im_start|>` (1), `<|im_end|>` (2); added tokens `<tool_call>`, `</tool_call>` take
+    the last two ids. The ChatML `CHAT_TEMPLATE` is attached.
+
+    Args:
+        texts: training corpus (any iterable of str; consumed once).
+        vocab_size: total size including the 256 byte tokens, the 3 special and 2 added
+            tokens. The result is smaller when the corpus runs out of merges.
+
+    Returns:
+        A `PreTrainedTokenizerFast` (in transformers 5.x an alias of `TokenizersBackend`) with
+        `padding_side="left"`.
+
+    Raises:
+        ValueError: if `vocab_size` < 261 (256 bytes + 5 special/added tokens).
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    n_fixed = 256 + len(SPECIAL_TOKENS) + len(TOOL_TOKENS)
+    if vocab_size < n_fixed:
+        raise ValueError(f"vocab_size must be >= {n_fixed} (256 bytes + 5 special tokens), got {vocab_size}")
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_SPLIT_REGEX), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - len(TOOL_TOKENS),
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=EOS_TOKEN,
+        pad_token=EOS_TOKEN,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+    )
+    hf.add_tokens(list(TOOL_TOKENS))
+    hf.chat_template = CHAT_TEMPLATE
+    return hf
+
+
+def chat_stop_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """Token ids that end an assistant turn: the end-of-turn token (`<|im_end|>` for ChatML;
+    also `<|eot_id|>`, `<end_of_turn>`, `<|end|>` when the tokenizer has them) then eos.
+
+    Returns:
+        Distinct ids, end-of-turn first. Empty only if the tokenizer has none of them.
+    """
+    ids: list[int] = []
+    vocab = tokenizer.get_vocab()
+    for token in _END_OF_TURN_TOKENS:
+        if token in vocab:
+            ids.append(vocab[token])
+    if tokenizer.eos_token_id is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    return list(dict.fromkeys(ids))
+
+
+def render_text(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: Sequence[dict[str, Any]],
+    *,
+    add_generation_prompt: bool,
+    tools: Sequence[dict[str, Any]] | None = None,
+) -> str:
+    """Render `messages` (and `tools`, OpenAI-style schemas) with the tokenizer's chat template.
+
+    Raises:
+        jinja2 / transformers errors from the template (e.g. an unknown role in ours).
+    """
+    return tokenizer.apply_chat_template(
+        list(messages),
+        tools=list(tools) if tools else None,
+        tokenize=False,
+        add_generation_prompt=add_generation_prompt,
+    )
+
+
+def render_ids(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: Sequence[dict[str, Any]],
+    *,
+    add_generation_prompt: bool,
+    tools: Sequence[dict[str, Any]] | None = None,
+) -> list[int]:
+    """Token ids of `messages` rendered with the chat template, always a plain `list[int]`.
+
+    transformers 5.x `apply_chat_template(tokenize=True)` returns a `BatchEncoding` (dict) by
+    default, 4.x a list; this renders text and encodes it without adding special tokens, which
+    is what `apply_chat_template` does internally, and is the same on both.
+    """
+    text = render_text(tokenizer, messages, add_generation_prompt=add_generation_prompt, tools=tools)
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def tiny_config(
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    hidden_size: int = 128,
+    num_layers: int = 4,
+    num_heads: int = 4,
+    intermediate_size: int = 384,
+    max_position_embeddings: int = 2048,
+) -> Any:
+    """The `Qwen2Config` of the embedded default for `tokenizer` (vocab = `len(tokenizer)`).
+
+    Tied input/output embeddings, grouped-query attention with `num_heads // 2` key/value heads
+    (all `num_heads` when odd), float32, eos = [<|im_end|>, <|endoftext|>], pad = <|endoftext|>.
+
+    Raises:
+        ValueError: if `hidden_size` is not divisible by `num_heads`.
+    """
+    from transformers import Qwen2Config
+
+    if hidden_size % num_heads:
+        raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}")
+    kv_heads = num_heads // 2 if num_heads % 2 == 0 else num_heads
+    return Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=chat_stop_ids(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        dtype="float32",
+    )
+
+
+def build_tiny_model(
+    out_dir: str | Path,
+    texts: Iterable[str],
+    *,
+    hidden_size: int = 128,
+    num_layers: int = 4,
+    num_heads: int = 4,
+    intermediate_size: int = 384,
+    vocab_size: int = 1024,
+    seed: int = 0,
+    max_position_embeddings: int = 2048,
+) -> str:
+    """Build the embedded default model and save it as a Hugging Face model directory.
+
+    Trains the tokenizer on `texts` (`build_tokenizer`), builds a randomly initialised
+    `Qwen2ForCausalLM` (`tiny_config`; defaults give about 1.0 M parameters with vocab 1024),
+    and writes `config.json`, `generation_config.json`, `model.safetensors`, `tokenizer.json`,
+    `tokenizer_config.json` and `chat_template.jinja` to `out_dir` (created if missing), so that
+    `AutoModelForCausalLM.from_pretrained(out_dir)` / `AutoTokenizer.from_pretrained(out_dir)`
+    load it offline. Same `texts` and `seed` give the same files. The global torch RNG is left
+    as it was.
+
+    Returns:
+        `str(out_dir)`.
+
+    Raises:
+        ValueError: bad sizes (see `build_tokenizer`, `tiny_config`).
+    """
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    tokenizer = build_tokenizer(texts, vocab_size=vocab_size)
+    config = tiny_config(
+        tokenizer,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config).to(torch.float32)
+    model.generation_config.eos_token_id = chat_stop_ids(tokenizer)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.bos_token_id = None
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)
+
+
+def load_model(
+    path: str | Path, *, dtype: torch.dtype | None = None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a local Hugging Face causal-LM directory (ours or a real one) offline, in eval mode.
+
+    Args:
+        path: directory with config, weights and tokenizer files.
+        dtype: parameter dtype (default float32).
+
+    Returns:
+        `(model, tokenizer)`; the tokenizer's pad token is set to its eos (or, failing that,
+        unk) token when it has none, and its padding side is left.
+
+    Raises:
+        FileNotFoundError: if `path` is not a directory.
+        OSError / ValueError: from transformers, if the directory is not a causal-LM model.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not Path(path).is_dir():
+        raise FileNotFoundError(f"model directory not found: {path}")
+    dtype = torch.float32 if dtype is None else dtype
+    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token if tokenizer.eos_token is not None else tokenizer.unk_token
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
+    model.eval()
+    return model, tokenizer

@@ -1,0 +1,459 @@
+"""AI judge (RLAIF): a client for any OpenAI-compatible chat-completions endpoint, and the
+offline rule judge used when no endpoint is given.
+
+Both judges have one method, `judge(messages, answer, *, keywords=None) -> JudgeResult`, so the
+env and the `JudgeReward` wrapper take either. A judge never raises for a bad reply or a dead
+server (contract 7): the result carries `score = reward = NaN` and the reason in `error`
+(`error_kind` "parse", "http", "timeout", "connect", "bad_response"), and callers put NaN in the
+reward so that the episode is excluded from group statistics (case R1), never a silent 0.
+
+HTTP client: timeouts, retries with exponential backoff on timeouts, connection errors, HTTP 429
+and 5xx (wait `backoff * 2**k` before retry k+1, at most `backoff_max`), a concurrency limit
+(a semaphore shared by every thread that uses the client), and an LRU cache of valid scores keyed
+on a SHA-256 of the judged content (judge model, request messages, sampling settings, scale).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from agentrl.rewards.parse import parse_judge_score, parse_pairwise_choice
+
+Message = dict[str, Any]
+
+DEFAULT_SYSTEM = "You are a strict, fair grader of AI assistant answers."
+
+DEFAULT_RUBRIC = (
+    "Judge the assistant's final answer for correctness, helpfulness and clarity. "
+    "A correct, complete and concise answer deserves a high score; a wrong, evasive, "
+    "empty or rambling answer a low one."
+)
+
+DEFAULT_TEMPLATE = """{rubric}
+
+Conversation:
+{conversation}
+
+Answer to grade:
+{answer}
+
+Rate the answer on a scale from {low} to {high}. End your reply with a line of the form
+"Score: <number>"."""
+"""Pointwise rubric prompt. Placeholders: {rubric}, {conversation}, {answer}, {low}, {high}."""
+
+PAIRWISE_TEMPLATE = """{rubric}
+
+Conversation:
+{conversation}
+
+Answer A:
+{answer_a}
+
+Answer B:
+{answer_b}
+
+Which answer is better? End your reply with "[[A]]" if A is better, "[[B]]" if B is better,
+or "[[C]]" for a tie."""
+"""Pairwise prompt. Placeholders: {rubric}, {conversation}, {answer_a}, {answer_b}."""
+
+
+def render_conversation(messages: Sequence[Message]) -> str:
+    """Plain-text transcript for the judge: one `ROLE: content` block per message."""
+    return "\n".join(f"{str(m.get('role', 'user')).upper()}: {m.get('content') or ''}" for m in messages)
+
+
+@dataclass
+class JudgeResult:
+    """One judgement.
+
+    Attributes:
+        score: on the judge's scale `[low, high]`; NaN when there is none.
+        reward: `(score - low) / (high - low)` in [0, 1]; NaN when there is no score.
+        reply: the judge's raw reply ("" when no reply came back).
+        error: None when the score is valid, else the reason (for `info["error"]`).
+        error_kind: None, "parse", "http", "timeout", "connect" or "bad_response".
+        cached: whether the result came from the cache.
+        attempts: HTTP requests made (0 for the rule judge or a cache hit).
+        latency_s: wall time of the judgement, seconds.
+    """
+
+    score: float
+    reward: float
+    reply: str = ""
+    error: str | None = None
+    error_kind: str | None = None
+    cached: bool = False
+    attempts: int = 0
+    latency_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def info(self, max_reply_chars: int = 2000) -> dict[str, Any]:
+        """A JSON-friendly summary for an env's `info["judge"]` (reply cut to `max_reply_chars`)."""
+        return {"score": self.score, "reward": self.reward, "reply": self.reply[:max_reply_chars],
+                "error": self.error, "error_kind": self.error_kind, "cached": self.cached,
+                "attempts": self.attempts, "latency_s": round(self.latency_s, 4)}
+
+
+class Judge(Protocol):
+    """What envs and wrappers need from a judge."""
+
+    low: float
+    high: float
+
+    def judge(self, messages: Sequence[Message], answer: str, *,
+              keywords: Sequence[str] | None = None) -> JudgeResult: ...
+
+
+def _failed(error: str, kind: str, reply: str = "", attempts: int = 0, t0: float | None = None) -> JudgeResult:
+    return JudgeResult(score=math.nan, reward=math.nan, reply=reply, error=error, error_kind=kind,
+                       attempts=attempts, latency_s=0.0 if t0 is None else time.perf_counter() - t0)
+
+
+def _check_template(template: str, names: Sequence[str]) -> None:
+    try:
+        template.format_map({n: "" for n in names})
+    except (KeyError, IndexError, ValueError) as e:
+        raise ValueError(f"judge template: bad placeholder {e}; allowed: {', '.join('{' + n + '}' for n in names)}") from None
+
+
+def chat_completions_url(url: str) -> str:
+    """Endpoint URL from a base: `http://h:p` / `http://h:p/v1` / a full `.../chat/completions`."""
+    url = url.rstrip("/")
+    if url.endswith("/chat/completions"):
+        return url
+    if url.endswith("/v1"):
+        return url + "/chat/completions"
+    return url + "/v1/chat/completions"
+
+
+class JudgeClient:
+    """Judge over HTTP: any OpenAI-compatible `/v1/chat/completions` endpoint (vLLM, `agentrl
+    serve-judge`, a hosted API).
+
+    Args:
+        url: endpoint or its base (`http://127.0.0.1:8000`, `.../v1`, `.../v1/chat/completions`).
+        model: model name sent in the request; None asks `GET /v1/models` once and uses the first
+            id (falls back to "default").
+        low, high: the score scale asked for in the prompt and accepted by the parser.
+        template: pointwise prompt (placeholders {rubric} {conversation} {answer} {low} {high}).
+        rubric: text put into {rubric}.
+        system: system prompt of the request (None: none).
+        pairwise_template: prompt of `compare` ({rubric} {conversation} {answer_a} {answer_b}).
+        temperature, max_tokens: sampling settings of the request.
+        timeout: seconds per request (connect, read, write, pool).
+        max_retries: retries after the first attempt on timeouts, connection errors, 429, 5xx.
+        backoff: first wait before a retry, seconds; doubles each retry.
+        backoff_max: longest wait, seconds.
+        max_concurrency: requests in flight at once across all threads using this client.
+        cache_size: valid scores kept (LRU); 0 disables the cache.
+        api_key: sent as `Authorization: Bearer ...` when given.
+
+    Raises:
+        ValueError: bad scale, template placeholder, or a non-positive limit.
+    """
+
+    def __init__(self, url: str, *, model: str | None = None, low: float = 0.0, high: float = 10.0,
+                 template: str = DEFAULT_TEMPLATE, rubric: str = DEFAULT_RUBRIC,
+                 system: str | None = DEFAULT_SYSTEM, pairwise_template: str = PAIRWISE_TEMPLATE,
+                 temperature: float = 0.0, max_tokens: int = 512, timeout: float = 60.0,
+                 max_retries: int = 3, backoff: float = 0.5, backoff_max: float = 8.0,
+                 max_concurrency: int = 8, cache_size: int = 10_000, api_key: str | None = None):
+        import httpx
+
+        if not (math.isfinite(low) and math.isfinite(high)) or low >= high:
+            raise ValueError(f"judge scale must have finite low < high, got [{low}, {high}]")
+        if max_concurrency < 1 or max_retries < 0 or timeout <= 0 or max_tokens < 1:
+            raise ValueError("judge: max_concurrency >= 1, max_retries >= 0, timeout > 0, max_tokens >= 1 required")
+        _check_template(template, ("rubric", "conversation", "answer", "low", "high"))
+        _check_template(pairwise_template, ("rubric", "conversation", "answer_a", "answer_b"))
+        self.url = chat_completions_url(url)
+        self.model = model
+        self.low, self.high = float(low), float(high)
+        self.template, self.rubric, self.system = template, rubric, system
+        self.pairwise_template = pairwise_template
+        self.temperature, self.max_tokens = float(temperature), int(max_tokens)
+        self.max_retries, self.backoff, self.backoff_max = int(max_retries), float(backoff), float(backoff_max)
+        self.max_concurrency = int(max_concurrency)
+        self._sem = threading.BoundedSemaphore(self.max_concurrency)
+        self._cache: OrderedDict[str, JudgeResult] = OrderedDict()
+        self._cache_size = int(cache_size)
+        self._lock = threading.Lock()
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(timeout=httpx.Timeout(timeout), headers=headers,
+                                  limits=httpx.Limits(max_connections=self.max_concurrency))
+        self.stats = {"requests": 0, "retries": 0, "cache_hits": 0, "parse_errors": 0, "errors": 0}
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the HTTP connection pool (the client is unusable afterwards)."""
+        self._http.close()
+
+    def _model_name(self) -> str:
+        """`model`, or the first id of `GET /v1/models` (remembered), or "default" (not
+        remembered, so a server that comes up later is asked again)."""
+        if self.model is None:
+            models_url = self.url[: -len("/chat/completions")] + "/models"
+            try:
+                with self._sem:
+                    data = self._http.get(models_url).json()
+                self.model = str(data["data"][0]["id"])
+            except Exception:  # noqa: BLE001 - any failure: fall back, the POST reports errors
+                return "default"
+        return self.model
+
+    def request_messages(self, messages: Sequence[Message], answer: str) -> list[Message]:
+        """The chat messages sent to the judge for a pointwise judgement."""
+        user = self.template.format_map({
+            "rubric": self.rubric, "conversation": render_conversation(messages), "answer": answer,
+            "low": _fmt(self.low), "high": _fmt(self.high)})
+        return ([{"role": "system", "content": self.system}] if self.system else []) + [{"role": "user", "content": user}]
+
+    def _key(self, request: list[Message], kind: str) -> str:
+        blob = json.dumps({"kind": kind, "model": self._model_name(), "messages": request, "t": self.temperature,
+                           "max_tokens": self.max_tokens, "scale": [self.low, self.high]}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    def _cache_get(self, key: str) -> JudgeResult | None:
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                self.stats["cache_hits"] += 1
+        return hit
+
+    def _cache_put(self, key: str, result: JudgeResult) -> None:
+        if self._cache_size <= 0:
+            return
+        with self._lock:
+            self._cache[key] = result
+            self._cache.move_to_end(key)
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+
+    def complete(self, request: list[Message]) -> tuple[str | None, str | None, str | None, int]:
+        """POST one chat completion with retries and the concurrency limit.
+
+        Returns:
+            `(reply, error, error_kind, attempts)`: reply is None exactly when error is set.
+        """
+        import httpx
+
+        body = {"model": self._model_name(), "messages": request, "temperature": self.temperature,
+                "max_tokens": self.max_tokens}
+        error, kind = "no attempt made", "http"
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                with self._lock:
+                    self.stats["retries"] += 1
+                time.sleep(min(self.backoff_max, self.backoff * 2 ** (attempt - 1)))
+            with self._sem:
+                with self._lock:
+                    self.stats["requests"] += 1
+                try:
+                    resp = self._http.post(self.url, json=body)
+                except httpx.TimeoutException as e:
+                    error, kind = f"judge timeout after {attempt + 1} attempt(s): {type(e).__name__}", "timeout"
+                    continue
+                except httpx.TransportError as e:
+                    error, kind = f"judge unreachable at {self.url}: {type(e).__name__}: {e}", "connect"
+                    continue
+            if resp.status_code == 429 or resp.status_code >= 500:
+                error, kind = f"judge HTTP {resp.status_code}: {resp.text[:200]}", "http"
+                continue
+            if resp.status_code != 200:  # other 4xx: the request itself is wrong, no retry
+                return None, f"judge HTTP {resp.status_code}: {resp.text[:200]}", "http", attempt + 1
+            try:
+                content = resp.json()["choices"][0]["message"]["content"]
+            except (ValueError, KeyError, IndexError, TypeError) as e:
+                return None, f"judge response is not a chat completion: {type(e).__name__}: {resp.text[:200]}", \
+                    "bad_response", attempt + 1
+            return str(content or ""), None, None, attempt + 1
+        return None, error, kind, self.max_retries + 1
+
+    # -- judgements ---------------------------------------------------------------------------
+
+    def judge(self, messages: Sequence[Message], answer: str, *,
+              keywords: Sequence[str] | None = None) -> JudgeResult:
+        """Score `answer` to the conversation `messages` (keywords are not used by this judge).
+
+        Returns:
+            A `JudgeResult`; never raises for server or reply faults (NaN score, `error` set).
+        """
+        t0 = time.perf_counter()
+        request = self.request_messages(messages, answer)
+        key = self._key(request, "pointwise")
+        hit = self._cache_get(key)
+        if hit is not None:
+            return JudgeResult(**{**hit.__dict__, "cached": True, "attempts": 0,
+                                  "latency_s": time.perf_counter() - t0})
+        reply, error, kind, attempts = self.complete(request)
+        if reply is None:
+            with self._lock:
+                self.stats["errors"] += 1
+            return _failed(error or "judge error", kind or "http", attempts=attempts, t0=t0)
+        score = parse_judge_score(reply, self.low, self.high)
+        if score is None:
+            with self._lock:
+                self.stats["parse_errors"] += 1
+            return _failed(f"judge parse error: no score in [{_fmt(self.low)}, {_fmt(self.high)}] in reply "
+                           f"{reply[:120]!r}", "parse", reply=reply, attempts=attempts, t0=t0)
+        result = JudgeResult(score=score, reward=(score - self.low) / (self.high - self.low), reply=reply,
+                             attempts=attempts, latency_s=time.perf_counter() - t0)
+        self._cache_put(key, result)
+        return result
+
+    def judge_many(self, items: Sequence[tuple[Sequence[Message], str]]) -> list[JudgeResult]:
+        """Judge `(messages, answer)` pairs concurrently (at most `max_concurrency` in flight);
+        results in input order."""
+        with ThreadPoolExecutor(max_workers=self.max_concurrency) as pool:
+            return list(pool.map(lambda it: self.judge(it[0], it[1]), items))
+
+    def compare(self, messages: Sequence[Message], answer_a: str, answer_b: str, *,
+                swap: bool = True) -> PairResult:
+        """Pairwise judgement: which answer to `messages` is better.
+
+        Args:
+            swap: also ask with the answers swapped and keep the verdict only if both orders
+                agree (removes the judge's position bias; disagreement is a tie).
+
+        Returns:
+            A `PairResult`; `choice` None with `error` set on a dead server or unparsable reply.
+        """
+        t0 = time.perf_counter()
+        orders = [(answer_a, answer_b, False)] + ([(answer_b, answer_a, True)] if swap else [])
+        choices, replies, attempts = [], [], 0
+        for first, second, swapped in orders:
+            user = self.pairwise_template.format_map({"rubric": self.rubric, "conversation": render_conversation(messages),
+                                                      "answer_a": first, "answer_b": second})
+            request = ([{"role": "system", "content": self.system}] if self.system else []) + \
+                [{"role": "user", "content": user}]
+            reply, error, kind, n = self.complete(request)
+            attempts += n
+            if reply is None:
+                return PairResult(None, replies, error, kind, attempts, time.perf_counter() - t0)
+            replies.append(reply)
+            c = parse_pairwise_choice(reply)
+            if c is None:
+                return PairResult(None, replies, f"judge parse error: no choice in reply {reply[:120]!r}",
+                                  "parse", attempts, time.perf_counter() - t0)
+            choices.append({"A": "B", "B": "A"}.get(c, c) if swapped else c)
+        choice = choices[0] if all(c == choices[0] for c in choices) else "tie"
+        return PairResult(choice, replies, None, None, attempts, time.perf_counter() - t0)
+
+    def preference_pair(self, messages: Sequence[Message], answer_a: str, answer_b: str, *,
+                        swap: bool = True) -> dict[str, Any] | None:
+        """A DPO preference pair from a pairwise judgement.
+
+        Returns:
+            `{"prompt": messages, "chosen": str, "rejected": str}`, or None for a tie, a
+            position-inconsistent verdict, or a failed judgement.
+        """
+        r = self.compare(messages, answer_a, answer_b, swap=swap)
+        if r.choice not in ("A", "B"):
+            return None
+        chosen, rejected = (answer_a, answer_b) if r.choice == "A" else (answer_b, answer_a)
+        return {"prompt": [dict(m) for m in messages], "chosen": chosen, "rejected": rejected}
+
+
+@dataclass
+class PairResult:
+    """A pairwise judgement: `choice` "A", "B", "tie" (incl. position-inconsistent), or None on error."""
+
+    choice: str | None
+    replies: list[str] = field(default_factory=list)
+    error: str | None = None
+    error_kind: str | None = None
+    attempts: int = 0
+    latency_s: float = 0.0
+
+
+def _fmt(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+# ---------------------------------------------------------------------------------------------
+# Offline rule judge
+# ---------------------------------------------------------------------------------------------
+
+_WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
+STOPWORDS = frozenset(
+    "a an the and or but if of to in on at by for with from as is are was were be been being do does did "
+    "what which who whom whose why how when where this that these those it its i you your we our they "
+    "their me my can could should would will shall may might must not no yes so than then there here "
+    "about into over under one two some any each all most more very just also give name tell explain "
+    "describe write list please short sentence word words answer".split())
+
+
+def words(text: str) -> list[str]:
+    """Lower-case word tokens (`[a-z0-9]+` with an optional `'suffix`)."""
+    return _WORD.findall(text.lower())
+
+
+class RuleJudge:
+    """Offline baseline judge on a 0-10 scale: no model, no network, deterministic.
+
+    score = 10 * (0.6 * task + 0.2 * length_ok + 0.2 * diversity), 0 for an answer with no words,
+    where, over the answer's words w (lower-case `[a-z0-9]+`):
+    - task = fraction of `keywords` found (each a word or phrase, matched on word boundaries,
+      case-insensitive) when keywords are given; otherwise relevance = |content(prompt) & w| /
+      min(3, |content(prompt)|), capped at 1 (content words: not stop-words, 3+ letters; 1.0
+      when the prompt has none). The prompt is the last user message.
+    - length_ok = 1 if `min_words <= len(w) <= max_words` else 0.
+    - diversity = min(1, 2 * distinct(w) / len(w)) (1 unless more than half the words repeat).
+
+    It rewards on-topic, non-degenerate answers and, with keywords, the expected facts; it cannot
+    judge reasoning. It is a stand-in so that RLAIF envs run on a fresh machine, not a model of
+    quality: use `JudgeClient` with a real judge model for real work.
+    """
+
+    def __init__(self, *, min_words: int = 3, max_words: int = 200):
+        self.low, self.high = 0.0, 10.0
+        self.min_words, self.max_words = int(min_words), int(max_words)
+
+    def components(self, messages: Sequence[Message], answer: str,
+                   keywords: Sequence[str] | None = None) -> dict[str, float]:
+        """The three terms of the score (each in [0, 1]); all 0 for an answer with no words."""
+        w = words(answer)
+        if not w:
+            return {"task": 0.0, "length_ok": 0.0, "diversity": 0.0}
+        joined = " " + " ".join(w) + " "
+        if keywords:
+            found = sum(1 for k in keywords if " " + " ".join(words(k)) + " " in joined)
+            task = found / len(keywords)
+        else:
+            prompt = next((str(m.get("content") or "") for m in reversed(messages) if m.get("role") == "user"), "")
+            content = {x for x in words(prompt) if len(x) >= 3 and x not in STOPWORDS}
+            task = 1.0 if not content else min(1.0, len(content & set(w)) / min(3, len(content)))
+        return {"task": task,
+                "length_ok": 1.0 if self.min_words <= len(w) <= self.max_words else 0.0,
+                "diversity": min(1.0, 2 * len(set(w)) / len(w))}
+
+    def judge(self, messages: Sequence[Message], answer: str, *,
+              keywords: Sequence[str] | None = None) -> JudgeResult:
+        """Score `answer` (see the class docstring); never fails."""
+        t0 = time.perf_counter()
+        c = self.components(messages, answer, keywords)
+        score = 10.0 * (0.6 * c["task"] + 0.2 * c["length_ok"] + 0.2 * c["diversity"])
+        return JudgeResult(score=score, reward=score / 10.0, reply=f"Score: {score:.4g}",
+                           latency_s=time.perf_counter() - t0)
+
+
+def make_judge(url: str | None = None, **kwargs: Any) -> JudgeClient | RuleJudge:
+    """`JudgeClient(url, **kwargs)` when a URL is given, else `RuleJudge(**kwargs)` (offline)."""
+    if url:
+        return JudgeClient(url, **kwargs)
+    return RuleJudge(**kwargs)

@@ -1,0 +1,94 @@
+"""Messages -> token ids without ever re-tokenizing the conversation (contract 1).
+
+The opening messages are rendered once with the chat template. After that, each sampled turn
+is kept as the exact ids the engine produced, and each observation is rendered *on its own*
+as the chat template's delta for the new messages, then appended. So the ids a trajectory
+trains on are exactly the ids the sampler saw and produced, whatever the template does to
+earlier turns (a template that drops `<think>` blocks from history cannot change them: case M4).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Message = dict[str, Any]
+
+# A fixed conversation the deltas are cut from: rendering `BASE + new` and removing the ids of
+# `BASE` leaves the template's rendering of `new` in the middle of a conversation.
+_BASE: list[Message] = [
+    {"role": "system", "content": "s"},
+    {"role": "user", "content": "u"},
+    {"role": "assistant", "content": "a"},
+]
+
+
+def render_ids(tokenizer: Any, messages: list[Message], *, add_generation_prompt: bool,
+               tools: list[dict] | None = None) -> list[int]:
+    """Render chat messages with the tokenizer's chat template to a plain list of token ids
+    (see `agentrl.model.render_ids`)."""
+    from agentrl.model import render_ids as _render
+
+    return _render(tokenizer, messages, add_generation_prompt=add_generation_prompt, tools=tools)
+
+
+class ChatRenderer:
+    """Incremental renderer for one tokenizer's chat template.
+
+    Attributes:
+        end_of_turn_id: the id that closes an assistant turn (`<|im_end|>` for ChatML), found
+            from the template itself.
+        glue_ids: ids the template puts after an assistant's end-of-turn (ChatML: "\\n"); they
+            are context (loss_mask 0), never sampled.
+        stop_ids: ids that end sampling: end-of-turn first, then the tokenizer's eos.
+
+    Raises:
+        ValueError: if the template does not render a conversation as a prefix-extension of its
+            start (then deltas cannot be cut and the tokenizer needs a different template).
+    """
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        base = render_ids(tokenizer, _BASE, add_generation_prompt=False)
+        head = render_ids(tokenizer, _BASE[:2], add_generation_prompt=True)
+        if base[: len(head)] != head:
+            raise ValueError("chat template: a conversation must extend its generation prompt")
+        # the assistant span in `base` is: content ids + end-of-turn + glue
+        content = tokenizer.encode("a", add_special_tokens=False)
+        rest = base[len(head):]
+        if rest[: len(content)] != content or len(rest) <= len(content):
+            raise ValueError("chat template: cannot locate the assistant's end-of-turn token")
+        self.end_of_turn_id = rest[len(content)]
+        self.glue_ids = rest[len(content) + 1:]
+        self._base_len = len(base)
+        self._base = base
+        eos = tokenizer.eos_token_id
+        self.stop_ids = [self.end_of_turn_id] + ([eos] if eos not in (None, self.end_of_turn_id) else [])
+
+    def prompt_ids(self, messages: list[Message], tools: list[dict] | None = None) -> list[int]:
+        """Ids of the opening messages followed by the assistant generation prompt."""
+        return render_ids(self.tokenizer, messages, add_generation_prompt=True, tools=tools)
+
+    def delta_ids(self, new_messages: list[Message]) -> list[int]:
+        """Ids of `new_messages` (observations) as they render after an assistant turn, followed
+        by the generation prompt of the next assistant turn. Excludes `glue_ids`.
+
+        Raises:
+            ValueError: if the template re-renders earlier turns differently when new messages
+                follow (the delta would not be a prefix-extension).
+        """
+        full = render_ids(self.tokenizer, _BASE + list(new_messages), add_generation_prompt=True)
+        if full[: self._base_len] != self._base:
+            raise ValueError("chat template re-renders history when messages are added; "
+                             "observation deltas cannot be cut")
+        return full[self._base_len:]
+
+    def close_turn(self, sampled_ids: list[int]) -> list[int]:
+        """Context ids to append after a sampled turn: the end-of-turn token if the sampler
+        did not produce it (the turn hit max_tokens), then the template's glue."""
+        closing = [] if sampled_ids and sampled_ids[-1] in self.stop_ids else [self.end_of_turn_id]
+        return closing + list(self.glue_ids)
+
+    def decode_action(self, sampled_ids: list[int]) -> str:
+        """The text of a sampled turn as the env sees it: without the trailing stop token."""
+        ids = sampled_ids[:-1] if sampled_ids and sampled_ids[-1] in self.stop_ids else sampled_ids
+        return self.tokenizer.decode(ids, skip_special_tokens=False)

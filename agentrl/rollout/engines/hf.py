@@ -1,0 +1,301 @@
+"""`HFEngine`: batched sampling with a Hugging Face transformers causal LM (the CPU default).
+
+One `generate` call turns prompt token ids into completions:
+
+1. The distinct prompts are sorted by length and cut into chunks of at most `max_batch` rows
+   (after the `n` copies). Each chunk is left-padded; the attention mask marks real tokens
+   and `position_ids = cumsum(mask) - 1`, so a padded prompt sees exactly the positions and
+   keys of the unpadded one.
+2. One prefill forward per chunk fills a `DynamicCache` and gives the last-position logits;
+   the cache, logits and masks are then repeated `n` times (prompt-major).
+3. A loop of single-token forwards with the cache samples one token per row per step. A row
+   ends at the first of `stop_token_ids` (kept, finish reason "stop") or at `max_tokens`
+   ("length"). Finished rows are dropped from the batch (cache rows index-selected) when at
+   least a quarter of the batch has finished.
+
+Sampler logprobs (case L4): `log_softmax(logits / T)` over the full vocabulary at the sampled
+token, before top-p filtering, with T = 1 for greedy (temperature 0). This is what the learner
+recomputes with a teacher-forced forward at the same temperature, so the PPO ratio is exactly 1
+when the weights have not changed.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from agentrl.rollout.engines.base import Completion, SamplingParams
+
+if TYPE_CHECKING:  # pragma: no cover
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+COMPACT_FRACTION = 0.25
+"""Drop finished rows from the batch once at least this fraction of it has finished."""
+
+
+def check_params(params: SamplingParams) -> None:
+    """Validate `params`.
+
+    Raises:
+        ValueError: naming the field, if temperature < 0, top_p not in (0, 1], max_tokens < 1
+            or n < 1.
+    """
+    if params.temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {params.temperature}")
+    if not 0.0 < params.top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
+    if params.max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {params.max_tokens}")
+    if params.n < 1:
+        raise ValueError(f"n must be >= 1, got {params.n}")
+
+
+def sample_next(
+    logits: torch.Tensor,
+    temperature: float,
+    top_p: float,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row and return it with its sampler logprob.
+
+    Args:
+        logits: (B, V) float32 next-token logits.
+        temperature: 0 = greedy (argmax, logprob under T = 1); else logits are divided by it.
+        top_p: nucleus mass: sample among the most likely tokens whose cumulative probability
+            (under `logits / T`) first reaches `top_p`, the token that crosses it included
+            (Holtzman et al. 2020, "The Curious Case of Neural Text Degeneration").
+        generator: torch RNG for the draw (None: the global one).
+
+    Returns:
+        `(tokens, logprobs)`, both (B,): int64 ids and float32 `log_softmax(logits / T)` at
+        them over the full vocabulary (before top-p).
+    """
+    if temperature == 0:
+        tokens = logits.argmax(dim=-1)
+        logp = logits.log_softmax(dim=-1)
+        return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+    logp = (logits / temperature).log_softmax(dim=-1)
+    if top_p < 1.0:
+        sorted_logp, order = logp.sort(dim=-1, descending=True)
+        sorted_p = sorted_logp.exp()
+        mass_before = sorted_p.cumsum(dim=-1) - sorted_p
+        sorted_p = sorted_p.masked_fill(mass_before >= top_p, 0.0)
+        choice = torch.multinomial(sorted_p, 1, generator=generator)
+        tokens = order.gather(-1, choice).squeeze(-1)
+    else:
+        tokens = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+class HFEngine:
+    """Token-in, token-out sampling with a transformers causal LM (implements `Engine`).
+
+    Args:
+        model_or_path: a local Hugging Face model directory (loaded with
+            `agentrl.model.load_model`) or a loaded `PreTrainedModel`. A passed model is used
+            as is (not copied) and put in eval mode: give the engine its own instance when a
+            learner trains another one in the same process.
+        tokenizer: optional; loaded with the model when a path is given. The engine itself
+            only needs ids (`pad_token_id` is used for padding when there is one).
+        torch_threads: if given, `torch.set_num_threads(torch_threads)` (process-wide).
+        device: torch device of the model and the sampling.
+        max_batch: most rows (prompts x n) in one batched forward; larger calls are chunked.
+        dtype: parameter dtype when loading from a path (default float32).
+
+    Attributes:
+        policy_version: version of the loaded weights (0 until `update_weights`).
+    """
+
+    def __init__(
+        self,
+        model_or_path: str | Path | PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        *,
+        torch_threads: int | None = None,
+        device: str | torch.device = "cpu",
+        max_batch: int = 128,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        if torch_threads is not None:
+            torch.set_num_threads(torch_threads)
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if isinstance(model_or_path, (str, Path)):
+            from agentrl.model import load_model
+
+            model, loaded_tok = load_model(model_or_path, dtype=dtype)
+            tokenizer = tokenizer if tokenizer is not None else loaded_tok
+        else:
+            model = model_or_path
+        self.device = torch.device(device)
+        self._model = model.to(self.device).eval()
+        self._tokenizer = tokenizer
+        self.max_batch = max_batch
+        self.policy_version = 0
+        params = inspect.signature(self._model.forward).parameters
+        # transformers 5.x renamed `past_key_values` to `cache` (the old name is deprecated).
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._has_logits_to_keep = "logits_to_keep" in params
+        self._vocab = self._model.get_input_embeddings().weight.shape[0]
+        pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
+        self._pad_id = int(pad) if pad is not None else 0
+
+    @property
+    def model(self) -> PreTrainedModel:
+        """The wrapped transformers model."""
+        return self._model
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase | None:
+        """The tokenizer given or loaded with the model (None if neither)."""
+        return self._tokenizer
+
+    # -- public API ---------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        """Sample `params.n` completions per prompt.
+
+        Args:
+            prompts: token ids, each non-empty and within the model's vocabulary.
+            params: sampling settings (`SamplingParams`).
+
+        Returns:
+            `len(prompts) * params.n` completions, prompt-major (prompt 0's n first). Each has
+            its sampled ids (stop token included), their sampler logprobs (see module doc) and
+            finish reason "stop" or "length". Same prompts, params and `seed` give the same
+            completions on the same machine.
+
+        Raises:
+            ValueError: bad params (`check_params`), an empty prompt, or an id outside the
+                vocabulary.
+        """
+        check_params(params)
+        for i, p in enumerate(prompts):
+            if len(p) == 0:
+                raise ValueError(f"prompt {i} is empty")
+            if min(p) < 0 or max(p) >= self._vocab:
+                raise ValueError(f"prompt {i} has a token id outside [0, {self._vocab})")
+        if not prompts:
+            return []
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(params.seed)
+        n = params.n
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        per_chunk = max(1, self.max_batch // n)
+        results: list[Completion | None] = [None] * (len(prompts) * n)
+        with torch.inference_mode():
+            for start in range(0, len(order), per_chunk):
+                idx = order[start : start + per_chunk]
+                done = self._generate_chunk([prompts[i] for i in idx], params, generator)
+                for j, i in enumerate(idx):
+                    results[i * n : (i + 1) * n] = done[j * n : (j + 1) * n]
+        return [r for r in results if r is not None]
+
+    def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        """Copy `state_dict` (parameter name -> tensor, any device/dtype) into the model and
+        set `policy_version = version`.
+
+        A key may be missing only when its parameter is tied to one that is given (e.g.
+        `lm_head.weight` with tied embeddings).
+
+        Raises:
+            KeyError: naming unexpected keys, or missing keys that are not tied.
+        """
+        with torch.no_grad():
+            missing, unexpected = self._model.load_state_dict(state_dict, strict=False)
+        if unexpected:
+            raise KeyError(f"unexpected keys in state_dict: {sorted(unexpected)[:8]}")
+        if missing:
+            named = dict(self._model.named_parameters(remove_duplicate=False))
+            named.update(dict(self._model.named_buffers(remove_duplicate=False)))
+            given = {named[k].data_ptr() for k in state_dict if k in named}
+            untied = [k for k in missing if k not in named or named[k].data_ptr() not in given]
+            if untied:
+                raise KeyError(f"state_dict is missing keys: {sorted(untied)[:8]}")
+        self.policy_version = int(version)
+
+    # -- internals ----------------------------------------------------------------------------
+    def _new_cache(self) -> Any:
+        from transformers import DynamicCache
+
+        try:
+            return DynamicCache(config=self._model.config)
+        except TypeError:  # transformers < 4.56 has no `config` argument
+            return DynamicCache()
+
+    def _forward(
+        self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any
+    ) -> torch.Tensor:
+        """One forward with the cache; returns float32 logits of the last position, (B, V)."""
+        kwargs: dict[str, Any] = {self._cache_kw: cache}
+        if self._has_logits_to_keep:
+            kwargs["logits_to_keep"] = 1
+        out = self._model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **kwargs)
+        return out.logits[:, -1, :].float()
+
+    def _generate_chunk(
+        self, prompts: list[list[int]], params: SamplingParams, generator: torch.Generator | None
+    ) -> list[Completion]:
+        """Generate for up to `max_batch // n` prompts at once; returns prompt-major rows."""
+        dev, n, max_new = self.device, params.n, params.max_tokens
+        lengths = torch.tensor([len(p) for p in prompts], device=dev)
+        width = int(lengths.max())
+        # Left-padded ids; the mask gets room for every new token up front (sliced per step).
+        ids = torch.full((len(prompts), width), self._pad_id, dtype=torch.long, device=dev)
+        mask = torch.zeros((len(prompts), width + max_new), dtype=torch.long, device=dev)
+        for row, p in enumerate(prompts):
+            ids[row, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+            mask[row, width - len(p) :] = 1
+        pos = (mask[:, :width].cumsum(-1) - 1).clamp(min=0)
+        cache = self._new_cache()
+        logits = self._forward(ids, mask[:, :width], pos, cache)
+        next_pos = lengths[:, None]  # position of the first new token, (B, 1)
+        if n > 1:
+            cache.batch_repeat_interleave(n)
+            logits = logits.repeat_interleave(n, dim=0)
+            mask = mask.repeat_interleave(n, dim=0)
+            next_pos = next_pos.repeat_interleave(n, dim=0)
+
+        rows_total = len(prompts) * n
+        out_tokens = torch.zeros((rows_total, max_new), dtype=torch.long, device=dev)
+        out_logprobs = torch.zeros((rows_total, max_new), dtype=torch.float32, device=dev)
+        out_len = torch.full((rows_total,), max_new, dtype=torch.long, device=dev)
+        stopped = torch.zeros(rows_total, dtype=torch.bool, device=dev)
+        stop_ids = torch.tensor(sorted(set(params.stop_token_ids)), dtype=torch.long, device=dev)
+        rows = torch.arange(rows_total, device=dev)  # batch slot -> output row
+        alive = torch.ones(rows_total, dtype=torch.bool, device=dev)  # per batch slot
+
+        for t in range(max_new):
+            tokens, logprobs = sample_next(logits, params.temperature, params.top_p, generator)
+            out_tokens[rows, t] = tokens
+            out_logprobs[rows, t] = logprobs
+            if stop_ids.numel():
+                hit = torch.isin(tokens, stop_ids) & alive
+                if bool(hit.any()):
+                    out_len[rows[hit]] = t + 1
+                    stopped[rows[hit]] = True
+                    alive &= ~hit
+            n_alive = int(alive.sum())
+            if n_alive == 0 or t == max_new - 1:
+                break
+            if len(rows) - n_alive >= max(1, int(COMPACT_FRACTION * len(rows))):
+                keep = alive.nonzero().squeeze(-1)
+                cache.batch_select_indices(keep)
+                rows, alive, mask, next_pos = rows[keep], alive[keep], mask[keep], next_pos[keep]
+                tokens = tokens[keep]
+            mask[:, width + t] = 1
+            logits = self._forward(tokens[:, None], mask[:, : width + t + 1], next_pos, cache)
+            next_pos = next_pos + 1
+
+        tok_lists = out_tokens.tolist()
+        lp_lists = out_logprobs.tolist()
+        lens = out_len.tolist()
+        reasons = ["stop" if s else "length" for s in stopped.tolist()]
+        return [
+            Completion(token_ids=tok_lists[r][: lens[r]], logprobs=lp_lists[r][: lens[r]], finish_reason=reasons[r])
+            for r in range(rows_total)
+        ]

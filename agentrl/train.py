@@ -1,0 +1,369 @@
+"""The training loop, one function read top to bottom:
+
+    build or load the model (+ supervised warm start) -> evaluate
+    for each step: collect rollouts -> batch -> advantages -> update -> sync weights -> log
+                   -> checkpoint
+    evaluate -> summary
+
+Everything runs in this process when `rollout.num_workers=0` (a breakpoint works anywhere).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+import math
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from agentrl.config import Config
+from agentrl.envs import make_env, resolve_env_id
+from agentrl.rollout.agent_loop import EpisodeSpec, run_episodes
+from agentrl.rollout.chat import ChatRenderer
+from agentrl.rollout.engines.base import SamplingParams
+from agentrl.trajectory import Trajectory, collate
+
+EVAL_SEED = 10_000_000  # held-out evaluation tasks use seeds EVAL_SEED + i in every run
+
+
+# -- env helpers --------------------------------------------------------------------------------
+def _env_accepts(name: str, kwarg: str) -> bool:
+    import gymnasium as gym
+
+    spec = gym.spec(resolve_env_id(name))
+    ep = spec.entry_point
+    if isinstance(ep, str):
+        mod, _, attr = ep.partition(":")
+        import importlib
+
+        ep = getattr(importlib.import_module(mod), attr)
+    try:
+        return kwarg in inspect.signature(ep).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def build_env(cfg: Config, split: str | None = None) -> Any:
+    """Make one env from the config (dataset, split, kwargs, turn limit, reward wrappers)."""
+    kw = dict(cfg.env.kwargs)
+    if cfg.env.dataset is not None:
+        kw["dataset"] = cfg.env.dataset
+    if split is not None and _env_accepts(cfg.env.name, "split"):
+        kw["split"] = split
+    env = make_env(cfg.env.name, max_turns=cfg.env.max_turns, **kw)
+    if cfg.env.wrappers:
+        from agentrl.rewards import wrap_env  # imported only when a wrapper is asked for
+
+        for w in cfg.env.wrappers:
+            env = wrap_env(env, w)
+    return env
+
+
+def episode_success(tr: Trajectory) -> bool:
+    """Did the episode solve its task? The env's `info["success"]` or `verdict == "pass"` on
+    its last turn when given, else a return of at least 1 (binary rewards)."""
+    if tr.turns:
+        info = tr.turns[-1].info
+        if "success" in info:
+            return bool(info["success"])
+        if "verdict" in info:
+            return info["verdict"] == "pass"
+    r = tr.episode_return
+    return r == r and r >= 1.0
+
+
+def extrinsic_return(tr: Trajectory) -> float:
+    """Episode return without intrinsic bonuses (`reward_components["extrinsic"]` when given)."""
+    total = 0.0
+    for t in tr.turns:
+        comp = t.info.get("reward_components") or {}
+        total += float(comp.get("extrinsic", t.reward))
+    return total
+
+
+# -- model --------------------------------------------------------------------------------------
+def default_model_dir(cfg: Config, out: Path) -> str:
+    """Build the embedded tiny model in `OUT/base_model` (tokenizer trained on texts of the env:
+    opening messages and reference answers of training tasks)."""
+    from agentrl.model import build_tiny_model
+
+    target = out / "base_model"
+    if (target / "config.json").exists():
+        return str(target)
+    env = build_env(cfg, "train")
+    texts = []
+    get = getattr(env.unwrapped, "reference_answer", None)
+    for i in range(2000):
+        obs, _ = env.reset(seed=500_000 + i)
+        texts.extend(m["content"] for m in obs)
+        if get is not None and get():
+            texts.append(get())
+    feedback = getattr(env.unwrapped, "corpus_texts", None)
+    if feedback is not None:
+        texts.extend(feedback())
+    m = cfg.model
+    return build_tiny_model(str(target), texts, hidden_size=m.hidden_size, num_layers=m.num_layers,
+                            num_heads=m.num_heads, intermediate_size=m.intermediate_size,
+                            vocab_size=m.vocab_size, seed=cfg.seed)
+
+
+# -- rollouts -----------------------------------------------------------------------------------
+def collect(engine: Any, renderer: ChatRenderer, envs: list[Any], seeds: list[int], group_size: int,
+            params: SamplingParams, cfg: Config, pool: ThreadPoolExecutor, *, group_base: int,
+            sample_seed: int) -> list[Trajectory]:
+    """Run `group_size` episodes of each task seed (a group = the same task reset with the same
+    seed). Returns `len(seeds) * group_size` trajectories, group-major."""
+    specs = [EpisodeSpec({"seed": s}, group_id=group_base + j)
+             for j, s in enumerate(seeds) for _ in range(group_size)]
+    return run_episodes(engine, renderer, envs, specs, params, executor=pool,
+                        max_episode_tokens=cfg.rollout.max_episode_tokens, seed=sample_seed)
+
+
+def evaluate(engine: Any, renderer: ChatRenderer, envs: list[Any], cfg: Config,
+             pool: ThreadPoolExecutor, *, n_tasks: int, samples: int, temperature: float
+             ) -> dict[str, float]:
+    """pass@1 and mean reward on held-out tasks `EVAL_SEED + i`, `samples` episodes each."""
+    params = SamplingParams(temperature=temperature, top_p=cfg.rollout.top_p,
+                            max_tokens=cfg.rollout.max_tokens, stop_token_ids=renderer.stop_ids)
+    seeds = [EVAL_SEED + i for i in range(n_tasks)]
+    trajs: list[Trajectory] = []
+    per_call = len(envs) // samples
+    for s in range(0, n_tasks, per_call):
+        trajs += collect(engine, renderer, envs, seeds[s:s + per_call], samples, params, cfg, pool,
+                         group_base=0, sample_seed=cfg.seed + 777 + s)
+    succ = np.array([episode_success(t) for t in trajs], dtype=float)
+    rets = np.array([extrinsic_return(t) for t in trajs], dtype=float)
+    return {"pass@1": float(succ.mean()), "reward_mean": float(np.nanmean(rets)),
+            "tokens_mean": float(np.mean([t.num_sampled for t in trajs]))}
+
+
+def build_batch(trajs: list[Trajectory], pad_id: int) -> dict[str, Any]:
+    """Collate trajectories and attach `scores` (episode returns, NaN kept) and `group_ids`."""
+    batch = collate(trajs, pad_id)
+    batch["scores"] = torch.tensor([t.episode_return for t in trajs], dtype=torch.float32)
+    batch["group_ids"] = torch.tensor([t.group_id for t in trajs], dtype=torch.long)
+    batch["truncated"] = torch.tensor([t.truncated for t in trajs], dtype=torch.bool)
+    return batch
+
+
+# -- logging ------------------------------------------------------------------------------------
+class MetricsLog:
+    """Appends one JSON object per step to OUT/metrics.jsonl (and TensorBoard when installed)."""
+
+    def __init__(self, out: Path, tensorboard: bool = True):
+        self.path = out / "metrics.jsonl"
+        self.tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(out / "tb"))
+            except Exception:  # noqa: BLE001 - TensorBoard is optional
+                self.tb = None
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        row = {"step": step, **{k: (v if isinstance(v, (int, float)) and math.isfinite(v) else None)
+                                if isinstance(v, (int, float)) else v for k, v in metrics.items()}}
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.tb is not None:
+            for k, v in metrics.items():
+                if isinstance(v, (int, float)) and math.isfinite(v):
+                    self.tb.add_scalar(k, v, step)
+            self.tb.flush()
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+# -- the loop -----------------------------------------------------------------------------------
+def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
+    """Train `cfg.algo.name` on `cfg.env.name`; returns the summary (also OUT/summary.json).
+
+    Raises:
+        ValueError: a configuration that cannot run (e.g. unknown env), before any work.
+    """
+    from agentrl.algos import get_algorithm
+    from agentrl.learner import Learner, latest_checkpoint
+    from agentrl.model import load_model
+    from agentrl.rollout.engines.hf import HFEngine
+    from agentrl.sft import sft_examples, sft_train
+
+    say = console.print if console is not None else print
+    torch.set_num_threads(cfg.train.torch_threads)
+    _seed_everything(cfg.seed)
+    resolve_env_id(cfg.env.name)  # fail early on an unknown env
+    algo = get_algorithm(cfg.algo.name)
+    out = Path(cfg.resume or cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(cfg.model_dump_json(indent=1))
+    timings: dict[str, float] = {}
+
+    # 1) the model: resume, a given path, or the embedded default (+ warm start)
+    ck = latest_checkpoint(out) if cfg.resume else None
+    start_step, version = 0, 0
+    if cfg.resume and ck is None:
+        say(f"[resume] no checkpoint in {out}; starting from scratch")
+    if ck is not None:
+        model, tok = load_model(str(ck))
+    else:
+        path = cfg.model.path or default_model_dir(cfg, out)
+        model, tok = load_model(path)
+    renderer = ChatRenderer(tok)
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else renderer.end_of_turn_id
+    sft_info: dict[str, Any] = {}
+    if ck is None and cfg.sft.steps > 0:
+        t0 = time.perf_counter()
+        examples = sft_examples(build_env(cfg, "train"), renderer, max(2000, cfg.sft.batch_size),
+                                seed=cfg.seed * 7919 + 1)
+        slog = (out / "sft_metrics.jsonl").open("w")
+        losses = sft_train(model, examples, steps=cfg.sft.steps, lr=cfg.sft.lr,
+                           batch_size=cfg.sft.batch_size, pad_id=pad_id, seed=cfg.seed,
+                           log=lambda s, l: slog.write(json.dumps({"step": s, "sft/loss": l}) + "\n"))
+        slog.close()
+        timings["sft_s"] = time.perf_counter() - t0
+        sft_info = {"sft_loss_first": losses[0], "sft_loss_last": losses[-1],
+                    "sft_seconds": timings["sft_s"]}
+        say(f"[sft] {cfg.sft.steps} steps: loss {losses[0]:.3f} -> {losses[-1]:.3f} "
+            f"({timings['sft_s']:.0f} s)")
+        model.save_pretrained(out / "sft_model")
+        tok.save_pretrained(out / "sft_model")
+
+    engine = HFEngine(copy.deepcopy(model).eval(), tok, torch_threads=cfg.rollout.torch_threads)
+    learner = Learner(model, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay,
+                      grad_clip=cfg.train.grad_clip, temperature=cfg.rollout.temperature,
+                      micro_batch_size=cfg.train.micro_batch_size, use_ref=cfg.algo.kl_coef > 0)
+    if ck is not None:
+        extra = learner.load(ck)
+        start_step, version = extra["step"], extra["policy_version"]
+        engine.update_weights(model.state_dict(), version)
+        say(f"[resume] from {ck} at step {start_step} (policy version {version})")
+
+    G = cfg.algo.group_size
+    n_eps = cfg.rollout.tasks_per_step * G
+    n_envs = max(n_eps, cfg.train.eval_samples * 8)
+    envs = [build_env(cfg, "train") for _ in range(n_eps)]
+    eval_envs = [build_env(cfg, "heldout") for _ in range(n_envs)]
+    pool = ThreadPoolExecutor(max_workers=cfg.rollout.env_threads)
+    log = MetricsLog(out)
+    params = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                            max_tokens=cfg.rollout.max_tokens, stop_token_ids=renderer.stop_ids)
+
+    def run_eval() -> dict[str, float]:
+        t0 = time.perf_counter()
+        r = evaluate(engine, renderer, eval_envs, cfg, pool, n_tasks=cfg.train.eval_tasks,
+                     samples=cfg.train.eval_samples, temperature=cfg.rollout.temperature)
+        r["seconds"] = time.perf_counter() - t0
+        return r
+
+    before = json.loads((out / "eval_before.json").read_text()) if ck is not None and \
+        (out / "eval_before.json").exists() else None
+    if before is None:
+        before = run_eval()
+        (out / "eval_before.json").write_text(json.dumps(before))
+        say(f"[eval] before RL: pass@1 {before['pass@1']:.3f}, reward {before['reward_mean']:.3f}")
+
+    # 2) the RL loop
+    progress = None
+    if not cfg.quiet and console is not None:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        progress = Progress(TextColumn("[bold]train"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                            TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=console)
+        progress.start()
+        bar = progress.add_task("train", total=cfg.train.steps, completed=start_step, info="")
+    t_loop = time.perf_counter()
+    for step in range(start_step, cfg.train.steps):
+        m: dict[str, float] = {}
+        # collect
+        t0 = time.perf_counter()
+        rng = np.random.default_rng([cfg.seed, step])
+        seeds = [int(s) for s in rng.integers(0, 2**31 - 1, size=cfg.rollout.tasks_per_step)]
+        trajs = collect(engine, renderer, envs, seeds, G, params, cfg, pool,
+                        group_base=step * cfg.rollout.tasks_per_step, sample_seed=cfg.seed * 100_003 + step)
+        m["perf/rollout_s"] = time.perf_counter() - t0
+        m["perf/env_s"] = float(sum(t.timings.get("env", 0.0) for t in trajs))
+        stale = [version - t.policy_version for t in trajs]
+        m["rollout/staleness_max"] = float(max(stale))
+        trajs = [t for t, s in zip(trajs, stale) if s <= cfg.train.max_staleness]
+        rets = np.array([t.episode_return for t in trajs], dtype=float)
+        m["rollout/reward_mean"] = float(np.nanmean(rets)) if len(rets) else float("nan")
+        m["rollout/reward_std"] = float(np.nanstd(rets)) if len(rets) else float("nan")
+        m["rollout/pass_rate"] = float(np.mean([episode_success(t) for t in trajs]))
+        m["rollout/response_len"] = float(np.mean([t.num_sampled for t in trajs]))
+        m["rollout/turns"] = float(np.mean([len(t.turns) for t in trajs]))
+        m["rollout/truncated_frac"] = float(np.mean([t.truncated for t in trajs]))
+        m["env/errors"] = float(sum(len(t.info.get("errors", [])) for t in trajs))
+        m["rollout/nan_rewards"] = float(np.isnan(rets).sum())
+        # advantages + update
+        t0 = time.perf_counter()
+        batch = build_batch(trajs, pad_id)
+        batch["advantages"], gstats = algo.advantages(batch, cfg.algo)
+        m.update({f"rollout/{k}": float(v) for k, v in gstats.items()})
+        if cfg.algo.kl_coef > 0:
+            batch["ref_logprobs"] = learner.logprobs(batch, ref=True)
+        upd = learner.update(batch, algo, cfg.algo, epochs=cfg.algo.update_epochs,
+                             minibatches=cfg.algo.minibatches, seed=cfg.seed + step)
+        m.update({f"loss/{k}": v for k, v in upd.items()})
+        m["perf/update_s"] = time.perf_counter() - t0
+        # sync
+        t0 = time.perf_counter()
+        version += 1
+        engine.update_weights(model.state_dict(), version)
+        m["perf/sync_s"] = time.perf_counter() - t0
+        m["perf/step_s"] = m["perf/rollout_s"] + m["perf/update_s"] + m["perf/sync_s"]
+        if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0 and step + 1 < cfg.train.steps:
+            ev = run_eval()
+            m.update({f"eval/{k}": v for k, v in ev.items()})
+        log.log(step + 1, m)
+        if cfg.train.log_rollouts_every and (step + 1) % cfg.train.log_rollouts_every == 0:
+            (out / "rollouts").mkdir(exist_ok=True)
+            with (out / "rollouts" / f"step_{step + 1}.jsonl").open("w") as f:
+                for t in trajs:
+                    f.write(json.dumps(t.to_dict()) + "\n")
+        if cfg.train.save_every and (step + 1) % cfg.train.save_every == 0:
+            learner.save(out / "checkpoints" / f"step_{step + 1}", tok,
+                         {"step": step + 1, "policy_version": version})
+        line = (f"reward {m['rollout/reward_mean']:.3f} pass {m['rollout/pass_rate']:.2f} "
+                f"len {m['rollout/response_len']:.0f} {m['perf/step_s']:.1f}s/step")
+        if progress is not None:
+            progress.update(bar, advance=1, info=line)
+        elif not cfg.quiet:
+            say(f"[step {step + 1}/{cfg.train.steps}] {line}")
+    if progress is not None:
+        progress.stop()
+    timings["rl_s"] = time.perf_counter() - t_loop
+
+    # 3) final checkpoint, evaluation and summary
+    final = learner.save(out / "checkpoints" / f"step_{cfg.train.steps}", tok,
+                         {"step": cfg.train.steps, "policy_version": version})
+    after = run_eval()
+    log.log(cfg.train.steps, {f"eval/{k}": v for k, v in after.items()})
+    log.close()
+    pool.shutdown()
+    b, a = before["pass@1"], after["pass@1"]
+    summary = {"env": cfg.env.name, "algo": cfg.algo.name, "steps": cfg.train.steps,
+               "eval_before": before, "eval_after": after,
+               "pass@1_ratio": (a / b) if b > 0 else None, "pass@1_gain": a - b,
+               "checkpoint": str(final), **sft_info, **timings}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    ratio = f"{a / b:.2f}x" if b > 0 else "n/a"
+    say(f"[eval] held-out pass@1 (T={cfg.rollout.temperature}, {cfg.train.eval_tasks} tasks x "
+        f"{cfg.train.eval_samples}): before RL {b:.3f} -> after RL {a:.3f} "
+        f"({ratio}, {a - b:+.3f} absolute)")
+    say(f"[done] checkpoint: {final}; metrics: {out / 'metrics.jsonl'}")
+    return summary

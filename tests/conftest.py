@@ -1,0 +1,39 @@
+"""Shared fixtures. Every test process runs torch with one thread (2-core machines: several
+processes with 2 threads each slow each other 4-7x)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
+TINY_TEXTS = [
+    "Write a Python function `add_seven(x)` that returns x plus 7.",
+    "def add_seven(x):\n    return x + 7",
+    "Search the corpus and answer the question. The capital of France is Paris.",
+    "<tool_call>{\"name\": \"search\", \"arguments\": {\"q\": \"cats\"}}</tool_call>",
+] * 20
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    """A tiny Qwen2 model + offline ChatML tokenizer, built once per test session."""
+    from agentrl.model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", TINY_TEXTS,
+                            hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
+                            vocab_size=400, seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
