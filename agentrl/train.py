@@ -145,9 +145,12 @@ def evaluate(engine: Any, renderer: ChatRenderer, envs: list[Any], cfg: Config,
 
 
 def build_batch(trajs: list[Trajectory], pad_id: int) -> dict[str, Any]:
-    """Collate trajectories and attach `scores` (episode returns, NaN kept) and `group_ids`."""
+    """Collate trajectories and attach `scores` (B,) episode returns, `group_ids` (B,) and
+    `truncated` (B,). A NaN return (a failed reward) stays NaN, and an episode that sampled no
+    token gets NaN (case A9): both are excluded from group statistics and get advantage 0."""
     batch = collate(trajs, pad_id)
-    batch["scores"] = torch.tensor([t.episode_return for t in trajs], dtype=torch.float32)
+    batch["scores"] = torch.tensor(
+        [t.episode_return if t.num_sampled > 0 else float("nan") for t in trajs], dtype=torch.float32)
     batch["group_ids"] = torch.tensor([t.group_id for t in trajs], dtype=torch.long)
     batch["truncated"] = torch.tensor([t.truncated for t in trajs], dtype=torch.bool)
     return batch

@@ -101,11 +101,14 @@ class Trajectory:
         recorded in `info["dropped_reward"]` instead (case A9).
         """
         out = [0.0] * len(self.token_ids)
+        dropped = 0.0
         for t in self.turns:
             if t.end > t.start:
                 out[t.end - 1] += t.reward
             else:
-                self.info["dropped_reward"] = self.info.get("dropped_reward", 0.0) + t.reward
+                dropped += t.reward
+        if dropped:
+            self.info["dropped_reward"] = dropped
         return out
 
     def validate(self) -> None:

@@ -87,7 +87,7 @@ class ToolEnv(gym.Wrapper):
         if turn is None:
             messages, reward, terminated, truncated, info = self.env.step(action)
             return messages, reward, terminated, truncated, {**info, **self.runner.stats()}
-        reward = -(self.tool_call_penalty * turn.n_calls + self.tool_error_penalty * turn.n_errors)
+        reward = 0.0 - (self.tool_call_penalty * turn.n_calls + self.tool_error_penalty * turn.n_errors)
         info: dict[str, Any] = {**self.runner.stats(), "step_tool_calls": turn.n_calls,
                                 "step_tool_errors": turn.n_errors}
         if turn.errors:

