@@ -21,8 +21,8 @@ import torch
 
 
 def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
-                   temperature: float = 1.0, with_entropy: bool = False
-                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   temperature: float = 1.0, with_entropy: bool = False,
+                   entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Teacher-forced log-probability of every token given the tokens before it.
 
     Args:
@@ -31,6 +31,8 @@ def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Te
         attention_mask: (B, T) 0/1.
         temperature: logits are divided by it (as the sampler did; 0 is treated as 1).
         with_entropy: also return the per-token entropy of the tempered distribution (nats).
+        entropy_grad: keep the entropy in the autograd graph (for an entropy bonus); else it is
+            computed without gradient (a metric).
 
     Returns:
         logp (B, T) float32 with `logp[:, t] = log p(input_ids[:, t] | input_ids[:, :t])` and
@@ -47,9 +49,11 @@ def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Te
     logp[:, 1:] = picked - lse
     ent = None
     if with_entropy:
-        p = torch.softmax(logits, dim=-1)
-        ent = torch.zeros_like(logp)
-        ent[:, 1:] = lse - (p * logits).sum(-1)
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            lg = logits if entropy_grad else logits.detach()
+            p = torch.softmax(lg, dim=-1)
+            ent = torch.zeros_like(logp)
+            ent[:, 1:] = (lse if entropy_grad else lse.detach()) - (p * lg).sum(-1)
     return logp, ent
 
 
@@ -142,7 +146,8 @@ class Learner:
                     sub = _slice(batch, micro)
                     sub["max_len"] = batch["input_ids"].shape[1]
                     logp, ent = token_logprobs(self.model, sub["input_ids"], sub["attention_mask"],
-                                               temperature=self.temperature, with_entropy=True)
+                                               temperature=self.temperature, with_entropy=True,
+                                               entropy_grad=getattr(cfg, "entropy_coef", 0) > 0)
                     if single:
                         sub["old_logprobs"] = logp.detach()
                     loss, m = algo.loss(logp, sub, cfg, num_tokens=max(num_tokens, 1.0),

@@ -75,7 +75,7 @@ def sft_train(model: Any, examples: list[Trajectory], *, steps: int, lr: float, 
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
         opt.step()
         sched.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
         if log:
-            log(step, float(loss))
+            log(step, losses[-1])
     return losses

@@ -187,6 +187,14 @@ class MetricsLog:
             self.tb.close()
 
 
+def _quiet_libraries() -> None:
+    """Silence transformers' per-file progress bars and info logs (our own progress shows)."""
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
 def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -206,7 +214,8 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
     from agentrl.rollout.engines.hf import HFEngine
     from agentrl.sft import sft_examples, sft_train
 
-    say = console.print if console is not None else print
+    say = (lambda msg: console.print(msg, markup=False, highlight=False)) if console is not None else print
+    _quiet_libraries()
     torch.set_num_threads(cfg.train.torch_threads)
     _seed_everything(cfg.seed)
     resolve_env_id(cfg.env.name)  # fail early on an unknown env

@@ -23,14 +23,12 @@ from agentrl_tools.registry import Tool
 
 
 def tool_info(runner: ToolRunner, tools_in_prompt: bool) -> dict[str, Any]:
-    """Reset-info entries describing the tools.
-
-    `tool_schemas` always holds the OpenAI-style schemas. `tools` (which the agent loop passes
-    to the chat template as `tools=`) is set only when the schemas are *not* already in the
-    system prompt, so a template that renders tools (Qwen, the embedded model) never lists them
-    twice.
+    """Reset-info entries describing the tools: `tools_in_prompt`, and `tools` (the
+    OpenAI-style schemas, which the agent loop passes to the chat template as `tools=`) only
+    when the schemas are *not* already in the system message, so that a template that renders
+    tools (Qwen's, the embedded model's) never lists them twice.
     """
-    info: dict[str, Any] = {"tool_schemas": runner.schemas(), "tools_in_prompt": tools_in_prompt}
+    info: dict[str, Any] = {"tools_in_prompt": tools_in_prompt}
     if not tools_in_prompt:
         info["tools"] = runner.schemas()
     return info
@@ -74,6 +72,10 @@ class ToolEnv(gym.Wrapper):
         self.tool_call_penalty = tool_call_penalty
         self.tool_error_penalty = tool_error_penalty
         self.tools_in_prompt = tools_in_prompt
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """OpenAI-style schemas of the offered tools."""
+        return self.runner.schemas()
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         messages, info = self.env.reset(seed=seed, options=options)

@@ -197,7 +197,7 @@ class WebQAEnv(TextEnv):
         tools_in_prompt: list the tools in the system message (else only `info["tools"]`).
         system_prompt: instructions before the tool list.
 
-    Reset info: `task_id`, `question`, `tool_schemas`, `tools_in_prompt` (and `tools`, see
+    Reset info: `task_id`, `question`, `tools_in_prompt` (and `tools` when False, see
     `agentrl_envs.tool_env.tool_info`). Final step info: `answer`, `gold`, `em`, `f1`, and the
     tool counters `tool_calls`, `tool_errors`, `tool_error_kinds`.
 
@@ -248,26 +248,18 @@ class WebQAEnv(TextEnv):
             self.fetch_base_url = _shared_server(self._key)
         return self.fetch_base_url
 
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """OpenAI-style schemas of `search` and `fetch`."""
+        return self._ensure_runner().schemas()
+
     def doc_url(self, doc: Document) -> str:
         """URL of a document on the corpus server."""
         return f"{self.base_url()}/doc/{doc.slug}"
 
     def _ensure_runner(self) -> ToolRunner:
         if self.runner is None:
-            parts = urlsplit(self.base_url())
-            own = f"{parts.hostname}:{parts.port}" if parts.port else str(parts.hostname)
-            if ":" in str(parts.hostname):
-                own = f"[{parts.hostname}]:{parts.port}" if parts.port else str(parts.hostname)
-            search = make_search_tool(self.index, self.doc_url)
-            search.parameters["properties"]["k"]["default"] = self.search_k
-            k_default = self.search_k
-
-            inner = search.fn
-
-            def search_fn(query: str, k: int = k_default) -> str:
-                return inner(query, k)
-
-            search.fn = search_fn
+            own = urlsplit(self.base_url()).netloc.rsplit("@", 1)[-1]
+            search = make_search_tool(self.index, self.doc_url, default_k=self.search_k)
             fetch = make_fetch_tool((own, *self.allowed_hosts), timeout_s=min(5.0, self.tool_timeout_s),
                                     max_chars=self.fetch_max_chars)
             self.runner = ToolRunner([search, fetch], parser=self.parser,

@@ -33,7 +33,7 @@ def t(x, dtype=torch.float32):
 # -- slow reference ---------------------------------------------------------------------------
 def gae_reference(rewards, values, mask, gamma, lam, bootstrap):
     """Per-row backward loop in float64 over the original positions, skipping masked ones."""
-    b, t_len = rewards.shape
+    b, t_len = len(rewards), len(rewards[0])
     adv = [[0.0] * t_len for _ in range(b)]
     ret = [[0.0] * t_len for _ in range(b)]
     for i in range(b):

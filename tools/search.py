@@ -110,18 +110,19 @@ def format_hits(hits: Sequence[SearchHit], url_for: Callable[[Document], str], q
 
 
 def make_search_tool(index: SearchIndex, url_for: Callable[[Document], str], *,
-                     max_k: int = 10, name: str = "search") -> Tool:
-    """A `search(query, k=3)` tool over `index`.
+                     default_k: int = 3, max_k: int = 10, name: str = "search") -> Tool:
+    """A `search(query, k=default_k)` tool over `index`.
 
     Args:
         index: the BM25 index.
         url_for: document -> URL shown in results (called at search time, so it may depend on a
             server started later).
+        default_k: number of results when the agent does not say.
         max_k: largest `k` the agent may ask for.
         name: tool name shown to the agent.
     """
 
-    def search(query: str, k: int = 3) -> str:
+    def search(query: str, k: int = default_k) -> str:
         """Search the document collection and return the best matches with their title, URL and
         a snippet. Fetch a URL to read the whole document.
 

@@ -10,12 +10,14 @@ the curiosity wrapper writes. The framework logs each as `reward/<name>`; pass r
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
 
 Message = dict[str, Any]
+#: scorer(conversation, answer) -> (value, info updates, error or None)
+Scorer = Callable[[list[Message], str], tuple[float, dict[str, Any], "str | None"]]
 
 #: when a scoring wrapper scores: at every agent turn, or only at the turn that ends the episode
 WHEN = ("end", "step")
@@ -54,8 +56,8 @@ class ScoringWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
     """Base of wrappers that score the agent's answer with a model or judge.
 
     Keeps the transcript (reset messages, then each action as an assistant message and the env's
-    new messages) and the reset info (for `keywords`). Subclasses implement `_score(messages,
-    answer) -> (value, info_updates, error)` and set `name`; `step` combines:
+    new messages) and the reset info (for `keywords`). `scorer(messages, answer) -> (value,
+    info_updates, error)` scores an answer to the conversation before it; `step` combines:
 
     - `mode="replace"`: reward = weight * value at scored turns, 0 at unscored ones;
       `mode="add"`: reward = env reward + weight * value at scored turns.
@@ -64,6 +66,8 @@ class ScoringWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
 
     Args:
         env: the env to wrap.
+        name: component name (`info["reward_components"][name]`).
+        scorer: see above; `value` NaN or `error` set marks a failed score.
         mode: "replace" or "add".
         weight: factor on the score.
         when: "end" or "step".
@@ -74,12 +78,12 @@ class ScoringWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         ValueError: unknown mode/when.
     """
 
-    name = "score"
-
-    def __init__(self, env: gym.Env, *, mode: str = "replace", weight: float = 1.0, when: str = "end",
-                 record: dict[str, Any] | None = None):
+    def __init__(self, env: gym.Env, *, name: str, scorer: Scorer, mode: str = "replace",
+                 weight: float = 1.0, when: str = "end", record: dict[str, Any] | None = None):
         gym.utils.RecordConstructorArgs.__init__(self, **(record or {}))
         gym.Wrapper.__init__(self, env)
+        self.name = name
+        self._scorer = scorer
         self.mode = check_choice(f"{self.name}.mode", mode, MODES)
         self.when = check_choice(f"{self.name}.when", when, WHEN)
         self.weight = float(weight)
@@ -92,9 +96,6 @@ class ScoringWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self.reset_info = dict(info)
         return obs, info
 
-    def _score(self, messages: list[Message], answer: str) -> tuple[float, dict[str, Any], str | None]:
-        raise NotImplementedError  # pragma: no cover - abstract
-
     def step(self, action: str):
         obs, reward, terminated, truncated, info = self.env.step(action)
         conversation = self.history
@@ -102,9 +103,9 @@ class ScoringWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         if self.when == "end" and not (terminated or truncated):
             out = dict(info)
             if self.mode == "replace":
-                return obs, 0.0, terminated, truncated, with_components(out, reward, False, **{self.name: 0.0})
+                return obs, 0.0, terminated, truncated, with_components(out, reward, False)
             return obs, float(reward), terminated, truncated, with_components(out, reward, True)
-        value, extra, error = self._score(conversation, str(action))
+        value, extra, error = self._scorer(conversation, str(action))
         part = self.weight * value
         total = part if self.mode == "replace" else float(reward) + part
         out = with_components(info, reward, self.mode == "add", **{self.name: part})

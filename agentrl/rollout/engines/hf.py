@@ -61,6 +61,10 @@ def sample_next(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row and return it with its sampler logprob.
 
+    Draws by inverting the CDF with one uniform per row (`searchsorted` on the cumulative
+    probabilities), which is several times faster than `torch.multinomial` on CPU and exact up
+    to float32 rounding of the cumulative sum. A zero-probability token is never returned.
+
     Args:
         logits: (B, V) float32 next-token logits.
         temperature: 0 = greedy (argmax, logprob under T = 1); else logits are divided by it.
@@ -78,15 +82,18 @@ def sample_next(
         logp = logits.log_softmax(dim=-1)
         return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
     logp = (logits / temperature).log_softmax(dim=-1)
+    probs = logp.exp()
+    order = None
     if top_p < 1.0:
-        sorted_logp, order = logp.sort(dim=-1, descending=True)
-        sorted_p = sorted_logp.exp()
-        mass_before = sorted_p.cumsum(dim=-1) - sorted_p
-        sorted_p = sorted_p.masked_fill(mass_before >= top_p, 0.0)
-        choice = torch.multinomial(sorted_p, 1, generator=generator)
-        tokens = order.gather(-1, choice).squeeze(-1)
-    else:
-        tokens = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+        probs, order = probs.sort(dim=-1, descending=True)
+        mass_before = probs.cumsum(dim=-1) - probs
+        probs = probs.masked_fill(mass_before >= top_p, 0.0)
+    cdf = probs.cumsum(dim=-1)
+    u = torch.rand((cdf.shape[0], 1), generator=generator, device=cdf.device, dtype=cdf.dtype)
+    picks = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_(max=cdf.shape[-1] - 1)
+    # u * total can round up to total; never return a token the (filtered) distribution excludes.
+    picks = torch.where(probs.gather(-1, picks) > 0, picks, probs.argmax(dim=-1, keepdim=True))
+    tokens = (order.gather(-1, picks) if order is not None else picks).squeeze(-1)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
