@@ -200,10 +200,11 @@ def serve_corpus(path: str | Path | Sequence[Document], host: str = "127.0.0.1",
     docs = load_documents(path) if isinstance(path, str | Path) else list(path)
     server = ThreadingHTTPServer((host, port), _handler(docs))
     server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, name="corpus-server", daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
+                              name="corpus-server", daemon=True)
     thread.start()
-    h, p = server.server_address[:2]
-    shown = f"[{h}]" if ":" in str(h) else h
+    h, p = str(server.server_address[0]), server.server_address[1]
+    shown = f"[{h}]" if ":" in h else h
     return server, thread, f"http://{shown}:{p}"
 
 

@@ -214,7 +214,7 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
     from agentrl.rollout.engines.hf import HFEngine
     from agentrl.sft import sft_examples, sft_train
 
-    say = (lambda msg: console.print(msg, markup=False, highlight=False)) if console is not None else print
+    say = (lambda msg: console.print(msg, markup=False, highlight=False, soft_wrap=True)) if console is not None else print
     _quiet_libraries()
     torch.set_num_threads(cfg.train.torch_threads)
     _seed_everything(cfg.seed)

@@ -87,8 +87,8 @@ class ToolEnv(gym.Wrapper):
     def step(self, action: str):
         turn = self.runner.handle(action)
         if turn is None:
-            messages, reward, terminated, truncated, info = self.env.step(action)
-            return messages, reward, terminated, truncated, {**info, **self.runner.stats()}
+            messages, reward, terminated, truncated, inner_info = self.env.step(action)
+            return messages, reward, terminated, truncated, {**inner_info, **self.runner.stats()}
         reward = 0.0 - (self.tool_call_penalty * turn.n_calls + self.tool_error_penalty * turn.n_errors)
         info: dict[str, Any] = {**self.runner.stats(), "step_tool_calls": turn.n_calls,
                                 "step_tool_errors": turn.n_errors}

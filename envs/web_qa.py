@@ -25,15 +25,17 @@ from urllib.parse import urlsplit
 
 from agentrl.corpus_server import Document, hotpot_documents, load_documents, serve_corpus, slugify
 from agentrl.envs import TextEnv
+from agentrl_envs.code_datasets import normalize_split, split_fraction
 from agentrl_envs.tool_env import tool_info
 from agentrl_tools.executor import ToolRunner, add_system_text
 from agentrl_tools.fetch import make_fetch_tool
-from agentrl_tools.parser import ToolCallParser
+from agentrl_tools.parser import ToolCall, ToolCallParser
 from agentrl_tools.search import SearchIndex, make_search_tool
 
 DATA_DIR = Path(__file__).parent / "data" / "web_qa"
 DEFAULT_CORPUS = DATA_DIR / "corpus.jsonl"
 DEFAULT_QUESTIONS = DATA_DIR / "questions.jsonl"
+HELDOUT_FRACTION = 0.2
 
 SYSTEM_PROMPT = (
     "You answer questions using a document collection. Use the search tool to find documents "
@@ -130,6 +132,20 @@ def load_hotpot(path: str | Path) -> tuple[list[Document], list[dict[str, Any]]]
     return docs, questions
 
 
+def select_split(questions: list[dict[str, Any]], split: str) -> list[dict[str, Any]]:
+    """The questions of `split`: `all`, or a fixed hash split of question ids (`heldout` when
+    `split_fraction(id) < HELDOUT_FRACTION`, else `train`), the same rule as code_sandbox's.
+
+    Raises:
+        ValueError: unknown split (`test`, `eval`, `held_out` are aliases of `heldout`).
+    """
+    split = normalize_split(split)
+    if split == "all":
+        return list(questions)
+    held = split == "heldout"
+    return [q for q in questions if (split_fraction(q["id"]) < HELDOUT_FRACTION) == held]
+
+
 def load_questions(path: str | Path) -> list[dict[str, Any]]:
     """Questions from a JSONL file (`question`, `answers` list or `answer` str, optional `id`
     and `supporting` slugs) or a HotpotQA-style JSON list.
@@ -140,7 +156,7 @@ def load_questions(path: str | Path) -> list[dict[str, Any]]:
     p = Path(path)
     if p.suffix.lower() == ".json":
         return load_hotpot(p)[1]
-    out = []
+    out: list[dict[str, Any]] = []
     for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
         if line.strip():
             try:
@@ -196,13 +212,16 @@ class WebQAEnv(TextEnv):
         parser: tool-call format (see `agentrl_tools.parser.PARSERS`).
         tools_in_prompt: list the tools in the system message (else only `info["tools"]`).
         system_prompt: instructions before the tool list.
+        split: `all` (default), `train` or `heldout`: which questions this env draws from (a
+            fixed hash split of question ids, see `select_split`).
 
     Reset info: `task_id`, `question`, `tools_in_prompt` (and `tools` when False, see
     `agentrl_envs.tool_env.tool_info`). Final step info: `answer`, `gold`, `em`, `f1`, and the
     tool counters `tool_calls`, `tool_errors`, `tool_error_kinds`.
 
     Raises:
-        ValueError: unknown `reward`, negative penalty, bad corpus or question files.
+        ValueError: unknown `reward` or split, negative penalty, bad corpus or question files,
+            a split with no questions.
     """
 
     def __init__(self, corpus: str | Path | None = None, questions: str | Path | None = None, *,
@@ -210,7 +229,7 @@ class WebQAEnv(TextEnv):
                  reward: str = "em", tool_call_penalty: float = 0.0, max_tool_calls: int = 6,
                  tool_timeout_s: float = 10.0, search_k: int = 3, fetch_max_chars: int = 4000,
                  parser: str | ToolCallParser = "hermes", tools_in_prompt: bool = True,
-                 system_prompt: str = SYSTEM_PROMPT):
+                 system_prompt: str = SYSTEM_PROMPT, split: str = "all"):
         if reward not in ("em", "f1"):
             raise ValueError(f"web_qa: reward must be 'em' or 'f1', got {reward!r}")
         if tool_call_penalty < 0:
@@ -224,6 +243,9 @@ class WebQAEnv(TextEnv):
             key = f"corpus:{corpus_path.resolve()}"
             docs = _SHARED[key][0] if key in _SHARED else load_documents(corpus_path)
             self.questions = load_questions(questions_path)
+        self.questions = select_split(self.questions, split)
+        if not self.questions:
+            raise ValueError(f"web_qa: split {split!r} has no questions")
         self.docs, self.index = _shared_corpus(key, docs)
         self._key = key
         self.fetch_base_url = fetch_base_url.rstrip("/") if fetch_base_url else None
@@ -265,6 +287,32 @@ class WebQAEnv(TextEnv):
             self.runner = ToolRunner([search, fetch], parser=self.parser,
                                      max_tool_calls=self.max_tool_calls, timeout_s=self.tool_timeout_s)
         return self.runner
+
+    # -- hooks used by training and evaluation ---------------------------------------------------
+
+    def eval_tasks(self) -> list[dict[str, Any]]:
+        """Reset kwargs of every question of this env's split, in file order."""
+        return [{"options": {"task": {"id": q["id"]}}} for q in self.questions]
+
+    def reference_answer(self) -> str | None:
+        """A good first turn for the current task (supervised warm start): a search for the
+        question in the tool-call format."""
+        if self.task is None:
+            return None
+        return self._ensure_runner().parser.format_call(ToolCall("search", {"query": self.task["question"]}))
+
+    def corpus_texts(self) -> list[str]:
+        """Texts for training the embedded tokenizer: documents, questions, answers, and one
+        oracle episode's tool calls and tool outputs."""
+        texts = [f"{d.title}\n{d.text}" for d in self.docs]
+        texts += [q["question"] for q in self.questions] + [f"Answer: {q['answers'][0]}" for q in self.questions]
+        runner = self._ensure_runner()
+        texts.append(runner.system_prompt())
+        search = runner.tools["search"]
+        for q in self.questions[:20]:
+            texts.append(runner.parser.format_call(ToolCall("search", {"query": q["question"]})))
+            texts.append(search(query=q["question"]))
+        return texts
 
     # -- episode --------------------------------------------------------------------------------
 

@@ -231,6 +231,11 @@ def test_a2_constant_groups_exact_zero_and_counted():
     assert stats["num_groups"] == 3 and stats["num_zero_variance_groups"] == 3
     assert stats["frac_zero_variance"] == 1.0
     assert zero_variance_mask(rewards, ids).all()
+    # float64 [0.1]*3: the float mean is 0.1 + 1.4e-17, yet the advantages are exactly 0
+    r64 = torch.full((3,), 0.1, dtype=torch.float64)
+    for scale in ("std", "none"):
+        assert torch.equal(group_advantages(r64, [0, 0, 0], scale=scale), torch.zeros(3).double())
+    assert torch.equal(rloo_advantages(r64, [0, 0, 0]), torch.zeros(3).double())
 
 
 def test_a3_singleton_group():

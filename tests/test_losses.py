@@ -47,6 +47,11 @@ def test_l1_aggregation_modes():
     # Dr. GRPO: (10 + 10) / (2 * 10) = 1
     assert aggregate(loss, mask, "seq-mean-token-sum-norm").item() == pytest.approx(1.0)
     assert aggregate(loss, mask, "seq-mean-token-sum-norm", max_len=20).item() == pytest.approx(0.5)
+    # an all-masked third row adds nothing to the seq-mean (not (2 + 10 + 0) / 3), but counts
+    # as a row for the Dr. GRPO normaliser: 20 / (3 * 10)
+    loss3, mask3 = torch.cat([loss, loss[:1]]), torch.cat([mask, torch.zeros(1, 10)])
+    assert aggregate(loss3, mask3, "seq-mean-token-mean").item() == pytest.approx(6.0)
+    assert aggregate(loss3, mask3, "seq-mean-token-sum-norm").item() == pytest.approx(2 / 3)
     with pytest.raises(ValueError, match="unknown aggregation"):
         aggregate(loss, mask, "sum")
 

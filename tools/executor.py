@@ -137,6 +137,7 @@ class ToolRunner:
         turn = ToolTurn(messages=[], n_calls=len(items))
         for item in items:
             self.n_calls += 1
+            kind: str | None
             if self.n_calls > self.max_tool_calls:
                 content, kind = (f"tool call limit reached ({self.max_tool_calls} per episode); "
                                  "give your final answer without calling a tool"), "limit"

@@ -9,6 +9,7 @@ against the allow-list, so an allowed host cannot redirect the agent elsewhere.
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from html.parser import HTMLParser
@@ -23,6 +24,7 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 _BLOCK_TAGS = {"address", "article", "aside", "blockquote", "dd", "div", "dl", "dt", "figcaption",
                "figure", "footer", "form", "h1", "h2", "h3", "h4", "h5", "h6", "header", "hr", "li",
                "main", "nav", "ol", "p", "pre", "section", "table", "td", "th", "tr", "ul", "title"}
+_BR = "\x00"  # stands for <br> until whitespace is collapsed
 _SKIP_TAGS = {"script", "style", "noscript", "template", "svg", "head"}
 
 
@@ -38,7 +40,7 @@ class _TextExtractor(HTMLParser):
         if tag in _SKIP_TAGS:
             self.skip += 1
         elif tag == "br":
-            self.blocks[-1].append("\n")
+            self.blocks[-1].append(_BR)
         elif tag in _BLOCK_TAGS:
             self.blocks.append([])
             if tag == "li":
@@ -64,7 +66,7 @@ def html_to_text(page: str) -> str:
     parser.close()
     out = []
     for parts in parser.blocks:
-        lines = [re.sub(r"\s+", " ", line).strip() for line in "".join(parts).split("\n")]
+        lines = [re.sub(r"\s+", " ", line).strip() for line in "".join(parts).split(_BR)]
         text = "\n".join(line for line in lines if line)
         if text and text != "-":
             out.append(text)
@@ -121,6 +123,20 @@ def make_fetch_tool(allowed_hosts: Sequence[str], *, timeout_s: float = 5.0, max
     return tool(fetch, name=name)
 
 
+_CLIENTS: dict[bool, httpx.Client] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def _client(trust_env: bool) -> httpx.Client:
+    """A shared client (making one costs ~0.1-0.7 s for its SSL context; clients are
+    thread-safe). trust_env=False for loopback: a proxy from the environment must not
+    intercept requests to the local corpus server."""
+    with _CLIENTS_LOCK:
+        if trust_env not in _CLIENTS:
+            _CLIENTS[trust_env] = httpx.Client(follow_redirects=False, trust_env=trust_env)
+        return _CLIENTS[trust_env]
+
+
 def fetch_text(url: str, allowed_hosts: Sequence[str], *, timeout_s: float = 5.0,
                max_bytes: int = 1_000_000, max_chars: int = 6000, max_redirects: int = 3) -> str:
     """GET `url` and return its text; see `make_fetch_tool` for the arguments.
@@ -137,9 +153,8 @@ def fetch_text(url: str, allowed_hosts: Sequence[str], *, timeout_s: float = 5.0
             raise ToolError(f"fetching {url!r} is not allowed: its host is not in the allowed hosts ({shown})")
         loopback = (urlsplit(url).hostname or "") in LOOPBACK_HOSTS
         try:
-            # trust_env=False for loopback: a proxy from the environment must not intercept it
-            with httpx.Client(timeout=timeout_s, follow_redirects=False, trust_env=not loopback) as client, \
-                    client.stream("GET", url, headers={"User-Agent": "agentrl-fetch/1"}) as r:
+            with _client(trust_env=not loopback).stream(
+                    "GET", url, headers={"User-Agent": "agentrl-fetch/1"}, timeout=timeout_s) as r:
                 if r.is_redirect:
                     url = urljoin(url, r.headers.get("location", ""))
                     continue

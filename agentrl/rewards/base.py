@@ -97,21 +97,22 @@ class ScoringWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         return obs, info
 
     def step(self, action: str):
-        obs, reward, terminated, truncated, info = self.env.step(action)
+        obs, env_reward, terminated, truncated, info = self.env.step(action)
+        reward = float(env_reward)
         conversation = self.history
         self.history = conversation + [{"role": "assistant", "content": str(action)}] + [dict(m) for m in obs]
         if self.when == "end" and not (terminated or truncated):
             out = dict(info)
             if self.mode == "replace":
                 return obs, 0.0, terminated, truncated, with_components(out, reward, False)
-            return obs, float(reward), terminated, truncated, with_components(out, reward, True)
+            return obs, reward, terminated, truncated, with_components(out, reward, True)
         value, extra, error = self._scorer(conversation, str(action))
         part = self.weight * value
-        total = part if self.mode == "replace" else float(reward) + part
+        total = part if self.mode == "replace" else reward + part
         out = with_components(info, reward, self.mode == "add", **{self.name: part})
         out.update(extra)
         if self.mode == "replace":
-            out["env_reward"] = float(reward)
+            out["env_reward"] = reward
         if error is not None or math.isnan(value):
             add_error(out, error or f"{self.name}: no score")
             total = math.nan

@@ -100,7 +100,7 @@ class SequenceClassifier:
     def _encode(self, prompts: Sequence[Prompt], responses: Sequence[str]) -> Any:
         if self.input_format == "chat":
             texts = []
-            for p, r in zip(prompts, responses):
+            for p, r in zip(prompts, responses, strict=True):
                 msgs = [{"role": "user", "content": p}] if isinstance(p, str) else [dict(m) for m in p]
                 texts.append(self.tokenizer.apply_chat_template(
                     msgs + [{"role": "assistant", "content": r}], tokenize=False))

@@ -77,7 +77,7 @@ def hashing_embedding(text: str, dim: int = 256) -> np.ndarray:
     """
     v = np.zeros(dim, dtype=np.float32)
     w = _WORD.findall(text.lower())
-    for feat in w + [f"{a} {b}" for a, b in zip(w, w[1:])]:
+    for feat in w + [f"{a} {b}" for a, b in zip(w, w[1:], strict=False)]:
         h = _h(feat)
         v[h % dim] += 1.0 if (h >> 63) & 1 else -1.0
     norm = float(np.linalg.norm(v))

@@ -79,32 +79,32 @@ def call_reward_fn(fn: RewardFn, prompts: Sequence[Any], completions: Sequence[A
         raise ValueError(f"{len(prompts)} prompts for {n} completions")
     try:
         out = fn(prompts, completions, **kwargs)
-    except Exception as e:  # noqa: BLE001 - isolate the failing sample(s) below
-        batch_error: str | None = f"{type(e).__name__}: {e}"
-    else:
-        batch_error = None
-        vals = _check_len(fn, out, n)
-    if batch_error is None:
-        result = RewardBatch([])
-        for i, v in enumerate(vals):
-            x, err = _as_float(v)
-            result.values.append(x)
-            if err:
-                result.errors[i] = err
-        return result
+    except Exception:  # noqa: BLE001 - isolate the failing sample(s): score one at a time
+        return _per_sample(fn, prompts, completions, kwargs)
+    result = RewardBatch([])
+    for i, v in enumerate(_check_len(fn, out, n)):
+        _put(result, i, v)
+    return result
+
+
+def _put(result: RewardBatch, i: int, v: Any) -> None:
+    x, err = _as_float(v)
+    result.values.append(x)
+    if err:
+        result.errors[i] = err
+
+
+def _per_sample(fn: RewardFn, prompts: Sequence[Any], completions: Sequence[Any],
+                kwargs: dict[str, Any]) -> RewardBatch:
+    n = len(completions)
     result = RewardBatch([])
     for i in range(n):
         kw = {k: ([v[i]] if isinstance(v, list) and len(v) == n else v) for k, v in kwargs.items()}
         try:
-            one = _check_len(fn, fn([prompts[i]], [completions[i]], **kw), 1)
-        except ValueError:
-            raise
+            out = fn([prompts[i]], [completions[i]], **kw)
         except Exception as e:  # noqa: BLE001 - contract 7: a raising reward is a recorded NaN
             result.values.append(math.nan)
             result.errors[i] = f"{_name(fn)} raised {type(e).__name__}: {e}"
             continue
-        x, err = _as_float(one[0])
-        result.values.append(x)
-        if err:
-            result.errors[i] = err
+        _put(result, i, _check_len(fn, out, 1)[0])
     return result

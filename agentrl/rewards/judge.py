@@ -101,10 +101,11 @@ class JudgeResult:
         return self.error is None
 
     def info(self, max_reply_chars: int = 2000) -> dict[str, Any]:
-        """A JSON-friendly summary for an env's `info["judge"]` (reply cut to `max_reply_chars`)."""
+        """A JSON-friendly summary for an env's `info["judge"]` (reply cut to `max_reply_chars`; no
+        latency, so that equal judgements give equal infos)."""
         return {"score": self.score, "reward": self.reward, "reply": self.reply[:max_reply_chars],
                 "error": self.error, "error_kind": self.error_kind, "cached": self.cached,
-                "attempts": self.attempts, "latency_s": round(self.latency_s, 4)}
+                "attempts": self.attempts}
 
 
 class Judge(Protocol):
@@ -335,7 +336,9 @@ class JudgeClient:
         """
         t0 = time.perf_counter()
         orders = [(answer_a, answer_b, False)] + ([(answer_b, answer_a, True)] if swap else [])
-        choices, replies, attempts = [], [], 0
+        choices: list[str] = []
+        replies: list[str] = []
+        attempts = 0
         for first, second, swapped in orders:
             user = self.pairwise_template.format_map({"rubric": self.rubric, "conversation": render_conversation(messages),
                                                       "answer_a": first, "answer_b": second})

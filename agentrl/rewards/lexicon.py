@@ -140,7 +140,7 @@ class LexiconSafetyClassifier:
         """
         if len(prompts) != len(responses):
             raise ValueError(f"{len(prompts)} prompts for {len(responses)} responses")
-        return np.array([_sigmoid(self.logit_unsafe(p, r)) for p, r in zip(prompts, responses)], dtype=np.float64)
+        return np.array([_sigmoid(self.logit_unsafe(p, r)) for p, r in zip(prompts, responses, strict=True)], dtype=np.float64)
 
     def score(self, prompts: Sequence[str | Sequence[dict[str, Any]]], responses: Sequence[str]) -> np.ndarray:
         """Reward-model score: the safe logit `-logit_unsafe`, shape (B,).
@@ -150,4 +150,4 @@ class LexiconSafetyClassifier:
         """
         if len(prompts) != len(responses):
             raise ValueError(f"{len(prompts)} prompts for {len(responses)} responses")
-        return np.array([-self.logit_unsafe(p, r) for p, r in zip(prompts, responses)], dtype=np.float64)
+        return np.array([-self.logit_unsafe(p, r) for p, r in zip(prompts, responses, strict=True)], dtype=np.float64)

@@ -98,7 +98,7 @@ class ChatModel:
             if body.get("seed") is not None:
                 torch.manual_seed(int(body["seed"]))
             for i in range(n):
-                out = self.model.generate(**enc, generation_config=gen)
+                out = self.model.generate(**enc, generation_config=gen)  # type: ignore[operator]
                 new = [int(t) for t in out[0, prompt_len:]]
                 finish = "length"
                 if new and new[-1] in self.stop_ids:

@@ -14,7 +14,12 @@ from typing import Any
 import gymnasium as gym
 
 from agentrl.rewards.base import Message, ScoringWrapper
-from agentrl.rewards.classifier import ClassifierReward, LagrangeMultiplier, SafetyReward, load_classifier
+from agentrl.rewards.classifier import (
+    ClassifierReward,
+    LagrangeMultiplier,
+    SafetyReward,
+    load_classifier,
+)
 from agentrl.rewards.curiosity import CuriosityBonus, CuriosityMemory
 from agentrl.rewards.judge import Judge, JudgeClient, make_judge
 
@@ -107,7 +112,7 @@ class RewardWrappers:
     def _make_judge(self, opts: dict[str, Any]) -> Any:
         wrap, rest = _split(opts, _JUDGE_WRAPPER_KEYS)
         url = rest.pop("url", None)
-        self.judge = make_judge(url, **rest)
+        self.judge: Judge = make_judge(url, **rest)
         return lambda env: JudgeReward(env, self.judge, **wrap)
 
     def _make_classifier(self, opts: dict[str, Any]) -> Any:
@@ -136,8 +141,9 @@ class RewardWrappers:
         """Run-level figures to log: judge request/retry/cache/parse-error counts
         (`judge/...`), the Lagrange multiplier (`safety/lambda`), curiosity steps."""
         out: dict[str, float] = {}
-        if isinstance(getattr(self, "judge", None), JudgeClient):
-            out.update({f"judge/{k}": float(v) for k, v in self.judge.stats.items()})
+        judge = getattr(self, "judge", None)
+        if isinstance(judge, JudgeClient):
+            out.update({f"judge/{k}": float(v) for k, v in judge.stats.items()})
         if hasattr(self, "multiplier"):
             out["safety/lambda"] = self.multiplier.value
         if hasattr(self, "curiosity"):
@@ -146,8 +152,9 @@ class RewardWrappers:
 
     def close(self) -> None:
         """Close the judge's HTTP pool, if any."""
-        if isinstance(getattr(self, "judge", None), JudgeClient):
-            self.judge.close()
+        judge = getattr(self, "judge", None)
+        if isinstance(judge, JudgeClient):
+            judge.close()
 
 
 def wrap_env(env: gym.Env, names: Sequence[str], options: dict[str, dict[str, Any]] | None = None) -> gym.Env:

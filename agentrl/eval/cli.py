@@ -1,0 +1,283 @@
+"""`agentrl eval`: the command behind the CLI (plain function; `agentrl/cli.py` wires it into
+typer). Builds the env exactly as training does (`agentrl.train.build_env` from a `Config`),
+lists the tasks, loads the policy and runs `agentrl.eval.harness.run_eval`; or compares two
+evaluation directories.
+
+The policy (`model`):
+- a local Hugging Face model directory (ours or any causal LM with a chat template);
+- a training checkpoint `OUT/checkpoints/step_N`, or a training output dir `OUT` (its latest
+  checkpoint). Then `OUT/config.json` (the training config) is the base config, so the env,
+  dataset, turn limit and rollout caps are the ones the run trained with, unless overridden;
+- `reference` (or `scripted`): the env's `reference_answer()` fed through the harness by a
+  `ScriptedEngine` (see `agentrl.eval.reference`), with a tokenizer trained offline on the
+  tasks' texts; `reference:DIR` uses the tokenizer of model directory DIR instead. The token
+  caps are raised so that no reference answer is cut.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REFERENCE_NAMES = ("reference", "scripted")
+
+
+def parse_k(k: str | int | Sequence[int]) -> list[int]:
+    """`"1,5,10"` (or an int, or a list) -> `[1, 5, 10]`.
+
+    Raises:
+        ValueError: a value that is not a positive integer, naming it.
+    """
+    if isinstance(k, int):
+        items: list[Any] = [k]
+    elif isinstance(k, str):
+        items = [p.strip() for p in k.split(",") if p.strip()]
+    else:
+        items = list(k)
+    out = []
+    for v in items:
+        try:
+            iv = int(v)
+        except (TypeError, ValueError):
+            raise ValueError(f"k: {v!r} is not an integer (give e.g. --k 1,5,10)") from None
+        if iv < 1:
+            raise ValueError(f"k: {v!r} must be a positive integer (give e.g. --k 1,5,10)")
+        out.append(iv)
+    if not out:
+        raise ValueError("k: give at least one k (e.g. --k 1)")
+    return sorted(set(out))
+
+
+def _is_hf_dir(p: Path) -> bool:
+    import json
+
+    cfg = p / "config.json"
+    if not cfg.is_file():
+        return False
+    try:
+        data = json.loads(cfg.read_text())
+    except ValueError:
+        return False
+    return isinstance(data, dict) and ("model_type" in data or "architectures" in data)
+
+
+def resolve_model(model: str) -> tuple[Path, Path | None]:
+    """Find the model directory and the training config that goes with it.
+
+    Args:
+        model: a Hugging Face model directory, a checkpoint `OUT/checkpoints/step_N`, or a
+            training output dir `OUT` (its newest complete checkpoint is used).
+
+    Returns:
+        `(model_dir, run_config)` where `run_config` is `OUT/config.json` of the training run
+        when there is one, else None.
+
+    Raises:
+        FileNotFoundError: `model` is none of the above (the message says what was looked for).
+    """
+    p = Path(model).expanduser()
+    if not p.exists():
+        raise FileNotFoundError(f"model: {model!r} does not exist (give a Hugging Face model directory, "
+                                "a checkpoint OUT/checkpoints/step_N, a training output dir, or 'reference')")
+    if _is_hf_dir(p):
+        run = p.parent.parent if p.parent.name == "checkpoints" else None
+        cfg = run / "config.json" if run is not None and (run / "config.json").is_file() else None
+        return p, cfg
+    if (p / "checkpoints").is_dir():
+        from agentrl.learner import latest_checkpoint
+
+        ck = latest_checkpoint(p)
+        if ck is None:
+            raise FileNotFoundError(f"model: {p} has a checkpoints/ folder but no complete checkpoint")
+        return ck, (p / "config.json") if (p / "config.json").is_file() else None
+    raise FileNotFoundError(f"model: {p} is neither a Hugging Face model directory (config.json with "
+                            "model_type) nor a training output dir with checkpoints/step_N")
+
+
+def _default_out(env: str, model: str) -> str:
+    name = Path(model.split(":", 1)[0]).name or "model"
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in f"{env}_{name}")
+    return str(Path("eval_runs") / f"{safe}_{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def eval_command(
+    env: str | None = None,
+    model: str | None = None,
+    dataset: str | None = None,
+    split: str = "heldout",
+    samples: int = 1,
+    k: str | int | Sequence[int] = "1",
+    temperature: float | None = None,
+    out: str | None = None,
+    seed: int | None = None,
+    compare: Sequence[str] | None = None,
+    max_tasks: int | None = None,
+    max_turns: int | None = None,
+    workers: int | None = None,
+    *,
+    batch_size: int = 64,
+    env_threads: int | None = None,
+    max_tokens: int | None = None,
+    max_episode_tokens: int | None = None,
+    top_p: float | None = None,
+    config: str | None = None,
+    overrides: Sequence[str] | None = None,
+    console: Any = None,
+) -> dict[str, Any]:
+    """Run `agentrl eval` (or `agentrl eval --compare A B`).
+
+    Args:
+        env: env name (short name, Gymnasium id or `pkg.module:Class`); default: the run
+            config's, else `code_sandbox`.
+        model: see the module doc (required unless `compare`).
+        dataset: task file for envs that take one (`env.dataset`).
+        split: task split for envs that take one (`train`, `heldout`, `all`).
+        samples: episodes per task (N).
+        k: pass@k values, e.g. `"1,5,10"` (each <= samples).
+        temperature: sampling temperature (0 = greedy); default 0 when samples == 1, else the
+            config's `rollout.temperature`.
+        out: output directory (default `eval_runs/<env>_<model>_<time>`).
+        seed: sampler seed (default the config's `seed`); the same seed reproduces a run.
+        compare: two evaluation directories: print and return `report.compare(A, B)` instead.
+        max_tasks: evaluate at most this many tasks (the first ones of the env's task list);
+            for envs without a task list, the number of seeded tasks `EVAL_SEED + i`
+            (default the config's `train.eval_tasks`).
+        max_turns: extra turn limit per episode (`env.max_turns`).
+        workers: Ray rollout workers (`agentrl.rollout.workers.RolloutPool`), each with its own
+            engine and envs, sharing every batch; 0 or None: in this process (default
+            `rollout.num_workers`). Not with `reference` (the scripted policy runs here). Envs
+            made by Ray workers must be registered on import (built-in, or `pkg.module:Class`).
+        batch_size: episodes per batch (one generate call per turn for the whole batch).
+        env_threads: threads stepping envs (sandbox runs) in parallel (default
+            `rollout.env_threads`).
+        max_tokens: tokens per turn (default `rollout.max_tokens`).
+        max_episode_tokens: tokens per episode (default `rollout.max_episode_tokens`).
+        top_p: nucleus mass (default `rollout.top_p`).
+        config: YAML/JSON config file (default: the training run's config.json when `model` is
+            a run or checkpoint).
+        overrides: `key=value` config overrides (e.g. `env.kwargs.reward=fraction`).
+        console: rich Console for tables and progress (None: a new one).
+
+    Returns:
+        The summary dict (see `agentrl.eval.harness.run_eval`), or the comparison dict.
+
+    Raises:
+        ValueError: bad arguments or config (naming the key), unknown env, k > samples.
+        FileNotFoundError: model, dataset or comparison directory not found.
+    """
+    from rich.console import Console
+
+    console = console or Console()
+    if compare:
+        from agentrl.eval.report import compare as compare_dirs
+        from agentrl.eval.report import print_compare
+
+        if len(compare) != 2:
+            raise ValueError(f"compare: give exactly two evaluation directories, got {len(compare)}")
+        result = compare_dirs(compare[0], compare[1])
+        print_compare(result, console)
+        return result
+    if not model:
+        raise ValueError("model: give a model directory, a checkpoint, a training output dir, or 'reference'")
+    ks = parse_k(k)
+    from agentrl.eval.harness import check_k
+
+    check_k(ks, samples)
+
+    from agentrl.config import ConfigError, load_config
+
+    name = model.split(":", 1)[0].lower()
+    scripted = name in REFERENCE_NAMES
+    model_dir, run_cfg = (None, None) if scripted else resolve_model(model)
+    base = config or (str(run_cfg) if run_cfg is not None else None)
+    try:
+        cfg = load_config(base, list(overrides or []), **{
+            "env.name": env, "env.dataset": dataset, "env.max_turns": max_turns,
+            "rollout.num_workers": workers, "rollout.env_threads": env_threads,
+            "rollout.max_tokens": max_tokens, "rollout.max_episode_tokens": max_episode_tokens,
+            "rollout.top_p": top_p, "seed": seed})
+    except ConfigError as e:
+        raise ValueError(str(e)) from None
+    if scripted and workers:
+        raise ValueError("workers: the reference policy runs in this process; use workers=0")
+    use_pool = not scripted and cfg.rollout.num_workers > 0
+
+    # heavy imports only now (arguments and config are valid)
+    import torch
+
+    from agentrl.envs import resolve_env_id
+    from agentrl.eval.harness import run_eval
+    from agentrl.eval.tasks import list_tasks
+    from agentrl.rollout.chat import ChatRenderer
+    from agentrl.train import _quiet_libraries, build_env
+
+    resolve_env_id(cfg.env.name)  # ValueError naming the registered envs
+    _quiet_libraries()
+    torch.set_num_threads(cfg.rollout.torch_threads)
+    split_arg = split or None
+
+    def make_env() -> Any:
+        return build_env(cfg, split_arg)
+
+    probe = make_env()
+    tasks, task_source = list_tasks(probe, max_tasks, default_n=cfg.train.eval_tasks)
+    temp = temperature if temperature is not None else (0.0 if samples == 1 else cfg.rollout.temperature)
+    mt, met = cfg.rollout.max_tokens, cfg.rollout.max_episode_tokens
+    rollout = pool = None
+
+    if scripted:
+        from agentrl.eval.reference import lookup_policy, reference_table, reference_texts
+        from agentrl.rollout.engines.scripted import ScriptedEngine
+
+        tok_dir = model.split(":", 1)[1] if ":" in model else None
+        if tok_dir:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
+        else:
+            from agentrl.model import build_tokenizer
+
+            tokenizer = build_tokenizer(reference_texts(make_env, tasks), vocab_size=cfg.model.vocab_size)
+        renderer = ChatRenderer(tokenizer)
+        table = reference_table(make_env, renderer, tasks)
+        engine: Any = ScriptedEngine(tokenizer, lookup_policy(table))
+        answer_len = max(len(tokenizer.encode(a, add_special_tokens=False)) for a in table.values()) + 1
+        prompt_len = max(len(p) for p in table)
+        mt = max(mt, answer_len)
+        met = max(met, prompt_len + answer_len + 1)
+        model_label = "reference" + (f" (tokenizer {tok_dir})" if tok_dir else "")
+    elif use_pool:
+        from agentrl.rollout.workers import RolloutPool, load_tokenizer
+
+        pool = RolloutPool(cfg, str(model_dir))
+        renderer = ChatRenderer(load_tokenizer(str(model_dir)))
+        engine = None
+        model_label = str(model_dir)
+
+        def rollout(specs: list[Any], params: Any, s: int | None) -> list[Any]:
+            return pool.run(specs, params, s, split=split_arg)
+    else:
+        from agentrl.rollout.workers import make_engine
+
+        engine, tokenizer = make_engine(cfg, str(model_dir))
+        renderer = ChatRenderer(tokenizer)
+        model_label = str(model_dir)
+
+    out_dir = out or _default_out(cfg.env.name, model)
+    meta = {"env": cfg.env.name, "model": model_label, "dataset": cfg.env.dataset, "split": split_arg,
+            "tasks_from": task_source, "max_turns": cfg.env.max_turns,
+            "env_kwargs": dict(cfg.env.kwargs) or None, "wrappers": list(cfg.env.wrappers) or None}
+    console.print(f"[eval] {cfg.env.name}: {len(tasks)} tasks ({task_source}) x {samples} samples, "
+                  f"k={ks}, T={temp}, model {model_label} -> {out_dir}", markup=False, highlight=False)
+    meta.update({"engine": "scripted" if scripted else cfg.rollout.engine,
+                 "workers": cfg.rollout.num_workers if use_pool else 0})
+    try:
+        return run_eval(engine, renderer, make_env, tasks, samples=samples, k_list=ks, temperature=temp,
+                        top_p=cfg.rollout.top_p, max_tokens=mt, seed=cfg.seed, out_dir=out_dir,
+                        max_episode_tokens=met, batch_size=batch_size,
+                        env_threads=cfg.rollout.env_threads, meta=meta, console=console, rollout=rollout)
+    finally:
+        if pool is not None:
+            pool.shutdown()

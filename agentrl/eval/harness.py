@@ -1,0 +1,327 @@
+"""The evaluation harness: N episodes per task through the same agent loop and envs as training,
+written to `results.jsonl`, summarised (pass@k, rewards, turns, tokens, finish reasons, sandbox
+verdicts, errors) into `summary.json` / `summary.md`, and printed as a table.
+
+    tasks (reset kwargs) x samples  ->  batches of episodes  ->  run_episodes (one generate call
+    per turn for the whole batch; envs step in a thread pool)  ->  one row per episode  ->  summary
+
+Reproducibility: the sampler seed of batch b is derived from `(seed, b)`
+(`numpy.random.SeedSequence`), and `run_episodes` uses `batch_seed + turn` for turn `turn`, so
+the same engine, tasks, samples, batch size and seed give the same episodes. Changing the batch
+size changes which rows share a generate call, hence the draws.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agentrl.eval.report import print_summary, summarize, summary_markdown
+from agentrl.rollout.agent_loop import EpisodeSpec, run_episodes
+from agentrl.rollout.chat import ChatRenderer
+from agentrl.rollout.engines.base import Engine, SamplingParams
+from agentrl.trajectory import Trajectory
+
+
+def batch_seed(seed: int, batch_index: int) -> int:
+    """The sampler seed of batch `batch_index` of a run with `seed` (a 32-bit int)."""
+    return int(np.random.SeedSequence([int(seed), int(batch_index)]).generate_state(1)[0])
+
+
+def task_label(reset_kwargs: dict[str, Any]) -> str:
+    """A readable task id from reset kwargs, for envs whose reset info has no `task_id`:
+    `seed=10000003`, or the options as compact JSON."""
+    parts = []
+    if reset_kwargs.get("seed") is not None:
+        parts.append(f"seed={reset_kwargs['seed']}")
+    if reset_kwargs.get("options"):
+        parts.append(json.dumps(reset_kwargs["options"], sort_keys=True, default=str,
+                                separators=(",", ":"))[:120])
+    return " ".join(parts) or "task"
+
+
+def _end_reason(tr: Trajectory) -> str:
+    if not tr.turns and "error" in tr.info:
+        return "reset_error"
+    if tr.turns and tr.turns[-1].info.get("env_exception"):
+        return "env_error"
+    if tr.terminated:  # the task ended (a turn limit reached on the same step does not matter)
+        return "terminated"
+    if tr.info.get("truncated_by") == "max_episode_tokens":
+        return "max_episode_tokens"
+    return "truncated" if tr.truncated else "unfinished"
+
+
+def _num(x: float) -> float | None:
+    return None if x != x else float(x)  # NaN -> None (JSON has no NaN)
+
+
+def episode_row(tr: Trajectory, task_index: int, sample: int, reset_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """One `results.jsonl` row for an episode.
+
+    Fields: `task_index`, `task_id` (the env's reset `info["task_id"]`, else `task_label`),
+    `sample` (0..N-1), `reset_kwargs`, `success` (`agentrl.train.episode_success`), `reward`
+    (extrinsic return, `agentrl.train.extrinsic_return`; None when NaN), `return` (sum of all
+    turn rewards, bonuses included; None when NaN), `verdict` (last turn's `info["verdict"]` or
+    None), `turns`, `tokens` (sampled tokens), `total_tokens` (all tokens), `finish_reasons`
+    (sampler finish reason per turn), `end` (see `agentrl.eval.report`), `errors` (messages),
+    `turn_rewards`, `turn_verdicts`, `seconds` (generate + env time attributed to the episode),
+    `policy_version`, `messages` (the full transcript).
+    """
+    from agentrl.train import episode_success, extrinsic_return
+
+    errors = list(tr.info.get("errors", []))
+    if not tr.turns and "error" in tr.info:
+        errors.append(str(tr.info["error"]))
+    last = tr.turns[-1].info if tr.turns else {}
+    return {
+        "task_index": task_index,
+        "task_id": tr.task_id or task_label(reset_kwargs),
+        "sample": sample,
+        "reset_kwargs": reset_kwargs,
+        "success": bool(episode_success(tr)),
+        "reward": _num(extrinsic_return(tr)),
+        "return": _num(tr.episode_return),
+        "verdict": last.get("verdict"),
+        "turns": len(tr.turns),
+        "tokens": tr.num_sampled,
+        "total_tokens": len(tr.token_ids),
+        "finish_reasons": [t.finish_reason for t in tr.turns],
+        "end": _end_reason(tr),
+        "errors": [str(e) for e in errors],
+        "turn_rewards": [_num(t.reward) for t in tr.turns],
+        "turn_verdicts": [t.info.get("verdict") for t in tr.turns],
+        "seconds": float(sum(tr.timings.values())),
+        "policy_version": tr.policy_version,
+        "messages": tr.messages,
+    }
+
+
+def _unique_task_ids(rows: list[dict[str, Any]]) -> None:
+    """Give every task index one task id (its first row's), made unique with `#index`."""
+    first: dict[int, str] = {}
+    for r in rows:
+        first.setdefault(r["task_index"], r["task_id"])
+    count: dict[str, int] = {}
+    for tid in first.values():
+        count[tid] = count.get(tid, 0) + 1
+    for r in rows:
+        tid = first[r["task_index"]]
+        r["task_id"] = tid if count[tid] == 1 else f"{tid}#{r['task_index']}"
+
+
+def jsonable(x: Any) -> Any:
+    """`x` with NaN/inf floats as None, numpy scalars/arrays as Python values, tuples as lists
+    and any other object as its `str` (so rows always serialise as strict JSON)."""
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return jsonable(x.tolist())
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if x is None or isinstance(x, (str, int, bool)):
+        return x
+    return str(x)
+
+
+def check_k(k_list: Sequence[int], samples: int) -> list[int]:
+    """Validate the k values against the samples per task.
+
+    Returns:
+        The sorted distinct k values.
+
+    Raises:
+        ValueError: empty `k_list`, a k < 1, `samples` < 1, or a k larger than `samples`
+            (pass@k needs at least k samples per task, case E5).
+    """
+    ks = sorted({int(k) for k in k_list})
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
+    if not ks or ks[0] < 1:
+        raise ValueError(f"k: give one or more k >= 1, got {list(k_list)}")
+    if ks[-1] > samples:
+        raise ValueError(f"k: pass@{ks[-1]} needs at least {ks[-1]} samples per task, but samples={samples}; "
+                         f"use --samples {ks[-1]} or more, or drop k > {samples}")
+    return ks
+
+
+def run_eval(
+    engine: Engine,
+    renderer: ChatRenderer,
+    make_env: Callable[[], Any],
+    tasks: Sequence[dict[str, Any]],
+    *,
+    samples: int = 1,
+    k_list: Sequence[int] = (1,),
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    max_tokens: int = 512,
+    seed: int | None = 0,
+    out_dir: str | Path | None = None,
+    max_episode_tokens: int = 4096,
+    batch_size: int = 64,
+    env_threads: int = 8,
+    envs: Sequence[Any] | None = None,
+    executor: ThreadPoolExecutor | None = None,
+    meta: dict[str, Any] | None = None,
+    console: Any = None,
+    rollout: Callable[[list[EpisodeSpec], SamplingParams, int | None], list[Trajectory]] | None = None,
+) -> dict[str, Any]:
+    """Evaluate a policy: `samples` episodes of every task, summarised.
+
+    Args:
+        engine: the policy (`HFEngine`, vLLM, or `ScriptedEngine` for a scripted policy).
+        renderer: `ChatRenderer` of the engine's tokenizer.
+        make_env: makes one env (called `min(batch_size, episodes)` times unless `envs` given).
+        tasks: reset kwargs of each task, e.g. `{"seed": 10_000_000 + i}` or
+            `{"options": {"task": ...}}` (see `agentrl.eval.tasks.list_tasks`).
+        samples: episodes per task (N of pass@k).
+        k_list: the k values of pass@k (each <= samples).
+        temperature: sampling temperature; 0 = greedy.
+        top_p: nucleus mass.
+        max_tokens: most sampled tokens per turn.
+        seed: base sampler seed (None: the engine's RNG state, not reproducible).
+        out_dir: where to write `results.jsonl`, `summary.json`, `summary.md` (created; None:
+            write nothing).
+        max_episode_tokens: cap on an episode's total length (tokens, prompt included).
+        batch_size: episodes run together (one generate call per turn for all of them).
+        env_threads: threads stepping envs (sandbox runs) concurrently, when `executor` is None.
+        envs: pre-made envs to reuse (at least `min(batch_size, episodes)`); `make_env` unused.
+        executor: thread pool for env steps (one of `env_threads` threads is made if None).
+        meta: run settings copied into `summary["meta"]` (env, model, dataset, ...).
+        console: a rich Console to print the tables and progress on (None: silent).
+        rollout: runs a batch elsewhere instead of `run_episodes` here: `(specs, params, seed)
+            -> trajectories` in spec order, e.g. `lambda sp, p, s: pool.run(sp, p, s,
+            split="heldout")` over an `agentrl.rollout.workers.RolloutPool` (Ray workers, each
+            with its own engine and envs). `engine`, `make_env`, `envs` and `executor` are then
+            unused; `renderer` gives the stop ids.
+
+    Returns:
+        The summary dict (`agentrl.eval.report.summarize`) plus `timing`
+        (`seconds`, `episodes_per_s`, `generate_s`, `env_s`).
+
+    Raises:
+        ValueError: no tasks, bad `samples`/`k_list` (`check_k`), `batch_size` < 1, or too few
+            `envs`.
+    """
+    ks = check_k(k_list, samples)
+    if not tasks:
+        raise ValueError("tasks: nothing to evaluate (empty task list)")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    jobs = [(ti, j, dict(kw)) for ti, kw in enumerate(tasks) for j in range(samples)]
+    width = min(batch_size, len(jobs))
+    params = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens,
+                            stop_token_ids=list(renderer.stop_ids))
+    pool: ThreadPoolExecutor | None = None
+    run_batch = rollout
+    if run_batch is None:
+        if envs is None:
+            envs = [make_env() for _ in range(width)]
+        elif len(envs) < width:
+            raise ValueError(f"envs: {len(envs)} given, need {width} (min(batch_size, episodes))")
+        pool = executor or ThreadPoolExecutor(max_workers=max(1, env_threads))
+
+        local_envs = list(envs)
+
+        def run_here(specs: list[EpisodeSpec], p: SamplingParams, s: int | None) -> list[Trajectory]:
+            return run_episodes(engine, renderer, local_envs, specs, p,
+                                max_episode_tokens=max_episode_tokens, executor=pool, seed=s)
+
+        run_batch = run_here
+    progress = _progress(console, len(jobs))
+    rows: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    gen_s = env_s = 0.0
+    try:
+        for b, start in enumerate(range(0, len(jobs), width)):
+            chunk = jobs[start:start + width]
+            specs = [EpisodeSpec(reset_kwargs=kw, group_id=ti) for ti, _, kw in chunk]
+            trajs = run_batch(specs, params, None if seed is None else batch_seed(seed, b))
+            for (ti, j, kw), tr in zip(chunk, trajs):
+                rows.append(episode_row(tr, ti, j, kw))
+                gen_s += tr.timings.get("generate", 0.0)
+                env_s += tr.timings.get("env", 0.0)
+            if progress is not None:
+                progress[0].update(progress[1], advance=len(chunk))
+    finally:
+        if progress is not None:
+            progress[0].stop()
+        if executor is None and pool is not None:
+            pool.shutdown(wait=True)
+    seconds = time.perf_counter() - t0
+    _unique_task_ids(rows)
+    run_meta = {"samples": samples, "k": ks, "temperature": temperature, "top_p": top_p,
+                "max_tokens": max_tokens, "max_episode_tokens": max_episode_tokens, "seed": seed,
+                "batch_size": batch_size, **(meta or {})}
+    summary = summarize(rows, ks, run_meta)
+    summary["timing"] = {"seconds": seconds, "episodes_per_s": len(rows) / seconds if seconds > 0 else None,
+                         "generate_s": gen_s, "env_s": env_s}
+    if out_dir is not None:
+        write_outputs(out_dir, rows, summary)
+    if console is not None:
+        print_summary(summary, console)
+        if out_dir is not None:
+            console.print(f"results: {Path(out_dir) / 'results.jsonl'}; summary: {Path(out_dir) / 'summary.json'}",
+                          markup=False, highlight=False)
+    return summary
+
+
+def write_outputs(out_dir: str | Path, rows: Sequence[dict[str, Any]], summary: dict[str, Any]) -> None:
+    """Write `results.jsonl` (one row per episode), `summary.json` and `summary.md` to `out_dir`
+    (created if missing; existing files are replaced)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "results.jsonl").open("w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(jsonable(r), allow_nan=False) + "\n")
+    (out / "summary.json").write_text(json.dumps(jsonable(summary), indent=1, allow_nan=False))
+    (out / "summary.md").write_text(summary_markdown(summary))
+
+
+def _progress(console: Any, total: int) -> tuple[Any, Any] | None:
+    if console is None:
+        return None
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    p = Progress(TextColumn("[bold]eval"), BarColumn(), TextColumn("{task.completed}/{task.total} episodes"),
+                 TimeElapsedColumn(), console=console, transient=True)
+    p.start()
+    return p, p.add_task("eval", total=total)
+
+
+def training_metrics(summary: dict[str, Any]) -> dict[str, float]:
+    """The flat metrics `agentrl.train.evaluate` returns (logged under `eval/`): `pass@1`,
+    `reward_mean`, `tokens_mean`, plus `pass@k` for the other k, `turns_mean`, `errors`.
+    None values become NaN."""
+    o = summary["overall"]
+    keys = [f"pass@{k}" for k in summary["k"]] + ["reward_mean", "tokens_mean", "turns_mean", "errors"]
+    return {k: float("nan") if o.get(k) is None else float(o[k]) for k in keys}
+
+
+def evaluate_heldout(engine: Engine, renderer: ChatRenderer, envs: list[Any], cfg: Any,
+                     pool: ThreadPoolExecutor, *, n_tasks: int, samples: int, temperature: float
+                     ) -> dict[str, float]:
+    """Drop-in body of `agentrl.train.evaluate` (same signature): `samples` episodes of each
+    held-out task `EVAL_SEED + i` (i < n_tasks) through `run_eval`, reusing the trainer's
+    `envs` and thread pool, writing nothing. Returns `training_metrics` (`pass@1`,
+    `reward_mean` (extrinsic), `tokens_mean`, `turns_mean`, `errors`)."""
+    from agentrl.train import EVAL_SEED
+
+    summary = run_eval(engine, renderer, lambda: None, [{"seed": EVAL_SEED + i} for i in range(n_tasks)],
+                       samples=samples, k_list=[1], temperature=temperature, top_p=cfg.rollout.top_p,
+                       max_tokens=cfg.rollout.max_tokens, seed=cfg.seed + 777,
+                       max_episode_tokens=cfg.rollout.max_episode_tokens,
+                       batch_size=len(envs), envs=envs, executor=pool)
+    return training_metrics(summary)

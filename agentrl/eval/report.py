@@ -1,0 +1,292 @@
+"""Evaluation reports: the summary computed from result rows, its Markdown and console tables,
+and the comparison of two evaluation directories.
+
+Everything here is a pure function of the rows of `results.jsonl` (one dict per episode, see
+`agentrl.eval.harness.episode_row`), so a summary can always be recomputed from the results
+file (`summarize(read_results(dir), k_list)`). No torch import.
+
+Metric definitions (overall and per task):
+- `pass@k`: per task, the unbiased estimator `pass_at_k(n, c, k)` with n episodes and c
+  successes; overall, the mean over tasks with n >= k (`excluded@k` counts the others, case
+  E5; the value is None when every task is excluded).
+- `success_rate`: successes / episodes (= pass@1 when every task has the same n).
+- `reward_mean`, `reward_std`: mean and population std (ddof = 0) of the episode's extrinsic
+  reward (`agentrl.train.extrinsic_return`) over episodes whose reward is a number; episodes
+  with a NaN reward are counted in `nan_rewards`.
+- `turns_mean`: agent turns per episode; `tokens_mean`: sampled (generated) tokens per episode;
+  `total_tokens_mean`: all tokens of the episode (prompt and observations included).
+- `finish_reasons`: sampler finish reason of every turn ("stop" | "length"), counted over turns.
+- `end_reasons`: how each episode ended: "terminated" (the task ended, even if a limit was
+  reached on the same step), "truncated" (turn limit), "max_episode_tokens", "env_error" (the
+  env raised in step) or "reset_error".
+- `verdicts`: the last turn's `info["verdict"]` (sandbox verdict) counted over episodes that have one.
+- `errors`: episodes with at least one recorded error (`info["error"]`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agentrl.eval.metrics import pass_at_k_many
+
+# Numeric overall metrics shown in tables and compared by `compare` (pass@k keys are added).
+_NUMERIC = ("success_rate", "reward_mean", "reward_std", "turns_mean", "tokens_mean",
+            "total_tokens_mean", "errors", "nan_rewards", "episodes", "tasks")
+
+
+def read_results(out_dir: str | Path) -> list[dict[str, Any]]:
+    """Rows of `out_dir/results.jsonl` (one dict per episode, file order).
+
+    Raises:
+        FileNotFoundError: no results file.
+    """
+    path = Path(out_dir) / "results.jsonl"
+    with path.open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _mean(xs: Sequence[float]) -> float | None:
+    return float(np.mean(xs)) if len(xs) else None
+
+
+def _episode_stats(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Statistics shared by the overall and the per-task summaries (see module doc)."""
+    rewards = [float(r["reward"]) for r in rows if r.get("reward") is not None]
+    finish = Counter(f for r in rows for f in r.get("finish_reasons", []))
+    verdicts = Counter(str(r["verdict"]) for r in rows if r.get("verdict") is not None)
+    return {
+        "episodes": len(rows),
+        "successes": int(sum(bool(r["success"]) for r in rows)),
+        "success_rate": _mean([float(bool(r["success"])) for r in rows]),
+        "reward_mean": _mean(rewards),
+        "reward_std": float(np.std(rewards)) if rewards else None,
+        "nan_rewards": len(rows) - len(rewards),
+        "turns_mean": _mean([r["turns"] for r in rows]),
+        "tokens_mean": _mean([r["tokens"] for r in rows]),
+        "total_tokens_mean": _mean([r["total_tokens"] for r in rows]),
+        "finish_reasons": dict(sorted(finish.items())),
+        "end_reasons": dict(sorted(Counter(r["end"] for r in rows).items())),
+        "verdicts": dict(sorted(verdicts.items())),
+        "errors": int(sum(bool(r.get("errors")) for r in rows)),
+    }
+
+
+def group_by_task(rows: Iterable[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    """Rows grouped by `task_index`, in ascending task order."""
+    groups: dict[int, list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(int(r["task_index"]), []).append(r)
+    return dict(sorted(groups.items()))
+
+
+def summarize(rows: Sequence[dict[str, Any]], k_list: Sequence[int],
+              meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The summary of an evaluation from its result rows.
+
+    Args:
+        rows: one dict per episode with at least `task_index`, `task_id`, `success`, `reward`
+            (float or None for NaN), `turns`, `tokens`, `total_tokens`, `finish_reasons`
+            (list), `end`, `verdict` (or None), `errors` (list).
+        k_list: the k values of pass@k.
+        meta: copied into `summary["meta"]` (run settings).
+
+    Returns:
+        `{"meta", "k", "overall", "tasks"}`: `overall` holds `tasks` (count), the episode
+        statistics (module doc), `pass@k` for each k (None if every task has fewer than k
+        episodes), `excluded@k` (tasks with n < k) and `error_examples` (up to 5 distinct error
+        messages); `tasks` is a list, by task index, of `{task_index, task_id, n, c, pass@k...,
+        <episode statistics>}` where `pass@k` is None when n < k.
+    """
+    ks = sorted({int(k) for k in k_list})
+    groups = group_by_task(rows)
+    tasks = []
+    for idx, g in groups.items():
+        n, c = len(g), int(sum(bool(r["success"]) for r in g))
+        t: dict[str, Any] = {"task_index": idx, "task_id": g[0]["task_id"], "n": n, "c": c}
+        for k in ks:
+            vals, _ = pass_at_k_many([n], [c], k)
+            t[f"pass@{k}"] = float(vals[0]) if vals.size else None
+        t.update(_episode_stats(g))
+        tasks.append(t)
+    overall: dict[str, Any] = {"tasks": len(groups)}
+    for k in ks:
+        vals, excluded = pass_at_k_many([t["n"] for t in tasks], [t["c"] for t in tasks], k)
+        overall[f"pass@{k}"] = float(vals.mean()) if vals.size else None
+        overall[f"excluded@{k}"] = excluded
+    overall.update(_episode_stats(rows))
+    examples = list(dict.fromkeys(e for r in rows for e in r.get("errors", [])))
+    overall["error_examples"] = examples[:5]
+    return {"meta": dict(meta or {}), "k": ks, "overall": overall, "tasks": tasks}
+
+
+# ---------------------------------------------------------------------------------------------
+# Rendering
+# ---------------------------------------------------------------------------------------------
+
+def _fmt(x: Any) -> str:
+    if x is None:
+        return "n/a"
+    if isinstance(x, bool):
+        return str(x)
+    if isinstance(x, float):
+        return "nan" if math.isnan(x) else f"{x:.4f}"
+    if isinstance(x, dict):
+        return ", ".join(f"{k}: {v}" for k, v in x.items()) or "-"
+    return str(x)
+
+
+def overall_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """(metric, formatted value) pairs of the overall summary, in display order."""
+    o = summary["overall"]
+    keys = [f"pass@{k}" for k in summary["k"]]
+    keys += [k for k in ("tasks", "episodes", "success_rate", "reward_mean", "reward_std",
+                         "turns_mean", "tokens_mean", "total_tokens_mean", "finish_reasons",
+                         "end_reasons", "verdicts", "errors", "nan_rewards")]
+    out = [(k, _fmt(o.get(k))) for k in keys]
+    out += [(f"excluded@{k}", str(o[f"excluded@{k}"])) for k in summary["k"] if o.get(f"excluded@{k}")]
+    return out
+
+
+def _task_columns(summary: dict[str, Any]) -> list[str]:
+    return (["task_id", "n", "c"] + [f"pass@{k}" for k in summary["k"]]
+            + ["reward_mean", "turns_mean", "tokens_mean", "verdicts", "errors"])
+
+
+def summary_markdown(summary: dict[str, Any]) -> str:
+    """`summary.md`: run settings, the overall table and the per-task table (Markdown)."""
+    meta = summary.get("meta", {})
+    lines = ["# Evaluation", ""]
+    if meta:
+        lines += [", ".join(f"{k}: `{v}`" for k, v in meta.items() if v is not None), ""]
+    lines += ["## Overall", "", "| metric | value |", "| --- | --- |"]
+    lines += [f"| {k} | {v} |" for k, v in overall_rows(summary)]
+    if summary["overall"].get("error_examples"):
+        lines += ["", "Errors (first distinct messages):", ""]
+        lines += [f"- `{e}`" for e in summary["overall"]["error_examples"]]
+    cols = _task_columns(summary)
+    lines += ["", "## Per task", "", "| " + " | ".join(cols) + " |",
+              "| " + " | ".join("---" for _ in cols) + " |"]
+    for t in summary["tasks"]:
+        lines.append("| " + " | ".join(_fmt(t.get(c)).replace("|", "\\|") for c in cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def print_summary(summary: dict[str, Any], console: Any = None, *, max_task_rows: int = 30) -> None:
+    """Print the overall table (and the per-task table when there are at most `max_task_rows`
+    tasks) with rich."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    table = Table(title="evaluation", show_header=True)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for k, v in overall_rows(summary):
+        table.add_row(k, v)
+    console.print(table)
+    if 0 < len(summary["tasks"]) <= max_task_rows:
+        cols = _task_columns(summary)
+        per = Table(title="per task", show_header=True)
+        for c in cols:
+            per.add_column(c, justify="left" if c in ("task_id", "verdicts") else "right")
+        for t in summary["tasks"]:
+            per.add_row(*[_fmt(t.get(c)) for c in cols])
+        console.print(per)
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparison
+# ---------------------------------------------------------------------------------------------
+
+def _load_summary(d: str | Path) -> dict[str, Any]:
+    path = Path(d) / "summary.json"
+    if not path.exists():
+        raise FileNotFoundError(f"compare: {path} not found (run `agentrl eval --out {d}` first)")
+    return json.loads(path.read_text())
+
+
+def _diff(a: Any, b: Any) -> float | None:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return float(b) - float(a)
+    return None
+
+
+def compare(dir_a: str | Path, dir_b: str | Path) -> dict[str, Any]:
+    """Compare two evaluation directories (their `summary.json`), B relative to A.
+
+    Tasks are matched by `task_id`. A task is *solved* when at least one of its episodes
+    succeeded (c > 0).
+
+    Returns:
+        `{"a", "b", "metrics", "tasks", "flipped", "only_a", "only_b"}`:
+        `metrics[name] = {"a", "b", "diff"}` for every overall number (pass@k of the k's both
+        runs have, success rate, reward, turns, tokens, errors, ...; `diff = b - a`, None when
+        either side is None); `tasks` is a list of `{"task_id", "<metric>": {"a", "b", "diff"}}`
+        over the common tasks for pass@k, success_rate and reward_mean; `flipped` is
+        `{"gained": [task ids solved in B, not in A], "lost": [solved in A, not in B]}`;
+        `only_a` / `only_b` list task ids present in one run only.
+
+    Raises:
+        FileNotFoundError: a directory has no summary.json.
+    """
+    sa, sb = _load_summary(dir_a), _load_summary(dir_b)
+    ks = [k for k in sa["k"] if k in sb["k"]]
+    names = [f"pass@{k}" for k in ks] + list(_NUMERIC)
+    metrics = {m: {"a": sa["overall"].get(m), "b": sb["overall"].get(m),
+                   "diff": _diff(sa["overall"].get(m), sb["overall"].get(m))} for m in names}
+    ta = {t["task_id"]: t for t in sa["tasks"]}
+    tb = {t["task_id"]: t for t in sb["tasks"]}
+    per_task, gained, lost = [], [], []
+    for tid in [t for t in ta if t in tb]:
+        a, b = ta[tid], tb[tid]
+        row: dict[str, Any] = {"task_id": tid}
+        for m in [f"pass@{k}" for k in ks] + ["success_rate", "reward_mean"]:
+            row[m] = {"a": a.get(m), "b": b.get(m), "diff": _diff(a.get(m), b.get(m))}
+        per_task.append(row)
+        if a["c"] == 0 and b["c"] > 0:
+            gained.append(tid)
+        elif a["c"] > 0 and b["c"] == 0:
+            lost.append(tid)
+    return {"a": str(dir_a), "b": str(dir_b), "metrics": metrics, "tasks": per_task,
+            "flipped": {"gained": gained, "lost": lost},
+            "only_a": [t for t in ta if t not in tb], "only_b": [t for t in tb if t not in ta]}
+
+
+def print_compare(result: dict[str, Any], console: Any = None, *, max_task_rows: int = 30) -> None:
+    """Print `compare`'s result: the metric table, the tasks whose pass@1 (or first pass@k)
+    changed (at most `max_task_rows`), and the flipped tasks."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    table = Table(title=f"B = {result['b']}  vs  A = {result['a']}")
+    for c in ("metric", "A", "B", "B - A"):
+        table.add_column(c, justify="left" if c == "metric" else "right")
+    for m, v in result["metrics"].items():
+        d = v["diff"]
+        table.add_row(m, _fmt(v["a"]), _fmt(v["b"]), "n/a" if d is None else f"{d:+.4f}")
+    console.print(table)
+    key = next((m for m in (result["tasks"][0] if result["tasks"] else {}) if m.startswith("pass@")), None)
+    changed = [t for t in result["tasks"] if key and t[key]["diff"]]
+    if changed:
+        per = Table(title=f"tasks whose {key} changed ({len(changed)})")
+        for c in ("task_id", "A", "B", "B - A"):
+            per.add_column(c, justify="left" if c == "task_id" else "right")
+        for t in changed[:max_task_rows]:
+            per.add_row(str(t["task_id"]), _fmt(t[key]["a"]), _fmt(t[key]["b"]), f"{t[key]['diff']:+.4f}")
+        console.print(per)
+    f = result["flipped"]
+    console.print(f"solved in B only (gained, {len(f['gained'])}): {', '.join(map(str, f['gained'])) or '-'}",
+                  markup=False, highlight=False)
+    console.print(f"solved in A only (lost, {len(f['lost'])}): {', '.join(map(str, f['lost'])) or '-'}",
+                  markup=False, highlight=False)
+    if result["only_a"] or result["only_b"]:
+        console.print(f"tasks only in A: {len(result['only_a'])}, only in B: {len(result['only_b'])}",
+                      markup=False, highlight=False)

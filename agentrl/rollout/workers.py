@@ -1,0 +1,381 @@
+"""Rollout workers: the agent loop run by N Ray actors, each holding an engine and its envs.
+
+    driver (RolloutPool)                         Ray actors (RolloutWorker x N)
+    run(specs, params, seed) ── shard by group ─▶ run_episodes(engine, envs, shard, seed)
+            ◀── trajectories (object store) ─────
+    update_weights(sd, v) ── ray.put(sd) once ──▶ engine.update_weights(sd, v)  (all workers)
+
+`RolloutWorker` is a plain class: `RolloutPool(num_workers=0)` runs the very same code in this
+process (a breakpoint works), and Ray wraps the same class as an actor for `num_workers >= 1`.
+
+Failure isolation: actors are created with `max_restarts`; when a worker dies in the middle of a
+step (killed, OOM, a segfaulting extension), the pool re-issues that worker's whole shard (to the
+restarted actor first, then to the others) with the same seed, so the step still returns one
+trajectory per spec. A restarted actor comes back with the initial weights; every `run` call
+carries the latest weights' object ref, and a worker whose version differs loads them first.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from agentrl.config import Config
+from agentrl.rollout.agent_loop import EpisodeSpec, run_episodes
+from agentrl.rollout.engines.base import Engine, SamplingParams
+from agentrl.trajectory import Trajectory
+
+DEFAULT_WORKER_CPUS = 1.0
+"""CPUs Ray reserves per worker when the config has no `rollout.worker_cpus`."""
+DEFAULT_MAX_RESTARTS = 3
+"""Actor restarts Ray allows per worker when the config has no `rollout.max_restarts`."""
+
+
+def _opt(section: Any, name: str, default: Any) -> Any:
+    """`section.name`, or `default` for a config field that this version does not have yet."""
+    return getattr(section, name, default)
+
+
+def ensure_ray(address: str | None = None, *, num_cpus: int | None = None, **init_kwargs: Any) -> None:
+    """Start a private local Ray cluster, or join the one at `address`; no-op if already up.
+
+    Args:
+        address: a cluster address (`"auto"`, `"ray://host:10001"`, `"host:6379"`); None or ""
+            starts a local cluster in this process.
+        num_cpus: CPUs of a *local* cluster (ignored when joining one).
+        init_kwargs: further `ray.init` keywords (e.g. `runtime_env`, `job_config`).
+
+    Logs of the workers stay in Ray's session folder (`log_to_driver=False`), and no dashboard
+    is started: on 2 cores `ray.init` alone takes 11-21 s and ~650 MiB (docs/scale_out.md).
+    """
+    import ray
+
+    if ray.is_initialized():
+        return
+    kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+    if not address:
+        kw["num_cpus"] = num_cpus
+    kw.update(init_kwargs)
+    ray.init(address=address or None, **kw)
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    """The tokenizer of a local model directory, set up as `agentrl.model.load_model` does
+    (pad token = eos when missing, left padding), without loading the weights."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
+    tok.padding_side = "left"
+    return tok
+
+
+def make_engine(cfg: Config, model_path: str | Path) -> tuple[Engine, Any]:
+    """Build the engine `cfg.rollout.engine` on the model directory `model_path`.
+
+    Returns:
+        `(engine, tokenizer)`. `hf`: `HFEngine` with `cfg.rollout.torch_threads` threads and
+        `cfg.model.dtype`. `vllm`: `VLLMEngine` with `cfg.model.dtype`, seed `cfg.seed` and the
+        keywords of `rollout.vllm_kwargs` (when the config has that field).
+
+    Raises:
+        ImportError: `vllm` asked for but not installed (the message says how to install it).
+        FileNotFoundError: `model_path` is not a directory.
+    """
+    import torch
+
+    if not Path(model_path).is_dir():
+        raise FileNotFoundError(f"model directory not found: {model_path}")
+    dtype = getattr(torch, cfg.model.dtype)
+    if cfg.rollout.engine == "vllm":
+        from agentrl.rollout.engines.vllm import VLLMEngine
+
+        engine = VLLMEngine(str(model_path), dtype=cfg.model.dtype, seed=cfg.seed,
+                            **dict(_opt(cfg.rollout, "vllm_kwargs", {})))
+        return engine, load_tokenizer(model_path)
+    from agentrl.rollout.engines.hf import HFEngine
+
+    hf = HFEngine(str(model_path), torch_threads=cfg.rollout.torch_threads, dtype=dtype)
+    return hf, hf.tokenizer
+
+
+def shard_specs(specs: Sequence[EpisodeSpec], num_shards: int) -> list[list[int]]:
+    """Split spec indices into `num_shards` contiguous, balanced shards, never splitting a group.
+
+    Groups are the specs sharing a `group_id`, in order of first appearance; a group goes to
+    shard `floor(start * num_shards / len(specs))`, where `start` is the number of specs in the
+    groups before it. With equal groups this deals `ceil`/`floor` groups per shard, e.g.
+    5 groups of 2 into 2 shards: starts 0,2,4,6,8 -> shards 0,0,0,1,1 (6 and 4 specs).
+
+    Returns:
+        `num_shards` lists of indices into `specs` (some empty when there are fewer groups than
+        shards); each group's indices stay in their original order and in one shard.
+
+    Raises:
+        ValueError: if `num_shards < 1`.
+    """
+    if num_shards < 1:
+        raise ValueError(f"num_shards must be >= 1, got {num_shards}")
+    groups: dict[int, list[int]] = {}
+    for i, s in enumerate(specs):
+        groups.setdefault(s.group_id, []).append(i)
+    shards: list[list[int]] = [[] for _ in range(num_shards)]
+    start = 0
+    for members in groups.values():
+        shards[min(num_shards - 1, start * num_shards // len(specs))].extend(members)
+        start += len(members)
+    return shards
+
+
+class RolloutWorker:
+    """An engine, a chat renderer and a pool of env instances per split; runs the agent loop.
+
+    The same class runs in-process and as a Ray actor (`RolloutPool`).
+
+    Args:
+        cfg: the run's config (`rollout.*` for the engine, threads and limits; `env.*` for envs).
+        model_path: local Hugging Face model directory the engine starts from (version 0).
+        worker_id: index of this worker (recorded in `Trajectory.info["rollout_worker"]`).
+        env_factory: `split -> env`; default `agentrl.train.build_env(cfg, split)`.
+    """
+
+    def __init__(self, cfg: Config, model_path: str | Path, *, worker_id: int = 0,
+                 env_factory: Callable[[str], Any] | None = None) -> None:
+        import torch
+
+        from agentrl.rollout.chat import ChatRenderer
+
+        torch.set_num_threads(cfg.rollout.torch_threads)
+        self.cfg = cfg
+        self.worker_id = worker_id
+        self.engine, tokenizer = make_engine(cfg, model_path)
+        self.renderer = ChatRenderer(tokenizer)
+        self._env_factory = env_factory
+        self._envs: dict[str, list[Any]] = {}
+        self._threads = ThreadPoolExecutor(max_workers=cfg.rollout.env_threads)
+
+    def _make_env(self, split: str) -> Any:
+        if self._env_factory is not None:
+            return self._env_factory(split)
+        from agentrl.train import build_env
+
+        return build_env(self.cfg, split)
+
+    def envs(self, split: str, n: int) -> list[Any]:
+        """At least `n` env instances of `split` (made on first need, reused afterwards)."""
+        pool = self._envs.setdefault(split, [])
+        while len(pool) < n:
+            pool.append(self._make_env(split))
+        return pool
+
+    def ready(self) -> dict[str, Any]:
+        """Process id, policy version and stop ids: a cheap call that proves the worker is up."""
+        return {"pid": os.getpid(), "worker_id": self.worker_id,
+                "policy_version": self.engine.policy_version, "stop_ids": self.renderer.stop_ids}
+
+    def policy_version(self) -> int:
+        """Version of the weights the engine holds."""
+        return int(self.engine.policy_version)
+
+    def update_weights(self, state_dict: dict[str, Any], version: int) -> float:
+        """Load a full state dict into the engine as `version`; returns the seconds it took."""
+        t0 = time.perf_counter()
+        self.engine.update_weights(state_dict, version)
+        return time.perf_counter() - t0
+
+    def run(self, specs: Sequence[EpisodeSpec], params: SamplingParams, seed: int | None = None,
+            *, split: str = "train", weights: Sequence[Any] | None = None) -> list[Trajectory]:
+        """Run `specs` concurrently with `run_episodes` on this worker's envs of `split`.
+
+        Args:
+            specs: the episodes (one env instance each).
+            params: sampling settings (`n` must be 1).
+            seed: base sampling seed (turn k uses `seed + k`).
+            split: env split (`"train"`, `"heldout"`).
+            weights: `[version, object_ref_of_state_dict]` of the newest policy: loaded first when
+                the engine holds another version (a restarted actor). The ref is nested in a list
+                so that Ray does not fetch it unless it is needed.
+
+        Returns:
+            One trajectory per spec, in order (see `run_episodes`).
+        """
+        if weights is not None and int(weights[0]) != self.engine.policy_version:
+            import ray
+
+            self.engine.update_weights(ray.get(weights[1]), int(weights[0]))
+        trajs = run_episodes(self.engine, self.renderer, self.envs(split, len(specs)), specs, params,
+                             max_episode_tokens=self.cfg.rollout.max_episode_tokens,
+                             executor=self._threads, seed=seed)
+        for tr in trajs:
+            tr.info["rollout_worker"] = self.worker_id
+        return trajs
+
+
+class RolloutPool:
+    """N rollout workers behind the two calls the training loop needs: `run` and `update_weights`.
+
+    Args:
+        cfg: the run's config. Read: `rollout.num_workers` (unless `num_workers` is given),
+            `rollout.engine`, `rollout.torch_threads`, `rollout.env_threads`,
+            `rollout.max_episode_tokens`, and when present `rollout.ray_address`,
+            `rollout.worker_cpus` (default 1), `rollout.worker_gpus` (default 0),
+            `rollout.max_restarts` (default 3).
+        model_path: model directory every worker's engine starts from (version 0).
+        num_workers: override of `cfg.rollout.num_workers`; 0 runs one `RolloutWorker` in this
+            process (no Ray).
+        env_factory: `split -> env` for every worker (default: `build_env(cfg, split)`); with Ray
+            it is pickled, so it must be importable or picklable by value.
+        runtime_env: Ray runtime env of the worker actors (e.g. `{"env_vars": {...}}`).
+
+    Attributes:
+        version: policy version of the last `update_weights` (0 before any).
+        stats: counters and timings of the last calls: `sync_s` (driver wall time of the last
+            weight push), `put_s` (its `ray.put`), `load_s_max` (slowest worker's load),
+            `reissued` (shards re-issued after a worker died, since start), `run_s`.
+
+    Raises:
+        ray exceptions: a worker that fails to start (bad model path, engine error) fails here.
+    """
+
+    def __init__(self, cfg: Config, model_path: str | Path, *, num_workers: int | None = None,
+                 env_factory: Callable[[str], Any] | None = None,
+                 runtime_env: dict[str, Any] | None = None) -> None:
+        self.cfg = cfg
+        self.num_workers = cfg.rollout.num_workers if num_workers is None else num_workers
+        if self.num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
+        self.version = 0
+        self.stats: dict[str, float] = {"reissued": 0.0}
+        self._weights_ref: Any = None
+        self._local: RolloutWorker | None = None
+        self.workers: list[Any] = []
+        if self.num_workers == 0:
+            self._local = RolloutWorker(cfg, model_path, env_factory=env_factory)
+            return
+        import ray
+
+        ensure_ray(_opt(cfg.rollout, "ray_address", None))
+        actor = ray.remote(RolloutWorker).options(
+            num_cpus=_opt(cfg.rollout, "worker_cpus", DEFAULT_WORKER_CPUS),
+            num_gpus=_opt(cfg.rollout, "worker_gpus", 0),
+            max_restarts=_opt(cfg.rollout, "max_restarts", DEFAULT_MAX_RESTARTS),
+            max_task_retries=0,  # the pool re-issues a dead worker's shard itself
+            runtime_env=runtime_env,
+        )
+        self.workers = [actor.remote(cfg, str(model_path), worker_id=i, env_factory=env_factory)
+                        for i in range(self.num_workers)]
+        ray.get([w.ready.remote() for w in self.workers])
+
+    # -- the two calls of the training loop ------------------------------------------------------
+    def run(self, specs: Sequence[EpisodeSpec], params: SamplingParams, seed: int | None = None,
+            *, split: str = "train") -> list[Trajectory]:
+        """Run every spec once and return one trajectory per spec, in the order of `specs`.
+
+        Specs are sharded by group (`shard_specs`), one shard per worker, each run with the same
+        `seed`. A shard whose worker dies is re-issued: first to the same (restarted) actor,
+        then to the next ones, at most `num_workers + 1` times in all.
+
+        Raises:
+            RuntimeError: a shard failed on every attempt (all workers dead).
+            Exceptions raised inside a worker (a bug, not an env failure) propagate.
+        """
+        t0 = time.perf_counter()
+        specs = list(specs)
+        if self._local is not None:
+            out = self._local.run(specs, params, seed, split=split)
+            self.stats["run_s"] = time.perf_counter() - t0
+            return out
+        import ray
+        from ray.exceptions import RayActorError
+
+        shards = shard_specs(specs, self.num_workers)
+        weights = None if self._weights_ref is None else [self.version, self._weights_ref]
+        pending: dict[Any, tuple[int, int, int]] = {}  # ref -> (shard, worker, attempt)
+
+        def submit(s: int, w: int, attempt: int) -> None:
+            ref = self.workers[w].run.remote([specs[i] for i in shards[s]], params, seed,
+                                             split=split, weights=weights)
+            pending[ref] = (s, w, attempt)
+
+        for s, idx in enumerate(shards):
+            if idx:
+                submit(s, s, 0)
+        results: dict[int, list[Trajectory]] = {}
+        while pending:
+            [ref], _ = ray.wait(list(pending), num_returns=1)
+            s, w, attempt = pending.pop(ref)
+            try:
+                results[s] = ray.get(ref)
+            except RayActorError as e:
+                if attempt + 1 > self.num_workers:
+                    raise RuntimeError(f"rollout shard {s} ({len(shards[s])} episodes) failed on "
+                                       f"{attempt + 1} attempts; last worker error: {e}") from e
+                self.stats["reissued"] += 1
+                submit(s, (w + attempt) % self.num_workers, attempt + 1)
+        out: list[Trajectory] = [None] * len(specs)  # type: ignore[list-item]
+        for s, trajs in results.items():
+            for i, tr in zip(shards[s], trajs):
+                out[i] = tr
+        self.stats["run_s"] = time.perf_counter() - t0
+        return out
+
+    def update_weights(self, state_dict: dict[str, Any], version: int) -> float:
+        """Push a full state dict to every worker as policy `version`; returns the seconds.
+
+        The tensors are detached and moved to CPU, put in Ray's object store once, and every
+        worker loads them from there (in parallel). A worker that is dead or restarting is
+        skipped: it loads the same object on its next `run` (see `RolloutWorker.run`).
+        """
+        t0 = time.perf_counter()
+        self.version = int(version)
+        if self._local is not None:
+            self.stats["load_s_max"] = self._local.update_weights(state_dict, version)
+            self.stats["put_s"] = 0.0
+            self.stats["sync_s"] = time.perf_counter() - t0
+            return self.stats["sync_s"]
+        import ray
+        from ray.exceptions import RayActorError
+
+        cpu = {k: v.detach().to("cpu", copy=False).contiguous() for k, v in state_dict.items()}
+        self._weights_ref = ray.put(cpu)
+        self.stats["put_s"] = time.perf_counter() - t0
+        refs = [w.update_weights.remote(self._weights_ref, self.version) for w in self.workers]
+        loads = []
+        for ref in refs:
+            try:
+                loads.append(ray.get(ref))
+            except RayActorError:
+                continue  # a dead or restarting worker catches up on its next run
+        self.stats["load_s_max"] = max(loads, default=0.0)
+        self.stats["sync_s"] = time.perf_counter() - t0
+        return self.stats["sync_s"]
+
+    # -- inspection and shutdown -----------------------------------------------------------------
+    def policy_versions(self) -> list[int]:
+        """The policy version each worker's engine holds (-1 for a dead worker)."""
+        if self._local is not None:
+            return [self._local.policy_version()]
+        import ray
+        from ray.exceptions import RayActorError
+
+        out = []
+        for w in self.workers:
+            try:
+                out.append(int(ray.get(w.policy_version.remote())))
+            except RayActorError:
+                out.append(-1)
+        return out
+
+    def shutdown(self) -> None:
+        """Kill the worker actors (the Ray cluster itself stays up)."""
+        if self.workers:
+            import ray
+
+            for w in self.workers:
+                ray.kill(w, no_restart=True)
+            self.workers = []

@@ -1,0 +1,552 @@
+"""Fork server that runs *inside* the sandbox (standalone: stdlib only, never imports agentrl).
+
+The runner starts it as ``python -I -B -c <this source> <config json>``.  It talks to the runner
+over the file descriptors it was started with as stdin/stdout, which it moves out of the way
+at start-up; messages are a 4-byte big-endian length followed by UTF-8 JSON.
+
+Per job it forks one fresh child, which
+
+1. starts a new session, gets its own pipes for stdin/stdout/stderr and a report pipe on fd 3,
+   a fresh work directory under /tmp and a cleared environment;
+2. lowers its resource limits (address space, CPU, processes, file size, core dumps);
+3. runs the harness: ``setup``, then the solution, then each test in a copy of the solution's
+   namespace, writing one line per event to fd 3.  A passing test is reported with that test's
+   per-run random token, written only after ``exec`` of the test returned normally.
+
+The server meanwhile reads the child's output (bounded), enforces the wall-time limit, and at the
+end kills every process the run left behind, reaps them, wipes /tmp and removes SysV IPC
+objects, so that the next run starts clean.  It never executes solution code itself.
+"""
+
+import base64
+import builtins
+import ctypes
+import io
+import json
+import os
+import resource
+import select
+import signal
+import struct
+import sys
+import time
+
+# References the harness needs after untrusted code has run (a solution that monkeypatches
+# ``os.write`` or ``builtins.exec`` must not change how results are reported).
+_write = os.write
+_exit = os._exit
+_exec = builtins.exec
+_compile = builtins.compile
+_type = builtins.type
+_str = builtins.str
+_len = builtins.len
+_isinstance = builtins.isinstance
+_BaseException = BaseException
+_SystemExit = SystemExit
+_dict = dict
+_range = range
+_settrace = sys.settrace
+_setprofile = sys.setprofile
+_BUILTINS = dict(builtins.__dict__)
+_builtins_dict = builtins.__dict__
+
+REPORT_FD = 3
+# sys.setrecursionlimit() is capped at this: CPython 3.11+ keeps Python frames on the heap, so
+# runaway recursion under a raised limit would otherwise crawl until the time or memory limit
+# instead of failing fast with RecursionError.
+MAX_RECURSION = 100_000
+REPORT_CAP = 1 << 20  # bytes of report lines kept per run
+PRELOAD = (
+    "math", "re", "collections", "itertools", "functools", "heapq", "bisect", "string",
+    "typing", "random", "statistics", "fractions", "decimal", "operator", "copy", "json",
+    "hashlib", "datetime", "array", "dataclasses", "unittest", "subprocess", "threading",
+    "traceback", "io",
+)
+PR_SET_DUMPABLE = 4
+PR_SET_CHILD_SUBREAPER = 36
+# Set by main() from the runner's config: inside a sandbox the server owns /tmp, /dev/shm, the
+# IPC namespace and the PID namespace; outside one (subprocess backend) only its own temp dir.
+CONTAINED = False
+TMP_ROOT = "/tmp"
+
+
+# ---------------------------------------------------------------- control channel
+
+
+def _read_exact(fd, n):
+    chunks = []
+    while n:
+        b = os.read(fd, min(n, 1 << 20))
+        if not b:
+            return None
+        chunks.append(b)
+        n -= len(b)
+    return b"".join(chunks)
+
+
+def _recv(fd):
+    head = _read_exact(fd, 4)
+    if head is None:
+        return None
+    body = _read_exact(fd, struct.unpack(">I", head)[0])
+    return None if body is None else json.loads(body)
+
+
+def _send(fd, obj):
+    body = json.dumps(obj).encode()
+    data = struct.pack(">I", len(body)) + body
+    while data:
+        data = data[os.write(fd, data):]
+
+
+# ---------------------------------------------------------------- process hygiene
+
+
+def _prctl(option, value):
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _descendants(root_pid):
+    """PIDs whose parent chain leads to ``root_pid`` (read from /proc)."""
+    parent = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2:].split()
+        parent[int(name)] = int(fields[1])
+    out = []
+    for pid in parent:
+        p, seen = pid, 0
+        while p in parent and seen < 4096:
+            p = parent[p]
+            seen += 1
+            if p == root_pid:
+                out.append(pid)
+                break
+    return out
+
+
+def _reap_all():
+    """Reap every exited child; return True when no child is left at all."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return True
+        if pid == 0:
+            return False
+
+
+def _kill_everything(contained):
+    """SIGKILL every process this server started (directly or not) and reap them.
+
+    Inside a PID namespace ``kill(-1)`` reaches every process of our uid except ourselves and
+    the namespace's init.  Outside one (subprocess backend) we walk /proc for descendants:
+    as a child subreaper, orphans of the run are re-parented to us, so they are descendants.
+    """
+    me = os.getpid()
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        if contained:
+            try:
+                os.kill(-1, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        else:
+            for pid in _descendants(me):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        if _reap_all():
+            return True
+        time.sleep(0.001)
+    return False
+
+
+def _wipe(path):
+    """Remove everything below ``path`` (not ``path`` itself); fix permissions on the way."""
+    try:
+        entries = list(os.scandir(path))
+    except OSError:
+        return
+    for e in entries:
+        try:
+            if e.is_dir(follow_symlinks=False):
+                try:
+                    os.chmod(e.path, 0o700)
+                except OSError:
+                    pass
+                _wipe(e.path)
+                os.rmdir(e.path)
+            else:
+                os.unlink(e.path)
+        except OSError:
+            pass
+
+
+def _remove_sysv_ipc():
+    """Delete SysV shared memory, semaphores and message queues (they outlive processes)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return
+    ipc_rmid = 0
+    for kind, fn in (("shm", "shmctl"), ("sem", "semctl"), ("msg", "msgctl")):
+        try:
+            with open(f"/proc/sysvipc/{kind}") as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.split()
+            if len(parts) > 1:
+                if kind == "sem":
+                    getattr(libc, fn)(int(parts[1]), 0, ipc_rmid)
+                else:
+                    getattr(libc, fn)(int(parts[1]), ipc_rmid, None)
+
+
+# ---------------------------------------------------------------- the child: harness
+
+
+def _rep(line):
+    """Write one report line (bounded, escaped to a single line) to the report fd."""
+    try:
+        _write(REPORT_FD, (line.replace("\\", "\\\\").replace("\n", "\\n")[:4000] + "\n").encode())
+    except _BaseException:
+        pass
+
+
+def _describe(exc, source=None, filename=None):
+    """'Type: message (at `line`)' for an exception, robust to hostile __str__."""
+    try:
+        name = _type(exc).__name__
+    except _BaseException:
+        name = "Exception"
+    try:
+        msg = _str(exc)[:500]
+    except _BaseException:
+        msg = "<unprintable>"
+    text = f"{name}: {msg}" if msg else name
+    if source is not None:
+        try:
+            lineno, tb = None, exc.__traceback__
+            while tb is not None:
+                if tb.tb_frame.f_code.co_filename == filename:
+                    lineno = tb.tb_lineno
+                tb = tb.tb_next
+            if lineno is not None:
+                line = source.splitlines()[lineno - 1].strip()
+                text += f" (at `{line[:200]}`)"
+        except _BaseException:
+            pass
+    return text
+
+
+def _restore_builtins():
+    try:
+        for key in [k for k in _builtins_dict if k not in _BUILTINS]:
+            del _builtins_dict[key]
+        _builtins_dict.update(_BUILTINS)
+    except _BaseException:
+        pass
+
+
+def _harness(job, finish):
+    """Run setup, solution and tests; report over fd 3; leave through ``finish`` (never returns)."""
+    tokens = job["tokens"]
+    tests = job["tests"]
+    mode = job["mode"]
+    ns_name = "__main__" if mode == "code" else "solution"
+    module = _type(sys)(ns_name)
+    ns = module.__dict__
+    ns["__builtins__"] = builtins
+    sys.modules["__main__"] = module
+    sys.modules[ns_name] = module
+    try:
+        setup_c = _compile(job["setup"], "<setup>", "exec")
+    except _BaseException as e:
+        _rep("R " + _describe(e) + " [in setup]")
+        finish()
+    try:
+        code_c = _compile(job["code"], "<solution>", "exec")
+    except _BaseException as e:
+        _rep("S " + _describe(e))
+        finish()
+    compiled = []
+    for i, src in enumerate(tests):
+        try:
+            compiled.append(_compile(src, f"<test {i}>", "exec"))
+        except _BaseException as e:
+            compiled.append(_describe(e))
+    code_token = tokens[0]
+    test_tokens = tokens[1:]
+    del job, tokens
+    try:
+        _exec(setup_c, ns)
+        _exec(code_c, ns)
+    except _SystemExit as e:
+        if mode != "code" or e.code not in (None, 0):
+            _rep("R " + _describe(e))
+            finish()
+    except _BaseException as e:
+        _rep("R " + _describe(e, None))
+        finish()
+    _rep("C " + code_token)
+    for i in _range(_len(tests)):
+        _settrace(None)
+        _setprofile(None)
+        _restore_builtins()
+        _rep(f"T {i}")
+        if _isinstance(compiled[i], _str):
+            _rep(f"F {i} SyntaxError in test: {compiled[i]}")
+            continue
+        test_ns = _dict(ns)
+        test_ns["__builtins__"] = _dict(_BUILTINS)
+        try:
+            _exec(compiled[i], test_ns)
+        except _BaseException as e:
+            _rep(f"F {i} " + _describe(e, tests[i], f"<test {i}>"))
+            continue
+        _rep(f"P {i} {test_tokens[i]}")
+    _rep("D")
+    finish()
+
+
+def _child(job, fds, limits, nproc_base):
+    """Runs in the forked child: isolate, limit, then hand over to the harness."""
+    stdin_fd, out_w, err_w, rep_w = fds
+    try:
+        os.setsid()
+        os.dup2(stdin_fd, 0)
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        os.dup2(rep_w, REPORT_FD)
+        os.closerange(REPORT_FD + 1, 1 << 16)
+        work = f"{TMP_ROOT}/run{os.getpid()}"
+        os.mkdir(work, 0o700)
+        os.chdir(work)
+        os.environ.clear()
+        os.environ.update(
+            PATH="/usr/bin:/bin", HOME=work, TMPDIR=work, LANG="C.UTF-8",
+            OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
+        )
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        mb = 1 << 20
+        cpu = max(1, int(-(-limits["cpu_s"] // 1)))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limits["file_size_mb"] * mb,) * 2)
+        resource.setrlimit(resource.RLIMIT_AS, (limits["memory_mb"] * mb,) * 2)
+        nproc = limits["max_procs"] + nproc_base
+        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+        sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
+        sys.stdout = sys.__stdout__ = io.TextIOWrapper(
+            io.FileIO(1, "w", closefd=False), errors="backslashreplace"
+        )
+        sys.stderr = sys.__stderr__ = io.TextIOWrapper(
+            io.FileIO(2, "w", closefd=False), errors="backslashreplace", line_buffering=True
+        )
+        if "random" in sys.modules:
+            sys.modules["random"].seed()
+        real_setrecursionlimit = sys.setrecursionlimit
+
+        def setrecursionlimit(limit):
+            real_setrecursionlimit(limit if limit < MAX_RECURSION else MAX_RECURSION)
+
+        setrecursionlimit.__doc__ = real_setrecursionlimit.__doc__
+        sys.setrecursionlimit = setrecursionlimit
+        out, err = sys.stdout, sys.stderr
+    except BaseException as e:  # noqa: BLE001 - report and die, never return into the server
+        try:
+            os.write(rep_w, f"X child setup failed: {e!r}\n".encode())
+        finally:
+            os._exit(70)
+
+    def finish():
+        for stream in (out, err):
+            try:
+                stream.flush()
+            except _BaseException:
+                pass
+        _exit(0)
+
+    try:
+        _harness(job, finish)
+    finally:
+        _exit(0)
+
+
+# ---------------------------------------------------------------- the server loop
+
+
+def _count_own_processes():
+    """Processes whose real uid is ours (RLIMIT_NPROC counts these, the new child excluded)."""
+    uid = str(os.getuid())
+    n = 0
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/status") as f:
+                    for line in f:
+                        if line.startswith("Uid:"):
+                            n += line.split()[1] == uid
+                            break
+            except OSError:
+                pass
+    return n
+
+
+def _clean_dirs():
+    return (TMP_ROOT, "/dev/shm") if CONTAINED else (TMP_ROOT,)
+
+
+def run_job(job):
+    """Run one job in a fresh child; return the raw observations for the runner to judge."""
+    limits = job["limits"]
+    cap = limits["output_bytes"]
+    for d in _clean_dirs():
+        _wipe(d)
+    if job.get("stdin"):
+        stdin_fd = os.memfd_create("stdin")
+        data = job["stdin"].encode()
+        while data:
+            data = data[os.write(stdin_fd, data):]
+        os.lseek(stdin_fd, 0, os.SEEK_SET)
+    else:
+        stdin_fd = os.open("/dev/null", os.O_RDONLY)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    rep_r, rep_w = os.pipe()
+    nproc_base = _count_own_processes()
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        _child(job, (stdin_fd, out_w, err_w, rep_w), limits, nproc_base)
+    for fd in (stdin_fd, out_w, err_w, rep_w):
+        os.close(fd)
+    pidfd = os.pidfd_open(pid)
+    bufs = {out_r: bytearray(), err_r: bytearray(), rep_r: bytearray()}
+    total_out = 0
+    timeout = output_limit = False
+    status = None
+    deadline = t0 + limits["wall_s"]
+    poller = select.poll()
+    for fd in (out_r, err_r, rep_r, pidfd):
+        poller.register(fd, select.POLLIN)
+    open_fds = {out_r, err_r, rep_r}
+
+    def read_some(fd):
+        nonlocal total_out
+        try:
+            data = os.read(fd, 1 << 16)
+        except OSError:
+            data = b""
+        if not data:
+            poller.unregister(fd)
+            open_fds.discard(fd)
+            return
+        buf = bufs[fd]
+        limit = REPORT_CAP if fd == rep_r else cap
+        if len(buf) < limit:
+            buf += data[: limit - len(buf)]
+        if fd != rep_r:
+            total_out += len(data)
+
+    while status is None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            timeout = True
+            break
+        for fd, _ in poller.poll(max(1, int(left * 1000))):
+            if fd == pidfd:
+                _, status = os.waitpid(pid, 0)
+                poller.unregister(pidfd)
+            else:
+                read_some(fd)
+        if total_out > cap:
+            output_limit = True
+            break
+    wall = time.monotonic() - t0
+    clean = _kill_everything(CONTAINED)
+    if status is None:
+        try:
+            _, status = os.waitpid(pid, 0)
+        except ChildProcessError:
+            status = None
+    # Every writer is dead now: drain what is left in the pipes (bounded by the caps).
+    drain_deadline = time.monotonic() + 1.0
+    while open_fds and time.monotonic() < drain_deadline:
+        for fd, _ in poller.poll(100):
+            if fd in open_fds:
+                read_some(fd)
+    for fd in (out_r, err_r, rep_r, pidfd):
+        os.close(fd)
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+    for d in _clean_dirs():
+        _wipe(d)
+    if CONTAINED:
+        _remove_sysv_ipc()
+    exited = status is not None and os.WIFEXITED(status)
+    b64 = lambda b: base64.b64encode(bytes(b)).decode()  # noqa: E731
+    return {
+        "stdout": b64(bufs[out_r]),
+        "stderr": b64(bufs[err_r]),
+        "report": b64(bufs[rep_r]),
+        "exit_code": os.WEXITSTATUS(status) if exited else None,
+        "signal": os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else None,
+        "timeout": timeout,
+        "output_limit": output_limit or total_out > cap,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "clean": clean,
+    }
+
+
+def main():
+    global CONTAINED, TMP_ROOT
+    config = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
+    CONTAINED = bool(config.get("contained"))
+    TMP_ROOT = config.get("tmp", "/tmp")
+    ctl_in = os.dup(0)
+    ctl_out = os.dup(1)
+    devnull = os.open("/dev/null", os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    # Nobody else with our uid may ptrace us or read /proc/<us>/{mem,fd}: the solution runs as
+    # the same uid, so this keeps it out of the server and its control pipes.
+    _prctl(PR_SET_DUMPABLE, 0)
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    for name in PRELOAD:
+        try:
+            __import__(name)
+        except Exception:  # noqa: BLE001 - optional modules
+            pass
+    _send(ctl_out, {"ready": True, "pid": os.getpid(), "uid": os.getuid(), "python": sys.version})
+    while True:
+        job = _recv(ctl_in)
+        if job is None:
+            return
+        try:
+            result = run_job(job)
+        except Exception as e:  # noqa: BLE001 - report server faults to the runner
+            result = {"server_error": f"{type(e).__name__}: {e}"}
+        _send(ctl_out, result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,415 @@
+"""How a sandbox server is started: bubblewrap, Docker, or a bare subprocess.
+
+Each backend starts the same stdlib-only fork server (``_server.py``) and returns a
+:class:`Channel`, a bidirectional byte stream to it plus a ``kill`` that tears the whole
+sandbox down.  What differs is the isolation around the server:
+
+* ``bwrap``: new mount/PID/network/IPC/UTS (and cgroup) namespaces, read-only binds of only
+  ``/usr`` (+ the ``/bin``, ``/lib*`` symlinks) and the real interpreter's install prefix, a
+  size-capped tmpfs ``/tmp``, a cleared environment, ``--die-with-parent``, ``--new-session``;
+  the server runs as an unprivileged uid.  When the runner is root, a user namespace is prepared
+  that maps inside-uid 1000 to a per-worker host uid (leased with ``flock`` so parallel workers,
+  even in other processes, never share one: RLIMIT_NPROC counts per uid and is ignored for
+  root) and where creating further user namespaces is disabled.
+* ``docker``: a container per worker through the ``docker`` SDK (network off, read-only root,
+  tmpfs /tmp, pids/memory limits, all capabilities dropped, uid 65534).
+* ``subprocess``: the server as a plain child process with rlimits only.  NOT isolated: it can
+  read and write what the runner can and reach the network.  A warning is logged once.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import json
+import logging
+import os
+import select
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+SERVER_SOURCE = (Path(__file__).with_name("_server.py")).read_text()
+INSIDE_UID = 1000  # uid the server and solutions have inside a bwrap sandbox
+UID_BASE = 610_000  # host uids leased to workers when the runner is root: UID_BASE + k
+UID_COUNT = 4096
+LOCK_DIR = Path(tempfile.gettempdir()) / "agentrl-sandbox-uids"
+DOCKER_IMAGE = os.environ.get("AGENTRL_SANDBOX_IMAGE", "python:3.11-slim")
+BACKENDS = ("bwrap", "docker", "subprocess")
+
+# bwrap --die-with-parent uses PR_SET_PDEATHSIG, which fires when the *thread* that started the
+# process exits.  All sandboxes are therefore started from this one long-lived thread.
+_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentrl-sandbox-spawn")
+_warned_unisolated = False
+_warn_lock = threading.Lock()
+
+
+class BackendError(RuntimeError):
+    """A sandbox could not be started or stopped responding (not caused by a solution)."""
+
+
+def real_python() -> tuple[str, str]:
+    """(real path of the running interpreter binary, real path of its install prefix).
+
+    Shims and venv symlinks are resolved so that the sandbox starts the real binary (a pyenv
+    shim costs ~1 s per call) and only that installation is bound into the sandbox.
+    """
+    return os.path.realpath(sys.executable), os.path.realpath(sys.base_prefix)
+
+
+# ---------------------------------------------------------------- channel
+
+
+class Channel:
+    """Length-prefixed JSON messages to and from a server over two file descriptors."""
+
+    def __init__(self, wfd: int, rfd: int, kill, describe: str):
+        self.wfd, self.rfd, self._kill, self.describe = wfd, rfd, kill, describe
+        self._rbuf = bytearray()
+
+    def send(self, obj: dict) -> None:
+        body = json.dumps(obj).encode()
+        data = memoryview(struct.pack(">I", len(body)) + body)
+        try:
+            while data:
+                data = data[os.write(self.wfd, data):]
+        except OSError as e:
+            raise BackendError(f"sandbox server went away while sending ({e})") from e
+
+    def _read(self, n: int, deadline: float) -> bytes:
+        while len(self._rbuf) < n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            ready, _, _ = select.select([self.rfd], [], [], left)
+            if not ready:
+                continue
+            try:
+                chunk = os.read(self.rfd, max(1 << 16, n - len(self._rbuf)))
+            except OSError as e:
+                raise BackendError(f"sandbox server went away ({e})") from e
+            if not chunk:
+                raise BackendError("sandbox server exited")
+            self._rbuf += chunk
+        out = bytes(self._rbuf[:n])
+        del self._rbuf[:n]
+        return out
+
+    def recv(self, timeout: float, max_bytes: int) -> dict:
+        """Next message; TimeoutError after ``timeout`` s, BackendError on EOF or garbage."""
+        deadline = time.monotonic() + timeout
+        (size,) = struct.unpack(">I", self._read(4, deadline))
+        if size > max_bytes:
+            raise BackendError(f"sandbox server sent an oversized message ({size} bytes)")
+        try:
+            return json.loads(self._read(size, deadline))
+        except ValueError as e:
+            raise BackendError(f"sandbox server sent garbage ({e})") from e
+
+    def kill(self) -> None:
+        self._kill()
+
+
+# ---------------------------------------------------------------- uid leases
+
+
+class UidLease:
+    """An unprivileged host uid reserved for one worker (flock on a per-uid lock file)."""
+
+    def __init__(self):
+        LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
+        start = (os.getpid() * 7) % UID_COUNT
+        for k in range(UID_COUNT):
+            uid = UID_BASE + (start + k) % UID_COUNT
+            fd = os.open(LOCK_DIR / f"{uid}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                continue
+            self.uid, self._fd = uid, fd
+            return
+        raise BackendError("no free sandbox uid")
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+_USERNS_HELPER = r"""
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.unshare(0x10000000) != 0:
+    sys.exit("unshare(CLONE_NEWUSER) failed: errno %d" % ctypes.get_errno())
+os.write(1, b"u")
+os.read(0, 1)
+with open("/proc/sys/user/max_user_namespaces", "w") as f:
+    f.write("0")
+os.write(1, b"k")
+os.read(0, 1)
+"""
+
+
+def _make_userns(host_uid: int) -> tuple[int, subprocess.Popen]:
+    """A user namespace mapping 0->0 (for bwrap's setup) and INSIDE_UID->host_uid.
+
+    Creating user namespaces inside it is disabled (max_user_namespaces=0).  Returns an fd of
+    the namespace and the helper process holding it (kill it once bwrap has joined).
+    """
+    exe, _ = real_python()
+    helper = subprocess.Popen(
+        [exe, "-I", "-S", "-c", _USERNS_HELPER],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        if os.read(helper.stdout.fileno(), 1) != b"u":
+            raise BackendError(f"user namespace helper failed: {helper.stderr.read().decode()}")
+        for kind in ("uid", "gid"):
+            with open(f"/proc/{helper.pid}/{kind}_map", "w") as f:
+                f.write(f"0 0 1\n{INSIDE_UID} {host_uid} 1\n")
+        os.write(helper.stdin.fileno(), b"g")
+        if os.read(helper.stdout.fileno(), 1) != b"k":
+            raise BackendError(f"user namespace helper failed: {helper.stderr.read().decode()}")
+        return os.open(f"/proc/{helper.pid}/ns/user", os.O_RDONLY), helper
+    except BaseException:
+        helper.kill()
+        helper.wait()
+        raise
+
+
+# ---------------------------------------------------------------- launchers
+
+
+def _system_binds() -> list[str]:
+    args = ["--ro-bind", "/usr", "/usr"]
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        path = Path("/") / name
+        if path.is_symlink():
+            args += ["--symlink", os.readlink(path), str(path)]
+        elif path.is_dir():
+            args += ["--ro-bind", str(path), str(path)]
+    return args
+
+
+def bwrap_argv(*, root: bool, userns_fd: int | None, tmpfs_mb: int) -> list[str]:
+    """The full bwrap command line for one worker (see the module docstring)."""
+    exe, prefix = real_python()
+    args = ["bwrap"]
+    if userns_fd is not None:
+        args += ["--userns", str(userns_fd)]
+    else:
+        args += ["--unshare-user", "--disable-userns"]
+    # = --unshare-all, spelled out because --unshare-all implies --unshare-user-try, which
+    # bwrap refuses together with --userns.
+    args += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
+             "--unshare-cgroup-try"]
+    args += ["--die-with-parent", "--new-session", "--clearenv",
+             "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8"]
+    args += _system_binds()
+    binds = {prefix}
+    if not exe.startswith(prefix + "/"):
+        binds.add(os.path.dirname(exe))
+    for path in sorted(binds):
+        if path != "/usr" and not path.startswith("/usr/"):
+            args += ["--ro-bind", path, path]
+    args += ["--proc", "/proc", "--dev", "/dev",
+             "--perms", "1777", "--size", str(tmpfs_mb << 20), "--tmpfs", "/tmp",
+             "--remount-ro", "/", "--chdir", "/tmp"]
+    inner = [exe, "-I", "-B", "-c", SERVER_SOURCE, json.dumps({"contained": True})]
+    if root:
+        args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--",
+                 shutil.which("setpriv") or "/usr/bin/setpriv",
+                 "--reuid", str(INSIDE_UID), "--regid", str(INSIDE_UID), "--clear-groups",
+                 "--inh-caps=-all", "--bounding-set=-all"]
+    else:
+        args += ["--"]
+    return args + inner
+
+
+def _popen_channel(argv, *, pass_fds=(), cleanup=(), describe: str, **kw) -> Channel:
+    stderr = tempfile.TemporaryFile()
+    proc = _SPAWNER.submit(
+        subprocess.Popen, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+        pass_fds=pass_fds, **kw,
+    ).result()
+
+    def kill():
+        try:
+            proc.kill()
+        except OSError:
+            pass
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            log.error("sandbox process %d did not die", proc.pid)
+        for f in (proc.stdin, proc.stdout, stderr):
+            try:
+                f.close()
+            except OSError:
+                pass
+        for fn in cleanup:
+            fn()
+
+    ch = Channel(proc.stdin.fileno(), proc.stdout.fileno(), kill, describe)
+    ch.proc, ch.stderr_file = proc, stderr  # type: ignore[attr-defined]
+    return ch
+
+
+def start_bwrap(tmpfs_mb: int) -> Channel:
+    """Start one bwrap worker; the caller must ``kill()`` it."""
+    root = os.geteuid() == 0
+    cleanup, pass_fds, userns_fd, helper, lease = [], (), None, None, None
+    try:
+        if root:
+            lease = UidLease()
+            userns_fd, helper = _make_userns(lease.uid)
+            pass_fds = (userns_fd,)
+            cleanup.append(lease.release)
+        argv = bwrap_argv(root=root, userns_fd=userns_fd, tmpfs_mb=tmpfs_mb)
+        ch = _popen_channel(argv, pass_fds=pass_fds, cleanup=cleanup,
+                            describe=f"bwrap(uid {lease.uid if lease else os.getuid()})")
+    except BaseException:
+        if lease:
+            lease.release()
+        raise
+    finally:
+        if userns_fd is not None:
+            os.close(userns_fd)
+    ch.helper = helper  # type: ignore[attr-defined]  # killed by the worker once ready
+    return ch
+
+
+def warn_unisolated() -> None:
+    """Log, once per process, that the subprocess backend is not a sandbox."""
+    global _warned_unisolated
+    with _warn_lock:
+        if _warned_unisolated:
+            return
+        _warned_unisolated = True
+    log.warning(
+        "agentrl.sandbox: using the 'subprocess' backend: code runs with rlimits only and is "
+        "NOT isolated (it can read/write your files and use the network%s). Install bubblewrap "
+        "(apt-get install bubblewrap) for a real sandbox.",
+        "; as root the process limit is not enforced either" if os.geteuid() == 0 else "",
+    )
+
+
+def start_subprocess(tmpfs_mb: int) -> Channel:
+    """Start the server as a plain process (no isolation: see warn_unisolated)."""
+    exe, _ = real_python()
+    tmp = tempfile.mkdtemp(prefix="agentrl-sbx-")
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+    argv = [exe, "-I", "-B", "-c", SERVER_SOURCE, json.dumps({"contained": False, "tmp": tmp})]
+    return _popen_channel(
+        argv, cleanup=[functools.partial(shutil.rmtree, tmp, True)], env=env, cwd=tmp,
+        start_new_session=True, describe="subprocess",
+    )
+
+
+class _DockerStream:
+    """Demultiplexes a Docker attach socket (8-byte frame headers) into a pipe fd."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.r, self.w = os.pipe()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self):
+        buf = b""
+        try:
+            while True:
+                chunk = self.sock.recv(1 << 16)
+                if not chunk:
+                    break
+                buf += chunk
+                while len(buf) >= 8:
+                    kind, size = buf[0], struct.unpack(">I", buf[4:8])[0]
+                    if len(buf) < 8 + size:
+                        break
+                    if kind == 1:
+                        os.write(self.w, buf[8:8 + size])
+                    buf = buf[8 + size:]
+        except OSError:
+            pass
+        finally:
+            os.close(self.w)
+
+
+def start_docker(tmpfs_mb: int) -> Channel:
+    """Start one worker container through the docker SDK (an engine must be reachable)."""
+    import docker  # optional dependency
+
+    client = docker.from_env()
+    container = client.containers.create(
+        DOCKER_IMAGE,
+        ["python3", "-I", "-B", "-c", SERVER_SOURCE, json.dumps({"contained": True})],
+        stdin_open=True, network_disabled=True, read_only=True, user="65534:65534",
+        tmpfs={"/tmp": f"size={tmpfs_mb}m,mode=1777"}, cap_drop=["ALL"],
+        security_opt=["no-new-privileges"], pids_limit=512, mem_limit="2g", auto_remove=False,
+    )
+    sock = container.attach_socket(params={"stdin": 1, "stdout": 1, "stream": 1})
+    raw = getattr(sock, "_sock", sock)
+    container.start()
+    stream = _DockerStream(raw)
+    wfd_sock = socket.socket(fileno=os.dup(raw.fileno()))
+
+    def kill():
+        try:
+            container.remove(force=True)
+        except Exception:  # noqa: BLE001 - best effort; the engine may be gone
+            log.exception("could not remove sandbox container")
+        for s in (wfd_sock, raw):
+            try:
+                s.close()
+            except OSError:
+                pass
+        os.close(stream.r)
+
+    return Channel(wfd_sock.fileno(), stream.r, kill, f"docker({DOCKER_IMAGE})")
+
+
+STARTERS = {"bwrap": start_bwrap, "docker": start_docker, "subprocess": start_subprocess}
+
+
+@functools.lru_cache(maxsize=None)
+def probe(name: str) -> str | None:
+    """None if backend ``name`` works here, else the reason it does not (cached)."""
+    if name == "bwrap" and shutil.which("bwrap") is None:
+        return "bwrap is not installed (apt-get install bubblewrap)"
+    if name == "docker":
+        try:
+            import docker
+
+            docker.from_env(timeout=3).ping()
+        except Exception as e:  # noqa: BLE001 - any failure means 'not available'
+            return f"no reachable docker engine ({type(e).__name__})"
+    # Imported here: worker imports this module.
+    from .worker import Worker
+
+    try:
+        w = Worker(name, tmpfs_mb=16)
+        try:
+            res = w.run({"mode": "code", "code": "print(6*7)", "setup": "", "tests": [],
+                         "tokens": ["t"], "stdin": "",
+                         "limits": {"wall_s": 10.0, "cpu_s": 10.0, "memory_mb": 512,
+                                    "max_procs": 8, "file_size_mb": 1, "output_bytes": 4096}},
+                        timeout=30.0)
+        finally:
+            w.close()
+    except Exception as e:  # noqa: BLE001
+        return f"probe failed: {type(e).__name__}: {e}"
+    import base64
+
+    if base64.b64decode(res.get("stdout", "")) != b"42\n":
+        return f"probe produced unexpected output: {res!r:.300}"
+    return None

@@ -1,0 +1,172 @@
+"""SandboxPool: warm sandboxes shared by many threads, and the module-level default pool."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import queue
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from .backends import BACKENDS, BackendError, probe, warn_unisolated
+from .judge import judge, make_job
+from .result import Limits, SandboxResult
+from .worker import GRACE_S, Worker
+
+log = logging.getLogger(__name__)
+
+
+def available_backends() -> list[str]:
+    """Backends that work on this machine, best first (probed once per process)."""
+    return [name for name in BACKENDS if probe(name) is None]
+
+
+def resolve_backend(backend: str) -> str:
+    """'auto' -> the first available backend; a named one must be available (ValueError)."""
+    if backend == "auto":
+        for name in BACKENDS:
+            reason = probe(name)
+            if reason is None:
+                return name
+            log.info("sandbox backend %s unavailable: %s", name, reason)
+        raise BackendError("no sandbox backend works here")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown sandbox backend {backend!r}; choose from {['auto', *BACKENDS]}")
+    reason = probe(backend)
+    if reason is not None:
+        raise ValueError(f"sandbox backend {backend!r} is not available: {reason}")
+    return backend
+
+
+def _sandbox_error(error: str, backend: str, total: int) -> SandboxResult:
+    from .result import TestOutcome
+
+    tests = [TestOutcome(f"test_{i}", False, "not run") for i in range(total)]
+    return SandboxResult("sandbox_error", 0, total, tests, "", "", 0.0, 0.0, backend, error)
+
+
+class SandboxPool:
+    """``workers`` warm sandboxes (default: one per core) used by any number of threads.
+
+    Each call takes an idle worker, runs one job in a fresh child inside it, and gives the
+    worker back; calls block while all workers are busy.  Thread-safe.
+    """
+
+    def __init__(self, workers: int | None = None, backend: str = "auto",
+                 limits: Limits | None = None, tmpfs_mb: int = 128):
+        self.backend = resolve_backend(backend)
+        if self.backend == "subprocess":
+            warn_unisolated()
+        self.limits = limits or Limits()
+        n = workers or os.cpu_count() or 1
+        if n < 1:
+            raise ValueError(f"workers must be >= 1, got {n}")
+        self._workers = [Worker(self.backend, tmpfs_mb) for _ in range(n)]
+        # LIFO: the most recently used (warm) worker is reused first.
+        self._idle: queue.LifoQueue[Worker] = queue.LifoQueue()
+        for w in self._workers:
+            self._idle.put(w)
+        self._executor: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def size(self) -> int:
+        return len(self._workers)
+
+    @property
+    def restarts(self) -> int:
+        """Sandbox servers started beyond the first per worker (after crashes/timeouts)."""
+        return sum(max(0, w.starts - 1) for w in self._workers)
+
+    def _run(self, job: dict, names: list[str] | None) -> SandboxResult:
+        if self._closed:
+            raise RuntimeError("SandboxPool is closed")
+        timeout = job["limits"]["wall_s"] + GRACE_S
+        worker = self._idle.get()
+        try:
+            last_error = ""
+            for attempt in range(2):  # a dead server is restarted and the job retried once
+                try:
+                    raw = worker.run(job, timeout)
+                except TimeoutError:
+                    raw = _unanswered(timeout)
+                except BackendError as e:
+                    last_error = str(e)
+                    log.warning("sandbox worker failed (attempt %d): %s", attempt + 1, e)
+                    continue
+                return judge(job, raw, names, self.backend)
+            return _sandbox_error(last_error, self.backend, len(job["tests"]))
+        finally:
+            self._idle.put(worker)
+
+    def run_tests(self, code: str, tests: list[str], *, setup: str = "",
+                  names: list[str] | None = None, limits: Limits | None = None,
+                  backend: str | None = None) -> SandboxResult:
+        """See :func:`agentrl.sandbox.run_tests` (``backend`` must be None or this pool's)."""
+        self._check_backend(backend)
+        if names is not None and len(names) != len(tests):
+            raise ValueError(f"names has {len(names)} entries for {len(tests)} tests")
+        job = make_job("tests", code, tests, setup, "", limits or self.limits)
+        return self._run(job, names)
+
+    def run_code(self, code: str, *, stdin: str = "", limits: Limits | None = None,
+                 backend: str | None = None) -> SandboxResult:
+        """See :func:`agentrl.sandbox.run_code`."""
+        self._check_backend(backend)
+        return self._run(make_job("code", code, [], "", stdin, limits or self.limits), None)
+
+    def map_tests(self, jobs: list[dict]) -> list[SandboxResult]:
+        """Run many ``run_tests`` jobs (dicts of its keyword arguments) in parallel, in order."""
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(self.size, thread_name_prefix="agentrl-sbx")
+        futures = [self._executor.submit(lambda j=j: self.run_tests(**j)) for j in jobs]
+        return [f.result() for f in futures]
+
+    def _check_backend(self, backend: str | None) -> None:
+        if backend not in (None, "auto", self.backend):
+            raise ValueError(f"this pool runs backend {self.backend!r}, not {backend!r}")
+
+    def close(self) -> None:
+        """Kill every sandbox of the pool (idempotent)."""
+        self._closed = True
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+        for w in self._workers:
+            w.close()
+
+    def __enter__(self) -> SandboxPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _unanswered(timeout: float) -> dict:
+    """Raw result for a server that did not answer in time (it has been killed)."""
+    return {"stdout": "", "stderr": "", "report": "", "exit_code": None, "signal": None,
+            "timeout": True, "output_limit": False, "wall_s": timeout, "cpu_s": 0.0}
+
+
+_default_pools: dict[str, SandboxPool] = {}
+_default_lock = threading.Lock()
+
+
+def default_pool(backend: str = "auto") -> SandboxPool:
+    """The process-wide pool for ``backend`` (one worker per core), created on first use."""
+    with _default_lock:
+        pool = _default_pools.get(backend)
+        if pool is None:
+            pool = SandboxPool(backend=backend)
+            _default_pools[backend] = pool
+            if backend != pool.backend:
+                _default_pools.setdefault(pool.backend, pool)
+        return pool
+
+
+@atexit.register
+def _close_default_pools() -> None:
+    for pool in set(_default_pools.values()):
+        pool.close()

@@ -1,0 +1,84 @@
+"""Public data types of the sandbox: limits in, structured result out."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+VERDICTS = (
+    "pass", "fail", "timeout", "memory_limit", "output_limit", "runtime_error",
+    "syntax_error", "sandbox_error",
+)
+
+
+@dataclass
+class Limits:
+    """Resource limits of one run, all enforced from outside the solution.
+
+    wall_s: wall-clock seconds for the whole run (setup + solution + all tests).
+    cpu_s: CPU seconds per process (RLIMIT_CPU; SIGXCPU, then SIGKILL one second later).
+    memory_mb: address space per process in MiB (RLIMIT_AS).
+    max_procs: processes the run may have at once, itself included (RLIMIT_NPROC).
+    file_size_mb: largest file a process may write, MiB (RLIMIT_FSIZE; /tmp is also capped).
+    output_bytes: stdout + stderr bytes kept; more ends the run with ``output_limit``.
+    """
+
+    wall_s: float = 5.0
+    cpu_s: float = 5.0
+    memory_mb: int = 512
+    max_procs: int = 32
+    file_size_mb: int = 16
+    output_bytes: int = 1 << 20
+
+    def __post_init__(self):
+        for name in ("wall_s", "cpu_s", "memory_mb", "max_procs", "file_size_mb", "output_bytes"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"Limits.{name} must be > 0, got {getattr(self, name)!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class TestOutcome:
+    """One test: ``error`` is short text such as ``'AssertionError (at `assert f(2) == 4`)'``."""
+
+    __test__ = False  # not a pytest class
+
+    name: str
+    passed: bool
+    error: str | None = None
+
+
+@dataclass
+class SandboxResult:
+    """Outcome of one sandboxed run.
+
+    verdict: one of VERDICTS; ``pass`` iff every test was reported passed by the harness
+      (for ``run_code``: the program ran to completion / exited with status 0).
+    passed, total: tests passed / given.  tests: per-test outcomes, in order.
+    stdout, stderr: captured output (decoded UTF-8, at most ``Limits.output_bytes`` in total).
+    wall_s, cpu_s: wall-clock and CPU seconds of the run (CPU summed over its processes).
+    backend: which backend ran it.  error: short reason when the verdict is not ``pass``.
+    """
+
+    verdict: str
+    passed: int
+    total: int
+    tests: list[TestOutcome] = field(default_factory=list)
+    stdout: str = ""
+    stderr: str = ""
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    backend: str = ""
+    error: str | None = None
+
+    @property
+    def pass_fraction(self) -> float:
+        """passed / total in [0, 1]; with no tests, 1.0 for a ``pass`` verdict else 0.0."""
+        if self.total == 0:
+            return 1.0 if self.verdict == "pass" else 0.0
+        return self.passed / self.total
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict == "pass"

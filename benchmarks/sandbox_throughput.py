@@ -1,0 +1,83 @@
+"""Sandbox throughput: executions/second of ``run_tests`` on a 3-assert program vs bare spawns.
+
+Both are measured in the same run, on the same machine, with the same parallelism:
+``bare`` spawns ``<real interpreter> -c <program with its asserts>`` (no sandbox at all; the
+real binary, not a pyenv shim); ``sandbox`` calls ``SandboxPool.run_tests`` with full
+isolation (default backend) from as many threads as the pool has workers.
+
+    python benchmarks/sandbox_throughput.py [--seconds 10] [--workers N] [--backend auto]
+
+Prints one line per measurement and the ratio sandbox/bare (target: >= 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import threading
+import time
+
+from agentrl.sandbox import Limits, SandboxPool
+from agentrl.sandbox.backends import real_python
+
+CODE = "def add(a, b):\n    return a + b\n"
+TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add('a', 'b') == 'ab'"]
+
+
+def _rate(fn, seconds: float, threads: int) -> tuple[float, int]:
+    """Calls/second of ``fn`` run back to back from ``threads`` threads for ``seconds``."""
+    count = [0] * threads
+    stop = time.monotonic() + seconds
+
+    def loop(k: int) -> None:
+        while time.monotonic() < stop:
+            fn()
+            count[k] += 1
+
+    t0 = time.monotonic()
+    ts = [threading.Thread(target=loop, args=(k,)) for k in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    n = sum(count)
+    return n / (time.monotonic() - t0), n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=10.0, help="duration of each measurement")
+    ap.add_argument("--workers", type=int, default=None, help="parallelism (default: cores)")
+    ap.add_argument("--backend", default="auto", help="auto, bwrap, docker or subprocess")
+    args = ap.parse_args()
+    workers = args.workers or os.cpu_count() or 1
+    exe, _ = real_python()
+    program = CODE + "\n".join(TESTS) + "\n"
+
+    def bare() -> None:
+        subprocess.run([exe, "-c", program], check=True, stdin=subprocess.DEVNULL)
+
+    with SandboxPool(workers=workers, backend=args.backend) as pool:
+        limits = Limits(wall_s=10.0, cpu_s=10.0)
+
+        def sandboxed() -> None:
+            r = pool.run_tests(CODE, TESTS, limits=limits)
+            if r.verdict != "pass":
+                raise RuntimeError(f"benchmark program did not pass: {r}")
+
+        pool.map_tests([{"code": CODE, "tests": TESTS}] * workers)  # start the warm servers
+        bare_rate, bare_n = _rate(bare, args.seconds, workers)
+        sbx_rate, sbx_n = _rate(sandboxed, args.seconds, workers)
+        bare_rate2, bare_n2 = _rate(bare, args.seconds, workers)  # load drifts on shared hosts
+        restarts = pool.restarts
+    bare_mean = (bare_rate + bare_rate2) / 2
+    print(f"cores={os.cpu_count()} workers={workers} backend={pool.backend} interpreter={exe}")
+    print(f"bare python -c spawns : {bare_rate:8.1f} / s ({bare_n} runs), "
+          f"again after: {bare_rate2:8.1f} / s ({bare_n2} runs)")
+    print(f"sandbox run_tests     : {sbx_rate:8.1f} / s ({sbx_n} runs, {restarts} restarts)")
+    print(f"ratio sandbox / bare  : {sbx_rate / bare_mean:8.2f}x")
+
+
+if __name__ == "__main__":
+    main()

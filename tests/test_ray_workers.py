@@ -1,0 +1,310 @@
+"""Rollout workers: sharding by group, the in-process pool, and a real local Ray cluster (started
+once for this module) with 2 HF-engine workers: same trajectories as in-process, weight pushes
+with policy versions, and a worker killed in the middle of a step.
+
+The envs below are built inside the Ray workers from the config (`env.name =
+"test_ray_workers:CountEnv"`); the cluster gets this folder on its Python path.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentrl.config import Config
+from agentrl.envs import TextEnv
+from agentrl.rollout.agent_loop import EpisodeSpec, run_episodes
+from agentrl.rollout.chat import ChatRenderer
+from agentrl.rollout.engines.base import SamplingParams
+from agentrl.rollout.engines.hf import HFEngine
+from agentrl.rollout.workers import RolloutPool, RolloutWorker, shard_specs
+
+TESTS_DIR = str(Path(__file__).resolve().parent)
+
+
+class CountEnv(TextEnv):
+    """Two agent turns: the task is a number from the seed; reward 0.1 per character of the
+    first answer (capped at 1), then 1 if the second answer contains the number's last digit."""
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.n = int(self.np_random.integers(10, 100))
+        self.turn = 0
+        return [{"role": "user", "content": f"Count to {self.n}."}], {"task_id": f"count-{self.n}"}
+
+    def step(self, action):
+        self.turn += 1
+        if self.turn == 1:
+            return ([{"role": "user", "content": "Now the last digit."}],
+                    min(1.0, 0.1 * len(action)), False, False, {})
+        return [], float(str(self.n % 10) in action), True, False, {}
+
+
+class ExitOnceEnv(CountEnv):
+    """Fault injection: the first `step` in any Ray worker ends that worker's process
+    (`os._exit`), once per marker file (created atomically, so only one worker exits); in the
+    test process itself it raises instead. Every step takes at least `delay` seconds, so that a
+    step is long enough to be interrupted from outside."""
+
+    def __init__(self, marker: str, driver_pid: int, delay: float = 0.0):
+        self.marker, self.driver_pid, self.delay = marker, driver_pid, delay
+
+    def step(self, action):
+        time.sleep(self.delay)
+        if os.getpid() == self.driver_pid:
+            raise RuntimeError("ExitOnceEnv must run in a Ray worker")
+        try:
+            fd = os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return super().step(action)
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        os._exit(17)
+
+
+def make_cfg(**rollout) -> Config:
+    return Config.model_validate({
+        "env": {"name": "test_ray_workers:CountEnv"},
+        "rollout": {"max_tokens": 8, "max_episode_tokens": 256, "env_threads": 2,
+                    "torch_threads": 1, **rollout},
+    })
+
+
+def make_specs(n_tasks: int, group_size: int, base: int = 0) -> list[EpisodeSpec]:
+    return [EpisodeSpec({"seed": 1000 + j}, group_id=base + j)
+            for j in range(n_tasks) for _ in range(group_size)]
+
+
+def params_of(renderer: ChatRenderer, temperature: float = 1.0) -> SamplingParams:
+    return SamplingParams(temperature=temperature, max_tokens=8, stop_token_ids=renderer.stop_ids)
+
+
+def perturbed_state_dict(model_dir: str, scale: float) -> dict[str, torch.Tensor]:
+    """The model's weights with every floating tensor multiplied by `scale`."""
+    from agentrl.model import load_model
+
+    model, _ = load_model(model_dir)
+    return {k: (v * scale if v.is_floating_point() else v) for k, v in model.state_dict().items()}
+
+
+def in_process(model_dir: str, specs, temperature: float, seed: int, state_dict=None):
+    """What `rollout.num_workers=0` runs: `run_episodes` on one in-process HF engine."""
+    engine = HFEngine(model_dir, torch_threads=1)
+    if state_dict is not None:
+        engine.update_weights(state_dict, 1)
+    renderer = ChatRenderer(engine.tokenizer)
+    envs = [CountEnv() for _ in specs]
+    return run_episodes(engine, renderer, envs, specs, params_of(renderer, temperature),
+                        max_episode_tokens=256, seed=seed)
+
+
+# -- sharding (pure) --------------------------------------------------------------------------------
+def test_shard_specs_keeps_groups_and_balances():
+    # 5 groups of 2 -> group starts 0,2,4,6,8; shard = start*2//10 -> 0,0,0,1,1
+    specs = make_specs(5, 2)
+    assert shard_specs(specs, 2) == [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9]]
+    # 4 groups of 3 into 3 shards: starts 0,3,6,9 -> 0*3//12=0, 9//12=0, 18//12=1, 27//12=2
+    assert shard_specs(make_specs(4, 3), 3) == [[0, 1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11]]
+    # fewer groups than shards: the extra shards are empty
+    assert shard_specs(make_specs(1, 4), 3) == [[0, 1, 2, 3], [], []]
+    # a group whose members are not adjacent still lands in one shard, in order: groups
+    # 7 -> [0, 2] (start 0, shard 0), 8 -> [1] (start 2, 2*2//4 = 1), 9 -> [3] (start 3, 6//4 = 1)
+    mixed = [EpisodeSpec({}, group_id=g) for g in (7, 8, 7, 9)]
+    assert shard_specs(mixed, 2) == [[0, 2], [1, 3]]
+    assert shard_specs([], 2) == [[], []]
+    assert shard_specs(specs, 1) == [list(range(10))]
+    with pytest.raises(ValueError, match="num_shards"):
+        shard_specs(specs, 0)
+
+
+def test_hf_engine_honours_the_call_seed(tiny_model_dir):
+    """The same prompts, params and seed give the same samples; another seed gives others."""
+    engine = HFEngine(tiny_model_dir, torch_threads=1)
+    r = ChatRenderer(engine.tokenizer)
+    prompt = r.prompt_ids([{"role": "user", "content": "Count to 42."}])
+    p = SamplingParams(temperature=1.0, max_tokens=12, n=4, seed=5)
+    a = engine.generate([prompt], p)
+    b = engine.generate([prompt], p)
+    c = engine.generate([prompt], SamplingParams(temperature=1.0, max_tokens=12, n=4, seed=6))
+    assert [x.token_ids for x in a] == [x.token_ids for x in b]
+    assert [x.token_ids for x in a] != [x.token_ids for x in c]
+    assert len({tuple(x.token_ids) for x in a}) > 1  # the n samples differ from each other
+
+
+def test_in_process_pool_equals_run_episodes(tiny_model_dir):
+    """`RolloutPool(num_workers=0)` is `run_episodes` on the same engine, envs and seed."""
+    cfg = make_cfg()
+    pool = RolloutPool(cfg, tiny_model_dir, num_workers=0, env_factory=lambda split: CountEnv())
+    specs = make_specs(3, 2)
+    got = pool.run(specs, params_of(pool._local.renderer), seed=11)
+    want = in_process(tiny_model_dir, specs, 1.0, 11)
+    assert [t.token_ids for t in got] == [t.token_ids for t in want]
+    assert [t.group_id for t in got] == [0, 0, 1, 1, 2, 2]
+    sd = perturbed_state_dict(tiny_model_dir, 1.5)
+    pool.update_weights(sd, 3)
+    assert pool.policy_versions() == [3] and pool.stats["sync_s"] > 0
+    after = pool.run(specs, params_of(pool._local.renderer), seed=11)
+    assert {t.policy_version for t in after} == {3}
+    assert [t.token_ids for t in after] == [t.token_ids for t in in_process(
+        tiny_model_dir, specs, 1.0, 11, state_dict=sd)]
+
+
+# -- a real local Ray cluster -----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    from ray.job_config import JobConfig
+
+    from agentrl.rollout.workers import ensure_ray
+
+    t0 = time.perf_counter()
+    ensure_ray(None, num_cpus=2, job_config=JobConfig(code_search_path=[TESTS_DIR]))
+    print(f"ray.init: {time.perf_counter() - t0:.1f} s")
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def pool2(ray_cluster, tiny_model_dir):
+    pool = RolloutPool(make_cfg(num_workers=2), tiny_model_dir)
+    yield pool
+    pool.shutdown()
+
+
+@pytest.fixture(scope="module")
+def renderer(tiny_model_dir):
+    from agentrl.rollout.workers import load_tokenizer
+
+    return ChatRenderer(load_tokenizer(tiny_model_dir))
+
+
+@pytest.mark.slow
+def test_two_workers_match_in_process(pool2, renderer, tiny_model_dir):
+    """Greedy: 2 Ray workers give exactly the in-process token ids, one trajectory per spec, in
+    spec order, each group on one worker. Sampled (T=1): the HF engine's draws depend on the
+    rows batched together (one uniform per row of the call), so only the structure is
+    compared, and a repeat with the same seed reproduces the run exactly."""
+    specs = make_specs(5, 2)
+    got = pool2.run(specs, params_of(renderer, 0.0), seed=3)
+    want = in_process(tiny_model_dir, specs, 0.0, 3)
+    assert len(got) == len(specs) == 10
+    assert [t.token_ids for t in got] == [t.token_ids for t in want]
+    assert [t.loss_mask for t in got] == [t.loss_mask for t in want]
+    for a, b in zip(got, want):
+        assert a.sampler_logprobs == pytest.approx(b.sampler_logprobs, abs=1e-5)
+    assert [t.group_id for t in got] == [s.group_id for s in specs]
+    assert [t.task_id for t in got] == [t.task_id for t in want]
+    # groups stay together, and both workers worked
+    by_group = {}
+    for t in got:
+        by_group.setdefault(t.group_id, set()).add(t.info["rollout_worker"])
+    assert all(len(w) == 1 for w in by_group.values())
+    assert {t.info["rollout_worker"] for t in got} == {0, 1}
+
+    sampled = pool2.run(specs, params_of(renderer, 1.0), seed=3)
+    again = pool2.run(specs, params_of(renderer, 1.0), seed=3)
+    assert len(sampled) == 10 and all(t.num_sampled > 0 for t in sampled)
+    assert [t.token_ids for t in sampled] == [t.token_ids for t in again]
+    assert [t.token_ids for t in sampled] != [t.token_ids for t in got]
+
+
+@pytest.mark.slow
+def test_one_worker_matches_in_process_when_sampling(ray_cluster, renderer, tiny_model_dir):
+    """T=1 with one worker: the worker's batch is the in-process batch, so every sampled id and
+    logprob agrees (the engine is seeded per call)."""
+    pool = RolloutPool(make_cfg(num_workers=1), tiny_model_dir)
+    try:
+        specs = make_specs(3, 2)
+        got = pool.run(specs, params_of(renderer, 1.0), seed=21)
+        want = in_process(tiny_model_dir, specs, 1.0, 21)
+        assert [t.token_ids for t in got] == [t.token_ids for t in want]
+        for a, b in zip(got, want):
+            assert a.sampler_logprobs == pytest.approx(b.sampler_logprobs, abs=1e-5)
+    finally:
+        pool.shutdown()
+
+
+@pytest.mark.slow
+def test_weight_push_changes_outputs_and_versions(pool2, renderer, tiny_model_dir):
+    specs = make_specs(2, 2)
+    before = pool2.run(specs, params_of(renderer, 0.0), seed=5)
+    assert {t.policy_version for t in before} == {pool2.version}
+    sd = perturbed_state_dict(tiny_model_dir, 3.0)
+    version = pool2.version + 1
+    sync_s = pool2.update_weights(sd, version)
+    assert 0 < sync_s < 60 and pool2.stats["put_s"] <= sync_s
+    assert pool2.policy_versions() == [version, version]
+    after = pool2.run(specs, params_of(renderer, 0.0), seed=5)
+    assert {t.policy_version for t in after} == {version}
+    assert [t.token_ids for t in after] != [t.token_ids for t in before]
+    # the pushed weights are exactly what an in-process engine with them samples
+    want = in_process(tiny_model_dir, specs, 0.0, 5, state_dict=sd)
+    assert [t.token_ids for t in after] == [t.token_ids for t in want]
+
+
+@pytest.fixture(scope="module")
+def fault_pool(ray_cluster, tiny_model_dir, tmp_path_factory):
+    """2 workers on `ExitOnceEnv` (0.3 s per env step), with weights version 7 pushed."""
+    marker = tmp_path_factory.mktemp("fault") / "exited"
+    cfg = Config.model_validate({
+        "env": {"name": "test_ray_workers:ExitOnceEnv",
+                "kwargs": {"marker": str(marker), "driver_pid": os.getpid(), "delay": 0.3}},
+        "rollout": {"num_workers": 2, "max_tokens": 8, "max_episode_tokens": 256,
+                    "env_threads": 2, "torch_threads": 1},
+    })
+    pool = RolloutPool(cfg, tiny_model_dir)
+    sd = perturbed_state_dict(tiny_model_dir, 2.0)
+    pool.update_weights(sd, 7)
+    yield pool, marker, sd
+    pool.shutdown()
+
+
+@pytest.mark.slow
+def test_worker_exits_mid_step_is_restarted_and_step_completes(fault_pool, ray_cluster, renderer,
+                                                               tiny_model_dir):
+    """A worker's first env step ends its process (`os._exit`) in the middle of the step. Ray
+    restarts the actor (with its initial weights), the pool re-issues its shard, the restarted
+    worker loads the pushed weights first, and the step returns every trajectory at the pushed
+    version, with the ids an in-process run gives; the next step needs no re-issue."""
+    pool, marker, sd = fault_pool
+    pids = [ray_cluster.get(w.ready.remote())["pid"] for w in pool.workers]
+    assert not marker.exists()
+    specs = make_specs(4, 2)
+    trajs = pool.run(specs, params_of(renderer, 0.0), seed=9)
+    assert int(marker.read_text()) in pids  # a worker process really exited
+    assert pool.stats["reissued"] == 1
+    assert len(trajs) == len(specs)
+    assert all(t.turns and t.terminated for t in trajs)
+    assert {t.policy_version for t in trajs} == {7}
+    assert [t.group_id for t in trajs] == [s.group_id for s in specs]
+    new_pids = [ray_cluster.get(w.ready.remote())["pid"] for w in pool.workers]
+    assert len(set(new_pids) - set(pids)) == 1  # exactly one actor was restarted
+    want = in_process(tiny_model_dir, specs, 0.0, 9, state_dict=sd)
+    assert [t.token_ids for t in trajs] == [t.token_ids for t in want]
+    nxt = pool.run(make_specs(2, 2, base=100), params_of(renderer, 0.0), seed=10)
+    assert len(nxt) == 4 and pool.stats["reissued"] == 1
+    assert pool.policy_versions() == [7, 7]
+
+
+@pytest.mark.slow
+def test_ray_kill_mid_step_with_restart(fault_pool, ray_cluster, renderer):
+    """`ray.kill(no_restart=False)` of a worker 0.5 s into a step of >= 1.8 s (per worker: 6
+    episodes x 2 turns x 0.3 s on 2 env threads): the step still returns every trajectory."""
+    import threading
+
+    pool, _, _ = fault_pool
+    reissued = pool.stats["reissued"]
+    killer = threading.Timer(0.5, lambda: ray_cluster.kill(pool.workers[1], no_restart=False))
+    killer.start()
+    try:
+        trajs = pool.run(make_specs(6, 2, base=200), params_of(renderer, 1.0), seed=1)
+    finally:
+        killer.join()
+    assert len(trajs) == 12 and all(t.num_sampled > 0 for t in trajs)
+    assert pool.stats["reissued"] == reissued + 1
+    assert {t.policy_version for t in trajs} == {7}
+    assert pool.policy_versions() == [7, 7]
