@@ -188,5 +188,8 @@ def register_builtin_envs() -> None:
     register_env("agentrl/CodeSandbox-v0", "agentrl_envs.code_sandbox:CodeSandboxEnv",
                  short_name="code_sandbox",
                  description="write a Python function; rewarded by unit tests run in the sandbox")
+    register_env("agentrl/WebQA-v0", "agentrl_envs.web_qa:WebQAEnv", short_name="web_qa",
+                 max_turns=8,
+                 description="multi-hop QA with search and fetch tools over a local HTTP corpus")
     register_env("agentrl/Toy-v0", "agentrl_envs.toy:ToyEnv", short_name="toy",
                  description="trivially learnable toy: say the target word (for tests and demos)")

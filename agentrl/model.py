@@ -174,12 +174,14 @@ def render_text(
     Raises:
         jinja2 / transformers errors from the template (e.g. an unknown role in ours).
     """
-    return tokenizer.apply_chat_template(
+    text = tokenizer.apply_chat_template(
         list(messages),
         tools=list(tools) if tools else None,
         tokenize=False,
         add_generation_prompt=add_generation_prompt,
     )
+    assert isinstance(text, str)
+    return text
 
 
 def render_ids(
@@ -279,7 +281,7 @@ def build_tiny_model(
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config).to(torch.float32)
+        model = Qwen2ForCausalLM(config).float()
     model.generation_config.eos_token_id = chat_stop_ids(tokenizer)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.bos_token_id = None

@@ -1,13 +1,15 @@
 """Sandbox throughput: executions/second of ``run_tests`` on a 3-assert program vs bare spawns.
 
-Both are measured in the same run, on the same machine, with the same parallelism:
+All are measured in the same run, on the same machine, with the same parallelism:
 ``bare`` spawns ``<real interpreter> -c <program with its asserts>`` (no sandbox at all; the
-real binary, not a pyenv shim); ``sandbox`` calls ``SandboxPool.run_tests`` with full
-isolation (default backend) from as many threads as the pool has workers.
+real binary, not a pyenv shim); ``bare -I -S`` is the same without ``site`` (the cheapest
+possible interpreter start, a stricter baseline); ``sandbox`` calls ``SandboxPool.run_tests``
+with full isolation (default backend) from as many threads as the pool has workers.  The bare
+rates are measured before and after the sandbox and averaged (load drifts on shared hosts).
 
     python benchmarks/sandbox_throughput.py [--seconds 10] [--workers N] [--backend auto]
 
-Prints one line per measurement and the ratio sandbox/bare (target: >= 2).
+Prints one line per measurement and the ratios sandbox/bare (target: >= 2).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def _rate(fn, seconds: float, threads: int) -> tuple[float, int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=10.0, help="duration of each measurement")
+    ap.add_argument("--seconds", type=float, default=5.0, help="duration of each measurement")
     ap.add_argument("--workers", type=int, default=None, help="parallelism (default: cores)")
     ap.add_argument("--backend", default="auto", help="auto, bwrap, docker or subprocess")
     args = ap.parse_args()
@@ -55,8 +57,11 @@ def main() -> None:
     exe, _ = real_python()
     program = CODE + "\n".join(TESTS) + "\n"
 
-    def bare() -> None:
-        subprocess.run([exe, "-c", program], check=True, stdin=subprocess.DEVNULL)
+    def bare(*flags: str):
+        def spawn() -> None:
+            subprocess.run([exe, *flags, "-c", program], check=True, stdin=subprocess.DEVNULL)
+
+        return spawn
 
     with SandboxPool(workers=workers, backend=args.backend) as pool:
         limits = Limits(wall_s=10.0, cpu_s=10.0)
@@ -67,16 +72,21 @@ def main() -> None:
                 raise RuntimeError(f"benchmark program did not pass: {r}")
 
         pool.map_tests([{"code": CODE, "tests": TESTS}] * workers)  # start the warm servers
-        bare_rate, bare_n = _rate(bare, args.seconds, workers)
+        plain = [_rate(bare(), args.seconds, workers)]
+        strict = [_rate(bare("-I", "-S"), args.seconds, workers)]
         sbx_rate, sbx_n = _rate(sandboxed, args.seconds, workers)
-        bare_rate2, bare_n2 = _rate(bare, args.seconds, workers)  # load drifts on shared hosts
+        plain.append(_rate(bare(), args.seconds, workers))
+        strict.append(_rate(bare("-I", "-S"), args.seconds, workers))
         restarts = pool.restarts
-    bare_mean = (bare_rate + bare_rate2) / 2
     print(f"cores={os.cpu_count()} workers={workers} backend={pool.backend} interpreter={exe}")
-    print(f"bare python -c spawns : {bare_rate:8.1f} / s ({bare_n} runs), "
-          f"again after: {bare_rate2:8.1f} / s ({bare_n2} runs)")
-    print(f"sandbox run_tests     : {sbx_rate:8.1f} / s ({sbx_n} runs, {restarts} restarts)")
-    print(f"ratio sandbox / bare  : {sbx_rate / bare_mean:8.2f}x")
+    for label, rates in (("bare python -c", plain), ("bare python -I -S -c", strict)):
+        (r1, n1), (r2, n2) = rates
+        print(f"{label:22s}: {(r1 + r2) / 2:8.1f} / s  (before {r1:.1f} / s, {n1} runs; "
+              f"after {r2:.1f} / s, {n2} runs)")
+    print(f"{'sandbox run_tests':22s}: {sbx_rate:8.1f} / s  ({sbx_n} runs, {restarts} restarts)")
+    for label, rates in (("bare python -c", plain), ("bare python -I -S -c", strict)):
+        mean = (rates[0][0] + rates[1][0]) / 2
+        print(f"ratio sandbox / {label:22s}: {sbx_rate / mean:6.2f}x")
 
 
 if __name__ == "__main__":

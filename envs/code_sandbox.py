@@ -4,7 +4,8 @@ One episode is one task. The agent answers with code (a fenced ```python block o
 the env extracts it, runs the task's tests in `agentrl.sandbox` and rewards the result (1.0 when
 every test passes, else 0.0; or the fraction passed). On failure with turns left it replies with
 feedback (the failing assertion, the error type, the tail of the output) and the agent tries
-again, up to `max_turns`. A pass is `terminated`; `max_turns` failures are `truncated`.
+again, up to `max_turns`. A pass is `terminated`; `max_turns` failures are `truncated` (with
+`max_turns=1`, the single graded attempt always `terminates`).
 Nothing the agent writes makes `step` raise: a missing code block, a non-str action or a failing
 sandbox is a recorded 0-reward step with the reason in `info["error"]`.
 
@@ -18,9 +19,6 @@ import dataclasses
 import re
 from typing import Any
 
-from agentrl.envs import TextEnv
-from agentrl.sandbox import Limits, SandboxPool, SandboxResult
-from agentrl.sandbox.pool import default_pool
 from agentrl_envs import code_tasks
 from agentrl_envs.code_datasets import (
     CodeTask,
@@ -29,6 +27,10 @@ from agentrl_envs.code_datasets import (
     select_split,
     task_from_dict,
 )
+
+from agentrl.envs import TextEnv
+from agentrl.sandbox import Limits, SandboxPool, SandboxResult
+from agentrl.sandbox.pool import default_pool
 
 SYSTEM_PROMPT = "Answer with a Python function."
 REWARDS = ("binary", "fraction")
@@ -141,9 +143,10 @@ class CodeSandboxEnv(TextEnv):
             (`heldout_fraction` of the tasks are held out).
         reward: `binary` (1.0 iff every test passes) or `fraction` (tests passed / total).
         turn_penalty: subtracted from the reward of every turn after the first.
-        max_turns: attempts per episode; after `max_turns` failures the episode is truncated.
-            A Gymnasium TimeLimit put on top (`make_env(..., max_turns=N)`) truncates at the
-            same step count; the smaller limit wins.
+        max_turns: attempts per episode. After `max_turns > 1` failures the episode is
+            truncated, at the same step where a Gymnasium TimeLimit of `max_turns` would (the
+            smaller limit wins when both apply). With `max_turns=1` (single-turn) the one
+            attempt is graded and the episode terminates, pass or fail.
         limits: sandbox limits (`agentrl.sandbox.Limits` or a dict of its fields); a task's own
             `time_limit` replaces `wall_s` and `cpu_s` for that task.
         feedback_chars: most characters of the failure reason and of the output tail shown in
@@ -326,8 +329,12 @@ class CodeSandboxEnv(TextEnv):
                 "total": result.total if result else len(task.tests),
                 "error": reason, "wall_s": result.wall_s if result else 0.0,
                 "backend": result.backend if result else None, "success": success}
-        terminated = success
-        truncated = not success and self.turn >= self.max_turns
+        # A pass ends the task. Failing the last allowed attempt is a truncation (a turn limit
+        # was hit), except in single-attempt mode (max_turns == 1), where the one answer is the
+        # whole task: it is graded and the episode terminates (nothing to bootstrap from).
+        last = self.turn >= self.max_turns
+        terminated = success or (last and self.max_turns == 1)
+        truncated = not terminated and last
         self._done = terminated or truncated
         obs = [] if self._done else [{"role": "user", "content": feedback_message(
             result, verdict, reason or "", self.feedback_chars)}]

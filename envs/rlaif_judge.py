@@ -22,22 +22,25 @@ from agentrl.envs import TextEnv
 from agentrl.rewards.judge import Judge, make_judge
 
 DATA = Path(__file__).parent / "data" / "rlaif_prompts.jsonl"
+HELDOUT_ALIASES = ("heldout", "test", "held_out", "held-out", "eval")
 SYSTEM_PROMPT = "You are a helpful assistant. Answer the question correctly and concisely."
 
 
 def load_tasks(path: str | Path = DATA, split: str = "train") -> list[dict[str, Any]]:
-    """Tasks of a JSONL file (`id`, `prompt`, optional `keywords`, `split`).
+    """Tasks of a JSONL file (`id`, `prompt`, optional `keywords`, `split` "train" | "test").
 
     Args:
-        split: "train", "test" or "all".
+        split: "train", "heldout" (aliases "test", "held_out", "held-out", "eval": the rows
+            marked "test") or "all".
 
     Raises:
         ValueError: unknown split, or no task in it.
     """
-    if split not in ("train", "test", "all"):
-        raise ValueError(f"split: {split!r} is not one of 'train', 'test', 'all'")
+    want = "test" if split in HELDOUT_ALIASES else split
+    if want not in ("train", "test", "all"):
+        raise ValueError(f"split: {split!r} is not one of 'train', 'heldout' (or 'test'), 'all'")
     rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-    tasks = [r for r in rows if split == "all" or r.get("split", "train") == split]
+    tasks = [r for r in rows if want == "all" or r.get("split", "train") == want]
     if not tasks:
         raise ValueError(f"no tasks in split {split!r} of {path}")
     return tasks
@@ -69,10 +72,12 @@ class RLAIFJudgeEnv(TextEnv):
 
     Args:
         judge_url: OpenAI-compatible endpoint of the judge; None uses the offline `RuleJudge`.
+            Env copies in one process with the same URL and options share one client (its
+            concurrency limit and cache).
         judge: a judge object (overrides `judge_url`).
         judge_kwargs: options of `JudgeClient` (model, low, high, template, rubric, timeout,
             max_retries, max_concurrency, ...) or of `RuleJudge`.
-        split: task split, "train", "test" or "all".
+        split: task split, "train", "heldout" (or "test") or "all".
         tasks_path: JSONL file of tasks (default: the bundled set).
         system_prompt: system message of each episode (None: none).
     """
@@ -81,7 +86,7 @@ class RLAIFJudgeEnv(TextEnv):
                  judge_kwargs: dict[str, Any] | None = None, split: str = "train",
                  tasks_path: str | Path | None = None, system_prompt: str | None = SYSTEM_PROMPT):
         self.tasks = load_tasks(tasks_path or DATA, split)
-        self.judge = judge if judge is not None else make_judge(judge_url, **(judge_kwargs or {}))
+        self.judge = judge if judge is not None else make_judge(judge_url, shared=True, **(judge_kwargs or {}))
         self.system_prompt = system_prompt
         self._task: dict[str, Any] | None = None
         self._messages: list[dict[str, Any]] = []

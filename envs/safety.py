@@ -37,9 +37,9 @@ class SafetyEnv(TextEnv):
 
     Args:
         classifier: local sequence-classification model path, a classifier object, or None
-            (the lexicon baseline).
+            (the lexicon baseline). Env copies in one process share one loaded model.
         classifier_kwargs: options of `SequenceClassifier` (unsafe_label, input_format, ...).
-        split: "train", "test" or "all".
+        split: "train", "heldout" (or "test") or "all".
         tasks_path: JSONL file of tasks (`id`, `prompt`, `harmful`; default: the bundled set).
         system_prompt: system message (None: none).
     """
@@ -48,7 +48,7 @@ class SafetyEnv(TextEnv):
                  classifier_kwargs: dict[str, Any] | None = None, split: str = "train",
                  tasks_path: str | Path | None = None, system_prompt: str | None = SYSTEM_PROMPT):
         self.tasks = load_tasks(tasks_path or DATA, split)
-        self.classifier = load_classifier(classifier, **(classifier_kwargs or {}))
+        self.classifier = load_classifier(classifier, shared=True, **(classifier_kwargs or {}))
         self.rules = LexiconSafetyClassifier()
         self.system_prompt = system_prompt
         self._task: dict[str, Any] | None = None

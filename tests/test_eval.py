@@ -67,9 +67,9 @@ def test_pass_at_k_n1000_against_exact_fractions(c, k):
 
 def test_pass_at_k_monotone_in_k_and_c():
     vals_k = [pass_at_k(50, 7, k) for k in range(1, 51)]
-    assert all(a <= b + 1e-15 for a, b in zip(vals_k, vals_k[1:]))
+    assert all(a <= b + 1e-15 for a, b in zip(vals_k, vals_k[1:], strict=False))
     vals_c = [pass_at_k(50, c, 5) for c in range(51)]
-    assert all(a <= b + 1e-15 for a, b in zip(vals_c, vals_c[1:]))
+    assert all(a <= b + 1e-15 for a, b in zip(vals_c, vals_c[1:], strict=False))
 
 
 def test_e5_fewer_samples_than_k_raises():

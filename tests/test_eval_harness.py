@@ -140,7 +140,7 @@ def test_summary_json_recomputed_from_results(tiny_tokenizer, tmp_path):
         per = [1 - Fraction(comb(len(g) - sum(r["success"] for r in g), k), comb(len(g), k))
                for g in by_task.values()]
         assert summary["overall"][f"pass@{k}"] == pytest.approx(float(sum(per) / len(per)), abs=1e-12)
-        for t, p in zip(summary["tasks"], per):
+        for t, p in zip(summary["tasks"], per, strict=True):
             assert t[f"pass@{k}"] == pytest.approx(float(p), abs=1e-12)
     rewards = [r["reward"] for r in rows if r["reward"] is not None]
     o = summary["overall"]

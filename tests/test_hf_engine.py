@@ -139,7 +139,7 @@ def test_sampler_logprobs_equal_teacher_forced(engine, prompts, temperature):
 
 def test_greedy_equals_teacher_forced_argmax(engine, prompts):
     outs = engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=24))
-    for prompt, out in zip(prompts, outs):
+    for prompt, out in zip(prompts, outs, strict=True):
         ref_lp, argmax = teacher_forced_logprobs(engine.model, prompt, out.token_ids, 1.0)
         assert out.token_ids == argmax.tolist()
         assert torch.allclose(torch.tensor(out.logprobs), ref_lp, atol=1e-4)
@@ -171,7 +171,7 @@ def test_stop_token_is_kept_and_ends_the_row(engine, prompts):
     # Stop on the token each row produces at step 3 (first occurrence may be earlier).
     stops = sorted({free[k].token_ids[3] for k in range(len(prompts))})
     outs = engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=20, stop_token_ids=stops))
-    for f, o in zip(free, outs):
+    for f, o in zip(free, outs, strict=True):
         first = min(i for i, t in enumerate(f.token_ids) if t in stops)
         assert o.token_ids == f.token_ids[: first + 1]  # stop token included, nothing after it
         assert o.token_ids[-1] in stops and o.finish_reason == "stop"
@@ -190,7 +190,7 @@ def test_rows_ending_at_different_steps_in_one_batch(engine):
     stops = [free[0].token_ids[0], free[1].token_ids[0]]
     outs = engine.generate(batch, SamplingParams(temperature=0.0, max_tokens=12, stop_token_ids=stops))
     n_stop = 0
-    for f, o in zip(free, outs):
+    for f, o in zip(free, outs, strict=True):
         hits = [i for i, t in enumerate(f.token_ids) if t in stops]
         if hits:
             n_stop += 1

@@ -143,11 +143,18 @@ def test_rule_judge_exact_values():
     # no keywords: relevance. Prompt content words {planet, largest, solar, system} (4 >= 3):
     # answer has "largest", "planet" -> 2/3; 10 * (0.6 * 2/3 + 0.2 + 0.2) = 8
     assert j.judge(msgs, "The largest planet is big.").score == pytest.approx(8.0)
+    # partial credit: "jupyter" vs "jupiter" share 4 of 10 trigrams of "#word#" -> 0.5 * 0.4
+    # -> 10 * (0.6 * 0.2 + 0.2 + 0.2) = 5.2
+    assert j.judge(msgs, "It is jupyter", keywords=["jupiter"]).score == pytest.approx(5.2)
+    assert j.components(msgs, "It is jupyter", ["jupiter"])["task"] == pytest.approx(0.2)
+    assert RuleJudge(partial_credit=0.0).components(msgs, "It is jupyter", ["jupiter"])["task"] == 0.0
     # an empty answer scores 0
     assert j.judge(msgs, "  ...  ").score == 0.0
     # phrase keywords match on word boundaries only
     assert j.components(msgs, "a gas giant indeed", ["gas giant"])["task"] == 1.0
-    assert j.components(msgs, "a gasgiant indeed", ["gas giant"])["task"] == 0.0
+    # not found: partial credit only. "#gas#" vs "#gasgiant#": 2 shared of 9 trigrams;
+    # "#giant#" vs "#gasgiant#": 4 of 9 -> 0.5 * mean(2/9, 4/9) = 1/6
+    assert j.components(msgs, "a gasgiant indeed", ["gas giant"])["task"] == pytest.approx(1 / 6)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -424,7 +431,10 @@ def test_rlaif_env_offline_check_env_and_seeding():
     assert obs[-1]["content"] == "Which planet is the largest in our solar system?"
     _, r, term, trunc, info = a.step("Jupiter is the largest planet.")
     assert (r, term, trunc) == (1.0, True, False) and info["success"] is True
-    assert len(make_env("rlaif_judge", split="test").unwrapped.tasks) == 8
+    assert len(make_env("rlaif_judge", split="heldout").unwrapped.tasks) == 8
+    assert make_env("rlaif_judge", split="test").unwrapped.tasks == make_env("rlaif_judge", split="heldout").unwrapped.tasks
+    with pytest.raises(ValueError, match="split"):
+        make_env("rlaif_judge", split="validation")
 
 
 def test_rlaif_env_with_url(faults):
@@ -432,6 +442,8 @@ def test_rlaif_env_with_url(faults):
     env.reset(seed=0)
     _, r, *_ = env.step("Paris.")
     assert r == pytest.approx(0.8)
+    # env copies with the same judge share one client (concurrency limit, cache)
+    assert make_env("rlaif_judge", judge_url=faults.url("valid")).unwrapped.judge is env.unwrapped.judge
     env = make_env("rlaif_judge", judge_url="http://127.0.0.1:9/v1", judge_kwargs={"max_retries": 0, "timeout": 1})
     env.reset(seed=0)
     _, r, term, _, info = env.step("Paris.")  # an unreachable judge never raises out of step

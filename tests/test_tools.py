@@ -594,8 +594,18 @@ def test_python_tool_runs_code_in_the_sandbox():
 
     assert python.schema["function"]["parameters"]["required"] == ["code"]
     assert python(code="print(6 * 7)") == "42"
-    out = python(code="import sys\nprint('x')\nsys.exit('bad')")
-    assert out.startswith("x\n[stderr]\nbad\n[verdict: ")
+    assert python(code='import sys\nsys.stderr.write("warn\\n")\nprint(1)') == "1\n[stderr]\nwarn"
+    assert python(code='print("a")\nraise ValueError("v")').startswith("a\n[verdict: runtime_error] ")
+
+
+def test_format_sandbox_result():
+    from agentrl.sandbox import SandboxResult
+    from agentrl_tools.python_tool import format_sandbox_result
+
+    r = SandboxResult(verdict="timeout", passed=0, total=0, stdout="partial\n",
+                      error="wall time limit of 5 s exceeded")
+    assert format_sandbox_result(r) == "partial\n[verdict: timeout] wall time limit of 5 s exceeded"
+    assert format_sandbox_result(SandboxResult(verdict="pass", passed=0, total=0)) == "[no output]"
 
 
 def test_python_tool_through_tool_env():

@@ -125,6 +125,25 @@ def test_corpus_server_pages(small):
         server.server_close()
 
 
+def test_serve_corpus_command(small):
+    """`python -m agentrl.corpus_server PATH --port 0` (what `agentrl serve-corpus` runs)."""
+    import re
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "agentrl.corpus_server", str(small / "corpus.jsonl"),
+                             "--port", "0"], stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("serving 3 documents from "), line
+        base = re.search(r"at (http://127\.0\.0\.1:\d+)", line).group(1)
+        with httpx.Client(trust_env=False) as c:
+            assert "Dora Quinn was born in Mossbay." in c.get(f"{base}/doc/dora-quinn").text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
 # ---------------------------------------------------------------------------------------------
 # scripted episodes
 # ---------------------------------------------------------------------------------------------
@@ -284,6 +303,26 @@ def test_turn_limit_truncates():
     assert env.step(call("search", query="lighthouse"))[3] is False
     _, _, term, trunc, _ = env.step(call("search", query="lighthouse"))
     assert (term, trunc) == (False, True)
+
+
+def test_splits_and_training_hooks():
+    train, held, every = WebQAEnv(split="train"), WebQAEnv(split="test"), WebQAEnv()
+    ids = lambda e: {q["id"] for q in e.questions}  # noqa: E731
+    assert ids(train) | ids(held) == ids(every) and not ids(train) & ids(held)
+    assert 0 < len(ids(held)) < len(ids(train))
+    assert held.eval_tasks()[0] == {"options": {"task": {"id": held.questions[0]["id"]}}}
+    with pytest.raises(ValueError, match="unknown split 'dev'"):
+        WebQAEnv(split="dev")
+    assert held.reference_answer() is None  # before reset
+    obs, info = held.reset(**held.eval_tasks()[0])
+    ref = held.reference_answer()
+    assert ref == ('<tool_call>\n{"name": "search", "arguments": {"query": '
+                   + json.dumps(held.task["question"]) + "}}\n</tool_call>")
+    out, r, term, _, _ = held.step(ref)  # the reference first turn is a valid search call
+    assert out[0]["content"].startswith("[1] ") and not term
+    texts = held.corpus_texts()
+    assert len(texts) > len(held.docs) and any(t.startswith("URL: ") or "\nURL: " in t for t in texts)
+    assert held.runner.n_calls == 1  # building tokenizer texts does not touch the episode's counters
 
 
 def test_check_env():

@@ -12,8 +12,8 @@ from agentrl_tools.registry import Tool, tool
 
 
 def format_sandbox_result(result: Any) -> str:
-    """Observation text of a `SandboxResult`: stdout, then stderr and the verdict when the run
-    did not end normally.
+    """Observation text of a `SandboxResult`: stdout, then stderr when there is any, then the
+    verdict and its reason when it is not `pass` (timeout, runtime_error, memory_limit, ...).
 
     Format::
 
@@ -27,10 +27,8 @@ def format_sandbox_result(result: Any) -> str:
         parts.append(result.stdout.rstrip("\n"))
     if result.stderr:
         parts.append("[stderr]\n" + result.stderr.rstrip("\n"))
-    verdict = str(getattr(result.verdict, "value", result.verdict))
-    if verdict not in ("ok", "OK", "success"):
-        error = getattr(result, "error", "") or ""
-        parts.append(f"[verdict: {verdict}]" + (f" {error}" if error else ""))
+    if result.verdict != "pass":
+        parts.append(f"[verdict: {result.verdict}]" + (f" {result.error}" if result.error else ""))
     return "\n".join(parts) if parts else "[no output]"
 
 
@@ -38,7 +36,8 @@ def make_python_tool(*, limits: Any = None, backend: str = "auto", name: str = "
     """A `python` tool running code through `agentrl.sandbox.run_code` with these limits.
 
     Args:
-        limits: sandbox limits object (None: the sandbox's defaults).
+        limits: `agentrl.sandbox.Limits` (None: the sandbox's defaults, 5 s wall and CPU,
+            512 MiB).
         backend: sandbox backend ("auto", "bwrap", "docker", "subprocess").
         name: tool name shown to the agent.
     """

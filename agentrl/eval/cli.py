@@ -257,7 +257,7 @@ def eval_command(
         model_label = str(model_dir)
 
         def rollout(specs: list[Any], params: Any, s: int | None) -> list[Any]:
-            return pool.run(specs, params, s, split=split_arg)
+            return pool.run(specs, params, s, split=split_arg)  # type: ignore[arg-type]  # None: no split kwarg
     else:
         from agentrl.rollout.workers import make_engine
 

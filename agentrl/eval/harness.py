@@ -249,7 +249,7 @@ def run_eval(
             chunk = jobs[start:start + width]
             specs = [EpisodeSpec(reset_kwargs=kw, group_id=ti) for ti, _, kw in chunk]
             trajs = run_batch(specs, params, None if seed is None else batch_seed(seed, b))
-            for (ti, j, kw), tr in zip(chunk, trajs):
+            for (ti, j, kw), tr in zip(chunk, trajs, strict=True):
                 rows.append(episode_row(tr, ti, j, kw))
                 gen_s += tr.timings.get("generate", 0.0)
                 env_s += tr.timings.get("env", 0.0)

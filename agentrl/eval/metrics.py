@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 
-def _as_int(name: str, x: object) -> int:
+def _as_int(name: str, x: Any) -> int:
     if isinstance(x, bool):
         raise TypeError(f"pass_at_k: {name} must be an int, got a bool")
     try:
@@ -94,14 +95,14 @@ def pass_at_k_many(ns: Sequence[int] | int, cs: Sequence[int], k: int) -> tuple[
         TypeError: a non-integer count.
     """
     cs = list(cs)
-    ns = [ns] * len(cs) if isinstance(ns, (int, np.integer)) and not isinstance(ns, bool) else list(ns)
+    ns = [ns] * len(cs) if isinstance(ns, (int, np.integer)) and not isinstance(ns, bool) else list(ns)  # type: ignore[arg-type]
     if len(ns) != len(cs):
         raise ValueError(f"pass_at_k_many: {len(ns)} sample counts but {len(cs)} correct counts")
     k = _as_int("k", k)
     if k < 1:
         raise ValueError(f"pass_at_k_many: k must be >= 1, got k={k}")
     values, excluded = [], 0
-    for n, c in zip(ns, cs):
+    for n, c in zip(ns, cs, strict=True):
         n, c = _as_int("n", n), _as_int("c", c)
         if n < k and 0 <= c <= n:
             excluded += 1

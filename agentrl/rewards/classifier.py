@@ -11,6 +11,7 @@ local path (`SequenceClassifier`) or the built-in lexicon baseline, as reward wr
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -144,9 +145,13 @@ class SequenceClassifier:
         return p[:, self.unsafe_label]
 
 
-def load_classifier(model: str | Path | Classifier | None, **kwargs: Any) -> Classifier:
+def load_classifier(model: str | Path | Classifier | None, *, shared: bool = False, **kwargs: Any) -> Classifier:
     """A classifier from a path (`SequenceClassifier(path, **kwargs)`), an object with the
     interface (returned as is), or None (the built-in `LexiconSafetyClassifier`).
+
+    Args:
+        shared: for a path, return the process-wide instance loaded with the same path and
+            options (one copy of the weights for every env copy in the process).
 
     Raises:
         ValueError: kwargs given with None or an object (they would be ignored).
@@ -155,7 +160,17 @@ def load_classifier(model: str | Path | Classifier | None, **kwargs: Any) -> Cla
         if kwargs:
             raise ValueError(f"classifier options {sorted(kwargs)} need a model path")
         return LexiconSafetyClassifier() if model is None else model
-    return SequenceClassifier(model, **kwargs)
+    if not shared:
+        return SequenceClassifier(model, **kwargs)
+    key = json.dumps([str(Path(model).resolve()), kwargs], sort_keys=True, default=str)
+    with _SHARED_LOCK:
+        if key not in _SHARED:
+            _SHARED[key] = SequenceClassifier(model, **kwargs)
+        return _SHARED[key]
+
+
+_SHARED: dict[str, SequenceClassifier] = {}
+_SHARED_LOCK = threading.Lock()
 
 
 def _prompt_of(conversation: list[Message]) -> Prompt:

@@ -406,13 +406,28 @@ def words(text: str) -> list[str]:
     return _WORD.findall(text.lower())
 
 
+def _trigrams(word: str) -> set[str]:
+    padded = f"#{word}#"
+    return {padded[i:i + 3] for i in range(len(padded) - 2)}
+
+
+def trigram_jaccard(a: str, b: str) -> float:
+    """Jaccard similarity of the character trigrams of "#a#" and "#b#" (1.0 for equal words)."""
+    ta, tb = _trigrams(a), _trigrams(b)
+    return len(ta & tb) / len(ta | tb) if ta | tb else 1.0
+
+
 class RuleJudge:
     """Offline baseline judge on a 0-10 scale: no model, no network, deterministic.
 
     score = 10 * (0.6 * task + 0.2 * length_ok + 0.2 * diversity), 0 for an answer with no words,
     where, over the answer's words w (lower-case `[a-z0-9]+`):
-    - task = fraction of `keywords` found (each a word or phrase, matched on word boundaries,
-      case-insensitive) when keywords are given; otherwise relevance = |content(prompt) & w| /
+    - task = mean credit of the `keywords` when given: 1 for a keyword found (a word or phrase,
+      matched on word boundaries, case-insensitive), else `partial_credit` * its closeness, the
+      mean over the keyword's words of the best character-trigram Jaccard similarity with an
+      answer word (trigrams of "#word#"); this partial credit gives a graded signal to answers
+      that come near the expected fact ("jupyter" for "jupiter": 4 shared of 10 trigrams, 0.4).
+      Without keywords, relevance = |content(prompt) & w| /
       min(3, |content(prompt)|), capped at 1 (content words: not stop-words, 3+ letters; 1.0
       when the prompt has none). The prompt is the last user message.
     - length_ok = 1 if `min_words <= len(w) <= max_words` else 0.
@@ -423,9 +438,10 @@ class RuleJudge:
     quality: use `JudgeClient` with a real judge model for real work.
     """
 
-    def __init__(self, *, min_words: int = 3, max_words: int = 200):
+    def __init__(self, *, min_words: int = 3, max_words: int = 200, partial_credit: float = 0.5):
         self.low, self.high = 0.0, 10.0
         self.min_words, self.max_words = int(min_words), int(max_words)
+        self.partial_credit = float(partial_credit)
 
     def components(self, messages: Sequence[Message], answer: str,
                    keywords: Sequence[str] | None = None) -> dict[str, float]:
@@ -435,8 +451,15 @@ class RuleJudge:
             return {"task": 0.0, "length_ok": 0.0, "diversity": 0.0}
         joined = " " + " ".join(w) + " "
         if keywords:
-            found = sum(1 for k in keywords if " " + " ".join(words(k)) + " " in joined)
-            task = found / len(keywords)
+            credits = []
+            for k in keywords:
+                kw = words(k)
+                if kw and " " + " ".join(kw) + " " in joined:
+                    credits.append(1.0)
+                else:
+                    close = [max(trigram_jaccard(x, y) for y in w) for x in kw]
+                    credits.append(self.partial_credit * (sum(close) / len(close) if close else 0.0))
+            task = sum(credits) / len(credits)
         else:
             prompt = next((str(m.get("content") or "") for m in reversed(messages) if m.get("role") == "user"), "")
             content = {x for x in words(prompt) if len(x) >= 3 and x not in STOPWORDS}
@@ -455,8 +478,23 @@ class RuleJudge:
                            latency_s=time.perf_counter() - t0)
 
 
-def make_judge(url: str | None = None, **kwargs: Any) -> JudgeClient | RuleJudge:
-    """`JudgeClient(url, **kwargs)` when a URL is given, else `RuleJudge(**kwargs)` (offline)."""
-    if url:
+def make_judge(url: str | None = None, *, shared: bool = False, **kwargs: Any) -> JudgeClient | RuleJudge:
+    """`JudgeClient(url, **kwargs)` when a URL is given, else `RuleJudge(**kwargs)` (offline).
+
+    Args:
+        shared: return the process-wide client for the same URL and options (one connection
+            pool, concurrency limit and cache for every env copy in the process).
+    """
+    if not url:
+        return RuleJudge(**kwargs)
+    if not shared:
         return JudgeClient(url, **kwargs)
-    return RuleJudge(**kwargs)
+    key = json.dumps([url, kwargs], sort_keys=True, default=str)
+    with _SHARED_LOCK:
+        if key not in _SHARED_CLIENTS:
+            _SHARED_CLIENTS[key] = JudgeClient(url, **kwargs)
+        return _SHARED_CLIENTS[key]
+
+
+_SHARED_CLIENTS: dict[str, JudgeClient] = {}
+_SHARED_LOCK = threading.Lock()

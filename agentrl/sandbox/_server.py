@@ -1,8 +1,11 @@
 """Fork server that runs *inside* the sandbox (standalone: stdlib only, never imports agentrl).
 
-The runner starts it as ``python -I -B -c <this source> <config json>``.  It talks to the runner
-over the file descriptors it was started with as stdin/stdout, which it moves out of the way
-at start-up; messages are a 4-byte big-endian length followed by UTF-8 JSON.
+The runner starts the interpreter with a small bootstrap that reads this source from stdin and
+executes it as ``__main__`` (argv[2] is a JSON config).  It talks to the runner over the file
+descriptors it was started with as stdin/stdout, which it moves out of the way at start-up;
+messages are a 4-byte big-endian length followed by UTF-8 JSON.  Under bwrap it is the PID
+namespace's init (pid 1): orphans are re-parented to it, and signals sent from inside the
+namespace cannot kill or stop it.
 
 Per job it forks one fresh child, which
 
@@ -148,8 +151,8 @@ def _reap_all():
 def _kill_everything(contained):
     """SIGKILL every process this server started (directly or not) and reap them.
 
-    Inside a PID namespace ``kill(-1)`` reaches every process of our uid except ourselves and
-    the namespace's init.  Outside one (subprocess backend) we walk /proc for descendants:
+    Inside a PID namespace ``kill(-1)`` reaches every process of our uid except ourselves
+    (the namespace's init).  Outside one (subprocess backend) we walk /proc for descendants:
     as a child subreaper, orphans of the run are re-parented to us, so they are descendants.
     """
     me = os.getpid()
@@ -518,7 +521,7 @@ def run_job(job):
 
 def main():
     global CONTAINED, TMP_ROOT
-    config = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
+    config = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
     CONTAINED = bool(config.get("contained"))
     TMP_ROOT = config.get("tmp", "/tmp")
     ctl_in = os.dup(0)

@@ -26,6 +26,7 @@ import logging
 import os
 import select
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -38,7 +39,24 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-SERVER_SOURCE = (Path(__file__).with_name("_server.py")).read_text()
+SERVER_SOURCE = (Path(__file__).with_name("_server.py")).read_bytes()
+# The interpreter is started with this short program, which reads the server's source (its
+# length is argv[1]) from stdin and runs it; the source never appears on a command line.
+BOOTSTRAP = (
+    "import os, sys\n"
+    "n, src = int(sys.argv[1]), b''\n"
+    "while len(src) < n:\n"
+    "    chunk = os.read(0, n - len(src))\n"
+    "    if not chunk:\n"
+    "        raise SystemExit('sandbox server source truncated')\n"
+    "    src += chunk\n"
+    "exec(compile(src, 'agentrl_sandbox_server', 'exec'))\n"
+)
+
+
+def server_argv(exe: str, config: dict) -> list[str]:
+    """Interpreter command line of the server (its source follows on stdin)."""
+    return [exe, "-I", "-B", "-c", BOOTSTRAP, str(len(SERVER_SOURCE)), json.dumps(config)]
 INSIDE_UID = 1000  # uid the server and solutions have inside a bwrap sandbox
 UID_BASE = 610_000  # host uids leased to workers when the runner is root: UID_BASE + k
 UID_COUNT = 4096
@@ -115,8 +133,9 @@ class Channel:
         except ValueError as e:
             raise BackendError(f"sandbox server sent garbage ({e})") from e
 
-    def kill(self) -> None:
-        self._kill()
+    def kill(self, graceful: bool = True) -> None:
+        """Stop the server and everything in its sandbox (graceful: let an idle one exit)."""
+        self._kill(graceful)
 
 
 # ---------------------------------------------------------------- uid leases
@@ -190,6 +209,27 @@ def _make_userns(host_uid: int) -> tuple[int, subprocess.Popen]:
 # ---------------------------------------------------------------- launchers
 
 
+def descendants(root: int) -> list[int]:
+    """Host pids below ``root`` (children first, so that killing in order starts at the top)."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            ppid = int(stat[stat.rfind(b")") + 2:].split()[1])
+            children.setdefault(ppid, []).append(int(name))
+    out, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop(0)
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
+
 def _system_binds() -> list[str]:
     args = ["--ro-bind", "/usr", "/usr"]
     for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
@@ -224,8 +264,11 @@ def bwrap_argv(*, root: bool, userns_fd: int | None, tmpfs_mb: int) -> list[str]
             args += ["--ro-bind", path, path]
     args += ["--proc", "/proc", "--dev", "/dev",
              "--perms", "1777", "--size", str(tmpfs_mb << 20), "--tmpfs", "/tmp",
-             "--remount-ro", "/", "--chdir", "/tmp"]
-    inner = [exe, "-I", "-B", "-c", SERVER_SOURCE, json.dumps({"contained": True})]
+             "--remount-ro", "/", "--chdir", "/tmp",
+             # the server is the PID namespace's init: it reaps every orphan, signals from
+             # inside the namespace cannot kill or stop it, and the outer bwrap reaps it
+             "--as-pid-1"]
+    inner = server_argv(exe, {"contained": True})
     if root:
         args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--",
                  shutil.which("setpriv") or "/usr/bin/setpriv",
@@ -243,16 +286,35 @@ def _popen_channel(argv, *, pass_fds=(), cleanup=(), describe: str, **kw) -> Cha
         pass_fds=pass_fds, **kw,
     ).result()
 
-    def kill():
+    def kill(graceful: bool = True) -> None:
+        # Graceful: EOF on its control pipe makes an idle server exit; bwrap's init then
+        # exits, and every process is reaped by its own parent.  Otherwise kill the sandbox's
+        # processes from the inside out (bwrap's pid 1 first: the PID namespace dies with it
+        # and the outer bwrap reaps it), then the top process.
         try:
-            proc.kill()
+            proc.stdin.close()
         except OSError:
             pass
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            log.error("sandbox process %d did not die", proc.pid)
-        for f in (proc.stdin, proc.stdout, stderr):
+        if graceful:
+            try:
+                proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
+        if proc.poll() is None:
+            for pid in descendants(proc.pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            try:
+                proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    log.error("sandbox process %d did not die", proc.pid)
+        for f in (proc.stdout, stderr):
             try:
                 f.close()
             except OSError:
@@ -261,6 +323,11 @@ def _popen_channel(argv, *, pass_fds=(), cleanup=(), describe: str, **kw) -> Cha
             fn()
 
     ch = Channel(proc.stdin.fileno(), proc.stdout.fileno(), kill, describe)
+    try:
+        proc.stdin.write(SERVER_SOURCE)
+        proc.stdin.flush()
+    except OSError:
+        pass  # it died at once; the worker reads EOF and reports stderr
     ch.proc, ch.stderr_file = proc, stderr  # type: ignore[attr-defined]
     return ch
 
@@ -309,7 +376,7 @@ def start_subprocess(tmpfs_mb: int) -> Channel:
     exe, _ = real_python()
     tmp = tempfile.mkdtemp(prefix="agentrl-sbx-")
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
-    argv = [exe, "-I", "-B", "-c", SERVER_SOURCE, json.dumps({"contained": False, "tmp": tmp})]
+    argv = server_argv(exe, {"contained": False, "tmp": tmp})
     return _popen_channel(
         argv, cleanup=[functools.partial(shutil.rmtree, tmp, True)], env=env, cwd=tmp,
         start_new_session=True, describe="subprocess",
@@ -352,7 +419,7 @@ def start_docker(tmpfs_mb: int) -> Channel:
     client = docker.from_env()
     container = client.containers.create(
         DOCKER_IMAGE,
-        ["python3", "-I", "-B", "-c", SERVER_SOURCE, json.dumps({"contained": True})],
+        server_argv("python3", {"contained": True}),
         stdin_open=True, network_disabled=True, read_only=True, user="65534:65534",
         tmpfs={"/tmp": f"size={tmpfs_mb}m,mode=1777"}, cap_drop=["ALL"],
         security_opt=["no-new-privileges"], pids_limit=512, mem_limit="2g", auto_remove=False,
@@ -363,7 +430,7 @@ def start_docker(tmpfs_mb: int) -> Channel:
     stream = _DockerStream(raw)
     wfd_sock = socket.socket(fileno=os.dup(raw.fileno()))
 
-    def kill():
+    def kill(graceful: bool = True) -> None:
         try:
             container.remove(force=True)
         except Exception:  # noqa: BLE001 - best effort; the engine may be gone
@@ -375,7 +442,9 @@ def start_docker(tmpfs_mb: int) -> Channel:
                 pass
         os.close(stream.r)
 
-    return Channel(wfd_sock.fileno(), stream.r, kill, f"docker({DOCKER_IMAGE})")
+    ch = Channel(wfd_sock.fileno(), stream.r, kill, f"docker({DOCKER_IMAGE})")
+    wfd_sock.sendall(SERVER_SOURCE)
+    return ch
 
 
 STARTERS = {"bwrap": start_bwrap, "docker": start_docker, "subprocess": start_subprocess}

@@ -132,7 +132,9 @@ def judge(job: dict, raw: dict, names: list[str] | None, backend: str) -> Sandbo
         )
 
     if job["mode"] == "code":
-        ok = code_done or (exit_code == 0 and sig is None and module_error is None)
+        # plain execution: finishing, sys.exit(0) or any exit with status 0 is success
+        ok = code_done or (exit_code == 0 and sig is None
+                           and not (module_error or syntax_error or child_error))
     else:
         ok = passed == total and (total > 0 or code_done)
     if ok and not raw.get("timeout") and not raw.get("output_limit"):

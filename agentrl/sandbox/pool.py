@@ -76,6 +76,11 @@ class SandboxPool:
         return len(self._workers)
 
     @property
+    def host_pids(self) -> list[int]:
+        """Host pids of the running sandboxes (bwrap or server processes); for leak checks."""
+        return [p for p in (w.host_pid for w in self._workers) if p is not None]
+
+    @property
     def restarts(self) -> int:
         """Sandbox servers started beyond the first per worker (after crashes/timeouts)."""
         return sum(max(0, w.starts - 1) for w in self._workers)
@@ -88,6 +93,9 @@ class SandboxPool:
         try:
             last_error = ""
             for attempt in range(2):  # a dead server is restarted and the job retried once
+                if self._closed:
+                    return _sandbox_error("SandboxPool was closed during the run", self.backend,
+                                          len(job["tests"]))
                 try:
                     raw = worker.run(job, timeout)
                 except TimeoutError:
@@ -135,7 +143,7 @@ class SandboxPool:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
         for w in self._workers:
-            w.close()
+            w.shutdown()
 
     def __enter__(self) -> SandboxPool:
         return self

@@ -28,6 +28,7 @@ class Worker:
         self._ch: Channel | None = None
         self.starts = 0  # how many servers this worker has started (restarts = starts - 1)
         self.info: dict = {}
+        self._shut = False
 
     def _start(self) -> Channel:
         ch = STARTERS[self.backend](self.tmpfs_mb)
@@ -42,7 +43,7 @@ class Worker:
             if f is not None:
                 f.seek(0)
                 err = f.read(4000).decode(errors="replace").strip()
-            ch.kill()
+            ch.kill(graceful=False)
             raise BackendError(f"{self.backend} sandbox failed to start: {e!r} {err}") from e
         finally:
             helper = getattr(ch, "helper", None)
@@ -59,6 +60,8 @@ class Worker:
         limit; this is the backstop).  Raises TimeoutError if the server did not answer in
         time (it is killed), BackendError if it died or could not be started.
         """
+        if self._shut:
+            raise BackendError("worker was shut down")
         if self._ch is None:
             self._ch = self._start()
         lim = job["limits"]
@@ -67,18 +70,29 @@ class Worker:
             self._ch.send(job)
             res = self._ch.recv(timeout, max_bytes)
         except (BackendError, TimeoutError):
-            self.close()
+            self.close(graceful=False)
             raise
         if "server_error" in res:
-            self.close()
+            self.close(graceful=False)
             raise BackendError(f"sandbox server error: {res['server_error']}")
         if not res.get("clean", True):
             log.warning("sandbox run left processes that could not be killed; restarting")
-            self.close()
+            self.close(graceful=False)
         return res
 
-    def close(self) -> None:
-        """Kill the sandbox (everything in it dies with it); a later run starts a new one."""
+    @property
+    def host_pid(self) -> int | None:
+        """Host pid of the process that holds the sandbox (bwrap / server), None if not running."""
+        proc = getattr(self._ch, "proc", None)
+        return proc.pid if proc is not None else None
+
+    def shutdown(self) -> None:
+        """Close for good: later ``run`` calls raise BackendError instead of restarting."""
+        self._shut = True
+        self.close()
+
+    def close(self, graceful: bool = True) -> None:
+        """Stop the sandbox (everything in it dies with it); a later run starts a new one."""
         ch, self._ch = self._ch, None
         if ch is not None:
-            ch.kill()
+            ch.kill(graceful)

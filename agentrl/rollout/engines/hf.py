@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -149,7 +149,7 @@ class HFEngine:
         else:
             model = model_or_path
         self.device = torch.device(device)
-        self._model = model.to(self.device).eval()
+        self._model = cast(Any, model).to(self.device).eval()
         self._tokenizer = tokenizer
         self.max_batch = max_batch
         self.policy_version = 0
@@ -214,7 +214,7 @@ class HFEngine:
                 local: dict[int, int] = {}
                 src = [local.setdefault(row_src[r], len(local)) for r in chunk]
                 done = self._generate_chunk([list(uniq[u]) for u in local], src, params, generator)
-                for r, completion in zip(chunk, done):
+                for r, completion in zip(chunk, done, strict=True):
                     results[r] = completion
         return results
 
