@@ -254,7 +254,7 @@ def build_tiny_model(
     """Build the embedded default model and save it as a Hugging Face model directory.
 
     Trains the tokenizer on `texts` (`build_tokenizer`), builds a randomly initialised
-    `Qwen2ForCausalLM` (`tiny_config`; defaults give about 1.0 M parameters with vocab 1024),
+    `Qwen2ForCausalLM` (`tiny_config`; defaults give 0.92 M parameters with vocab 1024),
     and writes `config.json`, `generation_config.json`, `model.safetensors`, `tokenizer.json`,
     `tokenizer_config.json` and `chat_template.jinja` to `out_dir` (created if missing), so that
     `AutoModelForCausalLM.from_pretrained(out_dir)` / `AutoTokenizer.from_pretrained(out_dir)`

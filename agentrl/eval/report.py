@@ -20,7 +20,9 @@ Metric definitions (overall and per task):
   reached on the same step), "truncated" (turn limit), "max_episode_tokens", "env_error" (the
   env raised in step) or "reset_error".
 - `verdicts`: the last turn's `info["verdict"]` (sandbox verdict) counted over episodes that have one.
-- `errors`: episodes with at least one recorded error (`info["error"]`).
+- `errors`: episodes with at least one recorded error message (`info["error"]`: env
+  exceptions, tool-call errors, and envs that explain a failed attempt, e.g. code_sandbox's
+  failing assertion); `env_errors`: episodes the env broke (`end` is env_error or reset_error).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from agentrl.eval.metrics import pass_at_k_many
 
 # Numeric overall metrics shown in tables and compared by `compare` (pass@k keys are added).
 _NUMERIC = ("success_rate", "reward_mean", "reward_std", "turns_mean", "tokens_mean",
-            "total_tokens_mean", "errors", "nan_rewards", "episodes", "tasks")
+            "total_tokens_mean", "errors", "env_errors", "nan_rewards", "episodes", "tasks")
 
 
 def read_results(out_dir: str | Path) -> list[dict[str, Any]]:
@@ -75,6 +77,7 @@ def _episode_stats(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "end_reasons": dict(sorted(Counter(r["end"] for r in rows).items())),
         "verdicts": dict(sorted(verdicts.items())),
         "errors": int(sum(bool(r.get("errors")) for r in rows)),
+        "env_errors": int(sum(r["end"] in ("env_error", "reset_error") for r in rows)),
     }
 
 
@@ -148,7 +151,7 @@ def overall_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     keys = [f"pass@{k}" for k in summary["k"]]
     keys += [k for k in ("tasks", "episodes", "success_rate", "reward_mean", "reward_std",
                          "turns_mean", "tokens_mean", "total_tokens_mean", "finish_reasons",
-                         "end_reasons", "verdicts", "errors", "nan_rewards")]
+                         "end_reasons", "verdicts", "errors", "env_errors", "nan_rewards")]
     out = [(k, _fmt(o.get(k))) for k in keys]
     out += [(f"excluded@{k}", str(o[f"excluded@{k}"])) for k in summary["k"] if o.get(f"excluded@{k}")]
     return out

@@ -1,10 +1,12 @@
 """Which tasks an evaluation runs: the env's own task list when it has one, else seeds.
 
-Protocol: an env (or its unwrapped core) that evaluates a fixed set of tasks (a dataset)
-defines `eval_tasks() -> list[dict]`, the reset kwargs of each task of its current split in a
-fixed order (e.g. `{"options": {"task_index": i}}`). Every other env is evaluated on the
-held-out seeds `EVAL_SEED + i` (`agentrl.train.EVAL_SEED`), the same tasks the in-training
-evaluation uses.
+Protocol, checked in this order on the env and its unwrapped core:
+1. `eval_tasks() -> list[dict]`: the reset kwargs of each task to evaluate, in a fixed order;
+2. `tasks() -> list`: the fixed task list of the env's split (the code_sandbox env: a dataset
+   file's tasks, or the built-in family's fixed list); task i is reset with
+   `options={"task_index": i}`;
+3. otherwise the held-out seeds `EVAL_SEED + i` (`agentrl.train.EVAL_SEED`), the same tasks the
+   in-training evaluation uses.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ def list_tasks(env: Any, max_tasks: int | None = None, *, default_n: int = 64
         default_n: seeded tasks when `max_tasks` is None.
 
     Returns:
-        `(tasks, source)`: `source` is `"env.eval_tasks()"` or `"seeds EVAL_SEED+i"`.
+        `(tasks, source)`: `source` is `"env.eval_tasks()"`, `"env.tasks()"` or
+        `"seeds EVAL_SEED+i"`.
 
     Raises:
         ValueError: `max_tasks` < 1, or the env's list is empty.
@@ -44,4 +47,12 @@ def list_tasks(env: Any, max_tasks: int | None = None, *, default_n: int = 64
             if not tasks:
                 raise ValueError(f"env {type(obj).__name__}: eval_tasks() lists no tasks for this split")
             return (tasks[:max_tasks] if max_tasks else tasks), "env.eval_tasks()"
+    for obj in (env, getattr(env, "unwrapped", env)):
+        listed = getattr(obj, "tasks", None)
+        if callable(listed):
+            n = len(listed())
+            if n == 0:
+                raise ValueError(f"env {type(obj).__name__}: tasks() lists no tasks for this split")
+            n = min(n, max_tasks) if max_tasks else n
+            return [{"options": {"task_index": i}} for i in range(n)], "env.tasks()"
     return seed_tasks(max_tasks or default_n), "seeds EVAL_SEED+i"

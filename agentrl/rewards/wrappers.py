@@ -157,6 +157,7 @@ class RewardWrappers:
             judge.close()
 
 
-def wrap_env(env: gym.Env, names: Sequence[str], options: dict[str, dict[str, Any]] | None = None) -> gym.Env:
-    """`RewardWrappers(names, options).wrap(env)` for a single env (nothing shared)."""
-    return RewardWrappers(names, options).wrap(env)
+def wrap_env(env: gym.Env, names: str | Sequence[str], options: dict[str, dict[str, Any]] | None = None) -> gym.Env:
+    """`RewardWrappers(names, options).wrap(env)` for a single env (nothing shared with other
+    envs). `names` may be one name or a list; `options` maps a name to its keyword arguments."""
+    return RewardWrappers([names] if isinstance(names, str) else names, options).wrap(env)
