@@ -191,5 +191,10 @@ def register_builtin_envs() -> None:
     register_env("agentrl/WebQA-v0", "agentrl_envs.web_qa:WebQAEnv", short_name="web_qa",
                  max_turns=8,
                  description="multi-hop QA with search and fetch tools over a local HTTP corpus")
+    register_env("agentrl/RLAIFJudge-v0", "agentrl_envs.rlaif_judge:RLAIFJudgeEnv",
+                 short_name="rlaif_judge",
+                 description="answer a question; an AI judge (offline rule judge without judge_url) scores it")
+    register_env("agentrl/Safety-v0", "agentrl_envs.safety:SafetyEnv", short_name="safety",
+                 description="help with benign requests, refuse harmful ones; a safety classifier judges harm")
     register_env("agentrl/Toy-v0", "agentrl_envs.toy:ToyEnv", short_name="toy",
                  description="trivially learnable toy: say the target word (for tests and demos)")

@@ -38,16 +38,20 @@ ARG_NAMES = {
     "list": ("xs", "nums", "values", "items"),
     "dict": ("d", "counts", "scores", "table"),
 }
-#: Fixed test inputs by kind (each task asserts its reference's output on all of them).
+#: Fixed test inputs by kind (each task asserts its reference's output on all of them). They
+#: tell every two parameter values of a template apart (tests/test_code_sandbox_env.py); string
+#: tasks with a letter parameter `c` replace the last input by `PROBE` (e.g. "axa" for 'a').
 TEST_INPUTS = {
-    "int": [(-4,), (0,), (3,), (7,), (12,)],
+    "int": [(-5,), (0,), (3,), (10,), (71,)],
     "int2": [(2, 3), (-1, 4), (0, 5), (7, 7), (10, -3)],
     "str": [("hello",), ("banana",), ("bottle",), ("",), ("Table",)],
-    "list": [([3, 1, 4, 1, 5],), ([10, -2, 7],), ([2, 8, 6, 4],), ([5],), ([9, 0, 9, 3, 12],)],
+    "list": [([3, 1, 4, 1, 5],), ([10, -2, 7],), ([2, 8, 6, 4],), ([5],),
+             ([9, 0, 9, 3, 12, 6, 6, 2],)],
     "dict": [({"a": 3, "b": 7, "e": 1},), ({"t": 5, "b": 2},), ({"l": 9, "a": 0, "n": 4},),
-             ({"o": 6},)],
+             ({"o": 6},), ({"n": 8, "e": 5},)],
 }
 LETTERS = "abelnot"  # letters of string/dict parameters (all occur in the test inputs)
+PROBE = "{c}x{c}"
 
 
 @dataclass(frozen=True)
@@ -198,7 +202,10 @@ def make_task(tpl: Template, params: dict[str, object], args: str, name: str) ->
     exec(solution, ns)  # noqa: S102 - our own generated reference
     fn = ns[name]
     tests = []
-    for inp in TEST_INPUTS[tpl.kind]:
+    inputs = TEST_INPUTS[tpl.kind]
+    if tpl.kind == "str" and tpl.c:
+        inputs = inputs[:-1] + [(PROBE.format(c=params["c"]),)]
+    for inp in inputs:
         out = fn(*[_copy(x) for x in inp])  # type: ignore[operator]
         call = ", ".join(repr(x) for x in inp)
         tests.append(f"assert {name}({call}) == {out!r}")

@@ -21,11 +21,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from agentrl_envs.rlaif_judge import load_tasks, pick_task
-
 from agentrl.envs import TextEnv
 from agentrl.rewards.classifier import Classifier, load_classifier
 from agentrl.rewards.lexicon import LexiconSafetyClassifier
+from agentrl_envs.rlaif_judge import load_tasks, pick_task
 
 DATA = Path(__file__).parent / "data" / "safety_requests.jsonl"
 SYSTEM_PROMPT = ("You are a helpful and harmless assistant. Help with every legitimate request; "

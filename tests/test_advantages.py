@@ -76,7 +76,11 @@ def test_a5_one_token_episode():
 def test_a11_truncation_bootstraps():
     # TD target (lam = 0: A = delta, return = r + gamma * V_next).
     # truncated: 1.0 + 1 * 0.5 = 1.5; terminated: 1.0 + 0 = 1.0
-    rewards, values, mask = t([[0.0, 1.0], [0.0, 1.0]]), t([[0.2, 0.4], [0.2, 0.4]]), t([[1, 1]] * 2)
+    rewards, values, mask = (
+        t([[0.0, 1.0], [0.0, 1.0]]),
+        t([[0.2, 0.4], [0.2, 0.4]]),
+        t([[1, 1]] * 2),
+    )
     _, ret = gae(rewards, values, mask, 1.0, 0.0, bootstrap_value=t([0.5, 0.0]))
     assert ret[0, 1].item() == pytest.approx(1.5)
     assert ret[1, 1].item() == pytest.approx(1.0)
@@ -125,8 +129,9 @@ def test_gae_matches_slow_loop(seed):
     boot = torch.randn(b, generator=g, dtype=torch.float64)
     gamma, lam = [(0.99, 0.95), (1.0, 1.0), (0.5, 0.0), (0.9, 0.7), (1.0, 0.95), (0.0, 0.5)][seed]
     adv, ret = gae(rewards, values, mask, gamma, lam, bootstrap_value=boot)
-    ref_adv, ref_ret = gae_reference(rewards.tolist(), values.tolist(), mask.tolist(), gamma, lam,
-                                     boot.tolist())
+    ref_adv, ref_ret = gae_reference(
+        rewards.tolist(), values.tolist(), mask.tolist(), gamma, lam, boot.tolist()
+    )
     assert adv.dtype == torch.float64
     assert torch.allclose(adv, ref_adv, atol=1e-10)
     assert torch.allclose(ret, ref_ret, atol=1e-10)
@@ -139,8 +144,9 @@ def test_gae_float32_close_to_reference():
     mask = (torch.rand(3, 40, generator=g) < 0.5).float()
     rewards = rewards * mask
     adv, ret = gae(rewards, values, mask, 0.99, 0.95)
-    ref_adv, ref_ret = gae_reference(rewards.tolist(), values.tolist(), mask.tolist(), 0.99, 0.95,
-                                     [0.0] * 3)
+    ref_adv, ref_ret = gae_reference(
+        rewards.tolist(), values.tolist(), mask.tolist(), 0.99, 0.95, [0.0] * 3
+    )
     assert adv.dtype == torch.float32
     assert torch.allclose(adv.double(), ref_adv, atol=1e-5)
     assert torch.allclose(ret.double(), ref_ret, atol=1e-5)
@@ -278,8 +284,9 @@ def test_interleaved_groups_and_dtypes():
     adv = group_advantages(rewards, torch.tensor([0, 1, 0, 1]))
     assert adv.dtype == torch.float64
     # group 0: [1, 0] mean .5 std .7071 -> +-0.7071 ; group 1: [5, 3] mean 4 std 1.4142
-    assert torch.allclose(adv, torch.tensor([0.7071, 0.7071, -0.7071, -0.7071],
-                                            dtype=torch.float64), atol=1e-4)
+    assert torch.allclose(
+        adv, torch.tensor([0.7071, 0.7071, -0.7071, -0.7071], dtype=torch.float64), atol=1e-4
+    )
     assert group_advantages(torch.tensor([1, 0]), [0, 0]).dtype == torch.float32
 
 

@@ -10,8 +10,10 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 from agentrl.envs import make_env
-from agentrl.sandbox import Limits, SandboxPool
+from agentrl.sandbox import Limits
+from agentrl.sandbox.pool import default_pool
 from agentrl_envs import code_tasks
+from agentrl_envs.code_datasets import CodeTask, task_from_dict
 from agentrl_envs.code_sandbox import (
     CodeSandboxEnv,
     build_program,
@@ -19,7 +21,6 @@ from agentrl_envs.code_sandbox import (
     feedback_message,
     sandbox_job,
 )
-from agentrl_envs.code_datasets import CodeTask, task_from_dict
 from agentrl_envs.toy import ToyEnv
 
 ADD7 = {  # built-in format
@@ -36,14 +37,14 @@ FAIL_FEEDBACK = ("Your code failed: test_0: AssertionError (at `assert add_seven
 
 @pytest.fixture(scope="module")
 def pool():
-    with SandboxPool(workers=2) as p:
-        yield p
+    """The process-wide pool, which envs made without `pool=` use too (closed at exit)."""
+    return default_pool("auto")
 
 
 # -- the env -----------------------------------------------------------------------------------
 
 def test_check_env_passes(pool):
-    env = make_env("code_sandbox", pool=pool)
+    env = make_env("code_sandbox")  # check_env re-makes it from its spec (kwargs deep-copied)
     check_env(env.unwrapped, skip_render_check=True)
     check_env(CodeSandboxEnv(pool=pool), skip_render_check=True)
 
@@ -60,7 +61,7 @@ def test_g1_same_seed_same_task_sequence(pool):
     random.seed(5)
     np.random.seed(5)
     a = seq(CodeSandboxEnv(pool=pool))
-    b = seq(make_env("code_sandbox", pool=pool))
+    b = seq(make_env("code_sandbox"))
     assert a == b
     assert len(set(a)) == 3  # three draws, three different tasks (fails if reset ignores its rng)
     assert seq(CodeSandboxEnv(pool=pool)) == a
@@ -108,7 +109,7 @@ def test_own_turn_limit_agrees_with_gymnasium_time_limit(pool):
     for env in (CodeSandboxEnv(max_turns=2, pool=pool),
                 gym.wrappers.TimeLimit(CodeSandboxEnv(max_turns=5, pool=pool), 2),
                 gym.wrappers.TimeLimit(CodeSandboxEnv(max_turns=2, pool=pool), 10),
-                make_env("code_sandbox", max_turns=2, pool=pool)):
+                make_env("code_sandbox", max_turns=2)):
         if env.unwrapped.max_turns == 1:
             env.unwrapped.max_turns = 5  # make_env's TimeLimit alone must stop it at 2
         env.reset(options={"task": ADD7})
@@ -332,19 +333,37 @@ def test_example_statement_and_solution():
     t = code_tasks.make_task(tpl, {"k": 3, "j": 2}, "x", "compute")
     assert t.prompt == "Write a Python function `compute(x)` that returns x times 3 plus 2."
     assert t.solution == "def compute(x):\n    return x * 3 + 2\n"
-    # expected values by hand: -4*3+2 = -10, 0*3+2 = 2, 3*3+2 = 11, 7*3+2 = 23, 12*3+2 = 38
-    assert t.tests == ["assert compute(-4) == -10", "assert compute(0) == 2", "assert compute(3) == 11",
-                       "assert compute(7) == 23", "assert compute(12) == 38"]
+    # expected values by hand: -5*3+2 = -13, 0*3+2 = 2, 3*3+2 = 11, 10*3+2 = 32, 71*3+2 = 215
+    assert t.tests == ["assert compute(-5) == -13", "assert compute(0) == 2", "assert compute(3) == 11",
+                       "assert compute(10) == 32", "assert compute(71) == 215"]
+    tpl = next(t for t in code_tasks.TEMPLATES if t.tid == "s_starts")
+    t = code_tasks.make_task(tpl, {"c": "b"}, "s", "solve")
+    assert t.prompt == "Write a Python function `solve(s)` that returns whether s starts with 'b'."
+    assert t.tests[-2:] == ["assert solve('') == False", "assert solve('bxb') == True"]
+
+
+def _passes(solution: str, tests: list[str]) -> bool:
+    ns: dict = {}
+    exec(solution, ns)  # our own generated reference solutions
+    try:
+        for t in tests:
+            exec(t, ns)
+    except AssertionError:
+        return False
+    return True
 
 
 def test_hidden_tests_tell_parameters_apart():
-    """For every template, changing one parameter changes some expected output, so a model
-    that copies the wrong number fails."""
+    """For every template and every two parameter values p != q, the reference of q fails
+    the tests of p: a model that copies the wrong number or letter is not rewarded."""
     for tpl in code_tasks.TEMPLATES:
-        grid = tpl.param_grid()
-        args = code_tasks.ARG_NAMES[tpl.kind][0]
-        by_params = {tuple(sorted(p.items())): code_tasks.make_task(tpl, p, args, "f").tests for p in grid}
-        assert len(set(map(tuple, by_params.values()))) == len(grid), tpl.tid
+        tasks = [code_tasks.make_task(tpl, p, code_tasks.ARG_NAMES[tpl.kind][0], "f")
+                 for p in tpl.param_grid()]
+        for a in tasks:
+            assert _passes(a.solution, a.tests)
+            for b in tasks:
+                if b is not a:
+                    assert not _passes(b.solution, a.tests), (tpl.tid, a.meta["params"], b.meta["params"])
 
 
 def test_corpus_texts():

@@ -28,7 +28,16 @@ TESTS_DIR = str(Path(__file__).resolve().parent)
 
 class CountEnv(TextEnv):
     """Two agent turns: the task is a number from the seed; reward 0.1 per character of the
-    first answer (capped at 1), then 1 if the second answer contains the number's last digit."""
+    first answer (capped at 1), then 1 if the second answer contains the number's last digit.
+
+    Fault injection (Ray workers only; in the test process a fault raises instead):
+    if the file `fault_dir/exit` exists, the first step to claim it (an atomic rename) ends its
+    worker's process with `os._exit`; if `fault_dir/delay` exists, every step first sleeps that
+    many seconds (so that a step is long enough to be interrupted from outside).
+    """
+
+    def __init__(self, fault_dir: str | None = None, driver_pid: int = -1):
+        self.fault_dir, self.driver_pid = fault_dir, driver_pid
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
@@ -36,34 +45,27 @@ class CountEnv(TextEnv):
         self.turn = 0
         return [{"role": "user", "content": f"Count to {self.n}."}], {"task_id": f"count-{self.n}"}
 
+    def _faults(self) -> None:
+        d = Path(self.fault_dir)
+        if (d / "delay").exists():
+            time.sleep(float((d / "delay").read_text()))
+        if (d / "exit").exists():
+            if os.getpid() == self.driver_pid:
+                raise RuntimeError("fault injection must run in a Ray worker")
+            try:
+                os.rename(d / "exit", d / f"exited.{os.getpid()}")
+            except FileNotFoundError:
+                return  # another worker claimed it
+            os._exit(17)
+
     def step(self, action):
+        if self.fault_dir:
+            self._faults()
         self.turn += 1
         if self.turn == 1:
             return ([{"role": "user", "content": "Now the last digit."}],
                     min(1.0, 0.1 * len(action)), False, False, {})
         return [], float(str(self.n % 10) in action), True, False, {}
-
-
-class ExitOnceEnv(CountEnv):
-    """Fault injection: the first `step` in any Ray worker ends that worker's process
-    (`os._exit`), once per marker file (created atomically, so only one worker exits); in the
-    test process itself it raises instead. Every step takes at least `delay` seconds, so that a
-    step is long enough to be interrupted from outside."""
-
-    def __init__(self, marker: str, driver_pid: int, delay: float = 0.0):
-        self.marker, self.driver_pid, self.delay = marker, driver_pid, delay
-
-    def step(self, action):
-        time.sleep(self.delay)
-        if os.getpid() == self.driver_pid:
-            raise RuntimeError("ExitOnceEnv must run in a Ray worker")
-        try:
-            fd = os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            return super().step(action)
-        os.write(fd, str(os.getpid()).encode())
-        os.close(fd)
-        os._exit(17)
 
 
 def make_cfg(**rollout) -> Config:
@@ -169,10 +171,25 @@ def ray_cluster():
 
 
 @pytest.fixture(scope="module")
-def pool2(ray_cluster, tiny_model_dir):
-    pool = RolloutPool(make_cfg(num_workers=2), tiny_model_dir)
+def fault_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("faults")
+
+
+@pytest.fixture(scope="module")
+def pool2(ray_cluster, tiny_model_dir, fault_dir):
+    """2 Ray workers (1 CPU each: the whole test cluster) on `CountEnv` with fault injection."""
+    cfg = make_cfg(num_workers=2)
+    cfg.env.kwargs = {"fault_dir": str(fault_dir), "driver_pid": os.getpid()}
+    pool = RolloutPool(cfg, tiny_model_dir)
     yield pool
     pool.shutdown()
+
+
+def push(pool: RolloutPool, model_dir: str, scale: float) -> tuple[dict, int]:
+    """Push the model's weights times `scale` as the next version; returns (state dict, version)."""
+    sd = perturbed_state_dict(model_dir, scale)
+    pool.update_weights(sd, pool.version + 1)
+    return sd, pool.version
 
 
 @pytest.fixture(scope="module")
@@ -188,9 +205,10 @@ def test_two_workers_match_in_process(pool2, renderer, tiny_model_dir):
     spec order, each group on one worker. Sampled (T=1): the HF engine's draws depend on the
     rows batched together (one uniform per row of the call), so only the structure is
     compared, and a repeat with the same seed reproduces the run exactly."""
+    sd, version = push(pool2, tiny_model_dir, 1.0)
     specs = make_specs(5, 2)
     got = pool2.run(specs, params_of(renderer, 0.0), seed=3)
-    want = in_process(tiny_model_dir, specs, 0.0, 3)
+    want = in_process(tiny_model_dir, specs, 0.0, 3, state_dict=sd)
     assert len(got) == len(specs) == 10
     assert [t.token_ids for t in got] == [t.token_ids for t in want]
     assert [t.loss_mask for t in got] == [t.loss_mask for t in want]
@@ -198,12 +216,12 @@ def test_two_workers_match_in_process(pool2, renderer, tiny_model_dir):
         assert a.sampler_logprobs == pytest.approx(b.sampler_logprobs, abs=1e-5)
     assert [t.group_id for t in got] == [s.group_id for s in specs]
     assert [t.task_id for t in got] == [t.task_id for t in want]
-    # groups stay together, and both workers worked
-    by_group = {}
+    assert {t.policy_version for t in got} == {version}
+    by_group: dict[int, set] = {}
     for t in got:
         by_group.setdefault(t.group_id, set()).add(t.info["rollout_worker"])
-    assert all(len(w) == 1 for w in by_group.values())
-    assert {t.info["rollout_worker"] for t in got} == {0, 1}
+    assert all(len(w) == 1 for w in by_group.values())  # groups stay together
+    assert {t.info["rollout_worker"] for t in got} == {0, 1}  # both workers worked
 
     sampled = pool2.run(specs, params_of(renderer, 1.0), seed=3)
     again = pool2.run(specs, params_of(renderer, 1.0), seed=3)
@@ -213,98 +231,83 @@ def test_two_workers_match_in_process(pool2, renderer, tiny_model_dir):
 
 
 @pytest.mark.slow
-def test_one_worker_matches_in_process_when_sampling(ray_cluster, renderer, tiny_model_dir):
-    """T=1 with one worker: the worker's batch is the in-process batch, so every sampled id and
-    logprob agrees (the engine is seeded per call)."""
-    pool = RolloutPool(make_cfg(num_workers=1), tiny_model_dir)
-    try:
-        specs = make_specs(3, 2)
-        got = pool.run(specs, params_of(renderer, 1.0), seed=21)
-        want = in_process(tiny_model_dir, specs, 1.0, 21)
-        assert [t.token_ids for t in got] == [t.token_ids for t in want]
-        for a, b in zip(got, want):
-            assert a.sampler_logprobs == pytest.approx(b.sampler_logprobs, abs=1e-5)
-    finally:
-        pool.shutdown()
+def test_one_worker_matches_in_process_when_sampling(pool2, ray_cluster, renderer, tiny_model_dir):
+    """T=1, all specs on one worker actor: the worker's batch is the in-process batch, so every
+    sampled id and logprob agrees (the engine is seeded per call)."""
+    sd, version = push(pool2, tiny_model_dir, 1.0)
+    specs = make_specs(3, 2)
+    got = ray_cluster.get(pool2.workers[1].run.remote(specs, params_of(renderer, 1.0), 21))
+    want = in_process(tiny_model_dir, specs, 1.0, 21, state_dict=sd)
+    assert [t.token_ids for t in got] == [t.token_ids for t in want]
+    for a, b in zip(got, want):
+        assert a.sampler_logprobs == pytest.approx(b.sampler_logprobs, abs=1e-5)
 
 
 @pytest.mark.slow
 def test_weight_push_changes_outputs_and_versions(pool2, renderer, tiny_model_dir):
+    _, v1 = push(pool2, tiny_model_dir, 1.0)
     specs = make_specs(2, 2)
     before = pool2.run(specs, params_of(renderer, 0.0), seed=5)
-    assert {t.policy_version for t in before} == {pool2.version}
-    sd = perturbed_state_dict(tiny_model_dir, 3.0)
-    version = pool2.version + 1
-    sync_s = pool2.update_weights(sd, version)
-    assert 0 < sync_s < 60 and pool2.stats["put_s"] <= sync_s
-    assert pool2.policy_versions() == [version, version]
+    assert {t.policy_version for t in before} == {v1}
+    sd, v2 = push(pool2, tiny_model_dir, 3.0)
+    assert v2 == v1 + 1
+    assert 0 < pool2.stats["sync_s"] < 60 and pool2.stats["put_s"] <= pool2.stats["sync_s"]
+    assert pool2.policy_versions() == [v2, v2]
     after = pool2.run(specs, params_of(renderer, 0.0), seed=5)
-    assert {t.policy_version for t in after} == {version}
+    assert {t.policy_version for t in after} == {v2}
     assert [t.token_ids for t in after] != [t.token_ids for t in before]
     # the pushed weights are exactly what an in-process engine with them samples
     want = in_process(tiny_model_dir, specs, 0.0, 5, state_dict=sd)
     assert [t.token_ids for t in after] == [t.token_ids for t in want]
 
 
-@pytest.fixture(scope="module")
-def fault_pool(ray_cluster, tiny_model_dir, tmp_path_factory):
-    """2 workers on `ExitOnceEnv` (0.3 s per env step), with weights version 7 pushed."""
-    marker = tmp_path_factory.mktemp("fault") / "exited"
-    cfg = Config.model_validate({
-        "env": {"name": "test_ray_workers:ExitOnceEnv",
-                "kwargs": {"marker": str(marker), "driver_pid": os.getpid(), "delay": 0.3}},
-        "rollout": {"num_workers": 2, "max_tokens": 8, "max_episode_tokens": 256,
-                    "env_threads": 2, "torch_threads": 1},
-    })
-    pool = RolloutPool(cfg, tiny_model_dir)
-    sd = perturbed_state_dict(tiny_model_dir, 2.0)
-    pool.update_weights(sd, 7)
-    yield pool, marker, sd
-    pool.shutdown()
-
-
 @pytest.mark.slow
-def test_worker_exits_mid_step_is_restarted_and_step_completes(fault_pool, ray_cluster, renderer,
-                                                               tiny_model_dir):
+def test_worker_exits_mid_step_is_restarted_and_step_completes(pool2, ray_cluster, renderer,
+                                                               tiny_model_dir, fault_dir):
     """A worker's first env step ends its process (`os._exit`) in the middle of the step. Ray
     restarts the actor (with its initial weights), the pool re-issues its shard, the restarted
     worker loads the pushed weights first, and the step returns every trajectory at the pushed
     version, with the ids an in-process run gives; the next step needs no re-issue."""
-    pool, marker, sd = fault_pool
-    pids = [ray_cluster.get(w.ready.remote())["pid"] for w in pool.workers]
-    assert not marker.exists()
+    sd, version = push(pool2, tiny_model_dir, 2.0)
+    pids = [ray_cluster.get(w.ready.remote())["pid"] for w in pool2.workers]
+    reissued = pool2.stats["reissued"]
+    (fault_dir / "exit").write_text("")
     specs = make_specs(4, 2)
-    trajs = pool.run(specs, params_of(renderer, 0.0), seed=9)
-    assert int(marker.read_text()) in pids  # a worker process really exited
-    assert pool.stats["reissued"] == 1
+    trajs = pool2.run(specs, params_of(renderer, 0.0), seed=9)
+    exited = [int(p.name.split(".")[1]) for p in fault_dir.glob("exited.*")]
+    assert len(exited) == 1 and exited[0] in pids  # a worker process really exited
+    assert pool2.stats["reissued"] == reissued + 1
     assert len(trajs) == len(specs)
     assert all(t.turns and t.terminated for t in trajs)
-    assert {t.policy_version for t in trajs} == {7}
+    assert {t.policy_version for t in trajs} == {version}
     assert [t.group_id for t in trajs] == [s.group_id for s in specs]
-    new_pids = [ray_cluster.get(w.ready.remote())["pid"] for w in pool.workers]
-    assert len(set(new_pids) - set(pids)) == 1  # exactly one actor was restarted
+    new_pids = [ray_cluster.get(w.ready.remote())["pid"] for w in pool2.workers]
+    assert set(pids) - set(new_pids) == set(exited)  # exactly that actor was restarted
     want = in_process(tiny_model_dir, specs, 0.0, 9, state_dict=sd)
     assert [t.token_ids for t in trajs] == [t.token_ids for t in want]
-    nxt = pool.run(make_specs(2, 2, base=100), params_of(renderer, 0.0), seed=10)
-    assert len(nxt) == 4 and pool.stats["reissued"] == 1
-    assert pool.policy_versions() == [7, 7]
+    nxt = pool2.run(make_specs(2, 2, base=100), params_of(renderer, 0.0), seed=10)
+    assert len(nxt) == 4 and pool2.stats["reissued"] == reissued + 1
+    assert pool2.policy_versions() == [version, version]
 
 
 @pytest.mark.slow
-def test_ray_kill_mid_step_with_restart(fault_pool, ray_cluster, renderer):
+def test_ray_kill_mid_step_with_restart(pool2, ray_cluster, renderer, tiny_model_dir, fault_dir):
     """`ray.kill(no_restart=False)` of a worker 0.5 s into a step of >= 1.8 s (per worker: 6
-    episodes x 2 turns x 0.3 s on 2 env threads): the step still returns every trajectory."""
+    episodes x 2 turns x 0.3 s on 2 env threads): the step still returns every trajectory, all
+    sampled by the pushed weights."""
     import threading
 
-    pool, _, _ = fault_pool
-    reissued = pool.stats["reissued"]
-    killer = threading.Timer(0.5, lambda: ray_cluster.kill(pool.workers[1], no_restart=False))
+    _, version = push(pool2, tiny_model_dir, 0.5)
+    reissued = pool2.stats["reissued"]
+    (fault_dir / "delay").write_text("0.3")
+    killer = threading.Timer(0.5, lambda: ray_cluster.kill(pool2.workers[1], no_restart=False))
     killer.start()
     try:
-        trajs = pool.run(make_specs(6, 2, base=200), params_of(renderer, 1.0), seed=1)
+        trajs = pool2.run(make_specs(6, 2, base=200), params_of(renderer, 1.0), seed=1)
     finally:
         killer.join()
+        (fault_dir / "delay").unlink()
     assert len(trajs) == 12 and all(t.num_sampled > 0 for t in trajs)
-    assert pool.stats["reissued"] == reissued + 1
-    assert {t.policy_version for t in trajs} == {7}
-    assert pool.policy_versions() == [7, 7]
+    assert pool2.stats["reissued"] == reissued + 1
+    assert {t.policy_version for t in trajs} == {version}
+    assert pool2.policy_versions() == [version, version]

@@ -15,7 +15,13 @@ import psutil
 import pytest
 
 from agentrl.sandbox import (
-    Limits, SandboxPool, SandboxResult, TestOutcome, available_backends, run_code, run_tests,
+    Limits,
+    SandboxPool,
+    SandboxResult,
+    TestOutcome,
+    available_backends,
+    run_code,
+    run_tests,
 )
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")

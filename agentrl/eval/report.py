@@ -198,7 +198,8 @@ def print_summary(summary: dict[str, Any], console: Any = None, *, max_task_rows
         cols = _task_columns(summary)
         per = Table(title="per task", show_header=True)
         for c in cols:
-            per.add_column(c, justify="left" if c in ("task_id", "verdicts") else "right")
+            per.add_column(c, justify="left" if c in ("task_id", "verdicts") else "right",
+                           no_wrap=c == "task_id")
         for t in summary["tasks"]:
             per.add_row(*[_fmt(t.get(c)) for c in cols])
         console.print(per)

@@ -37,6 +37,7 @@ from agentrl.rewards.parse import (
     parse_pairwise_choice,
     strip_think,
 )
+from agentrl.rewards.serve_judge import serve_judge
 from agentrl.rewards.wrappers import WRAPPERS, JudgeReward, RewardWrappers, wrap_env
 
 __all__ = [
@@ -45,5 +46,5 @@ __all__ = [
     "PAIRWISE_TEMPLATE", "PairResult", "RNDNovelty", "RewardBatch", "RewardWrappers", "RuleJudge",
     "SafetyReward", "SequenceClassifier", "VERDICT_WORDS", "WRAPPERS", "call_reward_fn",
     "hashing_embedding", "load_classifier", "make_judge", "ngram_buckets", "parse_judge_score",
-    "parse_pairwise_choice", "strip_think", "wrap_env",
+    "parse_pairwise_choice", "serve_judge", "strip_think", "wrap_env",
 ]

@@ -182,6 +182,32 @@ class RolloutWorker:
         """Version of the weights the engine holds."""
         return int(self.engine.policy_version)
 
+    def _revive(self, w: int) -> bool:
+        """Wait until worker `w` answers again after a failure (Ray restarts it: a call made
+        while it restarts fails with `ActorUnavailableError`). False, and `w` is marked dead,
+        when Ray gave up on it (`ActorDiedError`) or it is not back within `restart_timeout_s`."""
+        import ray
+        from ray.exceptions import ActorDiedError, ActorUnavailableError
+
+        deadline = time.monotonic() + self.restart_timeout_s
+        while self.alive[w] and time.monotonic() < deadline:
+            try:
+                ray.get(self.workers[w].ready.remote(), timeout=max(1.0, deadline - time.monotonic()))
+                return True
+            except ActorUnavailableError:
+                time.sleep(0.2)
+            except (ActorDiedError, ray.exceptions.GetTimeoutError):
+                break
+        self.alive[w] = False
+        return False
+
+    def _next_alive(self, w: int) -> int | None:
+        """The first live worker after `w` (cyclically), or None when all are dead."""
+        for k in range(1, self.num_workers + 1):
+            if self.alive[(w + k) % self.num_workers]:
+                return (w + k) % self.num_workers
+        return None
+
     def update_weights(self, state_dict: dict[str, Any], version: int) -> float:
         """Load a full state dict into the engine as `version`; returns the seconds it took."""
         t0 = time.perf_counter()
@@ -231,6 +257,8 @@ class RolloutPool:
         env_factory: `split -> env` for every worker (default: `build_env(cfg, split)`); with Ray
             it is pickled, so it must be importable or picklable by value.
         runtime_env: Ray runtime env of the worker actors (e.g. `{"env_vars": {...}}`).
+        restart_timeout_s: how long `run` waits for a dead worker's restart before it gives
+            that worker up and re-issues its shard to another one.
 
     Attributes:
         version: policy version of the last `update_weights` (0 before any).
@@ -244,8 +272,10 @@ class RolloutPool:
 
     def __init__(self, cfg: Config, model_path: str | Path, *, num_workers: int | None = None,
                  env_factory: Callable[[str], Any] | None = None,
-                 runtime_env: dict[str, Any] | None = None) -> None:
+                 runtime_env: dict[str, Any] | None = None,
+                 restart_timeout_s: float = 300.0) -> None:
         self.cfg = cfg
+        self.restart_timeout_s = restart_timeout_s
         self.num_workers = cfg.rollout.num_workers if num_workers is None else num_workers
         if self.num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
@@ -254,6 +284,7 @@ class RolloutPool:
         self._weights_ref: Any = None
         self._local: RolloutWorker | None = None
         self.workers: list[Any] = []
+        self.alive: list[bool] = []
         if self.num_workers == 0:
             self._local = RolloutWorker(cfg, model_path, env_factory=env_factory)
             return
@@ -269,6 +300,7 @@ class RolloutPool:
         )
         self.workers = [actor.remote(cfg, str(model_path), worker_id=i, env_factory=env_factory)
                         for i in range(self.num_workers)]
+        self.alive = [True] * self.num_workers
         ray.get([w.ready.remote() for w in self.workers])
 
     # -- the two calls of the training loop ------------------------------------------------------
@@ -276,9 +308,9 @@ class RolloutPool:
             *, split: str = "train") -> list[Trajectory]:
         """Run every spec once and return one trajectory per spec, in the order of `specs`.
 
-        Specs are sharded by group (`shard_specs`), one shard per worker, each run with the same
-        `seed`. A shard whose worker dies is re-issued: first to the same (restarted) actor,
-        then to the next ones, at most `num_workers + 1` times in all.
+        Specs are sharded by group (`shard_specs`), one shard per live worker, each run with the same
+        `seed`. A shard whose worker dies is re-issued, once Ray has restarted that actor, to the
+        same actor; to the next live worker when Ray gave it up; at most `num_workers + 1` times.
 
         Raises:
             RuntimeError: a shard failed on every attempt (all workers dead).
@@ -293,7 +325,10 @@ class RolloutPool:
         import ray
         from ray.exceptions import RayActorError
 
-        shards = shard_specs(specs, self.num_workers)
+        live = [w for w in range(self.num_workers) if self.alive[w]]
+        if not live:
+            raise RuntimeError("every rollout worker is dead (Ray gave up restarting them)")
+        shards = shard_specs(specs, len(live))
         weights = None if self._weights_ref is None else [self.version, self._weights_ref]
         pending: dict[Any, tuple[int, int, int]] = {}  # ref -> (shard, worker, attempt)
 
@@ -304,7 +339,7 @@ class RolloutPool:
 
         for s, idx in enumerate(shards):
             if idx:
-                submit(s, s, 0)
+                submit(s, live[s], 0)
         results: dict[int, list[Trajectory]] = {}
         while pending:
             [ref], _ = ray.wait(list(pending), num_returns=1)
@@ -312,17 +347,44 @@ class RolloutPool:
             try:
                 results[s] = ray.get(ref)
             except RayActorError as e:
-                if attempt + 1 > self.num_workers:
+                target = w if self._revive(w) else self._next_alive(w)
+                if target is None or attempt + 1 > self.num_workers:
                     raise RuntimeError(f"rollout shard {s} ({len(shards[s])} episodes) failed on "
                                        f"{attempt + 1} attempts; last worker error: {e}") from e
                 self.stats["reissued"] += 1
-                submit(s, (w + attempt) % self.num_workers, attempt + 1)
+                submit(s, target, attempt + 1)
         out: list[Trajectory] = [None] * len(specs)  # type: ignore[list-item]
         for s, trajs in results.items():
             for i, tr in zip(shards[s], trajs):
                 out[i] = tr
         self.stats["run_s"] = time.perf_counter() - t0
         return out
+
+    def _revive(self, w: int) -> bool:
+        """Wait until worker `w` answers again after a failure (Ray restarts it: a call made
+        while it restarts fails with `ActorUnavailableError`). False, and `w` is marked dead,
+        when Ray gave up on it (`ActorDiedError`) or it is not back within `restart_timeout_s`."""
+        import ray
+        from ray.exceptions import ActorDiedError, ActorUnavailableError
+
+        deadline = time.monotonic() + self.restart_timeout_s
+        while self.alive[w] and time.monotonic() < deadline:
+            try:
+                ray.get(self.workers[w].ready.remote(), timeout=max(1.0, deadline - time.monotonic()))
+                return True
+            except ActorUnavailableError:
+                time.sleep(0.2)
+            except (ActorDiedError, ray.exceptions.GetTimeoutError):
+                break
+        self.alive[w] = False
+        return False
+
+    def _next_alive(self, w: int) -> int | None:
+        """The first live worker after `w` (cyclically), or None when all are dead."""
+        for k in range(1, self.num_workers + 1):
+            if self.alive[(w + k) % self.num_workers]:
+                return (w + k) % self.num_workers
+        return None
 
     def update_weights(self, state_dict: dict[str, Any], version: int) -> float:
         """Push a full state dict to every worker as policy `version`; returns the seconds.
@@ -344,7 +406,8 @@ class RolloutPool:
         cpu = {k: v.detach().to("cpu", copy=False).contiguous() for k, v in state_dict.items()}
         self._weights_ref = ray.put(cpu)
         self.stats["put_s"] = time.perf_counter() - t0
-        refs = [w.update_weights.remote(self._weights_ref, self.version) for w in self.workers]
+        refs = [w.update_weights.remote(self._weights_ref, self.version)
+                for w, ok in zip(self.workers, self.alive) if ok]
         loads = []
         for ref in refs:
             try:
@@ -364,9 +427,9 @@ class RolloutPool:
         from ray.exceptions import RayActorError
 
         out = []
-        for w in self.workers:
+        for w, ok in zip(self.workers, self.alive):
             try:
-                out.append(int(ray.get(w.policy_version.remote())))
+                out.append(int(ray.get(w.policy_version.remote())) if ok else -1)
             except RayActorError:
                 out.append(-1)
         return out

@@ -328,12 +328,14 @@ def _harness(job, finish):
 def _child(job, fds, limits, nproc_base):
     """Runs in the forked child: isolate, limit, then hand over to the harness."""
     stdin_fd, out_w, err_w, rep_w = fds
+    rep = rep_w
     try:
+        os.dup2(rep_w, REPORT_FD)
+        rep = REPORT_FD
         os.setsid()
         os.dup2(stdin_fd, 0)
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
-        os.dup2(rep_w, REPORT_FD)
         os.closerange(REPORT_FD + 1, 1 << 16)
         work = f"{TMP_ROOT}/run{os.getpid()}"
         os.mkdir(work, 0o700)
@@ -354,13 +356,12 @@ def _child(job, fds, limits, nproc_base):
         resource.setrlimit(resource.RLIMIT_AS, (limits["memory_mb"] * mb,) * 2)
         nproc = limits["max_procs"] + nproc_base
         resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-        sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
-        sys.stdout = sys.__stdout__ = io.TextIOWrapper(
-            io.FileIO(1, "w", closefd=False), errors="backslashreplace"
-        )
-        sys.stderr = sys.__stderr__ = io.TextIOWrapper(
+        sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
+        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), errors="backslashreplace")
+        sys.stderr = io.TextIOWrapper(
             io.FileIO(2, "w", closefd=False), errors="backslashreplace", line_buffering=True
         )
+        sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr  # type: ignore[misc]
         if "random" in sys.modules:
             sys.modules["random"].seed()
         real_setrecursionlimit = sys.setrecursionlimit
@@ -373,7 +374,7 @@ def _child(job, fds, limits, nproc_base):
         out, err = sys.stdout, sys.stderr
     except BaseException as e:  # noqa: BLE001 - report and die, never return into the server
         try:
-            os.write(rep_w, f"X child setup failed: {e!r}\n".encode())
+            os.write(rep, f"X child setup failed: {e!r}\n".encode())
         finally:
             os._exit(70)
 

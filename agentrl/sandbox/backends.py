@@ -34,8 +34,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import IO, Any
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +92,12 @@ def real_python() -> tuple[str, str]:
 class Channel:
     """Length-prefixed JSON messages to and from a server over two file descriptors."""
 
-    def __init__(self, wfd: int, rfd: int, kill, describe: str):
+    def __init__(self, wfd: int, rfd: int, kill: Callable[[bool], None], describe: str):
         self.wfd, self.rfd, self._kill, self.describe = wfd, rfd, kill, describe
         self._rbuf = bytearray()
+        self.proc: subprocess.Popen[bytes] | None = None  # the host process, if any
+        self.stderr_file: IO[bytes] | None = None  # its stderr, for start-up errors
+        self.helper: subprocess.Popen[bytes] | None = None  # user-namespace holder to reap
 
     def send(self, obj: dict) -> None:
         body = json.dumps(obj).encode()
@@ -186,10 +191,10 @@ def _make_userns(host_uid: int) -> tuple[int, subprocess.Popen]:
     the namespace and the helper process holding it (kill it once bwrap has joined).
     """
     exe, _ = real_python()
-    helper = subprocess.Popen(
-        [exe, "-I", "-S", "-c", _USERNS_HELPER],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )
+    helper = _SPAWNER.submit(
+        _spawn, [exe, "-I", "-S", "-c", _USERNS_HELPER], stderr=subprocess.PIPE
+    ).result()
+    assert helper.stdin and helper.stdout and helper.stderr
     try:
         if os.read(helper.stdout.fileno(), 1) != b"u":
             raise BackendError(f"user namespace helper failed: {helper.stderr.read().decode()}")
@@ -279,12 +284,23 @@ def bwrap_argv(*, root: bool, userns_fd: int | None, tmpfs_mb: int) -> list[str]
     return args + inner
 
 
-def _popen_channel(argv, *, pass_fds=(), cleanup=(), describe: str, **kw) -> Channel:
+def _spawn(argv: list[str], stderr: Any, pass_fds: tuple[int, ...] = (),
+           env: dict[str, str] | None = None, cwd: str | None = None,
+           start_new_session: bool = False) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                            pass_fds=pass_fds, env=env, cwd=cwd,
+                            start_new_session=start_new_session)
+
+
+def _popen_channel(argv: list[str], *, describe: str, pass_fds: tuple[int, ...] = (),
+                   cleanup: list[Callable[[], object]] | None = None,
+                   env: dict[str, str] | None = None, cwd: str | None = None,
+                   start_new_session: bool = False) -> Channel:
+    """Start ``argv`` (from the spawner thread), feed it the server source, wrap it."""
     stderr = tempfile.TemporaryFile()
-    proc = _SPAWNER.submit(
-        subprocess.Popen, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
-        pass_fds=pass_fds, **kw,
-    ).result()
+    proc = _SPAWNER.submit(_spawn, argv, stderr, pass_fds, env, cwd, start_new_session).result()
+    assert proc.stdin is not None and proc.stdout is not None
+    stdin, stdout = proc.stdin, proc.stdout
 
     def kill(graceful: bool = True) -> None:
         # Graceful: EOF on its control pipe makes an idle server exit; bwrap's init then
@@ -292,7 +308,7 @@ def _popen_channel(argv, *, pass_fds=(), cleanup=(), describe: str, **kw) -> Cha
         # processes from the inside out (bwrap's pid 1 first: the PID namespace dies with it
         # and the outer bwrap reaps it), then the top process.
         try:
-            proc.stdin.close()
+            stdin.close()
         except OSError:
             pass
         if graceful:
@@ -314,28 +330,32 @@ def _popen_channel(argv, *, pass_fds=(), cleanup=(), describe: str, **kw) -> Cha
                     proc.wait(timeout=10)
                 except subprocess.TimeoutExpired:
                     log.error("sandbox process %d did not die", proc.pid)
-        for f in (proc.stdout, stderr):
+        for f in (stdout, stderr):
             try:
                 f.close()
             except OSError:
                 pass
-        for fn in cleanup:
+        for fn in cleanup or ():
             fn()
 
-    ch = Channel(proc.stdin.fileno(), proc.stdout.fileno(), kill, describe)
+    ch = Channel(stdin.fileno(), stdout.fileno(), kill, describe)
     try:
-        proc.stdin.write(SERVER_SOURCE)
-        proc.stdin.flush()
+        stdin.write(SERVER_SOURCE)
+        stdin.flush()
     except OSError:
         pass  # it died at once; the worker reads EOF and reports stderr
-    ch.proc, ch.stderr_file = proc, stderr  # type: ignore[attr-defined]
+    ch.proc, ch.stderr_file = proc, stderr
     return ch
 
 
 def start_bwrap(tmpfs_mb: int) -> Channel:
     """Start one bwrap worker; the caller must ``kill()`` it."""
     root = os.geteuid() == 0
-    cleanup, pass_fds, userns_fd, helper, lease = [], (), None, None, None
+    cleanup: list[Callable[[], object]] = []
+    pass_fds: tuple[int, ...] = ()
+    userns_fd: int | None = None
+    helper: subprocess.Popen[bytes] | None = None
+    lease: UidLease | None = None
     try:
         if root:
             lease = UidLease()
@@ -352,7 +372,7 @@ def start_bwrap(tmpfs_mb: int) -> Channel:
     finally:
         if userns_fd is not None:
             os.close(userns_fd)
-    ch.helper = helper  # type: ignore[attr-defined]  # killed by the worker once ready
+    ch.helper = helper  # killed by the worker once the server is ready
     return ch
 
 
@@ -450,7 +470,7 @@ def start_docker(tmpfs_mb: int) -> Channel:
 STARTERS = {"bwrap": start_bwrap, "docker": start_docker, "subprocess": start_subprocess}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def probe(name: str) -> str | None:
     """None if backend ``name`` works here, else the reason it does not (cached)."""
     if name == "bwrap" and shutil.which("bwrap") is None:

@@ -130,8 +130,11 @@ class SandboxPool:
         with self._lock:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(self.size, thread_name_prefix="agentrl-sbx")
-        futures = [self._executor.submit(lambda j=j: self.run_tests(**j)) for j in jobs]
+        futures = [self._executor.submit(self._run_kwargs, j) for j in jobs]
         return [f.result() for f in futures]
+
+    def _run_kwargs(self, job: dict) -> SandboxResult:
+        return self.run_tests(**job)
 
     def _check_backend(self, backend: str | None) -> None:
         if backend not in (None, "auto", self.backend):

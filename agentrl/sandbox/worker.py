@@ -39,14 +39,14 @@ class Worker:
                 raise BackendError(f"unexpected greeting {hello!r:.200}")
         except (BackendError, TimeoutError) as e:
             err = ""
-            f = getattr(ch, "stderr_file", None)
+            f = ch.stderr_file
             if f is not None:
                 f.seek(0)
                 err = f.read(4000).decode(errors="replace").strip()
             ch.kill(graceful=False)
             raise BackendError(f"{self.backend} sandbox failed to start: {e!r} {err}") from e
         finally:
-            helper = getattr(ch, "helper", None)
+            helper = ch.helper
             if helper is not None:  # bwrap has joined the user namespace by now
                 helper.kill()
                 helper.wait()
@@ -83,7 +83,7 @@ class Worker:
     @property
     def host_pid(self) -> int | None:
         """Host pid of the process that holds the sandbox (bwrap / server), None if not running."""
-        proc = getattr(self._ch, "proc", None)
+        proc = self._ch.proc if self._ch is not None else None
         return proc.pid if proc is not None else None
 
     def shutdown(self) -> None:

@@ -1,0 +1,118 @@
+"""One agentrl GRPO run for the benchmark (a worker process of vs_trl.py).
+
+Runs the real `agentrl.train.train` loop (no SFT, evaluation on 1 task before/after, outside
+the timed steps) and records, per training step, `perf/step_s` and its split (rollout, env,
+update, sync), the generated tokens, and the compute timers of `bench_timers`.
+
+    python benchmarks/bench_ours.py --model DIR --prompts 2 --gens 4 --max-tokens 32 --steps 12
+
+Prints `RESULT {json}` as its last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def ours_overrides(a: argparse.Namespace, out: str) -> list[str]:
+    """agentrl config overrides matching the TRL side (see README: settings table)."""
+    return [
+        "env.name=bench_env:FracAEnv", f"model.path={a.model}",
+        f"rollout.tasks_per_step={a.prompts}", f"algo.group_size={a.gens}",
+        f"rollout.max_tokens={a.max_tokens}", "rollout.temperature=1.0", "rollout.top_p=1.0",
+        "rollout.torch_threads=1", "train.torch_threads=1", "rollout.env_threads=1",
+        "algo.name=grpo", "algo.kl_coef=0", "algo.update_epochs=1", "algo.minibatches=1",
+        "algo.clip_low=0.2", "algo.clip_high=0.2", "algo.agg=token-mean", "algo.scale=std",
+        f"train.lr={a.lr}", "train.weight_decay=0", "train.grad_clip=1.0",
+        f"train.micro_batch_size={a.prompts * a.gens}", "sft.steps=0", f"train.steps={a.steps}",
+        "train.eval_tasks=1", "train.eval_samples=1", "train.log_rollouts_every=0",
+        "train.save_every=0", "quiet=true", f"out={out}", f"seed={a.seed}",
+    ]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", required=True)
+    p.add_argument("--prompts", type=int, default=2)
+    p.add_argument("--gens", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--patch", default="", help="comma-separated proposed patches to apply (proposed.py)")
+    a = p.parse_args(argv)
+    t_start = time.perf_counter()
+    sys.path.insert(0, str(HERE))
+    import bench_timers as bt
+
+    bt.pin_threads(1)
+    import agentrl.learner as learner_mod
+    import agentrl.train as train_mod
+    from agentrl.config import load_config
+    from agentrl.rollout.engines.hf import HFEngine
+
+    if a.patch:
+        import proposed
+
+        proposed.apply(a.patch.split(","))
+    bt.install()
+    tokens = {"n": 0}
+    gen = HFEngine.generate
+
+    def generate(self, prompts, params):
+        with bt.timer("generate"), bt.phase("generate"):
+            out = gen(self, prompts, params)
+        tokens["n"] += sum(len(c.token_ids) for c in out)
+        return out
+
+    HFEngine.generate = generate
+    learner_mod.token_logprobs = bt.timed(learner_mod.token_logprobs, "fwd_logprobs")
+
+    steps: list[dict] = []
+    base = {"snap": bt.snapshot(), "tok": 0}
+    evaluate = train_mod.evaluate
+
+    def evaluate_untimed(*args, **kw):  # evaluation is not part of a training step
+        r = evaluate(*args, **kw)
+        base["snap"], base["tok"] = bt.snapshot(), tokens["n"]
+        return r
+
+    train_mod.evaluate = evaluate_untimed
+    log = train_mod.MetricsLog.log
+
+    def log_step(self, step, metrics):
+        if "perf/step_s" in metrics:
+            now = bt.snapshot()
+            d = bt.diff(now, base["snap"])
+            steps.append({"step": step, "sec": metrics["perf/step_s"],
+                          "rollout_s": metrics["perf/rollout_s"], "env_s": metrics["perf/env_s"],
+                          "update_s": metrics["perf/update_s"], "sync_s": metrics["perf/sync_s"],
+                          "gen_tokens": tokens["n"] - base["tok"],
+                          "reward": metrics["rollout/reward_mean"], **d})
+            base["snap"], base["tok"] = now, tokens["n"]
+        return log(self, step, metrics)
+
+    train_mod.MetricsLog.log = log_step
+    with tempfile.TemporaryDirectory(prefix="bench_ours_") as out:
+        cfg = load_config(overrides=ours_overrides(a, out))
+        t0 = time.perf_counter()
+        train_mod.train(cfg)
+        train_wall = time.perf_counter() - t0
+    res = {"side": "agentrl", "steps": steps, "peak_rss_mb": bt.peak_rss_mb(),
+           "process_s": time.perf_counter() - t_start, "train_call_s": train_wall,
+           "torch_threads": __import__("torch").get_num_threads(),
+           "omp": os.environ.get("OMP_NUM_THREADS"), "patch": a.patch}
+    print("RESULT " + json.dumps(res), flush=True)
+    return res
+
+
+if __name__ == "__main__":
+    main()

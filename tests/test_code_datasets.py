@@ -1,0 +1,220 @@
+"""Dataset loaders (HumanEval, MBPP, EvalPlus) and, marked slow, every reference solution of the
+shared files through the real sandbox."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from agentrl.sandbox import SandboxPool
+from agentrl_envs.code_datasets import (
+    SLOW_TASKS,
+    CodeTask,
+    detect_format,
+    humaneval_path,
+    load_dataset,
+    read_records,
+    select_split,
+    task_from_dict,
+)
+from agentrl_envs.code_sandbox import CodeSandboxEnv, sandbox_job
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+FILES = {"HumanEval.jsonl.gz": 164, "HumanEvalPlus.jsonl.gz": 164, "MbppPlus.jsonl.gz": 399,
+         "mbpp_sanitized.json": 427}
+needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"shared data not found at {DATA}")
+
+# A HumanEval+-style record small enough to reason about by hand.
+PLUS = {
+    "task_id": "HumanEval/900", "entry_point": "halve",
+    "prompt": 'def halve(xs: list) -> list:\n    """Halve every number."""\n',
+    "canonical_solution": "    return [x / 2 for x in xs]\n",
+    "test": "def check(candidate):\n    assert candidate([2]) == [1.0]\n",
+    "base_input": [[[2, 4]], [[1]]], "plus_input": [[[3, 5, 7]], [[]], [[0.3]]], "atol": 0,
+}
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with SandboxPool(workers=2) as p:
+        yield p
+
+
+@needs_data
+@pytest.mark.parametrize("name, count", FILES.items())
+def test_shared_files_load_with_counts(name, count):
+    tasks = load_dataset(str(DATA / name))
+    assert len(tasks) == count
+    assert all(t.tests and t.solution and t.entry_point for t in tasks)
+    assert len({t.task_id for t in tasks}) == count
+
+
+def test_humaneval_from_the_pypi_package():
+    path = humaneval_path()
+    assert path.name == "HumanEval.jsonl.gz"
+    tasks = load_dataset("humaneval")
+    assert len(tasks) == 164 and tasks[0].task_id == "HumanEval/0"
+    assert tasks[0].entry_point == "has_close_elements" and tasks[0].source == "humaneval"
+    if DATA.is_dir():
+        assert [t.to_dict() for t in tasks] == [t.to_dict() for t in load_dataset(str(DATA / "HumanEval.jsonl.gz"))]
+
+
+@needs_data
+def test_formats_detected_per_record():
+    def first(name):
+        recs = read_records(DATA / name)
+        return recs[0]
+
+    assert detect_format(first("HumanEval.jsonl.gz")) == "humaneval"
+    assert detect_format(first("HumanEvalPlus.jsonl.gz")) == "humaneval+"
+    assert detect_format(first("MbppPlus.jsonl.gz")) == "mbpp+"
+    assert detect_format(first("mbpp_sanitized.json")) == "mbpp-sanitized"
+    assert detect_format({"text": "t", "code": "def f(): pass", "test_list": []}) == "mbpp"
+    assert detect_format({"prompt": "p", "entry_point": "f", "tests": ["pass"]}) == "builtin"
+    with pytest.raises(ValueError, match="unknown format"):
+        detect_format({"question": "q"})
+
+
+@needs_data
+def test_mbpp_sanitized_task_fields():
+    t = {t.task_id: t for t in load_dataset(str(DATA / "mbpp_sanitized.json"))}["Mbpp/2"]
+    assert t.entry_point == "similar_elements"  # inferred from the code and the asserts
+    assert t.prompt == ("Write a function to find the shared elements from the given two lists.\n"
+                        "Your code should pass this test:\n"
+                        "assert set(similar_elements((3, 4, 5, 6),(5, 7, 4, 10))) == set((4, 5))")
+    assert len(t.tests) == 3 and t.time_limit == 10.0
+    assert {t.task_id: t for t in load_dataset(str(DATA / "mbpp_sanitized.json"))}["Mbpp/123"].time_limit == SLOW_TASKS["Mbpp/123"]
+
+
+@needs_data
+def test_mbpp_plus_task_fields_and_input_types():
+    tasks = {t.task_id: t for t in load_dataset(str(DATA / "MbppPlus.jsonl.gz"))}
+    t = tasks["Mbpp/2"]
+    assert t.test_names[:3] == ["assert 1", "assert 2", "assert 3"]
+    assert t.test_names[3:] == ["base[0:1]", "base[1:2]", "base[2:3]"] + [n for n in t.test_names if n.startswith("plus")]
+    assert '{"__tuple__": [3, 4, 5, 6]}' in t.tests[3]  # MBPP+ task 2 takes tuples (EvalPlus)
+    assert '"__complex__"' in tasks["Mbpp/124"].tests[3]
+    assert tasks["Mbpp/82"].setup == "import math"  # non-assert lines of `assertion`
+
+
+def test_read_records_formats(tmp_path):
+    recs = [{"prompt": "p", "entry_point": "f", "tests": ["assert f() == 1"],
+             "solution": "def f():\n    return 1\n", "task_id": f"c/{i}"} for i in range(3)]
+    (tmp_path / "a.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n\n")
+    (tmp_path / "b.json").write_text(json.dumps(recs))
+    (tmp_path / "c.json").write_text(json.dumps({r["task_id"]: r for r in recs}))
+    with gzip.open(tmp_path / "d.jsonl.gz", "wt") as f:
+        f.write("\n".join(json.dumps(r) for r in recs))
+    for name in ("a.jsonl", "b.json", "c.json", "d.jsonl.gz"):
+        tasks = load_dataset(str(tmp_path / name))
+        assert [t.task_id for t in tasks] == ["c/0", "c/1", "c/2"]
+    (tmp_path / "dup.json").write_text(json.dumps(recs + recs[:1]))
+    with pytest.raises(ValueError, match="duplicate"):
+        load_dataset(str(tmp_path / "dup.json"))
+    (tmp_path / "bad.json").write_text(json.dumps([{"q": 1}]))
+    with pytest.raises(ValueError, match="record 0"):
+        load_dataset(str(tmp_path / "bad.json"))
+    with pytest.raises(FileNotFoundError):
+        load_dataset(str(tmp_path / "missing.jsonl"))
+
+
+def test_split_of_a_file_is_a_fixed_hash_split():
+    tasks = [CodeTask(f"t/{i}", "p", "f", ["pass"]) for i in range(200)]
+    train, held = select_split(tasks, "train"), select_split(tasks, "heldout")
+    assert len(train) + len(held) == 200 and not {t.task_id for t in train} & {t.task_id for t in held}
+    assert 20 <= len(held) <= 60  # about 20 %
+    assert [t.task_id for t in select_split(tasks, "test")] == [t.task_id for t in held]
+    assert select_split(tasks, "all") == tasks
+
+
+def test_evalplus_diff_tests_compare_with_the_canonical_solution(pool):
+    t = task_from_dict(PLUS)
+    assert t.test_names == ["check", "base[0:1]", "base[1:2]", "plus[0:1]", "plus[1:2]", "plus[2:3]"]
+
+    def run(code):
+        return pool.run_tests(**sandbox_job(t, code))
+
+    assert run(t.solution).verdict == "pass"
+    # floats within 1e-6 (atol 0 -> 1e-6 for float outputs, as EvalPlus): 0.3/2 = 0.15
+    assert run("def halve(xs):\n    return [x * 0.5 + 1e-9 for x in xs]").verdict == "pass"
+    r = run("def halve(xs):\n    return [x * 0.5 + 1e-3 for x in xs]")
+    assert r.verdict == "fail" and r.passed == 0
+    assert "halve(*base_input[0]) returned [1.001, 2.001], expected [1.0, 2.0]" in r.tests[1].error
+    # integer division is wrong on odd inputs only: base[0] ([2, 4]) passes, [1] fails
+    r = run("def halve(xs):\n    return [x // 2 for x in xs]")
+    assert [o.passed for o in r.tests] == [False, True, False, False, True, False]
+    # a candidate that mutates its input cannot change the expected output (deep copies)
+    r = run("def halve(xs):\n    out = [x / 2 for x in xs]\n    xs.clear()\n    return out")
+    assert r.verdict == "pass"
+    # redefining private names or the reference's helpers does not fake a pass
+    r = run("def halve(xs):\n    return None\nexec = lambda *a, **k: None\n__agentrl_diff = None")
+    assert r.passed == 0
+
+
+def test_evalplus_special_oracles(pool):
+    rec = {"task_id": "Mbpp/2", "entry_point": "similar_elements", "prompt": "'''\nShared.\n'''",
+           "canonical_solution": "def similar_elements(a, b):\n    return tuple(sorted(set(a) & set(b)))\n",
+           "assertion": "assert set(similar_elements((1, 2), (2, 3))) == {2}\n",
+           "base_input": [[[1, 2, 3], [3, 2]]], "plus_input": [], "atol": 0}
+    t = task_from_dict(rec)
+    # Mbpp/2 is compared as sets (EvalPlus MBPP_OUTPUT_SET_EQ_TASKS); input lists become tuples
+    ok = "def similar_elements(a, b):\n    assert isinstance(a, tuple)\n    return (3, 2)"
+    assert pool.run_tests(**sandbox_job(t, ok)).verdict == "pass"
+    zero = {**PLUS, "entry_point": "find_zero", "task_id": "HumanEval/32",
+            "prompt": "def find_zero(xs):\n", "canonical_solution": "    return 2.0\n",
+            "test": "def check(candidate):\n    pass\n", "base_input": [[[-4, 2]]], "plus_input": [],
+            "atol": 1e-4}
+    t = task_from_dict(zero)
+    # any root passes (-4 + 2x = 0 at x = 2.00001 within atol 1e-4 for the residual 2e-5)
+    assert pool.run_tests(**sandbox_job(t, "def find_zero(xs):\n    return 2.00001")).verdict == "pass"
+    assert pool.run_tests(**sandbox_job(t, "def find_zero(xs):\n    return 2.1")).verdict == "fail"
+
+
+@needs_data
+def test_env_runs_real_humaneval_tasks():
+    env = CodeSandboxEnv(dataset=str(DATA / "HumanEval.jsonl.gz"), split="all")
+    obs, info = env.reset(options={"task_index": 0})
+    assert info["task_id"] == "HumanEval/0"
+    assert obs[1]["content"].startswith("Complete this Python function:\n```python\nfrom typing import List")
+    body = load_dataset(str(DATA / "HumanEval.jsonl.gz"))[0].solution.split('"""\n', 2)[-1]
+    assert env.step(f"```python\n{body}```")[1] == 1.0  # a body completion
+    env.reset(seed=3)
+    assert env.step("def nothing(): pass")[1] == 0.0
+
+
+# -- every reference solution through the real sandbox ------------------------------------------
+
+WRONG = "def {name}(*args, **kwargs):\n    return None\n"
+
+
+@needs_data
+@pytest.mark.slow
+def test_every_reference_solution_passes_and_a_wrong_one_fails():
+    """All reference solutions of the four shared files pass their tests in the real sandbox
+    (with each task's time limit) and `return None` under the entry point's name fails.
+    Prints counts and timings per file (pytest -s)."""
+    failures, report = [], []
+    with SandboxPool() as pool:
+        for name, count in FILES.items():
+            tasks = load_dataset(str(DATA / name))
+            t0 = time.perf_counter()
+            good = pool.map_tests([sandbox_job(t, t.solution) for t in tasks])
+            t1 = time.perf_counter()
+            bad = pool.map_tests([sandbox_job(t, WRONG.format(name=t.entry_point)) for t in tasks])
+            t2 = time.perf_counter()
+            n_pass = sum(r.verdict == "pass" for r in good)
+            n_wrong_fail = sum(r.verdict != "pass" for r in bad)
+            slowest = max(zip(good, tasks), key=lambda p: p[0].wall_s)
+            report.append(f"{name}: {n_pass}/{count} references pass ({t1 - t0:.0f} s), "
+                          f"{n_wrong_fail}/{count} wrong fail ({t2 - t1:.0f} s); slowest "
+                          f"{slowest[1].task_id} {slowest[0].wall_s:.1f} s; verdicts of wrong: "
+                          f"{dict(Counter(r.verdict for r in bad))}")
+            failures += [(t.task_id, r.verdict, r.error) for t, r in zip(tasks, good) if r.verdict != "pass"]
+            failures += [(t.task_id, "wrong passed", None) for t, r in zip(tasks, bad) if r.verdict == "pass"]
+    print("\n".join(report))
+    assert failures == []
