@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> dict:
         import proposed
 
         proposed.apply(a.patch.split(","))
+        proposed.StaticDecoder.step = bt.timed(proposed.StaticDecoder.step, "gen_forward")
     bt.install()
     tokens = {"n": 0}
     gen = HFEngine.generate
@@ -77,13 +78,34 @@ def main(argv: list[str] | None = None) -> dict:
     learner_mod.token_logprobs = bt.timed(learner_mod.token_logprobs, "fwd_logprobs")
 
     steps: list[dict] = []
-    base = {"snap": bt.snapshot(), "tok": 0}
+    base = {"snap": bt.snapshot(), "tok": 0, "eval": False}
     evaluate = train_mod.evaluate
 
     def evaluate_untimed(*args, **kw):  # evaluation is not part of a training step
-        r = evaluate(*args, **kw)
+        base["eval"] = True
+        try:
+            r = evaluate(*args, **kw)
+        finally:
+            base["eval"] = False
         base["snap"], base["tok"] = bt.snapshot(), tokens["n"]
         return r
+
+    # the step's own clock: from the start of `collect` to the end of the weight sync
+    collect = train_mod.collect
+
+    def collect_clocked(*args, **kw):
+        if not base["eval"]:
+            base["t0"], base["c0"] = time.perf_counter(), time.process_time()
+        return collect(*args, **kw)
+
+    train_mod.collect = collect_clocked
+    sync = HFEngine.update_weights
+
+    def sync_clocked(self, state_dict, version):
+        sync(self, state_dict, version)
+        base["t1"], base["c1"] = time.perf_counter(), time.process_time()
+
+    HFEngine.update_weights = sync_clocked
 
     train_mod.evaluate = evaluate_untimed
     log = train_mod.MetricsLog.log
@@ -96,6 +118,7 @@ def main(argv: list[str] | None = None) -> dict:
                           "rollout_s": metrics["perf/rollout_s"], "env_s": metrics["perf/env_s"],
                           "update_s": metrics["perf/update_s"], "sync_s": metrics["perf/sync_s"],
                           "gen_tokens": tokens["n"] - base["tok"],
+                          "wall_s": base["t1"] - base["t0"], "cpu_s": base["c1"] - base["c0"],
                           "reward": metrics["rollout/reward_mean"], **d})
             base["snap"], base["tok"] = now, tokens["n"]
         return log(self, step, metrics)

@@ -82,10 +82,12 @@ def main(argv: list[str] | None = None) -> dict:
 
         def on_step_begin(self, args, state, control, **kw):
             self.t0, self.snap, self.tok = time.perf_counter(), bt.snapshot(), tokens["n"]
+            self.c0 = time.process_time()
 
         def on_step_end(self, args, state, control, **kw):
-            dt = time.perf_counter() - self.t0
-            self.rows.append({"step": state.global_step, "sec": dt, "gen_tokens": tokens["n"] - self.tok,
+            dt, cpu = time.perf_counter() - self.t0, time.process_time() - self.c0
+            self.rows.append({"step": state.global_step, "sec": dt, "wall_s": dt, "cpu_s": cpu,
+                              "gen_tokens": tokens["n"] - self.tok,
                               **bt.diff(bt.snapshot(), self.snap)})
 
         def on_log(self, args, state, control, logs=None, **kw):

@@ -37,6 +37,7 @@ import hashlib
 import importlib.util
 import json
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,8 +110,10 @@ def normalize_split(split: str) -> str:
 def _defined_functions(code: str) -> list[str]:
     """Names of top-level functions `code` defines (AST; a regex when it does not parse)."""
     try:
-        return [n.name for n in ast.parse(code).body
-                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        with warnings.catch_warnings():  # e.g. invalid escape sequences in MBPP code
+            warnings.simplefilter("ignore")
+            tree = ast.parse(code)
+        return [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     except SyntaxError:
         return re.findall(r"^def\s+(\w+)\s*\(", code, re.M)
 
@@ -145,6 +148,27 @@ def _split_statements(src: str) -> tuple[list[str], list[str]]:
 def _mbpp_prompt(text: str, first_test: str) -> str:
     text = text.strip().strip("'\"").strip()
     return f"{text}\nYour code should pass this test:\n{first_test.strip()}"
+
+
+def _compiles(src: str) -> bool:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compile(src, "<prompt>", "exec")
+        return True
+    except SyntaxError:
+        return False
+
+
+def _humaneval_setup(prompt: str) -> str:
+    """Setup code for a HumanEval task: its prompt (imports, helper functions, and the entry
+    point as a docstring-only stub that the answer replaces), so that a full-function answer
+    without the prompt's imports still runs. A prompt that does not compile on its own gets a
+    `pass` body, else only its import lines are kept."""
+    for src in (prompt, prompt.rstrip("\n") + "\n    pass\n"):
+        if _compiles(src):
+            return src
+    return "\n".join(ln for ln in prompt.splitlines() if ln.startswith(("import ", "from ")))
 
 
 def _humaneval_prompt(prompt: str) -> str:
@@ -387,7 +411,7 @@ def _from_humaneval(d: dict[str, Any], max_chunks: int) -> CodeTask:
     return CodeTask(
         task_id=str(d["task_id"]), prompt=_humaneval_prompt(prompt), entry_point=entry,
         tests=[d["test"] + f"\n\ncheck({entry})\n"], test_names=["check"],
-        setup=prompt, prefix=prompt, solution=prompt + d["canonical_solution"],
+        setup=_humaneval_setup(prompt), prefix=prompt, solution=prompt + d["canonical_solution"],
         time_limit=_time_limit(str(d["task_id"]), "humaneval"), source="humaneval")
 
 

@@ -34,7 +34,7 @@ PLUS = {
     "task_id": "HumanEval/900", "entry_point": "halve",
     "prompt": 'def halve(xs: list) -> list:\n    """Halve every number."""\n',
     "canonical_solution": "    return [x / 2 for x in xs]\n",
-    "test": "def check(candidate):\n    assert candidate([2]) == [1.0]\n",
+    "test": "def check(candidate):\n    assert abs(candidate([2])[0] - 1.0) < 1e-6\n",
     "base_input": [[[2, 4]], [[1]]], "plus_input": [[[3, 5, 7]], [[]], [[0.3]]], "atol": 0,
 }
 
@@ -143,11 +143,12 @@ def test_evalplus_diff_tests_compare_with_the_canonical_solution(pool):
     # floats within 1e-6 (atol 0 -> 1e-6 for float outputs, as EvalPlus): 0.3/2 = 0.15
     assert run("def halve(xs):\n    return [x * 0.5 + 1e-9 for x in xs]").verdict == "pass"
     r = run("def halve(xs):\n    return [x * 0.5 + 1e-3 for x in xs]")
-    assert r.verdict == "fail" and r.passed == 0
+    assert r.verdict == "fail" and r.passed == 1  # only plus[1], the empty list, agrees
     assert "halve(*base_input[0]) returned [1.001, 2.001], expected [1.0, 2.0]" in r.tests[1].error
-    # integer division is wrong on odd inputs only: base[0] ([2, 4]) passes, [1] fails
+    # integer division is right on even inputs only: check ([2]), base[0] ([2, 4]) and
+    # plus[1] ([]) pass; [1], [3, 5, 7] and [0.3] fail
     r = run("def halve(xs):\n    return [x // 2 for x in xs]")
-    assert [o.passed for o in r.tests] == [False, True, False, False, True, False]
+    assert [o.passed for o in r.tests] == [True, True, False, False, True, False]
     # a candidate that mutates its input cannot change the expected output (deep copies)
     r = run("def halve(xs):\n    out = [x / 2 for x in xs]\n    xs.clear()\n    return out")
     assert r.verdict == "pass"
@@ -163,7 +164,8 @@ def test_evalplus_special_oracles(pool):
            "base_input": [[[1, 2, 3], [3, 2]]], "plus_input": [], "atol": 0}
     t = task_from_dict(rec)
     # Mbpp/2 is compared as sets (EvalPlus MBPP_OUTPUT_SET_EQ_TASKS); input lists become tuples
-    ok = "def similar_elements(a, b):\n    assert isinstance(a, tuple)\n    return (3, 2)"
+    ok = ("def similar_elements(a, b):\n    assert isinstance(a, tuple)\n"
+          "    return tuple(sorted(set(a) & set(b), reverse=True))")  # (3, 2), not (2, 3)
     assert pool.run_tests(**sandbox_job(t, ok)).verdict == "pass"
     zero = {**PLUS, "entry_point": "find_zero", "task_id": "HumanEval/32",
             "prompt": "def find_zero(xs):\n", "canonical_solution": "    return 2.0\n",
@@ -209,12 +211,12 @@ def test_every_reference_solution_passes_and_a_wrong_one_fails():
             t2 = time.perf_counter()
             n_pass = sum(r.verdict == "pass" for r in good)
             n_wrong_fail = sum(r.verdict != "pass" for r in bad)
-            slowest = max(zip(good, tasks), key=lambda p: p[0].wall_s)
+            slowest = max(zip(good, tasks, strict=True), key=lambda p: p[0].wall_s)
             report.append(f"{name}: {n_pass}/{count} references pass ({t1 - t0:.0f} s), "
                           f"{n_wrong_fail}/{count} wrong fail ({t2 - t1:.0f} s); slowest "
                           f"{slowest[1].task_id} {slowest[0].wall_s:.1f} s; verdicts of wrong: "
                           f"{dict(Counter(r.verdict for r in bad))}")
-            failures += [(t.task_id, r.verdict, r.error) for t, r in zip(tasks, good) if r.verdict != "pass"]
-            failures += [(t.task_id, "wrong passed", None) for t, r in zip(tasks, bad) if r.verdict == "pass"]
+            failures += [(t.task_id, r.verdict, r.error) for t, r in zip(tasks, good, strict=True) if r.verdict != "pass"]
+            failures += [(t.task_id, "wrong passed", None) for t, r in zip(tasks, bad, strict=True) if r.verdict == "pass"]
     print("\n".join(report))
     assert failures == []

@@ -237,26 +237,14 @@ def eval_command(
     mt, met = cfg.rollout.max_tokens, cfg.rollout.max_episode_tokens
     rollout = pool = None
 
+    engine: Any
     if scripted:
-        from agentrl.eval.reference import lookup_policy, reference_table, reference_texts
-        from agentrl.rollout.engines.scripted import ScriptedEngine
+        from agentrl.eval.reference import reference_setup
 
         tok_dir = model.split(":", 1)[1] if ":" in model else None
-        if tok_dir:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
-        else:
-            from agentrl.model import build_tokenizer
-
-            tokenizer = build_tokenizer(reference_texts(make_env, tasks), vocab_size=cfg.model.vocab_size)
-        renderer = ChatRenderer(tokenizer)
-        table = reference_table(make_env, renderer, tasks)
-        engine: Any = ScriptedEngine(tokenizer, lookup_policy(table))
-        answer_len = max(len(tokenizer.encode(a, add_special_tokens=False)) for a in table.values()) + 1
-        prompt_len = max(len(p) for p in table)
-        mt = max(mt, answer_len)
-        met = max(met, prompt_len + answer_len + 1)
+        engine, renderer, answer_cap, episode_cap = reference_setup(
+            make_env, tasks, tokenizer_dir=tok_dir, vocab_size=cfg.model.vocab_size)
+        mt, met = max(mt, answer_cap), max(met, episode_cap)
         model_label = "reference" + (f" (tokenizer {tok_dir})" if tok_dir else "")
     elif use_pool:
         from agentrl.rollout.workers import RolloutPool, load_tokenizer
@@ -267,7 +255,7 @@ def eval_command(
         model_label = str(model_dir)
 
         def rollout(specs: list[Any], params: Any, s: int | None) -> list[Any]:
-            return pool.run(specs, params, s, split=split_arg)  # type: ignore[arg-type]  # None: no split kwarg
+            return pool.run(specs, params, s, split=split_arg)
     else:
         from agentrl.rollout.workers import make_engine
 

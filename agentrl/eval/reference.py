@@ -112,3 +112,39 @@ def reference_texts(make_env: Callable[[], Any], tasks: Iterable[dict[str, Any]]
         if has_reference(env):
             texts.append(_reference(env))
     return texts
+
+
+def reference_setup(make_env: Callable[[], Any], tasks: Sequence[dict[str, Any]], *,
+                    tokenizer_dir: str | None = None, vocab_size: int = 1024
+                    ) -> tuple[ScriptedEngine, ChatRenderer, int, int]:
+    """Everything `agentrl eval --model reference` needs: the engine, its renderer, and the
+    token caps that keep every reference answer whole.
+
+    Args:
+        make_env: makes one env of the evaluated kind.
+        tasks: reset kwargs of the tasks.
+        tokenizer_dir: a model directory whose tokenizer to use; None: train the embedded
+            byte-level BPE tokenizer (`agentrl.model.build_tokenizer`) offline on the tasks'
+            texts (`reference_texts`).
+        vocab_size: vocabulary of that trained tokenizer.
+
+    Returns:
+        `(engine, renderer, answer_cap, episode_cap)`: `answer_cap` is the longest answer in
+        tokens + 1 (its end-of-turn), `episode_cap` the longest prompt + `answer_cap` + 1.
+
+    Raises:
+        ValueError: see `reference_table`.
+    """
+    if tokenizer_dir:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
+    else:
+        from agentrl.model import build_tokenizer
+
+        tokenizer = build_tokenizer(reference_texts(make_env, tasks), vocab_size=vocab_size)
+    renderer = ChatRenderer(tokenizer)
+    table = reference_table(make_env, renderer, tasks)
+    answer_cap = max(len(tokenizer.encode(a, add_special_tokens=False)) for a in table.values()) + 1
+    episode_cap = max(len(p) for p in table) + answer_cap + 1
+    return ScriptedEngine(tokenizer, lookup_policy(table)), renderer, answer_cap, episode_cap

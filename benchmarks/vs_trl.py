@@ -1,0 +1,192 @@
+"""Side-by-side speed of agentrl's GRPO and TRL's GRPOTrainer on identical work.
+
+    python benchmarks/vs_trl.py                     # base (2x4x32) and large (8x8x64), ~8 min on 2 cores
+    python benchmarks/vs_trl.py --variants trl,ours,ours+all --configs base   # with proposed patches
+
+One tiny Qwen2 (the peer baseline's: 417K parameters, 943-token byte-level BPE; built once into a
+temporary directory that both sides load), one prompt set (the 64 'Write about {topic} number
+{i}.' prompts), one reward (fraction of 'a' characters). For each configuration (prompts per
+step x generations per prompt x max completion tokens) the variants run in turn, each in its own
+subprocess (OMP_NUM_THREADS=1, torch intra/inter-op threads 1), for `--rounds` rounds:
+TRL, ours, TRL, ours, ... Each process runs `--warmup + --steps` training steps; the warm-up
+steps are left out of the medians.
+
+Matching settings (both sides): temperature 1.0, top_p 1, AdamW (lr `--lr`, betas 0.9/0.999, eps
+1e-8, weight decay 0, constant schedule, grad-norm clip 1.0), float32, one optimizer step per batch
+(TRL num_iterations=1, steps_per_generation=1; ours update_epochs=1, minibatches=1), no
+reference model (TRL beta=0; ours kl_coef=0), token-mean loss over the batch (TRL loss_type
+'dapo', its 1.16 default; ours agg=token-mean), clip 0.2 both ways, group-std advantages, one
+forward/backward over the whole batch (ours micro_batch_size = batch), no SFT, no evaluation in
+the timed steps. Timed step: TRL from `on_step_begin` to `on_step_end` (generation, reward,
+forward/backward, optimizer); ours `perf/step_s` of `agentrl.train.train` (rollout with env
+reward, update, weight sync).
+
+Prints the table and writes all per-step records as JSON (`--json`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CONFIGS = {"base": (2, 4, 32), "large": (8, 8, 64)}
+"""name -> (prompts per step, generations per prompt, max completion tokens)."""
+
+
+def worker_env() -> dict[str, str]:
+    """Environment of every worker: one thread everywhere, offline, quiet."""
+    env = dict(os.environ)
+    env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+                "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                "HF_DATASETS_OFFLINE": "1", "WANDB_DISABLED": "true", "PYTHONUNBUFFERED": "1",
+                "TRANSFORMERS_VERBOSITY": "error"})
+    return env
+
+
+def run_worker(variant: str, model: str, cfg: tuple[int, int, int], steps: int, lr: float,
+               seed: int, timeout: float) -> dict:
+    """Run one variant ('trl', 'ours' or 'ours+PATCH[+PATCH]') in a fresh process; its RESULT."""
+    p, g, c = cfg
+    script = "bench_trl.py" if variant == "trl" else "bench_ours.py"
+    cmd = [sys.executable, str(HERE / script), "--model", model, "--prompts", str(p), "--gens", str(g),
+           "--max-tokens", str(c), "--steps", str(steps), "--lr", str(lr), "--seed", str(seed)]
+    if variant.startswith("ours+"):
+        cmd += ["--patch", variant.split("+", 1)[1].replace("+", ",")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=worker_env(), timeout=timeout)
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    raise RuntimeError(f"{variant} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+
+
+def _med(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def summarize(runs: list[dict], warmup: int) -> dict:
+    """Medians over the timed steps of all runs of one variant (warm-up steps dropped)."""
+    steps = [s for r in runs for s in r["steps"][warmup:]]
+    sec = [s["sec"] for s in steps]
+    tok = [s["gen_tokens"] for s in steps]
+
+    def med(key: str) -> float:
+        return _med([s.get(key, 0.0) for s in steps])
+
+    compute = [s.get("gen_forward", 0.0) + s.get("fwd_logprobs", 0.0) + s.get("backward", 0.0)
+               + s.get("optim", 0.0) for s in steps]
+    out = {"n_steps": len(steps), "median_step_s": _med(sec),
+           "median_cpu_s": _med([s["cpu_s"] for s in steps]),
+           "median_wall_s": _med([s["wall_s"] for s in steps]),
+           "q1_step_s": statistics.quantiles(sec, n=4)[0] if len(sec) > 1 else float("nan"),
+           "q3_step_s": statistics.quantiles(sec, n=4)[2] if len(sec) > 1 else float("nan"),
+           "tokens_per_step": statistics.mean(tok) if tok else float("nan"),
+           "tokens_per_s": sum(tok) / sum(sec) if sec else float("nan"),
+           "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
+           "process_s": _med([r["process_s"] for r in runs]),
+           "generate_s": med("generate"), "gen_forward_s": med("gen_forward"),
+           "fwd_logprobs_s": med("fwd_logprobs"), "backward_s": med("backward"), "optim_s": med("optim"),
+           "overhead_frac": _med([(s["sec"] - c) / s["sec"] for s, c in zip(steps, compute)]),
+           "reward_first": _med([r["steps"][0].get("reward", float("nan")) for r in runs]),
+           "reward_last": _med([r["steps"][-1].get("reward", float("nan")) for r in runs])}
+    for k in ("rollout_s", "env_s", "update_s", "sync_s"):
+        if steps and k in steps[0]:
+            out[k] = med(k)
+    return out
+
+
+def format_table(results: dict[str, dict[str, dict]]) -> str:
+    """Markdown tables: one row per (config, variant), then our step split."""
+    lines = ["| config | side | median s/step (IQR) | gen tokens/step | gen tokens/s | peak RSS MB "
+             "| time vs TRL | speedup | framework overhead |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for cname, variants in results.items():
+        trl = variants.get("trl")
+        for v, s in variants.items():
+            ratio = s["median_step_s"] / trl["median_step_s"] if trl else float("nan")
+            lines.append(f"| {cname} {'x'.join(map(str, CONFIGS[cname]))} | {v} | {s['median_step_s']:.3f} "
+                         f"({s['q1_step_s']:.3f}-{s['q3_step_s']:.3f}) | {s['tokens_per_step']:.1f} | "
+                         f"{s['tokens_per_s']:.0f} | {s['peak_rss_mb']:.0f} | {ratio:.2f} | "
+                         f"{1 / ratio:.2f}x | {100 * s['overhead_frac']:.0f}% |")
+    lines += ["", "| config | side | rollout s | (env s) | update s | sync s | generate s "
+              "| gen model fwd s | learner fwd s | backward s | optim s |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for cname, variants in results.items():
+        for v, s in variants.items():
+            lines.append(f"| {cname} | {v} | {s.get('rollout_s', float('nan')):.3f} | "
+                         f"{s.get('env_s', float('nan')):.4f} | {s.get('update_s', float('nan')):.3f} | "
+                         f"{s.get('sync_s', float('nan')):.4f} | {s['generate_s']:.3f} | "
+                         f"{s['gen_forward_s']:.3f} | {s['fwd_logprobs_s']:.3f} | {s['backward_s']:.3f} | "
+                         f"{s['optim_s']:.4f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--configs", default="base,large", help=f"comma list of {', '.join(CONFIGS)}")
+    ap.add_argument("--variants", default="trl,ours",
+                    help="comma list: trl, ours, ours+PATCH[+PATCH] (PATCH in benchmarks/proposed.py, or all)")
+    ap.add_argument("--rounds", type=int, default=2, help="processes per variant and config (alternating)")
+    ap.add_argument("--steps", type=int, default=10, help="timed steps per process")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed first steps per process")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--model-dir", default=None, help="reuse/build the tiny model here (default: temp dir)")
+    ap.add_argument("--json", default="runs/bench/vs_trl.json", help="where to write all records")
+    ap.add_argument("--timeout", type=float, default=400, help="seconds per worker process")
+    a = ap.parse_args(argv)
+    t_start = time.perf_counter()
+    sys.path.insert(0, str(HERE))
+    from tiny_qwen import build_tiny_qwen
+
+    tmp = tempfile.TemporaryDirectory(prefix="bench_model_")
+    model = a.model_dir or tmp.name
+    if not (Path(model) / "config.json").exists():
+        info = build_tiny_qwen(model)
+        print(f"[model] {model}: {info}", flush=True)
+    variants = a.variants.split(",")
+    configs = a.configs.split(",")
+    raw: dict[str, dict[str, list[dict]]] = {c: {v: [] for v in variants} for c in configs}
+    for cname in configs:
+        for r in range(a.rounds):
+            for v in variants:
+                t0 = time.perf_counter()
+                res = run_worker(v, model, CONFIGS[cname], a.warmup + a.steps, a.lr, a.seed + r, a.timeout)
+                raw[cname][v].append(res)
+                st = [s["sec"] for s in res["steps"][a.warmup:]]
+                print(f"[{cname} round {r + 1}/{a.rounds}] {v:>10}: median {_med(st):.3f} s/step, "
+                      f"{statistics.mean(s['gen_tokens'] for s in res['steps']):.0f} tokens/step, "
+                      f"process {time.perf_counter() - t0:.0f} s", flush=True)
+    results = {c: {v: summarize(raw[c][v], a.warmup) for v in variants} for c in configs}
+    table = format_table(results)
+    print()
+    print(table)
+    print()
+    for c in configs:
+        if "trl" in results[c]:
+            for v in variants:
+                if v == "trl":
+                    continue
+                s, t = results[c][v], results[c]["trl"]
+                print(f"{c}: {v} {s['median_step_s']:.3f} s/step vs TRL {t['median_step_s']:.3f} s/step "
+                      f"-> {t['median_step_s'] / s['median_step_s']:.2f}x faster (target >= 3x); "
+                      f"generated tokens/step {s['tokens_per_step']:.1f} vs {t['tokens_per_step']:.1f}")
+    total = time.perf_counter() - t_start
+    print(f"total wall time {total:.0f} s", flush=True)
+    out = {"args": vars(a), "results": results, "raw": raw, "wall_s": total, "table": table}
+    if a.json:
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(json.dumps(out, indent=1))
+    tmp.cleanup()
+    return out
+
+
+if __name__ == "__main__":
+    main()
