@@ -55,6 +55,66 @@ def train(
     run_train(cfg, console=console)
 
 
+@app.command("eval")
+def eval_cmd(
+    overrides: Annotated[Optional[list[str]], typer.Argument(help="Config overrides key=value.")] = None,
+    env: Annotated[Optional[str], typer.Option(help="Env: short name, Gymnasium id, or pkg.module:Class (default: the run's, else code_sandbox).")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Model dir, OUT/checkpoints/step_N, training output dir, 'default', or 'reference'.")] = None,
+    dataset: Annotated[Optional[str], typer.Option(help="Task file or 'humaneval'.")] = None,
+    split: Annotated[Optional[str], typer.Option(help="train | heldout | all (default: all with --dataset, else heldout).")] = None,
+    samples: Annotated[int, typer.Option(min=1, help="Episodes per task (n).")] = 1,
+    k: Annotated[str, typer.Option(help="pass@k values, comma-separated, each <= samples.")] = "1",
+    temperature: Annotated[Optional[float], typer.Option(min=0.0, help="0 = greedy (default with --samples 1, else rollout.temperature).")] = None,
+    out: Annotated[Optional[str], typer.Option(help="Output dir (default eval_runs/<env>_<model>_<time>).")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Sampler seed (reproducible).")] = None,
+    compare: Annotated[Optional[tuple[str, str]], typer.Option(help="--compare A B: difference per metric and per task.")] = None,
+    max_tasks: Annotated[Optional[int], typer.Option("--max-tasks", "--tasks", min=1, help="Evaluate only the first N tasks.")] = None,
+    max_turns: Annotated[Optional[int], typer.Option(min=1, help="Turn limit per episode.")] = None,
+    workers: Annotated[Optional[int], typer.Option(min=0, help="Ray rollout workers; 0 = in-process.")] = None,
+    batch_size: Annotated[int, typer.Option(min=1, help="Episodes per generate call.")] = 64,
+    env_threads: Annotated[Optional[int], typer.Option(min=1, help="Threads stepping envs.")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option(min=1, help="Tokens per turn.")] = None,
+    max_episode_tokens: Annotated[Optional[int], typer.Option(min=16, help="Tokens per episode.")] = None,
+    top_p: Annotated[Optional[float], typer.Option(help="Nucleus sampling mass.")] = None,
+    config: Annotated[Optional[str], typer.Option("--config", "-c", help="YAML file of config overrides.")] = None,
+) -> None:
+    """Evaluate a model: pass@k, rewards, turns, tokens, verdicts -> OUT/results.jsonl, summary.json, summary.md."""
+    from agentrl.eval.cli import eval_command
+
+    try:
+        eval_command(env=env, model=model, dataset=dataset, split=split, samples=samples, k=k,
+                     temperature=temperature, out=out, seed=seed, compare=compare, max_tasks=max_tasks,
+                     max_turns=max_turns, workers=workers, batch_size=batch_size, env_threads=env_threads,
+                     max_tokens=max_tokens, max_episode_tokens=max_episode_tokens, top_p=top_p,
+                     config=config, overrides=overrides, console=console)
+    except (ValueError, FileNotFoundError, LookupError, ConfigError) as e:
+        _fail(str(e))
+
+
+@app.command("serve-judge")
+def serve_judge_cmd(
+    model: Annotated[str, typer.Option(help="Local Hugging Face model directory.")],
+    port: Annotated[int, typer.Option(help="Port on 127.0.0.1.")] = 8000,
+    host: Annotated[str, typer.Option(help="Host to bind (loopback by default).")] = "127.0.0.1",
+) -> None:
+    """Serve a local transformers model as an OpenAI-compatible chat-completions judge."""
+    from agentrl.rewards.serve_judge import main as serve
+
+    serve(model, port=port, host=host)
+
+
+@app.command("serve-corpus")
+def serve_corpus_cmd(
+    path: Annotated[str, typer.Argument(help="Directory of .txt/.md files or a JSONL of documents.")],
+    port: Annotated[int, typer.Option(help="Port.")] = 8765,
+    host: Annotated[str, typer.Option(help="Host to bind (loopback by default).")] = "127.0.0.1",
+) -> None:
+    """Serve a document corpus over HTTP for the web_qa env's fetch tool."""
+    from agentrl.corpus_server import main as serve
+
+    serve(path, host=host, port=port)
+
+
 @app.command()
 def envs() -> None:
     """List the registered environments, one line each."""

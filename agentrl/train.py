@@ -129,7 +129,8 @@ def collect(engine: Any, renderer: ChatRenderer, envs: list[Any], seeds: list[in
 def evaluate(engine: Any, renderer: ChatRenderer, envs: list[Any], cfg: Config,
              pool: ThreadPoolExecutor, *, n_tasks: int, samples: int, temperature: float
              ) -> dict[str, float]:
-    """pass@1 and mean reward on held-out tasks `EVAL_SEED + i`, `samples` episodes each."""
+    """pass@1 and mean reward on held-out tasks `EVAL_SEED + i`, `samples` episodes each
+    (the small in-training evaluation; `agentrl eval` is the full harness)."""
     params = SamplingParams(temperature=temperature, top_p=cfg.rollout.top_p,
                             max_tokens=cfg.rollout.max_tokens, stop_token_ids=renderer.stop_ids)
     seeds = [EVAL_SEED + i for i in range(n_tasks)]

@@ -165,7 +165,7 @@ def _run(engine, renderer, envs, specs, params, max_episode_tokens, pool, error_
             t = tr.turns[-1]
             t.reward = reward
             t.info = {k: v for k, v in info.items() if k != "tools"}
-            if "error" in info:
+            if info.get("error") is not None:
                 tr.info.setdefault("errors", []).append(info["error"])
             tr.terminated, tr.truncated = terminated, truncated
             if terminated or truncated:

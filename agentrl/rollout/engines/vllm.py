@@ -78,22 +78,23 @@ class WeightSync:
     `LLM.collective_rpc(name, args=...)` inside every vLLM worker, next to `self.model_runner`."""
 
     def agentrl_load_weights(self, payload: Any) -> int:
-        """Load weights into the running model; returns the number of tensors given.
+        """Load weights into the running model in place; returns the number of tensors given.
+
+        Uses the worker's `reload_weights(weights_iterator=..., is_checkpoint_format=True)`, which
+        runs the model's `load_weights` (Hugging Face names -> vLLM's fused layers) and then
+        redoes each touched layer's post-load processing (the CPU build keeps packed copies of
+        linear weights: a plain `load_weights` would leave them stale, or fail).
 
         Args:
             payload: a `{name: tensor}` dict (engine in this process) or safetensors bytes
                 (engine in child processes, where tensors cannot be passed).
         """
-        import torch
-
         if isinstance(payload, (bytes, bytearray)):
             from safetensors.torch import load
 
             payload = load(bytes(payload))
-        model = self.model_runner.model  # type: ignore[attr-defined]
-        device = next(model.parameters()).device
-        with torch.no_grad():
-            model.load_weights(weights=((k, v.to(device)) for k, v in payload.items()))
+        self.reload_weights(weights_iterator=iter(list(payload.items())),  # type: ignore[attr-defined]
+                            is_checkpoint_format=True)
         return len(payload)
 
     def agentrl_get_weight(self, name: str) -> Any:
