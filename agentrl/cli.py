@@ -3,7 +3,9 @@ imported, so `--help` and config errors are instant."""
 
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -37,8 +39,10 @@ def train(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Train an agent: `agentrl train --env code_sandbox --algo grpo`."""
-    try:
-        cfg = load_config(config, overrides, **{
+    saved = Path(resume) / "config.json" if resume else None
+    base = json.loads(saved.read_text()) if saved is not None and saved.exists() else None
+    try:  # resume: the run's saved config, then this command's options on top
+        cfg = load_config(config, overrides, base=base, **{
             "env.name": env, "algo.name": algo, "train.steps": steps, "out": out, "seed": seed,
             "resume": resume, "env.dataset": dataset, "model.path": model,
             "env.wrappers": list(wrap) if wrap else None, "quiet": quiet or None})
@@ -144,6 +148,52 @@ def config_cmd(
     import yaml
 
     print(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
+
+
+@app.command()
+def plot(
+    runs: Annotated[list[str], typer.Argument(help="Run output directories (overlaid).")],
+    out: Annotated[Optional[str], typer.Option(help="Where the PNGs go (default: FIRST_RUN/plots).")] = None,
+) -> None:
+    """Plot learning curves of one or more runs: `agentrl plot runs/a runs/b`."""
+    from agentrl.plot import plot_runs
+
+    try:
+        paths = plot_runs(runs, out or str(Path(runs[0]) / "plots"))
+    except (FileNotFoundError, ValueError) as e:
+        _fail(str(e))
+    for p in paths:
+        console.print(str(p), markup=False, highlight=False)
+
+
+@app.command()
+def show(
+    run: Annotated[str, typer.Argument(help="Run output directory.")],
+    step: Annotated[Optional[int], typer.Option(help="Training step of the saved rollouts (default: the latest).")] = None,
+    index: Annotated[int, typer.Option(help="Episode within the step (group-major).")] = 0,
+    plain: Annotated[bool, typer.Option(help="No colour: trained tokens wrapped in ⟦ ⟧.")] = False,
+) -> None:
+    """Print a saved episode with roles, rewards, verdicts and the loss mask visible."""
+    from agentrl.show import show_episode
+
+    try:
+        show_episode(run, step, index, Console(no_color=plain, highlight=False), plain=plain)
+    except (FileNotFoundError, IndexError) as e:
+        _fail(str(e))
+
+
+@app.command()
+def merge(
+    checkpoint: Annotated[str, typer.Argument(help="A LoRA checkpoint directory (OUT/checkpoints/step_N).")],
+    out: Annotated[str, typer.Argument(help="Where the merged Hugging Face model is written.")],
+) -> None:
+    """Merge a LoRA checkpoint's adapters into its base model (a plain model directory)."""
+    from agentrl.lora import merge_checkpoint
+
+    try:
+        console.print(f"merged model: {merge_checkpoint(checkpoint, out)}", markup=False)
+    except (FileNotFoundError, ValueError) as e:
+        _fail(str(e))
 
 
 def main() -> None:

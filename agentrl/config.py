@@ -8,6 +8,7 @@ This module imports no torch, so the CLI parses and validates before the heavy i
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,7 +32,9 @@ class EnvConfig(_Section):
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """Extra keyword arguments for the env's constructor."""
     wrappers: list[str] = Field(default_factory=list)
-    """Reward wrappers stacked on the env, in order (e.g. `curiosity`, `judge`, `safety`)."""
+    """Reward wrappers stacked on the env, innermost first: judge, classifier, safety, curiosity."""
+    wrapper_kwargs: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Per-wrapper options, e.g. `{judge: {url: ...}, safety: {method: lagrangian}, curiosity: {coef: 0.1}}`."""
 
 
 class ModelConfig(_Section):
@@ -49,6 +52,21 @@ class ModelConfig(_Section):
     """Embedded default: byte-level BPE vocabulary size trained offline on the env's corpus."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Parameter dtype of policy and engine (float32 on CPU)."""
+    lora_r: int = Field(default=0, ge=0)
+    """LoRA rank (0: off, train all weights). >0 trains PEFT LoRA adapters only (`agentrl[lora]`); the KL reference is then the base model with adapters disabled."""
+    lora_alpha: float = Field(default=16.0, gt=0)
+    """LoRA scaling numerator: the update is `(lora_alpha / lora_r) * B @ A`."""
+    lora_target_modules: str | list[str] = "all-linear"
+    """Modules that get adapters: a list of names (e.g. `[q_proj, v_proj]`) or `all-linear` (every linear layer but the output head)."""
+
+    @field_validator("lora_r")
+    @classmethod
+    def _peft_installed(cls, v: int) -> int:
+        import importlib.util
+
+        if v > 0 and importlib.util.find_spec("peft") is None:
+            raise ValueError("LoRA needs peft: pip install 'agentrl[lora]' (or set model.lora_r=0)")
+        return v
 
 
 class RolloutConfig(_Section):
@@ -154,6 +172,24 @@ class SFTConfig(_Section):
     """Warm-start sequences per step."""
 
 
+class LogConfig(_Section):
+    tensorboard: bool = True
+    """Write TensorBoard event files to OUT/tb (when `tensorboard` is installed)."""
+    wandb: bool = False
+    """Log to Weights & Biases (`agentrl[wandb]`; `WANDB_MODE=offline` logs without network)."""
+    wandb_project: str = "agentrl"
+    """W&B project name."""
+
+    @field_validator("wandb")
+    @classmethod
+    def _wandb_installed(cls, v: bool) -> bool:
+        import importlib.util
+
+        if v and importlib.util.find_spec("wandb") is None:
+            raise ValueError("wandb is not installed: pip install 'agentrl[wandb]' (or set log.wandb=false)")
+        return v
+
+
 class Config(_Section):
     env: EnvConfig = Field(default_factory=EnvConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -161,6 +197,7 @@ class Config(_Section):
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
     seed: int = 0
     """Seed of tasks, sampling, and initialisation."""
     out: str = "runs/latest"
@@ -211,8 +248,9 @@ def _format_error(e: ValidationError) -> str:
 
 
 def load_config(yaml_path: str | Path | None = None, overrides: list[str] | None = None,
-                **top: Any) -> Config:
-    """Build the config: defaults <- YAML file <- `key=value` overrides <- `top` keywords.
+                *, base: dict[str, Any] | None = None, **top: Any) -> Config:
+    """Build the config: defaults <- `base` <- YAML file <- `key=value` overrides <- `top`
+    keywords. `base` is a saved config (`OUT/config.json` of a run being resumed).
 
     Values in overrides are parsed as YAML scalars (`train.lr=1e-4`, `algo.tis_cap=null`).
 
@@ -220,7 +258,7 @@ def load_config(yaml_path: str | Path | None = None, overrides: list[str] | None
         ConfigError: unknown key, wrong type, unsupported value, or a malformed override;
             the message names the key and the allowed values.
     """
-    data: dict[str, Any] = {}
+    data: dict[str, Any] = copy.deepcopy(base or {})
     if yaml_path:
         p = Path(yaml_path)
         if not p.exists():

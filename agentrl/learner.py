@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from agentrl.lora import is_peft
+
 
 def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
                    temperature: float = 1.0, with_entropy: bool = False,
@@ -39,8 +41,38 @@ def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Te
         `logp[:, 0] = 0` (the first token has no context); entropy (B, T) or None, aligned the
         same way (entropy of the distribution that produced token t).
     """
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+    return _logp_entropy(logits, input_ids, temperature, with_entropy, entropy_grad)
+
+
+def token_logprobs_values(model: Any, value_head: torch.nn.Module, input_ids: torch.Tensor,
+                          attention_mask: torch.Tensor, *, temperature: float = 1.0,
+                          with_entropy: bool = False, entropy_grad: bool = False
+                          ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """`token_logprobs` plus the value head on the last hidden state, in the same forward.
+
+    Returns:
+        (logp, entropy, values_after): the first two as in `token_logprobs`; values_after
+        (B, T) float32 with `values_after[:, t] = value_head(h_t)`, the value of the state
+        after token t (context `input_ids[:, :t+1]`). The value of the state in which token t
+        was sampled is `values_after[:, t-1]` (see `values_before`).
+    """
+    out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+    logp, ent = _logp_entropy(out.logits, input_ids, temperature, with_entropy, entropy_grad)
+    h = out.hidden_states[-1].float()
+    return logp, ent, value_head(h).squeeze(-1)
+
+
+def values_before(values_after: torch.Tensor) -> torch.Tensor:
+    """(B, T) V(s_t), the value of the state in which token t was sampled, aligned like logp:
+    `values_after` shifted right by one, 0 at t = 0 (keeps the gradient)."""
+    return torch.cat([torch.zeros_like(values_after[:, :1]), values_after[:, :-1]], dim=1)
+
+
+def _logp_entropy(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float,
+                  with_entropy: bool, entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     t = temperature if temperature and temperature > 0 else 1.0
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    logits = logits[:, :-1].float()
     if t != 1.0:
         logits = logits / t
     lse = torch.logsumexp(logits, dim=-1)
@@ -78,31 +110,54 @@ class Learner:
         lr, weight_decay, grad_clip: AdamW settings and the max global grad norm.
         temperature: the sampling temperature (logits are scaled by it).
         micro_batch_size: sequences per forward/backward.
-        use_ref: keep a frozen copy as the KL reference.
+        use_ref: keep a frozen copy as the KL reference (a PEFT/LoRA model keeps no copy: its
+            base with adapters disabled is the reference).
+        value_head: add a value head `torch.nn.Linear(hidden, 1)` on the policy's last hidden
+            state (PPO), trained jointly with the policy by the same optimizer and saved in
+            checkpoints. It starts at zero (V = 0 everywhere) so early values add no noise.
+
+    Attributes:
+        algo_state: small state an algorithm keeps across steps (e.g. PPO's adaptive KL
+            coefficient); saved in checkpoints.
     """
 
     def __init__(self, model: Any, *, lr: float, weight_decay: float = 0.0, grad_clip: float = 1.0,
                  temperature: float = 1.0, micro_batch_size: int = 16, use_ref: bool = False,
-                 total_steps: int | None = None):
+                 total_steps: int | None = None, value_head: bool = False):
         self.model = model
         self.model.train()
         self.grad_clip = grad_clip
         self.temperature = temperature
         self.micro_batch_size = micro_batch_size
-        self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
+        self.value_head: torch.nn.Module | None = None
+        if value_head:
+            hidden = model.config.hidden_size
+            self.value_head = torch.nn.Linear(hidden, 1).to(next(model.parameters()).device)
+            torch.nn.init.zeros_(self.value_head.weight)
+            torch.nn.init.zeros_(self.value_head.bias)
+        self.algo_state: dict[str, Any] = {}
+        self.optimizer = torch.optim.AdamW(self._params(), lr=lr, weight_decay=weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)
         self.ref_model = None
-        if use_ref:
+        self.lora = is_peft(model)  # LoRA: the reference is the base with adapters disabled
+        if use_ref and not self.lora:
             self.ref_model = copy.deepcopy(model).eval()
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
         self.optimizer_steps = 0
 
+    def _params(self) -> list[torch.nn.Parameter]:
+        """The trained parameters: the policy's (those requiring grad) and the value head's."""
+        heads = list(self.value_head.parameters()) if self.value_head is not None else []
+        return [p for p in self.model.parameters() if p.requires_grad] + heads
+
     # -- forward passes -----------------------------------------------------------------------
     @torch.no_grad()
     def logprobs(self, batch: dict[str, Any], *, ref: bool = False) -> torch.Tensor:
         """(B, T) logprobs of the policy (or the reference) on the batch, without gradient."""
+        if ref and self.ref_model is None and self.lora:
+            with self.model.disable_adapter():
+                return self.logprobs(batch)
         model = self.ref_model if ref else self.model
         out = torch.zeros_like(batch["loss_mask"])
         B = batch["input_ids"].shape[0]
@@ -114,6 +169,38 @@ class Learner:
             out[idx, : lp.shape[1]] = lp
         return out
 
+    @torch.no_grad()
+    def logprobs_and_values(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor,
+                                                                     torch.Tensor]:
+        """Policy logprobs and value-head values in one forward pass, without gradient.
+
+        Returns:
+            logp (B, T); values (B, T), V(s_t) of the state in which token t was sampled
+            (aligned like logp, 0 at t = 0); last_values (B,), the value of the state after each
+            row's last agent token (0 for a row without one): the bootstrap of a truncated
+            episode (case A11).
+
+        Raises:
+            ValueError: the learner has no value head.
+        """
+        if self.value_head is None:
+            raise ValueError("logprobs_and_values needs Learner(value_head=True)")
+        mask = batch["loss_mask"]
+        logp, values, after = torch.zeros_like(mask), torch.zeros_like(mask), torch.zeros_like(mask)
+        B = batch["input_ids"].shape[0]
+        for s in range(0, B, self.micro_batch_size):
+            idx = torch.arange(s, min(B, s + self.micro_batch_size))
+            sub = _slice(batch, idx)
+            lp, _, va = token_logprobs_values(self.model, self.value_head, sub["input_ids"],
+                                              sub["attention_mask"], temperature=self.temperature)
+            logp[idx, : lp.shape[1]] = lp
+            values[idx, : lp.shape[1]] = values_before(va)
+            after[idx, : lp.shape[1]] = va
+        pos = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+        last = torch.where(mask != 0, pos, -1).max(dim=1).values  # last agent token, -1: none
+        last_values = torch.where(last >= 0, after.gather(1, last.clamp(min=0)[:, None])[:, 0], 0.0)
+        return logp, values, last_values
+
     # -- the update -----------------------------------------------------------------------------
     def update(self, batch: dict[str, Any], algo: Any, cfg: Any, *, epochs: int = 1,
                minibatches: int = 1, seed: int = 0, on_policy_shortcut: bool = True
@@ -121,37 +208,78 @@ class Learner:
         """Run `epochs` x `minibatches` optimizer steps of `algo.loss` on the batch.
 
         `batch["old_logprobs"]` is recomputed by the learner at the start of the update (the
-        PPO ratio's denominator, contract 3). With a single optimizer step and no importance
-        correction the policy has not moved yet, so the same forward pass gives both and the
-        extra pass is skipped (`on_policy_shortcut`).
+        PPO ratio's denominator, contract 3), unless the batch already holds them (computed by
+        the algorithm's `prepare` on the same weights). With a single optimizer step and no
+        importance correction the policy has not moved yet, so the same forward pass gives both
+        and the extra pass is skipped (`on_policy_shortcut`).
+
+        With `cfg.tis_cap` set, `batch["tis_weights"]` = `tis_weights(old_logprobs,
+        sampler_logprobs, loss_mask, cap=tis_cap)` (Yao et al. 2025) is added for the loss. The
+        sampler/learner mismatch, mean |old_logprobs - sampler_logprobs| over agent tokens, is
+        reported every update as `logp_mismatch`.
+
+        `batch["unit_size"]` (int, default 1) keeps consecutive rows together: rows
+        `k*u .. k*u+u-1` always share a minibatch and a micro-batch (DPO pairs, u = 2).
+        With a value head the loss gets `values=` (B, T) V(s_t) with gradient.
 
         Returns:
-            metrics averaged over optimizer steps (`loss/*`, `grad_norm`, ...).
+            metrics averaged over optimizer steps (`loss/*`, `grad_norm`, ...); {} for an
+            empty batch (no optimizer step).
         """
+        from agentrl.algos.losses import tis_weights
+
         B = batch["input_ids"].shape[0]
-        single = epochs * minibatches == 1 and on_policy_shortcut and "tis_weights" not in batch
-        if not single:
+        unit = int(batch.get("unit_size", 1))
+        if B % unit:
+            raise ValueError(f"batch of {B} rows is not a whole number of units of {unit}")
+        tis_cap = getattr(cfg, "tis_cap", None)
+        single = (epochs * minibatches == 1 and on_policy_shortcut and tis_cap is None
+                  and "tis_weights" not in batch)
+        if not single and "old_logprobs" not in batch:
             batch["old_logprobs"] = self.logprobs(batch)
+        mism = [0.0, 0.0]  # sum of |old - sampler| over agent tokens, token count
+        if tis_cap is not None and "tis_weights" not in batch:
+            batch["tis_weights"] = tis_weights(batch["old_logprobs"], batch["sampler_logprobs"],
+                                               batch["loss_mask"], cap=tis_cap)
+        if not single and "sampler_logprobs" in batch:
+            mask = batch["loss_mask"]
+            mism = [float(((batch["old_logprobs"] - batch["sampler_logprobs"]).abs() * mask).sum()),
+                    float(mask.sum())]
+        micro_rows = max(unit, self.micro_batch_size // unit * unit)
         gen = torch.Generator().manual_seed(seed)
         sums: dict[str, float] = {}
         n_steps = 0
         for _ in range(epochs):
-            perm = torch.randperm(B, generator=gen) if minibatches > 1 else torch.arange(B)
-            for mb in torch.tensor_split(perm, minibatches):
-                if len(mb) == 0:
+            n_units = B // unit
+            perm = torch.randperm(n_units, generator=gen) if minibatches > 1 else torch.arange(n_units)
+            for mb_units in torch.tensor_split(perm, minibatches):
+                if len(mb_units) == 0:
                     continue
+                mb = (mb_units[:, None] * unit + torch.arange(unit)).flatten()
                 num_tokens = float(batch["loss_mask"][mb].sum())
                 self.optimizer.zero_grad(set_to_none=True)
-                for micro in torch.split(mb, self.micro_batch_size):
+                for micro in torch.split(mb, micro_rows):
                     sub = _slice(batch, micro)
                     sub["max_len"] = batch["input_ids"].shape[1]
-                    logp, ent = token_logprobs(self.model, sub["input_ids"], sub["attention_mask"],
-                                               temperature=self.temperature, with_entropy=True,
-                                               entropy_grad=getattr(cfg, "entropy_coef", 0) > 0)
+                    kw: dict[str, Any] = {}
+                    ent_grad = getattr(cfg, "entropy_coef", 0) > 0
+                    if self.value_head is not None:
+                        logp, ent, v_after = token_logprobs_values(
+                            self.model, self.value_head, sub["input_ids"], sub["attention_mask"],
+                            temperature=self.temperature, with_entropy=True, entropy_grad=ent_grad)
+                        kw["values"] = values_before(v_after)
+                    else:
+                        logp, ent = token_logprobs(self.model, sub["input_ids"], sub["attention_mask"],
+                                                   temperature=self.temperature, with_entropy=True,
+                                                   entropy_grad=ent_grad)
                     if single:
                         sub["old_logprobs"] = logp.detach()
+                        if "sampler_logprobs" in sub:
+                            mism[0] += float(((logp.detach() - sub["sampler_logprobs"]).abs()
+                                              * sub["loss_mask"]).sum())
+                            mism[1] += float(sub["loss_mask"].sum())
                     loss, m = algo.loss(logp, sub, cfg, num_tokens=max(num_tokens, 1.0),
-                                        num_seqs=len(mb), entropy=ent)
+                                        num_seqs=len(mb), entropy=ent, **kw)
                     loss.backward()
                     w = len(micro) / len(mb)  # weight of per-micro-batch means
                     mask = sub["loss_mask"]
@@ -160,19 +288,24 @@ class Learner:
                         sums[k] = sums.get(k, 0.0) + float(v) * w
                     # the loss is already normalised by the minibatch's counts: micro losses add up
                     sums["loss"] = sums.get("loss", 0.0) + float(loss.detach())
-                gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+                gn = torch.nn.utils.clip_grad_norm_(self._params(), self.grad_clip)
                 sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(gn)
                 self.optimizer.step()
                 self.scheduler.step()
                 self.optimizer_steps += 1
                 n_steps += 1
-        return {k: v / max(n_steps, 1) for k, v in sums.items()}
+        out = {k: v / max(n_steps, 1) for k, v in sums.items()}
+        if mism[1] > 0:
+            out["logp_mismatch"] = mism[0] / mism[1]
+        return out
 
     # -- checkpoints ----------------------------------------------------------------------------
     def save(self, path: str | Path, tokenizer: Any, extra: dict[str, Any]) -> Path:
         """Write a checkpoint atomically (a temp dir renamed into place): the policy as a Hugging
-        Face model directory (loads with `AutoModelForCausalLM.from_pretrained`), optimizer and
-        scheduler state, RNG states, and `extra` (step, policy version, data cursor) as JSON."""
+        Face model directory (loads with `AutoModelForCausalLM.from_pretrained`; LoRA: the
+        adapters, see `agentrl.lora.load_checkpoint`), optimizer and
+        scheduler state, RNG states, the value head (`value_head.pt`, PPO) and `algo_state`
+        (`algo_state.pt`), and `extra` (step, policy version, data cursor) as JSON."""
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -184,9 +317,14 @@ class Learner:
                     "optimizer_steps": self.optimizer_steps,
                     "torch_rng": torch.get_rng_state(),
                     "numpy_rng": np.random.get_state(),
-                    "python_rng": random.getstate()}, tmp / "trainer_state.pt")
+                    "python_rng": random.getstate(),
+                    "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+                   tmp / "trainer_state.pt")
         if self.ref_model is not None:
             torch.save(self.ref_model.state_dict(), tmp / "ref_model.pt")
+        if self.value_head is not None:
+            torch.save(self.value_head.state_dict(), tmp / "value_head.pt")
+        torch.save(self.algo_state, tmp / "algo_state.pt")
         (tmp / "agentrl_state.json").write_text(json.dumps(extra, indent=1))
         shutil.rmtree(path, ignore_errors=True)
         os.replace(tmp, path)
@@ -194,8 +332,20 @@ class Learner:
 
     def load(self, path: str | Path) -> dict[str, Any]:
         """Restore optimizer, scheduler, RNG and reference state from `save`'s directory (the
-        policy weights are loaded by the caller with `from_pretrained`). Returns `extra`."""
+        policy weights are loaded by the caller with `from_pretrained`), and the value head and
+        `algo_state` when present. Returns `extra`.
+
+        Raises:
+            ValueError: this learner has a value head but the checkpoint has none.
+        """
         path = Path(path)
+        if self.value_head is not None:
+            if not (path / "value_head.pt").exists():
+                raise ValueError(f"{path}: checkpoint has no value head (value_head.pt); it was "
+                                 "not written by a learner with a value head (PPO)")
+            self.value_head.load_state_dict(torch.load(path / "value_head.pt"))
+        if (path / "algo_state.pt").exists():
+            self.algo_state = torch.load(path / "algo_state.pt", weights_only=False)
         st = torch.load(path / "trainer_state.pt", weights_only=False)
         self.optimizer.load_state_dict(st["optimizer"])
         self.scheduler.load_state_dict(st["scheduler"])
@@ -203,6 +353,8 @@ class Learner:
         torch.set_rng_state(st["torch_rng"])
         np.random.set_state(st["numpy_rng"])
         random.setstate(st["python_rng"])
+        if st.get("cuda_rng") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(st["cuda_rng"])
         if self.ref_model is not None and (path / "ref_model.pt").exists():
             self.ref_model.load_state_dict(torch.load(path / "ref_model.pt"))
         return json.loads((path / "agentrl_state.json").read_text())

@@ -10,7 +10,6 @@ Everything runs in this process when `rollout.num_workers=0` (a breakpoint works
 
 from __future__ import annotations
 
-import copy
 import inspect
 import json
 import math
@@ -50,8 +49,10 @@ def _env_accepts(name: str, kwarg: str) -> bool:
         return False
 
 
-def build_env(cfg: Config, split: str | None = None) -> Any:
-    """Make one env from the config (dataset, split, kwargs, turn limit, reward wrappers)."""
+def build_env(cfg: Config, split: str | None = None, rewards: Any = None) -> Any:
+    """Make one env from the config (dataset, split, kwargs, turn limit) with the reward
+    wrappers of `cfg.env.wrappers` stacked on it. `rewards` (a `RewardWrappers`) lets many env
+    copies share one judge client, curiosity memory and Lagrange multiplier."""
     kw = dict(cfg.env.kwargs)
     if cfg.env.dataset is not None:
         kw["dataset"] = cfg.env.dataset
@@ -59,10 +60,11 @@ def build_env(cfg: Config, split: str | None = None) -> Any:
         kw["split"] = split
     env = make_env(cfg.env.name, max_turns=cfg.env.max_turns, **kw)
     if cfg.env.wrappers:
-        from agentrl.rewards import wrap_env  # imported only when a wrapper is asked for
+        if rewards is None:
+            from agentrl.rewards import RewardWrappers  # imported only when a wrapper is asked for
 
-        for w in cfg.env.wrappers:
-            env = wrap_env(env, w)
+            rewards = RewardWrappers(cfg.env.wrappers, cfg.env.wrapper_kwargs)
+        env = rewards.wrap(env)
     return env
 
 
@@ -86,6 +88,18 @@ def extrinsic_return(tr: Trajectory) -> float:
         comp = t.info.get("reward_components") or {}
         total += float(comp.get("extrinsic", t.reward))
     return total
+
+
+def reward_component_means(trajs: list[Trajectory]) -> dict[str, float]:
+    """Mean per episode of each reward component the wrappers report (`reward/judge`,
+    `reward/safety`, `reward/intrinsic`, `reward/extrinsic`, ...)."""
+    sums: dict[str, float] = {}
+    for tr in trajs:
+        for t in tr.turns:
+            for k, v in (t.info.get("reward_components") or {}).items():
+                if isinstance(v, (int, float)) and v == v:
+                    sums[k] = sums.get(k, 0.0) + float(v)
+    return {f"reward/{k}": v / max(len(trajs), 1) for k, v in sums.items()}
 
 
 # -- model --------------------------------------------------------------------------------------
@@ -145,6 +159,45 @@ def evaluate(engine: Any, renderer: ChatRenderer, envs: list[Any], cfg: Config,
             "tokens_mean": float(np.mean([t.num_sampled for t in trajs]))}
 
 
+DYNAMIC_SAMPLING_MAX_ROUNDS = 3
+"""Most refill collections per step of dynamic sampling (DAPO's `max_num_gen_batches`)."""
+
+
+def dynamic_sampling(trajs: list[Trajectory], more: Any, want: int, *,
+                     max_rounds: int = DYNAMIC_SAMPLING_MAX_ROUNDS) -> tuple[list[Trajectory], int]:
+    """DAPO dynamic sampling (Yu et al. 2025, sec. 3.2): keep only the groups whose rewards
+    differ (`zero_variance_mask`: groups with all-equal or fewer than two valid returns carry
+    no gradient) and call `more(round)` for fresh groups until `want` trajectories are kept or
+    `max_rounds` refills were made. Whole groups are kept, in order, up to `want` episodes.
+
+    Returns:
+        (kept trajectories, refill rounds used). Fewer than `want` (possibly none: then the
+        step makes no update) when the refills run out.
+    """
+    from agentrl.algos.advantages import zero_variance_mask
+
+    def informative(ts: list[Trajectory]) -> list[Trajectory]:
+        if not ts:
+            return []
+        scores = torch.tensor([t.episode_return if t.num_sampled > 0 else float("nan") for t in ts])
+        drop = zero_variance_mask(scores, [t.group_id for t in ts]).tolist()
+        return [t for t, d in zip(ts, drop) if not d]
+
+    kept, rounds = informative(trajs), 0
+    while len(kept) < want and rounds < max_rounds:
+        rounds += 1
+        kept += informative(more(rounds))
+    groups: dict[int, list[Trajectory]] = {}
+    for t in kept:
+        groups.setdefault(t.group_id, []).append(t)
+    out: list[Trajectory] = []
+    for g in groups.values():
+        if len(out) + len(g) > want:
+            break
+        out += g
+    return out, rounds
+
+
 def build_batch(trajs: list[Trajectory], pad_id: int) -> dict[str, Any]:
     """Collate trajectories and attach `scores` (B,) episode returns, `group_ids` (B,) and
     `truncated` (B,). A NaN return (a failed reward) stays NaN, and an episode that sampled no
@@ -159,18 +212,28 @@ def build_batch(trajs: list[Trajectory], pad_id: int) -> dict[str, Any]:
 
 # -- logging ------------------------------------------------------------------------------------
 class MetricsLog:
-    """Appends one JSON object per step to OUT/metrics.jsonl (and TensorBoard when installed)."""
+    """Appends one JSON object per step to OUT/metrics.jsonl, and the finite numbers to
+    TensorBoard (OUT/tb, when installed) and Weights & Biases (when `wandb_project` is given).
 
-    def __init__(self, out: Path, tensorboard: bool = True):
+    A run starting at `start_step` (0, or the checkpoint's step on resume) first drops rows of
+    later steps (logged by an interrupted run after its checkpoint, a torn last line included),
+    and TensorBoard purges events from step `start_step + 1` on: every step is logged once.
+    """
+
+    def __init__(self, out: Path, tensorboard: bool = True, *, start_step: int = 0,
+                 wandb_project: str | None = None, run_config: dict[str, Any] | None = None):
         self.path = out / "metrics.jsonl"
+        rows = self.path.read_text().splitlines() if self.path.exists() else []
+        self.path.write_text("".join(r + "\n" for r in rows if _row_step(r) <= start_step))
         self.tb = None
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self.tb = SummaryWriter(str(out / "tb"))
+                self.tb = SummaryWriter(str(out / "tb"), purge_step=start_step + 1)
             except Exception:  # noqa: BLE001 - TensorBoard is optional
                 self.tb = None
+        self.wandb = _wandb_run(out, wandb_project, run_config, start_step) if wandb_project else None
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         row = {"step": step, **{k: (v if isinstance(v, (int, float)) and math.isfinite(v) else None)
@@ -182,10 +245,36 @@ class MetricsLog:
                 if isinstance(v, (int, float)) and math.isfinite(v):
                     self.tb.add_scalar(k, v, step)
             self.tb.flush()
+        if self.wandb is not None:
+            self.wandb.log({k: v for k, v in metrics.items()
+                            if isinstance(v, (int, float)) and math.isfinite(v)}, step=step)
 
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def _row_step(line: str) -> float:
+    """The step of a metrics.jsonl line (inf for a torn or foreign line, so it is dropped)."""
+    try:
+        return float(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return math.inf
+
+
+def _wandb_run(out: Path, project: str, run_config: dict[str, Any] | None, start_step: int) -> Any:
+    """Start a W&B run in OUT (on resume, `start_step` > 0, continue the run whose id is kept in
+    OUT/wandb_id.txt). `WANDB_MODE=offline` writes it under OUT/wandb without network."""
+    import wandb
+
+    id_file = out / "wandb_id.txt"
+    resumed = start_step > 0 and id_file.exists()
+    run_id = id_file.read_text().strip() if resumed else wandb.util.generate_id()
+    id_file.write_text(run_id)
+    return wandb.init(project=project, dir=str(out), name=out.resolve().name, id=run_id,
+                      resume="allow", config=run_config)
 
 
 def _quiet_libraries() -> None:
@@ -209,11 +298,13 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
     Raises:
         ValueError: a configuration that cannot run (e.g. unknown env), before any work.
     """
-    from agentrl.algos import get_algorithm
+    from agentrl.algos import get_algorithm, needs_reference, resolve_config
     from agentrl.learner import Learner, latest_checkpoint
+    from agentrl.lora import load_checkpoint, merged_state_dict, plain_copy, wrap_lora
     from agentrl.model import load_model
     from agentrl.rollout.engines.hf import HFEngine
     from agentrl.sft import sft_examples, sft_train
+    from agentrl.summary import stage_seconds, summary_panel
 
     say = (lambda msg: console.print(msg, markup=False, highlight=False, soft_wrap=True)) if console is not None else print
     _quiet_libraries()
@@ -221,6 +312,7 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
     _seed_everything(cfg.seed)
     resolve_env_id(cfg.env.name)  # fail early on an unknown env
     algo = get_algorithm(cfg.algo.name)
+    cfg = cfg.model_copy(update={"algo": resolve_config(algo, cfg.algo)})  # e.g. GSPO's clips
     out = Path(cfg.resume or cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(cfg.model_dump_json(indent=1))
@@ -231,8 +323,12 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
     start_step, version = 0, 0
     if cfg.resume and ck is None:
         say(f"[resume] no checkpoint in {out}; starting from scratch")
+    if ck is None and latest_checkpoint(out) is not None:  # never resume into an earlier run's
+        old = out / f"checkpoints.old-{time.strftime('%Y%m%d-%H%M%S')}"
+        (out / "checkpoints").rename(old)
+        say(f"[out] checkpoints of an earlier run in {out} moved to {old}")
     if ck is not None:
-        model, tok = load_model(str(ck))
+        model, tok = load_checkpoint(ck)  # full weights, or LoRA adapters on their base
     else:
         path = cfg.model.path or default_model_dir(cfg, out)
         model, tok = load_model(path)
@@ -255,24 +351,36 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
             f"({timings['sft_s']:.0f} s)")
         model.save_pretrained(out / "sft_model")
         tok.save_pretrained(out / "sft_model")
+    if ck is None and cfg.model.lora_r > 0:  # LoRA: train adapters only; the base stays frozen
+        model = wrap_lora(model, r=cfg.model.lora_r, alpha=cfg.model.lora_alpha,
+                          target_modules=cfg.model.lora_target_modules, seed=cfg.seed,
+                          base_path=out / "sft_model" if sft_info else path)
 
-    engine = HFEngine(copy.deepcopy(model).eval(), tok, torch_threads=cfg.rollout.torch_threads)
+    engine = HFEngine(plain_copy(model).eval(), tok, torch_threads=cfg.rollout.torch_threads)
     learner = Learner(model, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay,
                       grad_clip=cfg.train.grad_clip, temperature=cfg.rollout.temperature,
-                      micro_batch_size=cfg.train.micro_batch_size, use_ref=cfg.algo.kl_coef > 0)
+                      micro_batch_size=cfg.train.micro_batch_size,
+                      use_ref=needs_reference(algo, cfg.algo),
+                      value_head=getattr(algo, "VALUE_HEAD", False))
     if ck is not None:
         extra = learner.load(ck)
         start_step, version = extra["step"], extra["policy_version"]
-        engine.update_weights(model.state_dict(), version)
+        engine.update_weights(merged_state_dict(model), version)
         say(f"[resume] from {ck} at step {start_step} (policy version {version})")
 
     G = cfg.algo.group_size
     n_eps = cfg.rollout.tasks_per_step * G
     n_envs = max(n_eps, cfg.train.eval_samples * 8)
-    envs = [build_env(cfg, "train") for _ in range(n_eps)]
-    eval_envs = [build_env(cfg, "heldout") for _ in range(n_envs)]
+    rewards = None
+    if cfg.env.wrappers:
+        from agentrl.rewards import RewardWrappers
+
+        rewards = RewardWrappers(cfg.env.wrappers, cfg.env.wrapper_kwargs)
+    envs = [build_env(cfg, "train", rewards) for _ in range(n_eps)]
+    eval_envs = [build_env(cfg, "heldout", rewards) for _ in range(n_envs)]
     pool = ThreadPoolExecutor(max_workers=cfg.rollout.env_threads)
-    log = MetricsLog(out)
+    log = MetricsLog(out, cfg.log.tensorboard, start_step=start_step, run_config=cfg.model_dump(),
+                     wandb_project=cfg.log.wandb_project if cfg.log.wandb else None)
     params = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                             max_tokens=cfg.rollout.max_tokens, stop_token_ids=renderer.stop_ids)
 
@@ -282,6 +390,14 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
                      samples=cfg.train.eval_samples, temperature=cfg.rollout.temperature)
         r["seconds"] = time.perf_counter() - t0
         return r
+
+    def refill(step: int, r: int) -> list[Trajectory]:
+        """Fresh groups for refill round r (1, 2, ...) of dynamic sampling at `step`."""
+        rng_r = np.random.default_rng([cfg.seed, step, r])
+        seeds = [int(s) for s in rng_r.integers(0, 2**31 - 1, size=cfg.rollout.tasks_per_step)]
+        return collect(engine, renderer, envs, seeds, G, params, cfg, pool,
+                       group_base=(step + r * cfg.train.steps) * cfg.rollout.tasks_per_step,
+                       sample_seed=(cfg.seed * 100_003 + step) * 31 + r)
 
     before = json.loads((out / "eval_before.json").read_text()) if ck is not None and \
         (out / "eval_before.json").exists() else None
@@ -322,13 +438,19 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
         m["rollout/truncated_frac"] = float(np.mean([t.truncated for t in trajs]))
         m["env/errors"] = float(sum(len(t.info.get("errors", [])) for t in trajs))
         m["rollout/nan_rewards"] = float(np.isnan(rets).sum())
+        m.update(reward_component_means(trajs))
         # advantages + update
         t0 = time.perf_counter()
+        if cfg.algo.dynamic_sampling:  # DAPO: drop groups without signal, refill with new tasks
+            trajs, m["rollout/refill_rounds"] = dynamic_sampling(trajs, lambda r: refill(step, r), n_eps)
         batch = build_batch(trajs, pad_id)
+        if hasattr(algo, "prepare"):  # algorithm-specific passes: PPO values, DPO pairs, ...
+            batch, pm = algo.prepare(batch, learner, cfg.algo)
+            m.update({f"rollout/{k}": float(v) for k, v in pm.items()})
+        if needs_reference(algo, cfg.algo) and "ref_logprobs" not in batch:
+            batch["ref_logprobs"] = learner.logprobs(batch, ref=True)
         batch["advantages"], gstats = algo.advantages(batch, cfg.algo)
         m.update({f"rollout/{k}": float(v) for k, v in gstats.items()})
-        if cfg.algo.kl_coef > 0:
-            batch["ref_logprobs"] = learner.logprobs(batch, ref=True)
         upd = learner.update(batch, algo, cfg.algo, epochs=cfg.algo.update_epochs,
                              minibatches=cfg.algo.minibatches, seed=cfg.seed + step)
         m.update({f"loss/{k}": v for k, v in upd.items()})
@@ -336,7 +458,7 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
         # sync
         t0 = time.perf_counter()
         version += 1
-        engine.update_weights(model.state_dict(), version)
+        engine.update_weights(merged_state_dict(model), version)
         m["perf/sync_s"] = time.perf_counter() - t0
         m["perf/step_s"] = m["perf/rollout_s"] + m["perf/update_s"] + m["perf/sync_s"]
         if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0 and step + 1 < cfg.train.steps:
@@ -362,8 +484,9 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
     timings["rl_s"] = time.perf_counter() - t_loop
 
     # 3) final checkpoint, evaluation and summary
-    final = learner.save(out / "checkpoints" / f"step_{cfg.train.steps}", tok,
-                         {"step": cfg.train.steps, "policy_version": version})
+    final = out / "checkpoints" / f"step_{cfg.train.steps}"
+    if latest_checkpoint(out) != final:  # not saved by the loop (or by the run resumed here)
+        learner.save(final, tok, {"step": cfg.train.steps, "policy_version": version})
     after = run_eval()
     log.log(cfg.train.steps, {f"eval/{k}": v for k, v in after.items()})
     log.close()
@@ -372,11 +495,14 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
     summary = {"env": cfg.env.name, "algo": cfg.algo.name, "steps": cfg.train.steps,
                "eval_before": before, "eval_after": after,
                "pass@1_ratio": (a / b) if b > 0 else None, "pass@1_gain": a - b,
-               "checkpoint": str(final), **sft_info, **timings}
+               "checkpoint": str(final), **sft_info, **timings,
+               "stage_seconds": stage_seconds(out / "metrics.jsonl")}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     ratio = f"{a / b:.2f}x" if b > 0 else "n/a"
     say(f"[eval] held-out pass@1 (T={cfg.rollout.temperature}, {cfg.train.eval_tasks} tasks x "
         f"{cfg.train.eval_samples}): before RL {b:.3f} -> after RL {a:.3f} "
         f"({ratio}, {a - b:+.3f} absolute)")
     say(f"[done] checkpoint: {final}; metrics: {out / 'metrics.jsonl'}")
+    if console is not None:
+        console.print(summary_panel(summary, out))
     return summary

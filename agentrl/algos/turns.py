@@ -1,0 +1,105 @@
+"""Turn-level group advantages for multi-turn episodes (an option of the group algorithms).
+
+A *turn* is a maximal run of agent tokens (`loss_mask` 1) of a row: the sampled span of one
+assistant message, its end-of-turn token included. Two turns are always separated by context
+tokens (template glue, the observation, the next generation prompt), which have mask 0.
+
+With per-turn groups, turn k of every episode in a GRPO group forms its own group: its
+"reward" is the return-to-go from turn k (the sum of the rewards of turns k, k+1, ...; each
+turn's reward sits on its last sampled token), normalised against the turn-k returns of the
+other episodes of the group that reached turn k. Later rewards still flow back to earlier turns
+(the return-to-go is not reset at observations); what changes is the baseline: episodes are
+compared turn by turn instead of as wholes. A single-turn episode gets exactly its GRPO
+advantage.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from agentrl.algos.advantages import GroupIds, group_advantages
+
+
+def turn_index(loss_mask: Tensor) -> Tensor:
+    """(B, T) long: the 0-based index of the turn each agent token belongs to, -1 elsewhere.
+
+    Example: mask [[0,1,1,0,0,1,0]] -> [[-1,0,0,-1,-1,1,-1]].
+
+    Raises:
+        ValueError: loss_mask not (B, T).
+    """
+    if loss_mask.dim() != 2:
+        raise ValueError(f"loss_mask must be (B, T), got shape {tuple(loss_mask.shape)}")
+    m = loss_mask != 0
+    prev = torch.cat([torch.zeros_like(m[:, :1]), m[:, :-1]], dim=1)
+    starts = m & ~prev
+    return torch.where(m, torch.cumsum(starts.long(), dim=1) - 1, -1)
+
+
+def turn_returns(token_rewards: Tensor, loss_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-turn undiscounted return-to-go.
+
+    Args:
+        token_rewards: (B, T) rewards; those at masked positions are ignored; a NaN reward of a
+            turn makes the returns of that turn and all earlier turns NaN (excluded later).
+        loss_mask: (B, T) 0/1.
+
+    Returns:
+        (returns (B, K), exists (B, K) bool), K = the most turns of any row (0 if none):
+        returns[b, k] = sum of the rewards of turns k.. of row b; exists marks real turns
+        (returns are 0 where not).
+    """
+    turn = turn_index(loss_mask)
+    b = loss_mask.shape[0]
+    k_max = max(int(turn.max()) + 1, 0) if turn.numel() else 0
+    m = turn >= 0
+    idx = turn.clamp(min=0)
+    r = torch.where(m, token_rewards.to(torch.float64), 0.0)
+    width = max(k_max, 1)  # scatter needs a slot for index 0 even when no row has a turn
+    per_turn = torch.zeros(b, width, dtype=torch.float64, device=r.device).scatter_add_(1, idx, r)
+    counts = torch.zeros(b, width, dtype=torch.long, device=r.device).scatter_add_(1, idx, m.long())
+    per_turn, exists = per_turn[:, :k_max], counts[:, :k_max] > 0
+    returns = per_turn.flip(1).cumsum(1).flip(1)
+    return torch.where(exists, returns, 0.0), exists
+
+
+def turn_group_advantages(token_rewards: Tensor, loss_mask: Tensor, group_ids: GroupIds, *,
+                          scale: str = "std", eps: float = 1e-6) -> Tensor:
+    """Group-relative advantages computed per turn, broadcast onto each turn's tokens.
+
+    Turn k of the episodes of group g forms the group (g, k); within it the returns-to-go of
+    `turn_returns` are normalised with `group_advantages` (mean-centred, divided by the
+    unbiased std + eps when `scale="std"`; NaN returns excluded and given 0; constant or
+    singleton groups give exactly 0).
+
+    Args:
+        token_rewards: (B, T) per-token rewards (`batch["token_rewards"]`).
+        loss_mask: (B, T) 0/1.
+        group_ids: (B,) tensor or sequence of hashables.
+        scale: "std" or "none".
+        eps: added to the std.
+
+    Returns:
+        (B, T) float32 advantages, 0 on masked tokens, without gradient.
+
+    Raises:
+        ValueError: shape mismatch or unknown scale.
+    """
+    if token_rewards.shape != loss_mask.shape:
+        raise ValueError(f"token_rewards {tuple(token_rewards.shape)} != loss_mask "
+                         f"{tuple(loss_mask.shape)}")
+    returns, exists = turn_returns(token_rewards, loss_mask)
+    gids = group_ids.tolist() if isinstance(group_ids, Tensor) else list(group_ids)
+    if len(gids) != loss_mask.shape[0]:
+        raise ValueError(f"group_ids has {len(gids)} entries, batch has {loss_mask.shape[0]} rows")
+    rows, turns = exists.nonzero(as_tuple=True)
+    adv_turn = torch.zeros_like(returns)
+    if rows.numel():
+        keys = [(gids[r], k) for r, k in zip(rows.tolist(), turns.tolist())]
+        adv_turn[rows, turns] = group_advantages(returns[rows, turns], keys, scale=scale, eps=eps)
+    turn = turn_index(loss_mask)
+    if adv_turn.shape[1] == 0:
+        return torch.zeros(loss_mask.shape, dtype=torch.float32, device=loss_mask.device)
+    adv = adv_turn.gather(1, turn.clamp(min=0))
+    return torch.where(turn >= 0, adv, 0.0).to(torch.float32)

@@ -1,0 +1,98 @@
+"""The one-screen summary printed at the end of `agentrl train`, and readers of a run's
+OUT/metrics.jsonl shared by the summary, `agentrl plot` and tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a metrics.jsonl file (a torn or malformed line is skipped; a missing file gives
+    no rows). Each row has `step` and namespaced keys (`rollout/...`, `perf/...`, `eval/...`)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "metrics.jsonl"
+    rows = []
+    if not path.exists():
+        return rows
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and "step" in row:
+            rows.append(row)
+    return rows
+
+
+def stage_seconds(metrics_path: str | Path) -> dict[str, float]:
+    """Total seconds per stage over a run: `perf/<stage>_s` summed over steps (`rollout`,
+    `update`, `sync`, `env` (part of rollout), `step` = rollout + update + sync), and `eval`
+    from in-training evaluations (`eval/seconds`)."""
+    totals: dict[str, float] = {}
+    for row in read_metrics(metrics_path):
+        for k, v in row.items():
+            if not isinstance(v, (int, float)) or isinstance(v, bool):
+                continue
+            if k.startswith("perf/") and k.endswith("_s"):
+                name = k[len("perf/"):-2]
+            elif k == "eval/seconds":
+                name = "eval"
+            else:
+                continue
+            totals[name] = totals.get(name, 0.0) + float(v)
+    return totals
+
+
+def _first_last(rows: list[dict[str, Any]], key: str) -> tuple[float | None, float | None]:
+    vals = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
+    return (vals[0], vals[-1]) if vals else (None, None)
+
+
+def _fmt(x: float | None, digits: int = 3) -> str:
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
+def summary_panel(summary: dict[str, Any], out: str | Path) -> Any:
+    """A rich renderable of a finished run: held-out pass@1 and reward before/after RL, the
+    training reward and pass rate of the first and last step, seconds per stage, and where the
+    checkpoint and metrics are."""
+    from rich.console import Group
+    from rich.panel import Panel
+    from rich.table import Table
+    from rich.text import Text
+
+    out = Path(out)
+    before, after = summary.get("eval_before") or {}, summary.get("eval_after") or {}
+    rows = read_metrics(out / "metrics.jsonl")
+    table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
+    table.add_column("")
+    table.add_column("before", justify="right")
+    table.add_column("after", justify="right")
+    table.add_row("held-out pass@1", _fmt(before.get("pass@1")), _fmt(after.get("pass@1")))
+    table.add_row("held-out reward", _fmt(before.get("reward_mean")), _fmt(after.get("reward_mean")))
+    r0, r1 = _first_last(rows, "rollout/reward_mean")
+    p0, p1 = _first_last(rows, "rollout/pass_rate")
+    table.add_row("train reward (first/last step)", _fmt(r0), _fmt(r1))
+    table.add_row("train pass rate (first/last step)", _fmt(p0), _fmt(p1))
+    stages = dict(summary.get("stage_seconds") or stage_seconds(out / "metrics.jsonl"))
+    if summary.get("sft_s"):
+        stages = {"sft": summary["sft_s"], **stages}
+    for name in ("eval_before", "eval_after"):
+        sec = (summary.get(name) or {}).get("seconds")
+        if isinstance(sec, (int, float)):
+            stages["eval"] = stages.get("eval", 0.0) + sec
+    env_s = stages.pop("env", None)  # env time is part of rollout time
+    shown = [f"{k} {v:.1f}s" + (f" (env {env_s:.1f}s)" if k == "rollout" and env_s is not None else "")
+             for k, v in stages.items() if k != "step"]
+    lines = [
+        "time per stage: " + (" · ".join(shown) if shown else "–"),
+        f"checkpoint: {summary.get('checkpoint', '–')}",
+        f"metrics: {out / 'metrics.jsonl'}"
+        + (f" · TensorBoard: {out / 'tb'}" if (out / "tb").is_dir() else ""),
+        f"next: agentrl plot {out} · agentrl show {out} --step N",
+    ]
+    title = f"{summary.get('algo', '')} on {summary.get('env', '')}, {summary.get('steps', '?')} steps"
+    return Panel(Group(table, Text(""), *(Text(line) for line in lines)), title=title, expand=False)
