@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 ALGOS = ("grpo", "dr_grpo", "gspo", "rloo", "reinforce_pp", "ppo", "dpo")
 
@@ -88,6 +88,12 @@ class RolloutConfig(_Section):
     """Threads stepping envs concurrently (sandbox runs, HTTP calls)."""
     torch_threads: int = Field(default=1, ge=1)
     """torch threads of the engine process (on 2 cores keep engine + learner threads <= cores)."""
+    mode: Literal["sync", "async"] = "sync"
+    """`sync`: sample then train (on-policy); `async`: an actor samples ahead with bounded staleness."""
+    sync_every: int = Field(default=1, ge=1)
+    """Async: push the learner's weights to the actor every N learner steps."""
+    queue_size: int = Field(default=2, ge=1)
+    """Async: most finished batches waiting for the learner."""
 
 
 class AlgoConfig(_Section):
@@ -207,6 +213,15 @@ class Config(_Section):
     quiet: bool = False
     """No progress bar (CI)."""
 
+    @model_validator(mode="after")
+    def _async_needs_staleness(self) -> Config:
+        if self.rollout.mode == "async" and self.train.max_staleness < self.rollout.sync_every - 1:
+            raise ValueError(
+                f"train.max_staleness ({self.train.max_staleness}) must be >= rollout.sync_every - 1 "
+                f"({self.rollout.sync_every - 1}) in async mode, or the actor would wait for weights "
+                "that are never pushed")
+        return self
+
 
 class ConfigError(ValueError):
     """A configuration error with the offending key and what is allowed."""
@@ -243,7 +258,7 @@ def _format_error(e: ValidationError) -> str:
             msg = f"unknown key; allowed here: {allowed}"
         elif err["type"] == "literal_error":
             msg = f"{msg} (got {err.get('input')!r})"
-        lines.append(f"config error: {key}: {msg}")
+        lines.append(f"config error: {key}: {msg}" if key else f"config error: {msg}")
     return "\n".join(lines)
 
 

@@ -14,6 +14,7 @@ import inspect
 import json
 import math
 import random
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,6 +28,7 @@ from agentrl.envs import make_env, resolve_env_id
 from agentrl.rollout.agent_loop import EpisodeSpec, run_episodes
 from agentrl.rollout.chat import ChatRenderer
 from agentrl.rollout.engines.base import SamplingParams
+from agentrl.rollout.source import AsyncSource, SyncSource
 from agentrl.trajectory import Trajectory, collate
 
 EVAL_SEED = 10_000_000  # held-out evaluation tasks use seeds EVAL_SEED + i in every run
@@ -384,10 +386,13 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
     params = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                             max_tokens=cfg.rollout.max_tokens, stop_token_ids=renderer.stop_ids)
 
+    engine_lock = threading.Lock()  # the async actor and evaluation share the engine
+
     def run_eval() -> dict[str, float]:
         t0 = time.perf_counter()
-        r = evaluate(engine, renderer, eval_envs, cfg, pool, n_tasks=cfg.train.eval_tasks,
-                     samples=cfg.train.eval_samples, temperature=cfg.rollout.temperature)
+        with engine_lock:
+            r = evaluate(engine, renderer, eval_envs, cfg, pool, n_tasks=cfg.train.eval_tasks,
+                         samples=cfg.train.eval_samples, temperature=cfg.rollout.temperature)
         r["seconds"] = time.perf_counter() - t0
         return r
 
@@ -398,6 +403,16 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
         return collect(engine, renderer, envs, seeds, G, params, cfg, pool,
                        group_base=(step + r * cfg.train.steps) * cfg.rollout.tasks_per_step,
                        sample_seed=(cfg.seed * 100_003 + step) * 31 + r)
+
+    def run_batch(step: int) -> list[Trajectory]:
+        """Batch `step`: `tasks_per_step` task seeds drawn from (seed, step), so a resumed or
+        asynchronous run samples the same tasks; each task run `group_size` times."""
+        rng = np.random.default_rng([cfg.seed, step])
+        seeds = [int(s) for s in rng.integers(0, 2**31 - 1, size=cfg.rollout.tasks_per_step)]
+        with engine_lock:
+            return collect(engine, renderer, envs, seeds, G, params, cfg, pool,
+                           group_base=step * cfg.rollout.tasks_per_step,
+                           sample_seed=cfg.seed * 100_003 + step)
 
     before = json.loads((out / "eval_before.json").read_text()) if ck is not None and \
         (out / "eval_before.json").exists() else None
@@ -415,20 +430,27 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
                             TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=console)
         progress.start()
         bar = progress.add_task("train", total=cfg.train.steps, completed=start_step, info="")
+    if cfg.rollout.mode == "async":  # an actor thread samples ahead with bounded staleness
+        source: Any = AsyncSource(run_batch, engine.update_weights, start=start_step,
+                                  version=version, max_staleness=cfg.train.max_staleness,
+                                  queue_size=cfg.rollout.queue_size)
+    else:
+        source = SyncSource(run_batch, engine.update_weights)
     t_loop = time.perf_counter()
     for step in range(start_step, cfg.train.steps):
         m: dict[str, float] = {}
         # collect
         t0 = time.perf_counter()
-        rng = np.random.default_rng([cfg.seed, step])
-        seeds = [int(s) for s in rng.integers(0, 2**31 - 1, size=cfg.rollout.tasks_per_step)]
-        trajs = collect(engine, renderer, envs, seeds, G, params, cfg, pool,
-                        group_base=step * cfg.rollout.tasks_per_step, sample_seed=cfg.seed * 100_003 + step)
+        trajs, src_metrics = source.next_batch(step)  # sync: sampled now; async: from the actor
+        m.update(src_metrics)
         m["perf/rollout_s"] = time.perf_counter() - t0
         m["perf/env_s"] = float(sum(t.timings.get("env", 0.0) for t in trajs))
         stale = [version - t.policy_version for t in trajs]
         m["rollout/staleness_max"] = float(max(stale))
+        for k in range(max(stale) + 1):  # staleness histogram (versions behind the learner)
+            m[f"async/staleness_{k}"] = float(stale.count(k))
         trajs = [t for t, s in zip(trajs, stale) if s <= cfg.train.max_staleness]
+        m["rollout/dropped_stale"] = float(len(stale) - len(trajs))
         rets = np.array([t.episode_return for t in trajs], dtype=float)
         m["rollout/reward_mean"] = float(np.nanmean(rets)) if len(rets) else float("nan")
         m["rollout/reward_std"] = float(np.nanstd(rets)) if len(rets) else float("nan")
@@ -458,7 +480,8 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
         # sync
         t0 = time.perf_counter()
         version += 1
-        engine.update_weights(merged_state_dict(model), version)
+        if cfg.rollout.mode == "sync" or (step + 1 - start_step) % cfg.rollout.sync_every == 0:
+            source.push_weights(merged_state_dict(model), version)
         m["perf/sync_s"] = time.perf_counter() - t0
         m["perf/step_s"] = m["perf/rollout_s"] + m["perf/update_s"] + m["perf/sync_s"]
         if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0 and step + 1 < cfg.train.steps:
@@ -479,6 +502,7 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
             progress.update(bar, advance=1, info=line)
         elif not cfg.quiet:
             say(f"[step {step + 1}/{cfg.train.steps}] {line}")
+    source.close()
     if progress is not None:
         progress.stop()
     timings["rl_s"] = time.perf_counter() - t_loop
