@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from agentrl.config import ConfigError, config_reference, load_config
 
@@ -19,7 +20,7 @@ console = Console(stderr=False)
 
 
 def _fail(msg: str) -> None:
-    console.print(f"[red]{msg}[/red]")
+    console.print(f"[red]{escape(msg)}[/red]")  # escaped: a message may hold [brackets]
     raise typer.Exit(2)
 
 
@@ -36,16 +37,20 @@ def train(
     dataset: Annotated[Optional[str], typer.Option(help="Task file (HumanEval/MBPP/EvalPlus format) or 'humaneval'.")] = None,
     model: Annotated[Optional[str], typer.Option(help="Local Hugging Face model directory (model.path).")] = None,
     wrap: Annotated[Optional[list[str]], typer.Option(help="Reward wrapper to stack (repeatable): judge, safety, curiosity.")] = None,
+    ray_address: Annotated[Optional[str], typer.Option(help="Ray cluster to join (rollout.ray_address).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Train an agent: `agentrl train --env code_sandbox --algo grpo`."""
+    if resume and not Path(resume).is_dir():
+        _fail(f"--resume: {resume} is not a run directory")
     saved = Path(resume) / "config.json" if resume else None
     base = json.loads(saved.read_text()) if saved is not None and saved.exists() else None
     try:  # resume: the run's saved config, then this command's options on top
         cfg = load_config(config, overrides, base=base, **{
             "env.name": env, "algo.name": algo, "train.steps": steps, "out": out, "seed": seed,
             "resume": resume, "env.dataset": dataset, "model.path": model,
-            "env.wrappers": list(wrap) if wrap else None, "quiet": quiet or None})
+            "env.wrappers": list(wrap) if wrap else None, "quiet": quiet or None,
+            "rollout.ray_address": ray_address})
     except ConfigError as e:
         _fail(str(e))
     from agentrl.envs import resolve_env_id
@@ -188,8 +193,12 @@ def merge(
     out: Annotated[str, typer.Argument(help="Where the merged Hugging Face model is written.")],
 ) -> None:
     """Merge a LoRA checkpoint's adapters into its base model (a plain model directory)."""
+    import transformers
+
     from agentrl.lora import merge_checkpoint
 
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
     try:
         console.print(f"merged model: {merge_checkpoint(checkpoint, out)}", markup=False)
     except (FileNotFoundError, ValueError) as e:

@@ -54,7 +54,7 @@ class ModelConfig(_Section):
     """Parameter dtype of policy and engine (float32 on CPU)."""
     lora_r: int = Field(default=0, ge=0)
     """LoRA rank (0: off, train all weights). >0 trains PEFT LoRA adapters only (`agentrl[lora]`); the KL reference is then the base model with adapters disabled."""
-    lora_alpha: float = Field(default=16.0, gt=0)
+    lora_alpha: int = Field(default=16, ge=1)
     """LoRA scaling numerator: the update is `(lora_alpha / lora_r) * B @ A`."""
     lora_target_modules: str | list[str] = "all-linear"
     """Modules that get adapters: a list of names (e.g. `[q_proj, v_proj]`) or `all-linear` (every linear layer but the output head)."""
@@ -88,6 +88,16 @@ class RolloutConfig(_Section):
     """Threads stepping envs concurrently (sandbox runs, HTTP calls)."""
     torch_threads: int = Field(default=1, ge=1)
     """torch threads of the engine process (on 2 cores keep engine + learner threads <= cores)."""
+    ray_address: str | None = None
+    """Ray cluster to join (`auto`, `host:6379`, `ray://host:10001`); None starts a local one."""
+    worker_cpus: float = Field(default=1.0, gt=0)
+    """CPUs Ray reserves per rollout worker."""
+    worker_gpus: float = Field(default=0.0, ge=0)
+    """GPUs per rollout worker (a fraction shares a GPU)."""
+    max_restarts: int = Field(default=3, ge=0)
+    """Times Ray restarts a dead rollout worker (its in-flight episodes are re-run)."""
+    vllm_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Extra `vllm.LLM` arguments for engine=vllm (gpu_memory_utilization, max_model_len, ...)."""
     mode: Literal["sync", "async"] = "sync"
     """`sync`: sample then train (on-policy); `async`: an actor samples ahead with bounded staleness."""
     sync_every: int = Field(default=1, ge=1)
@@ -133,6 +143,14 @@ class AlgoConfig(_Section):
     """Value clipping range (PPO; None: plain MSE)."""
     beta: float = 0.1
     """DPO beta."""
+    kl_in_reward: bool = True
+    """PPO: put the KL penalty in the per-token reward (True) or in the loss (False)."""
+    kl_target: float | None = 6.0
+    """PPO: adaptive KL controller target (Ziegler et al. 2019); None keeps kl_coef fixed."""
+    kl_horizon: int = Field(default=10000, ge=1)
+    """PPO: adaptive KL controller horizon (samples)."""
+    turn_advantages: bool = False
+    """GRPO: group-relative advantages per turn (multi-turn episodes) instead of per episode."""
 
     @field_validator("name")
     @classmethod
@@ -263,9 +281,9 @@ def _format_error(e: ValidationError) -> str:
 
 
 def load_config(yaml_path: str | Path | None = None, overrides: list[str] | None = None,
-                *, base: dict[str, Any] | None = None, **top: Any) -> Config:
+                *, base: Any = None, **top: Any) -> Config:
     """Build the config: defaults <- `base` <- YAML file <- `key=value` overrides <- `top`
-    keywords. `base` is a saved config (`OUT/config.json` of a run being resumed).
+    keywords. `base` (a dict) is a saved config (`OUT/config.json` of a run being resumed).
 
     Values in overrides are parsed as YAML scalars (`train.lr=1e-4`, `algo.tis_cap=null`).
 

@@ -238,7 +238,7 @@ class Learner:
         if not single and "old_logprobs" not in batch:
             batch["old_logprobs"] = self.logprobs(batch)
         mism = [0.0, 0.0]  # sum of |old - sampler| over agent tokens, token count
-        if tis_cap is not None and "tis_weights" not in batch:
+        if tis_cap is not None and "tis_weights" not in batch and "sampler_logprobs" in batch:
             batch["tis_weights"] = tis_weights(batch["old_logprobs"], batch["sampler_logprobs"],
                                                batch["loss_mask"], cap=tis_cap)
         if not single and "sampler_logprobs" in batch:

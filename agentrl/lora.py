@@ -28,7 +28,7 @@ def is_peft(model: Any) -> bool:
     return hasattr(model, "peft_config") and hasattr(model, "disable_adapter")
 
 
-def wrap_lora(model: Any, *, r: int, alpha: float, target_modules: str | list[str],
+def wrap_lora(model: Any, *, r: int, alpha: int, target_modules: str | list[str],
               base_path: str | Path, seed: int = 0) -> Any:
     """Wrap `model` with fresh LoRA adapters; only adapter parameters require grad.
 
@@ -77,7 +77,7 @@ def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
     from peft.tuners.lora import LoraLayer
 
     inner = model.get_base_model()
-    layers = {name: m for name, m in inner.named_modules() if isinstance(m, LoraLayer)}
+    layers: dict[str, Any] = {n: m for n, m in inner.named_modules() if isinstance(m, LoraLayer)}
     out: dict[str, torch.Tensor] = {}
     for k, v in inner.state_dict().items():
         if ".lora_" in k:
@@ -106,7 +106,8 @@ def load_checkpoint(path: str | Path) -> tuple[Any, Any]:
 
     Returns:
         `(model, tokenizer)`; for adapters a trainable `PeftModel` whose base weights come from
-        the directory named in `adapter_config.json` (`base_model_name_or_path`).
+        the directory named in `adapter_config.json` (`base_model_name_or_path`), or from the
+        directory of that name in the checkpoint's run directory (a run moved elsewhere).
 
     Raises:
         FileNotFoundError: the directory, or the adapters' base model directory, is missing.
@@ -119,9 +120,12 @@ def load_checkpoint(path: str | Path) -> tuple[Any, Any]:
         return load_model(path)
     from peft import PeftModel
 
-    base_path = json.loads(cfg_file.read_text()).get("base_model_name_or_path")
-    if not base_path or not Path(base_path).is_dir():
-        raise FileNotFoundError(f"{path}: the adapters' base model {base_path!r} is not a directory")
+    named = json.loads(cfg_file.read_text()).get("base_model_name_or_path") or ""
+    # as recorded, or (a run directory that was moved) next to OUT/checkpoints/
+    cands = [Path(named), path.parent.parent / Path(named).name] if named else []
+    base_path = next((c for c in cands if c.is_dir()), None)
+    if base_path is None:
+        raise FileNotFoundError(f"{path}: the adapters' base model {named!r} is not a directory")
     base, tok = load_model(base_path)
     return PeftModel.from_pretrained(base, str(path), is_trainable=True), tok
 

@@ -9,6 +9,7 @@ plotting works on a machine without a display.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ def _label(run: Path, runs: list[Path]) -> str:
     return run.name if names.count(run.name) == 1 else str(run)
 
 
-def plot_runs(run_dirs: list[str | Path], out_png_dir: str | Path) -> list[Path]:
+def plot_runs(run_dirs: Sequence[str | Path], out_png_dir: str | Path) -> list[Path]:
     """Write PNG curves of the runs' metrics, all runs overlaid in each figure.
 
     Args:
@@ -75,13 +76,14 @@ def plot_runs(run_dirs: list[str | Path], out_png_dir: str | Path) -> list[Path]
     for stem, (title, keys) in FIGURES.items():
         fig, ax = plt.subplots(figsize=(6.4, 4.0))
         drawn = 0
-        for run in runs:
-            for key in keys:
+        for i, run in enumerate(runs):  # a colour per run, a line style per key
+            for key, style in zip(keys, ("-", "--", ":")):
                 x, y = _series(data[run], key)
                 if not x:
                     continue
                 name = _label(run, runs) + ("" if len(keys) == 1 else f" · {key}")
-                ax.plot(x, y, marker="o" if len(x) < 30 else None, markersize=3, label=name)
+                ax.plot(x, y, style, color=f"C{i % 10}", marker="o" if len(x) < 30 else None,
+                        markersize=3, label=name)
                 drawn += 1
         if drawn:
             ax.set_title(title)
@@ -99,10 +101,10 @@ def plot_runs(run_dirs: list[str | Path], out_png_dir: str | Path) -> list[Path]
         nrows = math.ceil(len(perf) / cols)
         fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.0 * nrows), squeeze=False)
         for ax, key in zip(axes.flat, perf):
-            for run in runs:
+            for i, run in enumerate(runs):
                 x, y = _series(data[run], key)
                 if x:
-                    ax.plot(x, y, label=_label(run, runs))
+                    ax.plot(x, y, color=f"C{i % 10}", label=_label(run, runs))
             ax.set_title(f"{key} (s)", fontsize=9)
             ax.set_xlabel("step")
             ax.grid(alpha=0.3)

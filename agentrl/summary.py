@@ -7,6 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+STAGES = ("sft", "rollout", "update", "sync", "eval")
+"""The stages the summary shows, in order (other `perf/*_s` keys stay in metrics.jsonl)."""
+
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """Rows of a metrics.jsonl file (a torn or malformed line is skipped; a missing file gives
@@ -14,7 +17,7 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     if path.is_dir():
         path = path / "metrics.jsonl"
-    rows = []
+    rows: list[dict[str, Any]] = []
     if not path.exists():
         return rows
     for line in path.read_text().splitlines():
@@ -84,9 +87,9 @@ def summary_panel(summary: dict[str, Any], out: str | Path) -> Any:
         sec = (summary.get(name) or {}).get("seconds")
         if isinstance(sec, (int, float)):
             stages["eval"] = stages.get("eval", 0.0) + sec
-    env_s = stages.pop("env", None)  # env time is part of rollout time
-    shown = [f"{k} {v:.1f}s" + (f" (env {env_s:.1f}s)" if k == "rollout" and env_s is not None else "")
-             for k, v in stages.items() if k != "step"]
+    env_s = stages.get("env")  # env time is part of rollout time
+    shown = [f"{k} {stages[k]:.1f}s" + (f" (env {env_s:.1f}s)" if k == "rollout" and env_s is not None else "")
+             for k in STAGES if k in stages]
     lines = [
         "time per stage: " + (" · ".join(shown) if shown else "–"),
         f"checkpoint: {summary.get('checkpoint', '–')}",

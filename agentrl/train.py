@@ -133,11 +133,14 @@ def default_model_dir(cfg: Config, out: Path) -> str:
 # -- rollouts -----------------------------------------------------------------------------------
 def collect(engine: Any, renderer: ChatRenderer, envs: list[Any], seeds: list[int], group_size: int,
             params: SamplingParams, cfg: Config, pool: ThreadPoolExecutor, *, group_base: int,
-            sample_seed: int) -> list[Trajectory]:
+            sample_seed: int, split: str = "train") -> list[Trajectory]:
     """Run `group_size` episodes of each task seed (a group = the same task reset with the same
-    seed). Returns `len(seeds) * group_size` trajectories, group-major."""
+    seed). Returns `len(seeds) * group_size` trajectories, group-major. `engine` is an
+    in-process engine, or a `RolloutPool` of Ray workers that hold their own envs."""
     specs = [EpisodeSpec({"seed": s}, group_id=group_base + j)
              for j, s in enumerate(seeds) for _ in range(group_size)]
+    if hasattr(engine, "run"):  # a RolloutPool: Ray workers (or vLLM) hold the envs
+        return engine.run(specs, params, seed=sample_seed, split=split)
     return run_episodes(engine, renderer, envs, specs, params, executor=pool,
                         max_episode_tokens=cfg.rollout.max_episode_tokens, seed=sample_seed)
 
@@ -154,7 +157,7 @@ def evaluate(engine: Any, renderer: ChatRenderer, envs: list[Any], cfg: Config,
     per_call = len(envs) // samples
     for s in range(0, n_tasks, per_call):
         trajs += collect(engine, renderer, envs, seeds[s:s + per_call], samples, params, cfg, pool,
-                         group_base=0, sample_seed=cfg.seed + 777 + s)
+                         group_base=0, sample_seed=cfg.seed + 777 + s, split="heldout")
     succ = np.array([episode_success(t) for t in trajs], dtype=float)
     rets = np.array([extrinsic_return(t) for t in trajs], dtype=float)
     return {"pass@1": float(succ.mean()), "reward_mean": float(np.nanmean(rets)),
@@ -269,11 +272,13 @@ def _row_step(line: str) -> float:
 def _wandb_run(out: Path, project: str, run_config: dict[str, Any] | None, start_step: int) -> Any:
     """Start a W&B run in OUT (on resume, `start_step` > 0, continue the run whose id is kept in
     OUT/wandb_id.txt). `WANDB_MODE=offline` writes it under OUT/wandb without network."""
+    import secrets
+
     import wandb
 
     id_file = out / "wandb_id.txt"
     resumed = start_step > 0 and id_file.exists()
-    run_id = id_file.read_text().strip() if resumed else wandb.util.generate_id()
+    run_id = id_file.read_text().strip() if resumed else secrets.token_hex(4)
     id_file.write_text(run_id)
     return wandb.init(project=project, dir=str(out), name=out.resolve().name, id=run_id,
                       resume="allow", config=run_config)
@@ -315,6 +320,9 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
     resolve_env_id(cfg.env.name)  # fail early on an unknown env
     algo = get_algorithm(cfg.algo.name)
     cfg = cfg.model_copy(update={"algo": resolve_config(algo, cfg.algo)})  # e.g. GSPO's clips
+    if cfg.algo.dynamic_sampling and cfg.algo.group_size < 2:
+        raise ValueError("algo.dynamic_sampling needs algo.group_size >= 2 (singleton groups "
+                         "carry no signal and would all be dropped)")
     out = Path(cfg.resume or cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(cfg.model_dump_json(indent=1))
@@ -358,7 +366,14 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
                           target_modules=cfg.model.lora_target_modules, seed=cfg.seed,
                           base_path=out / "sft_model" if sft_info else path)
 
-    engine = HFEngine(plain_copy(model).eval(), tok, torch_threads=cfg.rollout.torch_threads)
+    if cfg.rollout.num_workers > 0 or cfg.rollout.engine == "vllm":
+        from agentrl.rollout.workers import RolloutPool  # Ray workers (or vLLM) hold the envs
+
+        plain_copy(model).save_pretrained(out / "rollout_model")
+        tok.save_pretrained(out / "rollout_model")
+        engine: Any = RolloutPool(cfg, out / "rollout_model")  # current weights = version 0
+    else:
+        engine = HFEngine(plain_copy(model).eval(), tok, torch_threads=cfg.rollout.torch_threads)
     learner = Learner(model, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay,
                       grad_clip=cfg.train.grad_clip, temperature=cfg.rollout.temperature,
                       micro_batch_size=cfg.train.micro_batch_size,
@@ -400,9 +415,10 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
         """Fresh groups for refill round r (1, 2, ...) of dynamic sampling at `step`."""
         rng_r = np.random.default_rng([cfg.seed, step, r])
         seeds = [int(s) for s in rng_r.integers(0, 2**31 - 1, size=cfg.rollout.tasks_per_step)]
-        return collect(engine, renderer, envs, seeds, G, params, cfg, pool,
-                       group_base=(step + r * cfg.train.steps) * cfg.rollout.tasks_per_step,
-                       sample_seed=(cfg.seed * 100_003 + step) * 31 + r)
+        with engine_lock:  # the async actor uses the same engine and envs
+            return collect(engine, renderer, envs, seeds, G, params, cfg, pool,
+                           group_base=(step + r * cfg.train.steps) * cfg.rollout.tasks_per_step,
+                           sample_seed=(cfg.seed * 100_003 + step) * 31 + r)
 
     def run_batch(step: int) -> list[Trajectory]:
         """Batch `step`: `tasks_per_step` task seeds drawn from (seed, step), so a resumed or
@@ -464,7 +480,7 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
         # advantages + update
         t0 = time.perf_counter()
         if cfg.algo.dynamic_sampling:  # DAPO: drop groups without signal, refill with new tasks
-            trajs, m["rollout/refill_rounds"] = dynamic_sampling(trajs, lambda r: refill(step, r), n_eps)
+            trajs, m["rollout/refill_rounds"] = dynamic_sampling(trajs, lambda r, s=step: refill(s, r), n_eps)
         batch = build_batch(trajs, pad_id)
         if hasattr(algo, "prepare"):  # algorithm-specific passes: PPO values, DPO pairs, ...
             batch, pm = algo.prepare(batch, learner, cfg.algo)
@@ -515,6 +531,8 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
     log.log(cfg.train.steps, {f"eval/{k}": v for k, v in after.items()})
     log.close()
     pool.shutdown()
+    if hasattr(engine, "shutdown"):
+        engine.shutdown()
     b, a = before["pass@1"], after["pass@1"]
     summary = {"env": cfg.env.name, "algo": cfg.algo.name, "steps": cfg.train.steps,
                "eval_before": before, "eval_after": after,

@@ -22,8 +22,10 @@ canonical solution's output on a deep copy of the same input, computed inside th
 (`evalplus/eval/__init__.py::unsafe_execute`, v0.1.x): exact `==`; floats within `atol`
 (1e-6 when the task gives 0) at rtol 1e-7 like `np.testing.assert_allclose`; set equality for
 the MBPP+ tasks EvalPlus lists in `MBPP_OUTPUT_SET_EQ_TASKS`; "returned something" for
-`MBPP_OUTPUT_NOT_NONE_TASKS`; a polynomial root check for HumanEval/32 (`find_zero`, with
-`abs(poly(x)) <= atol`, stricter than EvalPlus's signed check). MBPP+ inputs are stored as JSON
+`MBPP_OUTPUT_NOT_NONE_TASKS`; the expected output or `True` for Mbpp/164 (`are_equivalent`) and
+the expected output or 0 for Mbpp/295 (`sum_div`), per input (EvalPlus keeps this state across
+inputs); a polynomial root check for HumanEval/32 (`find_zero`, with `abs(poly(x)) <= atol`,
+stricter than EvalPlus's signed check). MBPP+ inputs are stored as JSON
 lists; they are turned back into tuples/sets/complex numbers per task as EvalPlus's
 `mbpp_deserialize_inputs` does.
 """
@@ -48,9 +50,31 @@ _SPLIT_ALIASES = {"test": "heldout", "held_out": "heldout", "eval": "heldout", "
 
 #: Default wall/CPU limit (seconds) per source; None: the env's `limits`.
 DEFAULT_TIME_LIMITS = {"humaneval": 10.0, "humaneval+": 20.0, "mbpp": 10.0, "mbpp+": 20.0}
-#: Tasks whose correct reference solution needs more time (measured on 2 cores, x~2 margin;
-#: see docs/code_sandbox.md).
-SLOW_TASKS = {"Mbpp/123": 40.0}
+#: Tasks whose reference solution needs more than the defaults, by (source, task id): about 5x
+#: the CPU seconds of the reference run (canonical solution and diff tests) measured alone on
+#: the 2-core development machine (docs/code_sandbox.md lists the measurements).
+TASK_LIMITS: dict[tuple[str, str], dict[str, float]] = {
+    ("mbpp", "Mbpp/123"): {"time_limit": 30.0},  # amicable_numbers_sum(9999): 5.6 s CPU
+    ("humaneval+", "HumanEval/15"): {"time_limit": 60.0},  # 11.5 s
+    ("humaneval+", "HumanEval/36"): {"time_limit": 30.0},  # 4.0 s
+    ("humaneval+", "HumanEval/59"): {"time_limit": 30.0},  # 5.4 s
+    ("humaneval+", "HumanEval/83"): {"time_limit": 30.0},  # 4.1 s
+    ("humaneval+", "HumanEval/94"): {"time_limit": 30.0},  # 5.3 s
+    ("humaneval+", "HumanEval/130"): {"time_limit": 30.0},  # 5.5 s
+    ("humaneval+", "HumanEval/139"): {"time_limit": 80.0},  # 14.5 s
+    ("mbpp+", "Mbpp/84"): {"time_limit": 30.0},  # 4.2 s
+    ("mbpp+", "Mbpp/123"): {"time_limit": 50.0},  # 8.8 s
+    ("mbpp+", "Mbpp/255"): {"time_limit": 50.0, "memory_mb": 4096},  # 8.2 s, 2-4 GiB
+    ("mbpp+", "Mbpp/271"): {"time_limit": 70.0},  # 13.2 s
+    ("mbpp+", "Mbpp/300"): {"time_limit": 30.0},  # 3.9 s
+    ("mbpp+", "Mbpp/389"): {"time_limit": 30.0},  # 4.7 s
+    ("mbpp+", "Mbpp/392"): {"time_limit": 100.0},  # 18.5 s
+    ("mbpp+", "Mbpp/583"): {"time_limit": 30.0},  # 3.4 s
+    ("mbpp+", "Mbpp/589"): {"time_limit": 30.0},  # 5.4 s
+    ("mbpp+", "Mbpp/592"): {"time_limit": 40.0},  # 7.3 s
+    ("mbpp+", "Mbpp/599"): {"time_limit": 350.0},  # ~70 s: 16 inputs sum(range(10**8))
+    ("mbpp+", "Mbpp/603"): {"time_limit": 50.0},  # 9.9 s
+}
 
 
 @dataclass
@@ -66,6 +90,7 @@ class CodeTask:
         setup: Python run before the agent's code in the same namespace (imports, helpers).
         solution: a reference program (defines `entry_point`) that passes every test.
         time_limit: wall and CPU seconds for one run of all tests (None: the env's default).
+        memory_mb: address-space limit of that run in MiB (None: the env's default).
         source: `builtin`, `humaneval`, `humaneval+`, `mbpp`, `mbpp+`, or `custom`.
         test_names: one name per test (None: the sandbox numbers them).
         prefix: code put before an answer that does not define `entry_point` (HumanEval's
@@ -80,6 +105,7 @@ class CodeTask:
     setup: str = ""
     solution: str = ""
     time_limit: float | None = None
+    memory_mb: int | None = None
     source: str = "custom"
     test_names: list[str] | None = None
     prefix: str = ""
@@ -175,8 +201,9 @@ def _humaneval_prompt(prompt: str) -> str:
     return f"Complete this Python function:\n```python\n{prompt.rstrip()}\n```"
 
 
-def _time_limit(task_id: str, source: str) -> float | None:
-    return SLOW_TASKS.get(task_id, DEFAULT_TIME_LIMITS.get(source))
+def _limits(task_id: str, source: str) -> dict[str, Any]:
+    """`time_limit` and `memory_mb` of a loaded task (defaults per source, then TASK_LIMITS)."""
+    return {"time_limit": DEFAULT_TIME_LIMITS.get(source), **TASK_LIMITS.get((source, task_id), {})}
 
 
 def split_fraction(key: str) -> float:
@@ -243,7 +270,7 @@ _MBPP_PLUS_MODES = {
                      "extract_singly", "larg_nnum", "intersection_array", "find_dissimilar",
                      "Diff"), "set"),
     **dict.fromkeys(("check_str", "text_match_three", "text_starta_endb"), "not_none"),
-    "are_equivalent": "any",
+    "are_equivalent": "or_true",
     "sum_div": "or_zero",
 }
 _HUMANEVAL_PLUS_MODES = {"find_zero": "poly_root"}
@@ -305,8 +332,8 @@ def __agentrl_diff():
 
     def same(out, exp, inp):
         mode, atol = {mode!r}, {atol!r}
-        if mode == "any":
-            return True
+        if mode == "or_true":
+            return out == exp or out is True
         if mode == "set":
             return set(out) == set(exp)
         if mode == "not_none":
@@ -412,7 +439,7 @@ def _from_humaneval(d: dict[str, Any], max_chunks: int) -> CodeTask:
         task_id=str(d["task_id"]), prompt=_humaneval_prompt(prompt), entry_point=entry,
         tests=[d["test"] + f"\n\ncheck({entry})\n"], test_names=["check"],
         setup=_humaneval_setup(prompt), prefix=prompt, solution=prompt + d["canonical_solution"],
-        time_limit=_time_limit(str(d["task_id"]), "humaneval"), source="humaneval")
+        source="humaneval", **_limits(str(d["task_id"]), "humaneval"))
 
 
 def _from_humaneval_plus(d: dict[str, Any], max_chunks: int) -> CodeTask:
@@ -425,7 +452,8 @@ def _from_humaneval_plus(d: dict[str, Any], max_chunks: int) -> CodeTask:
         t.tests += tests
         t.test_names += names
     t.source = "humaneval+"
-    t.time_limit = _time_limit(t.task_id, "humaneval+")
+    for k, v in _limits(t.task_id, "humaneval+").items():
+        setattr(t, k, v)
     return t
 
 
@@ -434,7 +462,7 @@ def _mbpp_common(task_id: str, text: str, code: str, tests: list[str], setup: st
     entry = _infer_entry_point(code, tests)
     return CodeTask(task_id=task_id, prompt=_mbpp_prompt(text, tests[0] if tests else ""),
                     entry_point=entry, tests=list(tests), setup=setup, solution=code,
-                    time_limit=_time_limit(task_id, source), source=source)
+                    source=source, **_limits(task_id, source))
 
 
 def _from_mbpp(d: dict[str, Any], max_chunks: int) -> CodeTask:
@@ -450,18 +478,25 @@ def _from_mbpp_sanitized(d: dict[str, Any], max_chunks: int) -> CodeTask:
 def _from_mbpp_plus(d: dict[str, Any], max_chunks: int) -> CodeTask:
     task_id, entry, ref = str(d["task_id"]), d["entry_point"], d["canonical_solution"]
     setup_stmts, asserts = _split_statements(d["assertion"])
+    shown = asserts[0] if asserts else ""  # the prompt shows the first assert (as EvalPlus)
+    if "math." in d["assertion"] and not any("math" in s for s in setup_stmts):
+        setup_stmts.insert(0, "import math")  # Mbpp/120, 442, 574 use math without importing it
+    mode = _MBPP_PLUS_MODES.get(entry, "exact")
+    if mode in ("or_true", "or_zero"):
+        # Mbpp/164 and Mbpp/295: the asserts contradict the canonical solution; EvalPlus grades
+        # these two with a lenient oracle on the inputs only, and so do we.
+        asserts = []
     num = int(task_id.rsplit("/", 1)[-1]) if task_id.rsplit("/", 1)[-1].isdigit() else -1
     decode = _MBPP_PLUS_DECODERS.get(num, lambda inp: inp)
-    mode = _MBPP_PLUS_MODES.get(entry, "exact")
     tests, names = list(asserts), [f"assert {i + 1}" for i in range(len(asserts))]
     for kind in ("base", "plus"):
         inputs = [decode(inp) for inp in d[f"{kind}_input"]]
         more, more_names = _diff_tests(entry, ref, kind, inputs, d.get("atol", 0), mode, max_chunks)
         tests += more
         names += more_names
-    return CodeTask(task_id=task_id, prompt=_mbpp_prompt(d["prompt"], asserts[0] if asserts else ""),
+    return CodeTask(task_id=task_id, prompt=_mbpp_prompt(d["prompt"], shown),
                     entry_point=entry, tests=tests, test_names=names, setup="\n".join(setup_stmts),
-                    solution=ref, time_limit=_time_limit(task_id, "mbpp+"), source="mbpp+")
+                    solution=ref, source="mbpp+", **_limits(task_id, "mbpp+"))
 
 
 def _from_builtin(d: dict[str, Any], max_chunks: int) -> CodeTask:

@@ -19,6 +19,9 @@ import dataclasses
 import re
 from typing import Any
 
+from agentrl.envs import TextEnv
+from agentrl.sandbox import Limits, SandboxPool, SandboxResult
+from agentrl.sandbox.pool import default_pool
 from agentrl_envs import code_tasks
 from agentrl_envs.code_datasets import (
     CodeTask,
@@ -27,10 +30,6 @@ from agentrl_envs.code_datasets import (
     select_split,
     task_from_dict,
 )
-
-from agentrl.envs import TextEnv
-from agentrl.sandbox import Limits, SandboxPool, SandboxResult
-from agentrl.sandbox.pool import default_pool
 
 SYSTEM_PROMPT = "Answer with a Python function."
 REWARDS = ("binary", "fraction")
@@ -44,17 +43,21 @@ _PYTHON_TAGS = ("", "python", "py", "python3", "py3")
 
 
 def extract_code(text: str) -> str:
-    """The code in an agent's answer: the last fenced block tagged python (or untagged; any
-    last block when none is), else the text after an unclosed opening fence, else the whole
-    text. Leading blank lines and trailing whitespace are dropped; indentation is kept (a
-    HumanEval body completion stays indented)."""
-    blocks = _FENCE.findall(text)
+    """The code in an agent's answer: the last fenced block tagged python (or untagged; the
+    last block of any tag when none is), where a final opening fence that is never closed
+    (generation stopped inside it) counts as the last block; without fences, the whole text.
+    Leading blank lines and trailing whitespace are dropped; indentation is kept (a HumanEval
+    body completion stays indented)."""
+    blocks = [(m.group(1), m.group(2)) for m in _FENCE.finditer(text)]
+    tail_start = max((m.end() for m in _FENCE.finditer(text)), default=0)
+    unclosed = _OPEN_FENCE.search(text, tail_start)
+    if unclosed:
+        blocks.append((unclosed.group(1), text[unclosed.end():]))
     if blocks:
         py = [code for tag, code in blocks if tag.lower() in _PYTHON_TAGS]
         code = py[-1] if py else blocks[-1][1]
     else:
-        opens = list(_OPEN_FENCE.finditer(text))
-        code = text[opens[-1].end():] if opens else text
+        code = text
     lines = code.rstrip().split("\n")
     while lines and not lines[0].strip():
         lines.pop(0)
@@ -78,10 +81,13 @@ def build_program(task: CodeTask, code: str) -> str:
 
 
 def task_limits(task: CodeTask, limits: Limits) -> Limits:
-    """`limits` with wall and CPU seconds set to `task.time_limit` when the task has one."""
-    if task.time_limit is None:
-        return limits
-    return dataclasses.replace(limits, wall_s=float(task.time_limit), cpu_s=float(task.time_limit))
+    """`limits` with wall and CPU seconds set to `task.time_limit` and the memory to
+    `task.memory_mb` when the task has them."""
+    if task.time_limit is not None:
+        limits = dataclasses.replace(limits, wall_s=float(task.time_limit), cpu_s=float(task.time_limit))
+    if task.memory_mb is not None:
+        limits = dataclasses.replace(limits, memory_mb=int(task.memory_mb))
+    return limits
 
 
 def sandbox_job(task: CodeTask, code: str, limits: Limits | None = None) -> dict[str, Any]:
@@ -95,17 +101,15 @@ def _clip(text: str, n: int) -> str:
     return text if len(text) <= n else text[: max(n - 3, 0)] + "..."
 
 
-def failure_reason(verdict: str, result: SandboxResult | None, error: str | None) -> str:
-    """One line on why an attempt failed (for feedback and `info["error"]`)."""
-    if verdict == "timeout":
-        return f"time limit exceeded ({error})" if error else "time limit exceeded"
-    if verdict == "memory_limit":
-        return "memory limit exceeded"
-    if verdict == "output_limit":
-        return "output limit exceeded"
-    if verdict == "no_code":
-        return "no code found in the answer"
-    return error or verdict
+def failure_reason(verdict: str, error: str | None) -> str:
+    """One line on why an attempt failed (for feedback and `info["error"]`): the sandbox's
+    reason (e.g. `test_0: AssertionError (at `assert f(0) == 7`)`, `wall time limit of 5 s
+    exceeded`), else a phrase for the verdict."""
+    if error:
+        return error
+    return {"timeout": "time limit exceeded", "memory_limit": "memory limit exceeded",
+            "output_limit": "output limit exceeded", "no_code": "no code found in the answer",
+            }.get(verdict, verdict)
 
 
 def feedback_message(result: SandboxResult | None, verdict: str, reason: str,
@@ -148,7 +152,7 @@ class CodeSandboxEnv(TextEnv):
             smaller limit wins when both apply). With `max_turns=1` (single-turn) the one
             attempt is graded and the episode terminates, pass or fail.
         limits: sandbox limits (`agentrl.sandbox.Limits` or a dict of its fields); a task's own
-            `time_limit` replaces `wall_s` and `cpu_s` for that task.
+            `time_limit` replaces `wall_s` and `cpu_s`, its `memory_mb` the memory limit.
         feedback_chars: most characters of the failure reason and of the output tail shown in
             feedback.
         system_prompt: the system message (default `SYSTEM_PROMPT`).
@@ -237,8 +241,8 @@ class CodeSandboxEnv(TextEnv):
             texts.append(feedback_message(r, "fail", err, self.feedback_chars))
         for verdict, err in (("syntax_error", "SyntaxError: invalid syntax (<solution>, line 2)"),
                              ("runtime_error", "test_0: NameError: name 'x' is not defined"),
-                             ("timeout", "wall time limit 5.0 s"), ("no_code", None)):
-            texts.append(feedback_message(None, verdict, failure_reason(verdict, None, err),
+                             ("timeout", "wall time limit of 5 s exceeded"), ("no_code", None)):
+            texts.append(feedback_message(None, verdict, failure_reason(verdict, err),
                                           self.feedback_chars))
         return texts
 
@@ -323,7 +327,7 @@ class CodeSandboxEnv(TextEnv):
             reward = 1.0 if success else (result.pass_fraction if self.reward_mode == "fraction" else 0.0)
         if self.turn > 1:
             reward -= self.turn_penalty
-        reason = None if success else failure_reason(verdict, result, error)
+        reason = None if success else failure_reason(verdict, error)
         info = {"task_id": task.task_id, "turn": self.turn, "verdict": verdict,
                 "passed": result.passed if result else 0,
                 "total": result.total if result else len(task.tests),

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from agentrl_envs.code_datasets import CodeTask, normalize_split, split_fraction
 
 HELDOUT_FRACTION = 0.2

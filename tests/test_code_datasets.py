@@ -13,7 +13,7 @@ import pytest
 
 from agentrl.sandbox import SandboxPool
 from agentrl_envs.code_datasets import (
-    SLOW_TASKS,
+    TASK_LIMITS,
     CodeTask,
     detect_format,
     humaneval_path,
@@ -88,7 +88,8 @@ def test_mbpp_sanitized_task_fields():
                         "Your code should pass this test:\n"
                         "assert set(similar_elements((3, 4, 5, 6),(5, 7, 4, 10))) == set((4, 5))")
     assert len(t.tests) == 3 and t.time_limit == 10.0
-    assert {t.task_id: t for t in load_dataset(str(DATA / "mbpp_sanitized.json"))}["Mbpp/123"].time_limit == SLOW_TASKS["Mbpp/123"]
+    t123 = {t.task_id: t for t in load_dataset(str(DATA / "mbpp_sanitized.json"))}["Mbpp/123"]
+    assert t123.time_limit == TASK_LIMITS[("mbpp", "Mbpp/123")]["time_limit"] == 30.0
 
 
 @needs_data
@@ -100,6 +101,10 @@ def test_mbpp_plus_task_fields_and_input_types():
     assert '{"__tuple__": [3, 4, 5, 6]}' in t.tests[3]  # MBPP+ task 2 takes tuples (EvalPlus)
     assert '"__complex__"' in tasks["Mbpp/124"].tests[3]
     assert tasks["Mbpp/82"].setup == "import math"  # non-assert lines of `assertion`
+    assert tasks["Mbpp/120"].setup == "import math"  # used by its asserts but never imported
+    # the asserts of Mbpp/164 and 295 contradict the canonical solution: inputs only
+    assert not [n for n in tasks["Mbpp/164"].test_names if n.startswith("assert")]
+    assert tasks["Mbpp/255"].memory_mb == 4096 and tasks["Mbpp/599"].time_limit == 350.0
 
 
 def test_read_records_formats(tmp_path):
@@ -167,6 +172,15 @@ def test_evalplus_special_oracles(pool):
     ok = ("def similar_elements(a, b):\n    assert isinstance(a, tuple)\n"
           "    return tuple(sorted(set(a) & set(b), reverse=True))")  # (3, 2), not (2, 3)
     assert pool.run_tests(**sandbox_job(t, ok)).verdict == "pass"
+    # Mbpp/164: its canonical solution is wrong, EvalPlus accepts the expected output or True
+    eq = {**rec, "task_id": "Mbpp/164", "entry_point": "are_equivalent", "assertion": "",
+          "canonical_solution": "def are_equivalent(a, b):\n    return False\n",
+          "base_input": [[36, 57], [23, 47]]}
+    t = task_from_dict(eq)
+    assert t.test_names == ["base[0:1]", "base[1:2]"]  # no asserts (they contradict the reference)
+    for body, verdict in (("return False", "pass"), ("return True", "pass"), ("return None", "fail")):
+        code = f"def are_equivalent(a, b):\n    {body}"
+        assert pool.run_tests(**sandbox_job(t, code)).verdict == verdict, body
     zero = {**PLUS, "entry_point": "find_zero", "task_id": "HumanEval/32",
             "prompt": "def find_zero(xs):\n", "canonical_solution": "    return 2.0\n",
             "test": "def check(candidate):\n    pass\n", "base_input": [[[-4, 2]]], "plus_input": [],
@@ -198,25 +212,33 @@ WRONG = "def {name}(*args, **kwargs):\n    return None\n"
 @pytest.mark.slow
 def test_every_reference_solution_passes_and_a_wrong_one_fails():
     """All reference solutions of the four shared files pass their tests in the real sandbox
-    (with each task's time limit) and `return None` under the entry point's name fails.
-    Prints counts and timings per file (pytest -s)."""
-    failures, report = [], []
+    (with each task's time and memory limits), and `return None` under the entry point's name
+    fails. Prints counts and timings per file (`pytest -s`)."""
+    jobs, where = [], []  # one job per (file, task, good/wrong)
+    for name in FILES:
+        for t in load_dataset(str(DATA / name)):
+            for kind, code in (("good", t.solution), ("wrong", WRONG.format(name=t.entry_point))):
+                jobs.append(sandbox_job(t, code))
+                where.append((name, t.task_id, kind))
+    # longest first, so that the pool's workers finish together
+    order = sorted(range(len(jobs)), key=lambda i: -jobs[i]["limits"].wall_s)
+    t0 = time.perf_counter()
     with SandboxPool() as pool:
-        for name, count in FILES.items():
-            tasks = load_dataset(str(DATA / name))
-            t0 = time.perf_counter()
-            good = pool.map_tests([sandbox_job(t, t.solution) for t in tasks])
-            t1 = time.perf_counter()
-            bad = pool.map_tests([sandbox_job(t, WRONG.format(name=t.entry_point)) for t in tasks])
-            t2 = time.perf_counter()
-            n_pass = sum(r.verdict == "pass" for r in good)
-            n_wrong_fail = sum(r.verdict != "pass" for r in bad)
-            slowest = max(zip(good, tasks, strict=True), key=lambda p: p[0].wall_s)
-            report.append(f"{name}: {n_pass}/{count} references pass ({t1 - t0:.0f} s), "
-                          f"{n_wrong_fail}/{count} wrong fail ({t2 - t1:.0f} s); slowest "
-                          f"{slowest[1].task_id} {slowest[0].wall_s:.1f} s; verdicts of wrong: "
-                          f"{dict(Counter(r.verdict for r in bad))}")
-            failures += [(t.task_id, r.verdict, r.error) for t, r in zip(tasks, good, strict=True) if r.verdict != "pass"]
-            failures += [(t.task_id, "wrong passed", None) for t, r in zip(tasks, bad, strict=True) if r.verdict == "pass"]
+        done = pool.map_tests([jobs[i] for i in order])
+    seconds = time.perf_counter() - t0
+    results = dict(zip(order, done, strict=True))
+    failures, report = [], [f"{len(jobs)} runs in {seconds:.0f} s"]
+    for name, count in FILES.items():
+        rows = [(where[i], results[i]) for i in range(len(jobs)) if where[i][0] == name]
+        good = [(w[1], r) for w, r in rows if w[2] == "good"]
+        wrong = [(w[1], r) for w, r in rows if w[2] == "wrong"]
+        slow = max(good, key=lambda p: p[1].wall_s)
+        report.append(
+            f"{name}: {sum(r.verdict == 'pass' for _, r in good)}/{count} references pass, "
+            f"{sum(r.verdict != 'pass' for _, r in wrong)}/{count} wrong fail "
+            f"({dict(Counter(r.verdict for _, r in wrong))}); reference wall {sum(r.wall_s for _, r in good):.0f} s "
+            f"in all, slowest {slow[0]} {slow[1].wall_s:.1f} s")
+        failures += [(tid, r.verdict, r.error) for tid, r in good if r.verdict != "pass"]
+        failures += [(tid, "wrong solution passed", None) for tid, r in wrong if r.verdict == "pass"]
     print("\n".join(report))
     assert failures == []

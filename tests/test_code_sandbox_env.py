@@ -148,7 +148,7 @@ def test_timeout_is_a_zero_reward_step(pool):
     env.reset(options={"task": ADD7})
     obs, r, term, trunc, info = env.step("while True:\n    pass")
     assert (r, info["verdict"]) == (0.0, "timeout")
-    assert obs[0]["content"].startswith("Your code failed: time limit exceeded")
+    assert obs[0]["content"].startswith("Your code failed: wall time limit of 1 s exceeded")
     assert env.step(RIGHT)[1] == 1.0  # the worker is still usable
 
 
@@ -246,6 +246,8 @@ def test_corpus_and_reference_answer():
     ("```python\na = 1\n```\n```text\nnot code\n```", "a = 1"),
     ("```bash\nls\n```", "ls"),
     ("```python\ndef f():\n    return 1", "def f():\n    return 1"),  # unclosed fence
+    ("```python\na = 1\n```\n```python\nb = 2", "b = 2"),  # the last, unclosed block
+    ("```python\na = 1\n```\nand ```x``` inline", "a = 1"),
     ("```python\n\n    return x\n```", "    return x"),  # a body keeps its indentation
 ])
 def test_extract_code(text, code):
@@ -275,6 +277,8 @@ def test_task_time_limit_replaces_env_limits():
     t = task_from_dict({**ADD7, "time_limit": 12.0})
     job = sandbox_job(t, "x = 1", Limits(wall_s=2.0, cpu_s=2.0, memory_mb=256))
     assert (job["limits"].wall_s, job["limits"].cpu_s, job["limits"].memory_mb) == (12.0, 12.0, 256)
+    t = task_from_dict({**ADD7, "memory_mb": 1024})
+    assert sandbox_job(t, "x = 1", Limits(memory_mb=256))["limits"].memory_mb == 1024
     assert sandbox_job(task_from_dict(ADD7), "x", Limits(wall_s=2.0)).get("limits").wall_s == 2.0
 
 

@@ -155,6 +155,19 @@ def test_in_process_pool_equals_run_episodes(tiny_model_dir):
         tiny_model_dir, specs, 1.0, 11, state_dict=sd)]
 
 
+def test_worker_builds_envs_from_config_with_shared_reward_wrappers(tiny_model_dir):
+    """Without `env_factory` a worker builds its envs with `build_env(cfg, split, rewards)`,
+    one `RewardWrappers` per worker: the curiosity wrapper's components show in every turn."""
+    cfg = make_cfg()
+    cfg.env.wrappers = ["curiosity"]
+    w = RolloutWorker(cfg, tiny_model_dir)
+    specs = make_specs(2, 2)
+    trajs = w.run(specs, params_of(w.renderer, 1.0), seed=2)
+    assert len(trajs) == 4 and all(len(t.turns) == 2 for t in trajs)
+    assert all("reward_components" in turn.info for t in trajs for turn in t.turns)
+    assert len(w.envs("train", 4)) == 4 and w._rewards is not None
+
+
 # -- a real local Ray cluster -----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ray_cluster():
@@ -265,10 +278,14 @@ def test_weight_push_changes_outputs_and_versions(pool2, renderer, tiny_model_di
 def test_worker_exits_mid_step_is_restarted_and_step_completes(pool2, ray_cluster, renderer,
                                                                tiny_model_dir, fault_dir):
     """A worker's first env step ends its process (`os._exit`) in the middle of the step. Ray
-    restarts the actor (with its initial weights), the pool re-issues its shard, the restarted
-    worker loads the pushed weights first, and the step returns every trajectory at the pushed
-    version, with the ids an in-process run gives; the next step needs no re-issue."""
-    sd, version = push(pool2, tiny_model_dir, 2.0)
+    restarts the actor (with the model directory's weights), the pool re-issues its shard, the
+    restarted worker loads the pushed weights first, and the step returns every trajectory with
+    the ids an in-process run with the pushed weights gives; the next step needs no re-issue.
+    The push reuses version 0 (as SFT weights pushed before RL would), so a worker that compared
+    version numbers instead of pushes would wrongly keep its initial weights."""
+    sd = perturbed_state_dict(tiny_model_dir, 2.0)
+    version = 0
+    pool2.update_weights(sd, version)
     pids = [ray_cluster.get(w.ready.remote())["pid"] for w in pool2.workers]
     reissued = pool2.stats["reissued"]
     (fault_dir / "exit").write_text("")

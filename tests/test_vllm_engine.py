@@ -49,6 +49,12 @@ class CountEnv(TextEnv):
         return [], 1.0, True, False, {}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def vllm_module():
+    """Skip the module (before building anything) where vLLM is not installed."""
+    return pytest.importorskip("vllm", reason=VLLM_MISSING)
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
     """Tiny Qwen2, tied embeddings, head size 64 (a size every vLLM attention backend has)."""
@@ -62,7 +68,6 @@ def model_dir(tmp_path_factory) -> str:
 def worker(model_dir):
     """A `RolloutWorker` with `rollout.engine=vllm` (in this process); its engine is the one
     vLLM engine of this module (1 GiB KV cache on CPU, the engine's default there)."""
-    pytest.importorskip("vllm", reason=VLLM_MISSING)
     from agentrl.config import Config
     from agentrl.rollout.workers import RolloutWorker
 
@@ -161,6 +166,16 @@ def test_n_samples_seeds_and_batch_invariance(engine, prompts):
     assert [c.token_ids for c in alone] == [c.token_ids for c in a[3:6]]
     other = engine.generate(prompts, SamplingParams(temperature=1.0, max_tokens=12, n=3, seed=8))
     assert [c.token_ids for c in other] != [c.token_ids for c in a]
+
+
+def test_seeded_call_larger_than_one_scheduler_step(engine, renderer):
+    """80 seeded prompts of ~100 tokens (> vLLM's 4096 tokens per step): with chunked prefill
+    vLLM 0.32's CPU engine dies on a seeded partial prefill; the engine turns it off there."""
+    long = [renderer.prompt_ids([{"role": "user", "content": "Count to 42. " * 14 + str(i)}])
+            for i in range(80)]
+    assert sum(map(len, long)) > 4096
+    out = engine.generate(long, SamplingParams(temperature=1.0, max_tokens=4, seed=3))
+    assert len(out) == 80 and all(len(c.token_ids) == 4 for c in out)
 
 
 def test_bad_requests_raise(engine, prompts):

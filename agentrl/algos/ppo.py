@@ -44,8 +44,13 @@ from typing import Any
 import torch
 
 from agentrl.algos.advantages import gae, whiten
-from agentrl.algos.common import (drop_invalid_rows, kl_entropy_terms, kl_penalty_rewards,
-                                  sequence_kl, token_rewards)
+from agentrl.algos.common import (
+    drop_invalid_rows,
+    kl_entropy_terms,
+    kl_penalty_rewards,
+    sequence_kl,
+    token_rewards,
+)
 from agentrl.algos.losses import masked_mean, ppo_policy_loss, value_loss
 
 VALUE_HEAD = True

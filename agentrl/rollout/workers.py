@@ -141,7 +141,9 @@ class RolloutWorker:
         cfg: the run's config (`rollout.*` for the engine, threads and limits; `env.*` for envs).
         model_path: local Hugging Face model directory the engine starts from (version 0).
         worker_id: index of this worker (recorded in `Trajectory.info["rollout_worker"]`).
-        env_factory: `split -> env`; default `agentrl.train.build_env(cfg, split)`.
+        env_factory: `split -> env`; default `agentrl.train.build_env(cfg, split, rewards)`
+            with one `RewardWrappers` per worker (state such as a curiosity memory or a safety
+            multiplier is shared by the worker's envs, not across workers).
     """
 
     def __init__(self, cfg: Config, model_path: str | Path, *, worker_id: int = 0,
@@ -155,7 +157,9 @@ class RolloutWorker:
         self.worker_id = worker_id
         self.engine, tokenizer = make_engine(cfg, model_path)
         self.renderer = ChatRenderer(tokenizer)
+        self.push_id = 0  # which `RolloutPool` push the engine holds (0: the model directory's)
         self._env_factory = env_factory
+        self._rewards: Any = None  # the worker's `RewardWrappers` when `env.wrappers` is set
         self._envs: dict[str, list[Any]] = {}
         self._threads = ThreadPoolExecutor(max_workers=cfg.rollout.env_threads)
 
@@ -164,7 +168,12 @@ class RolloutWorker:
             return self._env_factory(split)
         from agentrl.train import build_env
 
-        return build_env(self.cfg, split)
+        if self.cfg.env.wrappers and self._rewards is None:
+            from agentrl.rewards import RewardWrappers
+
+            # one per worker: its env copies share judge client, curiosity memory, multiplier
+            self._rewards = RewardWrappers(self.cfg.env.wrappers, self.cfg.env.wrapper_kwargs)
+        return build_env(self.cfg, split, self._rewards)
 
     def envs(self, split: str, n: int) -> list[Any]:
         """At least `n` env instances of `split` (made on first need, reused afterwards)."""
@@ -182,36 +191,15 @@ class RolloutWorker:
         """Version of the weights the engine holds."""
         return int(self.engine.policy_version)
 
-    def _revive(self, w: int) -> bool:
-        """Wait until worker `w` answers again after a failure (Ray restarts it: a call made
-        while it restarts fails with `ActorUnavailableError`). False, and `w` is marked dead,
-        when Ray gave up on it (`ActorDiedError`) or it is not back within `restart_timeout_s`."""
-        import ray
-        from ray.exceptions import ActorDiedError, ActorUnavailableError
-
-        deadline = time.monotonic() + self.restart_timeout_s
-        while self.alive[w] and time.monotonic() < deadline:
-            try:
-                ray.get(self.workers[w].ready.remote(), timeout=max(1.0, deadline - time.monotonic()))
-                return True
-            except ActorUnavailableError:
-                time.sleep(0.2)
-            except (ActorDiedError, ray.exceptions.GetTimeoutError):
-                break
-        self.alive[w] = False
-        return False
-
-    def _next_alive(self, w: int) -> int | None:
-        """The first live worker after `w` (cyclically), or None when all are dead."""
-        for k in range(1, self.num_workers + 1):
-            if self.alive[(w + k) % self.num_workers]:
-                return (w + k) % self.num_workers
-        return None
-
-    def update_weights(self, state_dict: dict[str, Any], version: int) -> float:
-        """Load a full state dict into the engine as `version`; returns the seconds it took."""
+    def update_weights(self, state_dict: dict[str, Any], version: int,
+                       push_id: int | None = None) -> float:
+        """Load a full state dict into the engine as `version`; returns the seconds it took.
+        `push_id` numbers the pool's pushes (so a restarted worker knows it missed one, even
+        when the version number did not change, e.g. SFT weights pushed as version 0)."""
         t0 = time.perf_counter()
         self.engine.update_weights(state_dict, version)
+        if push_id is not None:
+            self.push_id = push_id
         return time.perf_counter() - t0
 
     def run(self, specs: Sequence[EpisodeSpec], params: SamplingParams, seed: int | None = None,
@@ -223,17 +211,18 @@ class RolloutWorker:
             params: sampling settings (`n` must be 1).
             seed: base sampling seed (turn k uses `seed + k`).
             split: env split (`"train"`, `"heldout"`).
-            weights: `[version, object_ref_of_state_dict]` of the newest policy: loaded first when
-                the engine holds another version (a restarted actor). The ref is nested in a list
-                so that Ray does not fetch it unless it is needed.
+            weights: `[push_id, version, object_ref_of_state_dict]` of the pool's newest push:
+                loaded first when the engine holds another push (a restarted actor starts from
+                the model directory). The ref is nested in a list so that Ray does not fetch it
+                unless it is needed.
 
         Returns:
             One trajectory per spec, in order (see `run_episodes`).
         """
-        if weights is not None and int(weights[0]) != self.engine.policy_version:
+        if weights is not None and int(weights[0]) != self.push_id:
             import ray
 
-            self.engine.update_weights(ray.get(weights[1]), int(weights[0]))
+            self.update_weights(ray.get(weights[2]), int(weights[1]), push_id=int(weights[0]))
         trajs = run_episodes(self.engine, self.renderer, self.envs(split, len(specs)), specs, params,
                              max_episode_tokens=self.cfg.rollout.max_episode_tokens,
                              executor=self._threads, seed=seed)
@@ -282,6 +271,7 @@ class RolloutPool:
         self.version = 0
         self.stats: dict[str, float] = {"reissued": 0.0}
         self._weights_ref: Any = None
+        self._push_id = 0
         self._local: RolloutWorker | None = None
         self.workers: list[Any] = []
         self.alive: list[bool] = []
@@ -329,7 +319,8 @@ class RolloutPool:
         if not live:
             raise RuntimeError("every rollout worker is dead (Ray gave up restarting them)")
         shards = shard_specs(specs, len(live))
-        weights = None if self._weights_ref is None else [self.version, self._weights_ref]
+        weights = None if self._weights_ref is None else [self._push_id, self.version,
+                                                          self._weights_ref]
         pending: dict[Any, tuple[int, int, int]] = {}  # ref -> (shard, worker, attempt)
 
         def submit(s: int, w: int, attempt: int) -> None:
@@ -353,12 +344,12 @@ class RolloutPool:
                                        f"{attempt + 1} attempts; last worker error: {e}") from e
                 self.stats["reissued"] += 1
                 submit(s, target, attempt + 1)
-        out: list[Trajectory] = [None] * len(specs)  # type: ignore[list-item]
+        ordered: list[Trajectory] = [None] * len(specs)  # type: ignore[list-item]
         for s, trajs in results.items():
             for i, tr in zip(shards[s], trajs):
-                out[i] = tr
+                ordered[i] = tr
         self.stats["run_s"] = time.perf_counter() - t0
-        return out
+        return ordered
 
     def _revive(self, w: int) -> bool:
         """Wait until worker `w` answers again after a failure (Ray restarts it: a call made
@@ -395,6 +386,7 @@ class RolloutPool:
         """
         t0 = time.perf_counter()
         self.version = int(version)
+        self._push_id += 1
         if self._local is not None:
             self.stats["load_s_max"] = self._local.update_weights(state_dict, version)
             self.stats["put_s"] = 0.0
@@ -406,7 +398,7 @@ class RolloutPool:
         cpu = {k: v.detach().to("cpu", copy=False).contiguous() for k, v in state_dict.items()}
         self._weights_ref = ray.put(cpu)
         self.stats["put_s"] = time.perf_counter() - t0
-        refs = [w.update_weights.remote(self._weights_ref, self.version)
+        refs = [w.update_weights.remote(self._weights_ref, self.version, self._push_id)
                 for w, ok in zip(self.workers, self.alive) if ok]
         loads = []
         for ref in refs:

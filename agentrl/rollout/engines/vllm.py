@@ -121,6 +121,8 @@ class VLLMEngine:
         gpu_memory_utilization: GPU memory fraction for weights + KV cache (GPU only).
         enable_sleep_mode: allow `sleep`/`wake_up` (GPU only: vLLM's CuMem allocator).
         llm_kwargs: further `vllm.LLM` keywords (`max_model_len`, `tensor_parallel_size`, ...).
+            Without CUDA, `enable_chunked_prefill` defaults to False: vLLM 0.32's CPU sampler
+            cannot rewind a seeded generator after a partial prefill and stops the engine.
 
     Attributes:
         policy_version: version of the loaded weights (0 until `update_weights`).
@@ -138,14 +140,17 @@ class VLLMEngine:
             from vllm import LLM
         except ImportError as e:
             raise ImportError(VLLM_INSTALL_HINT) from e
-        from transformers import AutoConfig
-
         import torch
+        from transformers import AutoConfig
 
         kw: dict[str, Any] = dict(llm_kwargs)
         if (kv_cache_memory_bytes is None and not torch.cuda.is_available()
                 and "VLLM_CPU_KVCACHE_SPACE" not in os.environ):
             kv_cache_memory_bytes = CPU_KV_CACHE_BYTES
+        if not torch.cuda.is_available():
+            # vLLM 0.32 CPU: a seeded request whose prefill is split across steps crashes the
+            # engine ("CPU Generator does not use offset"); whole prefills avoid it.
+            kw.setdefault("enable_chunked_prefill", False)
         if kv_cache_memory_bytes is not None:
             kw["kv_cache_memory_bytes"] = kv_cache_memory_bytes
         if gpu_memory_utilization is not None:

@@ -388,8 +388,9 @@ def _fused_adamw(learner_mod: Any) -> None:
     def __init__(self, model, **kw):
         init(self, model, **kw)
         g = self.optimizer.param_groups[0]
-        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
-                                           lr=g["lr"], weight_decay=g["weight_decay"], fused=True)
+        params = self._params() if hasattr(self, "_params") else [p for p in model.parameters()
+                                                                  if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=g["lr"], weight_decay=g["weight_decay"], fused=True)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)
 
     learner_mod.Learner.__init__ = __init__
@@ -430,11 +431,11 @@ def apply(names: list[str]) -> list[str]:
     bad = [n for n in names if n not in PATCHES]
     if bad:
         raise ValueError(f"unknown patches {bad}; allowed: {', '.join(PATCHES)}, all")
+    if "logits_from_loss" in names and "prefix_share" in names:
+        raise ValueError("logits_from_loss and prefix_share both replace the learner's logprobs: pick one")
     if "fast_decode" in names:
         _ORIG["_generate_chunk"] = HFEngine._generate_chunk
         HFEngine._generate_chunk = fast_generate_chunk
-    if "logits_from_loss" in names and "prefix_share" in names:
-        raise ValueError("logits_from_loss and prefix_share both replace the learner's logprobs: pick one")
     if "logits_from_loss" in names:
         _logprobs_with_mask(learner_mod)
     if "prefix_share" in names:

@@ -1,13 +1,13 @@
 """One TRL GRPOTrainer run for the benchmark (a worker process of vs_trl.py).
 
 The peer baseline (trl_grpo_tiny.py) with the benchmark's settings: same model directory,
-the 64 prompts of `bench_env`, reward `frac_a`, constant learning rate, beta 0, loss_type
+the 64 prompts of `vs_trl_env`, reward `frac_a`, constant learning rate, beta 0, loss_type
 'dapo' (TRL 1.16's default, token-mean over the batch), no gradient checkpointing, float32 on
 CPU, one optimizer step per generation batch. Records per step the wall time (callback from
 `on_step_begin` to `on_step_end`, as the peer script), the generated tokens, and the compute
 timers of `bench_timers`.
 
-    python benchmarks/bench_trl.py --model DIR --prompts 2 --gens 4 --max-tokens 32 --steps 12
+    python benchmarks/vs_trl_trl.py --model DIR --prompts 2 --gens 4 --max-tokens 32 --steps 12
 
 Prints `RESULT {json}` as its last line.
 """
@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+T_START = time.perf_counter()
+SETUP: dict[str, float] = {}  # CPU and wall seconds from process start to the first step
 for _k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ.setdefault(_k, "1")
 os.environ.setdefault("WANDB_DISABLED", "true")
@@ -50,10 +52,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--wait-go", action="store_true",
+                   help="when set up (before the first step) print READY and wait for a line on stdin")
     a = p.parse_args(argv)
     t_start = time.perf_counter()
     sys.path.insert(0, str(HERE))
-    import bench_timers as bt
+    import vs_trl_timers as bt
 
     bt.pin_threads(1)
     import torch
@@ -62,7 +66,7 @@ def main(argv: list[str] | None = None) -> dict:
     from transformers.utils import logging as hf_logging
     from trl import GRPOConfig, GRPOTrainer
 
-    from bench_env import N_PROMPTS, frac_a, prompt_text
+    from vs_trl_env import N_PROMPTS, frac_a, prompt_text
 
     hf_logging.set_verbosity_error()
     bt.install()
@@ -79,6 +83,12 @@ def main(argv: list[str] | None = None) -> dict:
     class StepTimer(TrainerCallback):
         def __init__(self):
             self.rows: list[dict] = []
+
+        def on_train_begin(self, args, state, control, **kw):
+            if a.wait_go:  # set up; the orchestrator says when to run
+                SETUP["cpu_s"], SETUP["wall_s"] = time.process_time(), time.perf_counter() - T_START
+                print("READY", flush=True)
+                sys.stdin.readline()
 
         def on_step_begin(self, args, state, control, **kw):
             self.t0, self.snap, self.tok = time.perf_counter(), bt.snapshot(), tokens["n"]
@@ -110,7 +120,7 @@ def main(argv: list[str] | None = None) -> dict:
     import trl
 
     res = {"side": "trl", "steps": timer.rows, "peak_rss_mb": bt.peak_rss_mb(),
-           "process_s": time.perf_counter() - t_start, "train_call_s": train_wall,
+           "process_s": time.perf_counter() - t_start, "setup": SETUP, "train_call_s": train_wall,
            "torch_threads": torch.get_num_threads(), "omp": os.environ.get("OMP_NUM_THREADS"),
            "derived": {"loss_type": cfg.loss_type, "scale_rewards": cfg.scale_rewards,
                        "epsilon": cfg.epsilon, "epsilon_high": cfg.epsilon_high,

@@ -2,9 +2,9 @@
 
 Runs the real `agentrl.train.train` loop (no SFT, evaluation on 1 task before/after, outside
 the timed steps) and records, per training step, `perf/step_s` and its split (rollout, env,
-update, sync), the generated tokens, and the compute timers of `bench_timers`.
+update, sync), the generated tokens, and the compute timers of `vs_trl_timers`.
 
-    python benchmarks/bench_ours.py --model DIR --prompts 2 --gens 4 --max-tokens 32 --steps 12
+    python benchmarks/vs_trl_ours.py --model DIR --prompts 2 --gens 4 --max-tokens 32 --steps 12
 
 Prints `RESULT {json}` as its last line.
 """
@@ -20,12 +20,14 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+T_START = time.perf_counter()
+SETUP: dict[str, float] = {}  # CPU and wall seconds from process start to the first step
 
 
 def ours_overrides(a: argparse.Namespace, out: str) -> list[str]:
     """agentrl config overrides matching the TRL side (see README: settings table)."""
     return [
-        "env.name=bench_env:FracAEnv", f"model.path={a.model}",
+        "env.name=vs_trl_env:FracAEnv", f"model.path={a.model}",
         f"rollout.tasks_per_step={a.prompts}", f"algo.group_size={a.gens}",
         f"rollout.max_tokens={a.max_tokens}", "rollout.temperature=1.0", "rollout.top_p=1.0",
         "rollout.torch_threads=1", "train.torch_threads=1", "rollout.env_threads=1",
@@ -34,7 +36,7 @@ def ours_overrides(a: argparse.Namespace, out: str) -> list[str]:
         f"train.lr={a.lr}", "train.weight_decay=0", "train.grad_clip=1.0",
         f"train.micro_batch_size={a.prompts * a.gens}", "sft.steps=0", f"train.steps={a.steps}",
         "train.eval_tasks=1", "train.eval_samples=1", "train.log_rollouts_every=0",
-        "train.save_every=0", "quiet=true", f"out={out}", f"seed={a.seed}",
+        "train.save_every=0", "log.tensorboard=false", "quiet=true", f"out={out}", f"seed={a.seed}",
     ]
 
 
@@ -47,11 +49,13 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--patch", default="", help="comma-separated proposed patches to apply (proposed.py)")
+    p.add_argument("--patch", default="", help="comma-separated proposed patches to apply (vs_trl_patches.py)")
+    p.add_argument("--wait-go", action="store_true",
+                   help="when set up (before the first step) print READY and wait for a line on stdin")
     a = p.parse_args(argv)
     t_start = time.perf_counter()
     sys.path.insert(0, str(HERE))
-    import bench_timers as bt
+    import vs_trl_timers as bt
 
     bt.pin_threads(1)
     import agentrl.learner as learner_mod
@@ -60,7 +64,7 @@ def main(argv: list[str] | None = None) -> dict:
     from agentrl.rollout.engines.hf import HFEngine
 
     if a.patch:
-        import proposed
+        import vs_trl_patches as proposed
 
         proposed.apply(a.patch.split(","))
         proposed.StaticDecoder.step = bt.timed(proposed.StaticDecoder.step, "gen_forward")
@@ -87,6 +91,11 @@ def main(argv: list[str] | None = None) -> dict:
             r = evaluate(*args, **kw)
         finally:
             base["eval"] = False
+        if a.wait_go and not base.get("released"):  # set up; the orchestrator says when to run
+            base["released"] = True
+            SETUP["cpu_s"], SETUP["wall_s"] = time.process_time(), time.perf_counter() - T_START
+            print("READY", flush=True)
+            sys.stdin.readline()
         base["snap"], base["tok"] = bt.snapshot(), tokens["n"]
         return r
 
@@ -130,7 +139,7 @@ def main(argv: list[str] | None = None) -> dict:
         train_mod.train(cfg)
         train_wall = time.perf_counter() - t0
     res = {"side": "agentrl", "steps": steps, "peak_rss_mb": bt.peak_rss_mb(),
-           "process_s": time.perf_counter() - t_start, "train_call_s": train_wall,
+           "process_s": time.perf_counter() - t_start, "setup": SETUP, "train_call_s": train_wall,
            "torch_threads": __import__("torch").get_num_threads(),
            "omp": os.environ.get("OMP_NUM_THREADS"), "patch": a.patch}
     print("RESULT " + json.dumps(res), flush=True)

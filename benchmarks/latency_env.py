@@ -1,0 +1,24 @@
+"""A benchmark env with I/O latency: each step waits `latency_s` (like a remote judge or tool)
+and rewards the fraction of 'a' characters in the answer."""
+
+from __future__ import annotations
+
+import time
+
+from agentrl.envs import TextEnv
+
+
+class LatencyEnv(TextEnv):
+    """Write about a topic; reward = fraction of 'a'; each step sleeps `latency_s` seconds."""
+
+    def __init__(self, latency_s: float = 0.5):
+        self.latency_s = latency_s
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        i = int(self.np_random.integers(1000))
+        return [{"role": "user", "content": f"Write about topic number {i}."}], {"task_id": str(i)}
+
+    def step(self, action):
+        time.sleep(self.latency_s)
+        return [], action.count("a") / max(1, len(action)), True, False, {}

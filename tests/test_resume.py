@@ -1,0 +1,162 @@
+"""Resume (case G3, extended to SIGKILL mid-step): a run interrupted after a checkpoint and
+resumed with `--resume OUT` ends with exactly the weights of an uninterrupted run on CPU.
+
+Tasks are drawn from `default_rng([seed, step])` and sampling is seeded by the step, so the
+step number is the data cursor; the checkpoint restores weights, optimizer, scheduler, RNG
+states, policy version and the KL reference. The toy env's targets include words the random
+tiny model sometimes says, and an entropy bonus, so every step moves the weights.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from rich.console import Console
+from safetensors.torch import load_file
+
+import agentrl.train as train_mod
+from agentrl.config import load_config
+from agentrl.learner import latest_checkpoint
+from agentrl.summary import read_metrics
+
+ARGS = ["env.name=toy", "sft.steps=0", "rollout.tasks_per_step=2", "algo.group_size=2",
+        "train.eval_tasks=2", "train.eval_samples=1", "train.steps=6", "train.log_rollouts_every=1",
+        "rollout.max_tokens=24", "env.kwargs={words: [x, the, def, return]}",
+        "algo.kl_coef=0.05", "algo.entropy_coef=0.01", "train.eval_every=2", "quiet=true"]
+
+
+def _weights(ck: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(ck / "model.safetensors"))
+
+
+def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def _step_rows(out: Path) -> list[int]:
+    return [r["step"] for r in read_metrics(out) if "rollout/reward_mean" in r]
+
+
+def _rollout_ids(out: Path, step: int) -> list[list[int]]:
+    lines = (out / "rollouts" / f"step_{step}.jsonl").read_text().splitlines()
+    return [json.loads(line)["token_ids"] for line in lines]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, tiny_model_dir) -> Path:
+    """6 steps without interruption (a checkpoint after every step)."""
+    out = tmp_path_factory.mktemp("resume") / "A"
+    cfg = load_config(None, ARGS + ["train.save_every=1", f"model.path={tiny_model_dir}", f"out={out}"])
+    train_mod.train(cfg)
+    return out
+
+
+class Crash(RuntimeError):
+    """A fault injected into the loop (a crash after the step-3 checkpoint)."""
+
+
+def test_g3_resume_from_step_3_equals_the_uninterrupted_run(uninterrupted, tiny_model_dir, tmp_path,
+                                                            monkeypatch):
+    A, B = uninterrupted, tmp_path / "B"
+    assert _max_diff(_weights(A / "checkpoints/step_6"), _weights(A / "checkpoints/step_3")) > 1e-4
+
+    # the run crashes while collecting step 4, after its step-3 checkpoint
+    real_collect = train_mod.collect
+
+    def crashing_collect(*args, **kw):
+        if kw["group_base"] == 3 * 2:  # step index 3 (the 4th step), tasks_per_step = 2
+            raise Crash("injected")
+        return real_collect(*args, **kw)
+
+    monkeypatch.setattr(train_mod, "collect", crashing_collect)
+    cfg = load_config(None, ARGS + ["train.save_every=3", f"model.path={tiny_model_dir}", f"out={B}"])
+    with pytest.raises(Crash):
+        train_mod.train(cfg)
+    monkeypatch.undo()
+    assert latest_checkpoint(B) == B / "checkpoints/step_3"
+    st = torch.load(B / "checkpoints/step_3/trainer_state.pt", weights_only=False)
+    assert st["optimizer_steps"] == 3  # one optimizer step per training step here
+    assert {int(s["step"]) for s in st["optimizer"]["state"].values()} == {3}
+    assert st["scheduler"]["last_epoch"] == 3
+    assert json.loads((B / "checkpoints/step_3/agentrl_state.json").read_text()) == \
+        {"step": 3, "policy_version": 3}
+
+    buf = io.StringIO()
+    resumed = cfg.model_copy(update={"resume": str(B)})
+    train_mod.train(resumed, console=Console(file=buf, width=300, color_system=None))
+    assert f"[resume] from {B / 'checkpoints/step_3'} at step 3 (policy version 3)" in buf.getvalue()
+
+    # steps 4-6 ran once each, on the same batches, to the same weights
+    assert _step_rows(B) == [1, 2, 3, 4, 5, 6]
+    for s in (4, 5, 6):
+        assert _rollout_ids(B, s) == _rollout_ids(A, s)
+    assert _max_diff(_weights(B / "checkpoints/step_6"), _weights(A / "checkpoints/step_6")) <= 1e-6
+    ref_a = torch.load(A / "checkpoints/step_6/ref_model.pt")
+    ref_b = torch.load(B / "checkpoints/step_6/ref_model.pt")
+    assert _max_diff(ref_a, ref_b) == 0.0  # the KL reference was restored, not re-copied
+    sa = torch.load(A / "checkpoints/step_6/trainer_state.pt", weights_only=False)
+    sb = torch.load(B / "checkpoints/step_6/trainer_state.pt", weights_only=False)
+    assert sb["optimizer_steps"] == sa["optimizer_steps"] == 6
+    lrs = [g["lr"] for g in sb["optimizer"]["param_groups"]]
+    assert lrs == [g["lr"] for g in sa["optimizer"]["param_groups"]] == [cfg.train.lr]
+    ma = {r["step"]: r for r in read_metrics(A) if "rollout/reward_mean" in r}
+    mb = {r["step"]: r for r in read_metrics(B) if "rollout/reward_mean" in r}
+    for s in (4, 5, 6):
+        assert mb[s]["loss/loss"] == ma[s]["loss/loss"] and mb[s]["loss/kl"] == ma[s]["loss/kl"]
+
+
+def test_a_fresh_run_never_resumes_into_an_earlier_runs_checkpoints(uninterrupted, tmp_path,
+                                                                    tiny_model_dir):
+    out = tmp_path / "C"
+    shutil.copytree(uninterrupted / "checkpoints", out / "checkpoints")
+    cfg = load_config(None, ARGS + ["train.steps=1", "train.eval_every=0", f"model.path={tiny_model_dir}",
+                                    f"out={out}"])
+    train_mod.train(cfg)
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_1"]
+    [old] = list(out.glob("checkpoints.old-*"))
+    assert (old / "step_6").is_dir()
+
+
+@pytest.mark.slow
+def test_sigkill_mid_step_then_resume_equals_the_uninterrupted_run(uninterrupted, tiny_model_dir,
+                                                                   tmp_path):
+    out = tmp_path / "K"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "agentrl.cli", "train", *ARGS, "train.save_every=1",
+           f"model.path={tiny_model_dir}", f"out={out}"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    marker = out / "checkpoints/step_2/agentrl_state.json"
+    deadline = time.monotonic() + 400
+    while not marker.exists():
+        assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+        assert time.monotonic() < deadline, "no step-2 checkpoint in time"
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)  # kill -9 while step 3 runs
+    proc.wait(timeout=60)
+    proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL
+    assert not (out / "checkpoints/step_3").exists(), "the kill came after step 3 finished"
+    assert latest_checkpoint(out) == out / "checkpoints/step_2"
+    # a save of step 3 cut short by the kill leaves a partial step_3.tmp: it is never loaded
+    partial = out / "checkpoints/step_3.tmp"
+    partial.mkdir(exist_ok=True)
+    (partial / "model.safetensors").write_bytes(b"\0" * 100)
+
+    r = subprocess.run([sys.executable, "-m", "agentrl.cli", "train", "--resume", str(out), "-q"],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"[resume] from {out / 'checkpoints/step_2'} at step 2" in r.stdout
+    assert _step_rows(out) == [1, 2, 3, 4, 5, 6]
+    diff = _max_diff(_weights(out / "checkpoints/step_6"), _weights(uninterrupted / "checkpoints/step_6"))
+    assert diff <= 1e-6, diff
