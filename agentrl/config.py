@@ -188,9 +188,9 @@ class TrainConfig(_Section):
 
 
 class SFTConfig(_Section):
-    steps: int = Field(default=200, ge=0)
+    steps: int = Field(default=300, ge=0)
     """Supervised warm-start steps on reference solutions of the training split (0: skip)."""
-    lr: float = Field(default=1e-3, gt=0)
+    lr: float = Field(default=2e-3, gt=0)
     """Warm-start learning rate."""
     batch_size: int = Field(default=32, ge=1)
     """Warm-start sequences per step."""
