@@ -164,7 +164,8 @@ def _split_statements(src: str) -> tuple[list[str], list[str]]:
     """Split a block of top-level statements into (non-assert statements, assert statements),
     each as its own source text. Used for MBPP+'s `assertion` field."""
     tree = ast.parse(src)
-    other, asserts = [], []
+    other: list[str] = []
+    asserts: list[str] = []
     for node in tree.body:
         text = ast.get_source_segment(src, node) or ""
         (asserts if isinstance(node, ast.Assert) else other).append(text)
@@ -450,7 +451,7 @@ def _from_humaneval_plus(d: dict[str, Any], max_chunks: int) -> CodeTask:
         tests, names = _diff_tests(entry, t.solution, kind, d[f"{kind}_input"], d.get("atol", 0),
                                    mode, max_chunks)
         t.tests += tests
-        t.test_names += names
+        t.test_names = (t.test_names or []) + names
     t.source = "humaneval+"
     for k, v in _limits(t.task_id, "humaneval+").items():
         setattr(t, k, v)

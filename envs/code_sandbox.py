@@ -199,7 +199,7 @@ class CodeSandboxEnv(TextEnv):
         self.num_tasks = int(num_tasks)
         self.families = families
         self.levels = levels
-        code_tasks._groups(families, levels)  # validate early
+        code_tasks.template_groups(families, levels)  # validate early
         self._all: list[CodeTask] | None = load_dataset(dataset) if dataset else None
         self._tasks: dict[str, list[CodeTask]] = {}
         self.task: CodeTask | None = None
@@ -236,12 +236,15 @@ class CodeSandboxEnv(TextEnv):
         messages), for training a tokenizer."""
         texts = [self.system_prompt]
         for i, task in enumerate(self.tasks("train")[:n]):
-            r = SandboxResult("fail", i % len(task.tests), len(task.tests))
-            err = f"test_{i % len(task.tests)}: AssertionError (at `{task.tests[i % len(task.tests)][:200]}`)"
-            texts.append(feedback_message(r, "fail", err, self.feedback_chars))
-        for verdict, err in (("syntax_error", "SyntaxError: invalid syntax (<solution>, line 2)"),
-                             ("runtime_error", "test_0: NameError: name 'x' is not defined"),
-                             ("timeout", "wall time limit of 5 s exceeded"), ("no_code", None)):
+            k = i % len(task.tests)
+            r = SandboxResult("fail", k, len(task.tests))
+            msg = f"test_{k}: AssertionError (at `{task.tests[k][:200]}`)"
+            texts.append(feedback_message(r, "fail", msg, self.feedback_chars))
+        failures: list[tuple[str, str | None]] = [
+            ("syntax_error", "SyntaxError: invalid syntax (<solution>, line 2)"),
+            ("runtime_error", "test_0: NameError: name 'x' is not defined"),
+            ("timeout", "wall time limit of 5 s exceeded"), ("no_code", None)]
+        for verdict, err in failures:
             texts.append(feedback_message(None, verdict, failure_reason(verdict, err),
                                           self.feedback_chars))
         return texts

@@ -42,7 +42,7 @@ ARG_NAMES = {
 #: Fixed test inputs by kind (each task asserts its reference's output on all of them). They
 #: tell every two parameter values of a template apart (tests/test_code_sandbox_env.py); string
 #: tasks with a letter parameter `c` replace the last input by `PROBE` (e.g. "axa" for 'a').
-TEST_INPUTS = {
+TEST_INPUTS: dict[str, list[tuple]] = {
     "int": [(-5,), (0,), (3,), (10,), (71,)],
     "int2": [(2, 3), (-1, 4), (0, 5), (7, 7), (10, -3)],
     "str": [("hello",), ("banana",), ("bottle",), ("",), ("Table",)],
@@ -203,7 +203,7 @@ def make_task(tpl: Template, params: dict[str, object], args: str, name: str) ->
     exec(solution, ns)  # noqa: S102 - our own generated reference
     fn = ns[name]
     tests = []
-    inputs = TEST_INPUTS[tpl.kind]
+    inputs: list[tuple] = list(TEST_INPUTS[tpl.kind])
     if tpl.kind == "str" and tpl.c:
         inputs = inputs[:-1] + [(PROBE.format(c=params["c"]),)]
     for inp in inputs:
@@ -223,7 +223,12 @@ def _copy(x):
     return {k: v for k, v in x.items()} if isinstance(x, dict) else list(x) if isinstance(x, list) else x
 
 
-def _groups(families, levels) -> list[tuple[str, int]]:
+def template_groups(families=None, levels=None) -> list[tuple[str, int]]:
+    """The (family, level) groups of templates to draw from (None: all).
+
+    Raises:
+        ValueError: an unknown family or level, or no templates left.
+    """
     fams = tuple(families) if families is not None else FAMILIES
     levs = tuple(levels) if levels is not None else LEVELS
     bad = [f for f in fams if f not in FAMILIES] + [str(lv) for lv in levs if lv not in LEVELS]
@@ -248,7 +253,7 @@ def sample_task(rng: np.random.Generator, split: str = "train", *, families=None
         ValueError: unknown split, family or level.
     """
     split = normalize_split(split)
-    groups = _groups(families, levels)
+    groups = template_groups(families, levels)
     while True:
         fam, lev = groups[int(rng.integers(len(groups)))]
         tpls = _BY_GROUP[(fam, lev)]

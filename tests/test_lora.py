@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-pytest.importorskip("peft")
+pytest.importorskip("peft", reason="LoRA needs the lora extra (peft)")
 
 from agentrl.config import load_config  # noqa: E402
 from agentrl.learner import Learner  # noqa: E402
