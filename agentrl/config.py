@@ -188,8 +188,17 @@ class TrainConfig(_Section):
 
 
 class SFTConfig(_Section):
-    steps: int = Field(default=300, ge=0)
-    """Supervised warm-start steps on reference solutions of the training split (0: skip)."""
+    steps: int = Field(default=500, ge=0)
+    """Most supervised warm-start steps on reference solutions of the training split (0: skip)."""
+    stop_pass_rate: float | None = Field(default=0.2, ge=0.0, le=1.0)
+    """End the warm start once pass@1 (rollout temperature) on training tasks reaches this, so
+    RL starts with room to improve (None: run all steps). Checked every `check_every` steps."""
+    check_every: int = Field(default=10, ge=1)
+    """Warm-start steps between pass-rate checks."""
+    min_steps: int = Field(default=150, ge=0)
+    """Warm-start steps before the first pass-rate check."""
+    check_tasks: int = Field(default=32, ge=1)
+    """Training tasks (x 2 samples) per pass-rate check."""
     lr: float = Field(default=2e-3, gt=0)
     """Warm-start learning rate."""
     batch_size: int = Field(default=32, ge=1)

@@ -48,12 +48,15 @@ def sft_examples(env: Any, renderer: ChatRenderer, n: int, *, seed: int) -> list
 
 def sft_train(model: Any, examples: list[Trajectory], *, steps: int, lr: float, batch_size: int,
               pad_id: int, seed: int = 0, grad_clip: float = 1.0,
-              log: Callable[[int, float], None] | None = None) -> list[float]:
-    """Train `model` in place for `steps` AdamW steps of `batch_size` examples (sampled without
-    replacement, reshuffled each epoch) with a cosine learning-rate decay to 10% of `lr`.
+              log: Callable[[int, float], None] | None = None,
+              stop: Callable[[int], bool] | None = None, check_every: int = 10) -> list[float]:
+    """Train `model` in place for up to `steps` AdamW steps of `batch_size` examples (sampled
+    without replacement, reshuffled each epoch) with a cosine learning-rate decay to 10% of `lr`.
+    Every `check_every` steps `stop(steps_done)` may end the stage early (e.g. once the model
+    solves enough training tasks, so RL starts with room to improve).
 
     Returns:
-        the loss (nats per answer token) of every step.
+        the loss (nats per answer token) of every step run.
     """
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -78,4 +81,6 @@ def sft_train(model: Any, examples: list[Trajectory], *, steps: int, lr: float, 
         losses.append(loss.item())
         if log:
             log(step, losses[-1])
+        if stop is not None and (step + 1) % check_every == 0 and stop(step + 1):
+            break
     return losses

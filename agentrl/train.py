@@ -350,15 +350,32 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
         examples = sft_examples(build_env(cfg, "train"), renderer, max(2000, cfg.sft.batch_size),
                                 seed=cfg.seed * 7919 + 1)
         slog = (out / "sft_metrics.jsonl").open("w")
+        checks: list[tuple[int, float]] = []
+
+        def stop(done: int) -> bool:  # pass@1 on training tasks (never the held-out split)
+            if cfg.sft.stop_pass_rate is None or done < cfg.sft.min_steps:
+                return False
+            eng = HFEngine(plain_copy(model).eval(), tok, torch_threads=cfg.rollout.torch_threads)
+            envs_ = [build_env(cfg, "train") for _ in range(2 * cfg.sft.check_tasks)]
+            with ThreadPoolExecutor(cfg.rollout.env_threads) as p_:
+                r = evaluate(eng, renderer, envs_, cfg, p_, n_tasks=cfg.sft.check_tasks, samples=2,
+                             temperature=cfg.rollout.temperature)
+            model.train()
+            checks.append((done, r["pass@1"]))
+            slog.write(json.dumps({"step": done, "sft/train_pass@1": r["pass@1"]}) + "\n")
+            return r["pass@1"] >= cfg.sft.stop_pass_rate
+
         losses = sft_train(model, examples, steps=cfg.sft.steps, lr=cfg.sft.lr,
                            batch_size=cfg.sft.batch_size, pad_id=pad_id, seed=cfg.seed,
-                           log=lambda s, l: slog.write(json.dumps({"step": s, "sft/loss": l}) + "\n"))
+                           log=lambda s, l: slog.write(json.dumps({"step": s, "sft/loss": l}) + "\n"),
+                           stop=stop, check_every=cfg.sft.check_every)
         slog.close()
         timings["sft_s"] = time.perf_counter() - t0
         sft_info = {"sft_loss_first": losses[0], "sft_loss_last": losses[-1],
-                    "sft_seconds": timings["sft_s"]}
-        say(f"[sft] {cfg.sft.steps} steps: loss {losses[0]:.3f} -> {losses[-1]:.3f} "
-            f"({timings['sft_s']:.0f} s)")
+                    "sft_steps": len(losses), "sft_seconds": timings["sft_s"],
+                    "sft_train_pass@1": checks[-1][1] if checks else None}
+        say(f"[sft] {len(losses)} steps: loss {losses[0]:.3f} -> {losses[-1]:.3f} "
+            f"({timings['sft_s']:.0f} s)" + (f", train pass@1 {checks[-1][1]:.3f}" if checks else ""))
         model.save_pretrained(out / "sft_model")
         tok.save_pretrained(out / "sft_model")
     if ck is None and cfg.model.lora_r > 0:  # LoRA: train adapters only; the base stays frozen
