@@ -74,7 +74,7 @@ class RolloutConfig(_Section):
     """Inference engine: `hf` (transformers, CPU default) or `vllm` (needs `agentrl[vllm]`)."""
     num_workers: int = Field(default=0, ge=0)
     """Ray rollout workers; 0 runs rollouts in-process (debuggable, the CPU default)."""
-    tasks_per_step: int = Field(default=8, ge=1)
+    tasks_per_step: int = Field(default=16, ge=1)
     """Distinct tasks per training step (each run `algo.group_size` times)."""
     temperature: float = Field(default=1.0, ge=0.0)
     """Sampling temperature (tokens); the learner scales logits by the same value."""
@@ -161,9 +161,9 @@ class AlgoConfig(_Section):
 
 
 class TrainConfig(_Section):
-    steps: int = Field(default=40, ge=0)
+    steps: int = Field(default=100, ge=0)
     """Training steps (each: rollout -> advantages -> updates)."""
-    lr: float = Field(default=2e-4, gt=0)
+    lr: float = Field(default=3e-4, gt=0)
     """AdamW learning rate."""
     weight_decay: float = 0.0
     """AdamW weight decay."""

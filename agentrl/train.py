@@ -404,7 +404,7 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
 
     G = cfg.algo.group_size
     n_eps = cfg.rollout.tasks_per_step * G
-    n_envs = max(n_eps, cfg.train.eval_samples * 8)
+    n_envs = cfg.train.eval_samples * 16  # fixed: evaluation batches do not depend on training's
     rewards = None
     if cfg.env.wrappers:
         from agentrl.rewards import RewardWrappers
