@@ -1,15 +1,20 @@
 """Side-by-side speed of agentrl's GRPO and TRL's GRPOTrainer on identical work.
 
-    python benchmarks/vs_trl.py                     # base (2x4x32) and large (8x8x64), ~8 min on 2 cores
-    python benchmarks/vs_trl.py --variants trl,ours,ours+all --configs base   # with proposed patches
+    python benchmarks/vs_trl.py                     # base (2x4x32) and large (8x8x64)
+    python benchmarks/vs_trl.py --variants trl,ours,ours+all   # + the proposed patches
+    python benchmarks/vs_trl.py --variants ab+fast_decode --rounds 1 --steps 16   # one patch, A/B
+
+Takes ~3 minutes on 2 idle cores, ~9 on 2 cores shared with several busy jobs (mostly the
+workers' imports). See benchmarks/README.md for the settings table and the results.
 
 One tiny Qwen2 (the peer baseline's: 417K parameters, 943-token byte-level BPE; built once into a
 temporary directory that both sides load), one prompt set (the 64 'Write about {topic} number
 {i}.' prompts), one reward (fraction of 'a' characters). For each configuration (prompts per
 step x generations per prompt x max completion tokens) the variants run in turn, each in its own
 subprocess (OMP_NUM_THREADS=1, torch intra/inter-op threads 1), for `--rounds` rounds:
-TRL, ours, TRL, ours, ... Each process runs `--warmup + --steps` training steps; the warm-up
-steps are left out of the medians.
+TRL, ours, TRL, ours, ... All workers import and set up in parallel first (untimed) and wait
+before their first step; they are then released one at a time, so timed runs never overlap.
+Each process runs `--warmup + --steps` training steps; warm-up steps are left out of the medians.
 
 Matching settings (both sides): temperature 1.0, top_p 1, AdamW (lr `--lr`, betas 0.9/0.999, eps
 1e-8, weight decay 0, constant schedule, grad-norm clip 1.0), float32, one optimizer step per batch
@@ -61,9 +66,24 @@ def worker_cmd(variant: str, model: str, cfg: tuple[int, int, int], steps: int, 
     script = "vs_trl_trl.py" if variant == "trl" else "vs_trl_ours.py"
     cmd = [sys.executable, str(HERE / script), "--model", model, "--prompts", str(p), "--gens", str(g),
            "--max-tokens", str(c), "--steps", str(steps), "--lr", str(lr), "--seed", str(seed), "--wait-go"]
-    if variant.startswith("ours+"):
+    if variant.startswith(("ours+", "ab+")):
         cmd += ["--patch", variant.split("+", 1)[1].replace("+", ",")]
+    if variant.startswith("ab+"):
+        cmd.append("--toggle")
     return cmd
+
+
+def split_ab(runs: list[dict], warmup: int) -> tuple[list[dict], list[dict], float]:
+    """An A/B worker's runs as (runs without the patch, runs with it, median paired CPU ratio
+    with/without over consecutive timed steps (2k, 2k+1))."""
+    off, on, ratios = [], [], []
+    for r in runs:
+        st = r["steps"][warmup:]
+        off.append({**r, "steps": [s for s in st if not s["patched"]]})
+        on.append({**r, "steps": [s for s in st if s["patched"]]})
+        ratios += [b["cpu_s"] / a["cpu_s"] for a, b in zip(st, st[1:])
+                   if not a["patched"] and b["patched"]]
+    return off, on, _med(ratios)
 
 
 class Worker:
@@ -155,21 +175,25 @@ def format_table(results: dict[str, dict[str, dict]]) -> str:
     for cname, variants in results.items():
         trl = variants.get("trl")
         for v, s in variants.items():
-            ratio = s["median_step_s"] / trl["median_step_s"] if trl else float("nan")
-            cpu = trl["median_cpu_s"] / s["median_cpu_s"] if trl else float("nan")
+            if trl:
+                ratio = s["median_step_s"] / trl["median_step_s"]
+                vs = f"{ratio:.2f} | {1 / ratio:.2f}x | {trl['median_cpu_s'] / s['median_cpu_s']:.2f}x"
+            else:
+                vs = "- | - | -"
             lines.append(f"| {cname} {'x'.join(map(str, CONFIGS[cname]))} | {v} | {s['n_steps']} | "
                          f"{s['median_step_s']:.3f} ({s['q1_step_s']:.3f}-{s['q3_step_s']:.3f}) | "
                          f"{s['median_cpu_s']:.3f} | {s['tokens_per_step']:.1f} | {s['tokens_per_s']:.0f} | "
-                         f"{s['peak_rss_mb']:.0f} | {ratio:.2f} | {1 / ratio:.2f}x | {cpu:.2f}x | "
-                         f"{100 * s['overhead_frac']:.0f}% |")
+                         f"{s['peak_rss_mb']:.0f} | {vs} | {100 * s['overhead_frac']:.0f}% |")
     lines += ["", "| config | side | rollout s | (env s) | update s | sync s | generate s "
               "| gen model fwd s | learner fwd s | backward s | optim s |",
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    def cell(s: dict, key: str, digits: int) -> str:
+        return f"{s[key]:.{digits}f}" if key in s else "-"
+
     for cname, variants in results.items():
         for v, s in variants.items():
-            lines.append(f"| {cname} | {v} | {s.get('rollout_s', float('nan')):.3f} | "
-                         f"{s.get('env_s', float('nan')):.4f} | {s.get('update_s', float('nan')):.3f} | "
-                         f"{s.get('sync_s', float('nan')):.4f} | {s['generate_s']:.3f} | "
+            lines.append(f"| {cname} | {v} | {cell(s, 'rollout_s', 3)} | {cell(s, 'env_s', 4)} | "
+                         f"{cell(s, 'update_s', 3)} | {cell(s, 'sync_s', 4)} | {s['generate_s']:.3f} | "
                          f"{s['gen_forward_s']:.3f} | {s['fwd_logprobs_s']:.3f} | {s['backward_s']:.3f} | "
                          f"{s['optim_s']:.4f} |")
     return "\n".join(lines)
@@ -179,7 +203,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--configs", default="base,large", help=f"comma list of {', '.join(CONFIGS)}")
     ap.add_argument("--variants", default="trl,ours",
-                    help="comma list: trl, ours, ours+PATCH[+PATCH] (PATCH in benchmarks/vs_trl_patches.py, or all)")
+                    help="comma list: trl, ours, ours+PATCH[+PATCH] (PATCH in benchmarks/vs_trl_patches.py, "
+                         "or all), ab+PATCH[+PATCH] (one process, patches off/on on alternate steps)")
     ap.add_argument("--rounds", type=int, default=2, help="processes per variant and config (alternating)")
     ap.add_argument("--steps", type=int, default=None,
                     help="timed steps per process (default: 10 base, 5 large)")
@@ -233,14 +258,27 @@ def main(argv: list[str] | None = None) -> dict:
     finally:
         for w in workers.values():
             w.kill()
-    results = {c: {v: summarize(raw[c][v], warm[c]) for v in variants} for c in configs}
+    results: dict[str, dict[str, dict]] = {}
+    for c in configs:
+        results[c] = {}
+        for v in variants:
+            if v.startswith("ab+"):  # one process alternating without / with the patches
+                off, on, ratio = split_ab(raw[c][v], warm[c])
+                results[c][f"{v} (off)"] = summarize(off, 0)
+                results[c][f"{v} (on)"] = summarize(on, 0)
+                results[c][f"{v} (on)"]["paired_cpu_ratio"] = ratio
+            else:
+                results[c][v] = summarize(raw[c][v], warm[c])
     table = format_table(results)
     print()
     print(table)
     print()
     for c in configs:
+        for v, s in results[c].items():
+            if "paired_cpu_ratio" in s:
+                print(f"{c}: {v}: CPU time per step with/without, paired steps: {s['paired_cpu_ratio']:.3f}")
         if "trl" in results[c]:
-            for v in variants:
+            for v in results[c]:
                 if v == "trl":
                     continue
                 s, t = results[c][v], results[c]["trl"]

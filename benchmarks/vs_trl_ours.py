@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--patch", default="", help="comma-separated proposed patches to apply (vs_trl_patches.py)")
+    p.add_argument("--toggle", action="store_true",
+                   help="A/B in one process: the patches are off on even steps, on on odd steps")
     p.add_argument("--wait-go", action="store_true",
                    help="when set up (before the first step) print READY and wait for a line on stdin")
     a = p.parse_args(argv)
@@ -58,14 +60,16 @@ def main(argv: list[str] | None = None) -> dict:
     import vs_trl_timers as bt
 
     bt.pin_threads(1)
+    import vs_trl_patches as proposed
+
     import agentrl.learner as learner_mod
     import agentrl.train as train_mod
     from agentrl.config import load_config
     from agentrl.rollout.engines.hf import HFEngine
 
+    if a.toggle and (not a.patch or "fused_adamw" in a.patch or "all" in a.patch):
+        p.error("--toggle needs --patch with patches that can be switched off (not fused_adamw, all)")
     if a.patch:
-        import vs_trl_patches as proposed
-
         proposed.apply(a.patch.split(","))
         proposed.StaticDecoder.step = bt.timed(proposed.StaticDecoder.step, "gen_forward")
     bt.install()
@@ -104,6 +108,11 @@ def main(argv: list[str] | None = None) -> dict:
 
     def collect_clocked(*args, **kw):
         if not base["eval"]:
+            if a.toggle:  # steps 0, 2, 4, ... without the patches; 1, 3, 5, ... with them
+                on = len(steps) % 2 == 1
+                for name in a.patch.split(","):
+                    proposed.ENABLED[name] = on
+                base["patched"] = on
             base["t0"], base["c0"] = time.perf_counter(), time.process_time()
         return collect(*args, **kw)
 
@@ -128,6 +137,7 @@ def main(argv: list[str] | None = None) -> dict:
                           "update_s": metrics["perf/update_s"], "sync_s": metrics["perf/sync_s"],
                           "gen_tokens": tokens["n"] - base["tok"],
                           "wall_s": base["t1"] - base["t0"], "cpu_s": base["c1"] - base["c0"],
+                          "patched": base.get("patched", bool(a.patch)),
                           "reward": metrics["rollout/reward_mean"], **d})
             base["snap"], base["tok"] = now, tokens["n"]
         return log(self, step, metrics)

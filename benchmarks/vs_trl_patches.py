@@ -13,11 +13,14 @@ measure them before anyone edits the library (see proposed_patches.md for the di
 - `fast_sync`: `HFEngine.update_weights` copies tensors directly (`Tensor.copy_`) into
   precomputed (source name, target tensor) pairs instead of `load_state_dict(strict=False)`.
 
-`apply(["fast_decode", ...])` installs them in this process (`"all"`: every one).
+`apply(["fast_decode", ...])` installs them in this process (`"all"`: every one but
+`logits_from_loss`, which `prefix_share` subsumes); `ENABLED[name] = False` turns an installed
+patch off again (all but `fused_adamw`), so one process can alternate with and without it.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -267,7 +270,7 @@ def _logprobs_with_mask(learner_mod: Any) -> None:
         return token_logprobs_from(model, input_ids, attention_mask, start=max(start, 1), **kw)
 
     learner_mod._slice = _slice
-    learner_mod.token_logprobs = token_logprobs
+    learner_mod.token_logprobs = _switch("logits_from_loss", token_logprobs, learner_mod.token_logprobs)
 
 
 # -- learner: prompt computed once per group --------------------------------------------------
@@ -378,7 +381,7 @@ def _prefix_share(learner_mod: Any) -> None:
         return prefix_shared_logprobs(model, input_ids, attention_mask, state.pop("loss_mask"), **kw)
 
     learner_mod._slice = _slice
-    learner_mod.token_logprobs = token_logprobs
+    learner_mod.token_logprobs = _switch("prefix_share", token_logprobs, learner_mod.token_logprobs)
 
 
 # -- learner: fused AdamW ---------------------------------------------------------------------
@@ -414,6 +417,19 @@ def fast_update_weights(self: Any, state_dict: dict[str, Any], version: int) -> 
 
 
 _ORIG: dict[str, Any] = {}
+ENABLED: dict[str, bool] = {}
+"""name -> whether an installed patch is active (default True); the benchmark flips these per
+step for in-process A/B measurements."""
+
+
+def _switch(name: str, new: Any, old: Any) -> Any:
+    """A function that calls `new` while `ENABLED[name]` (default True), else `old`."""
+
+    @functools.wraps(new)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return (new if ENABLED.get(name, True) else old)(*args, **kwargs)
+
+    return call
 
 
 def apply(names: list[str]) -> list[str]:
@@ -435,7 +451,7 @@ def apply(names: list[str]) -> list[str]:
         raise ValueError("logits_from_loss and prefix_share both replace the learner's logprobs: pick one")
     if "fast_decode" in names:
         _ORIG["_generate_chunk"] = HFEngine._generate_chunk
-        HFEngine._generate_chunk = fast_generate_chunk
+        HFEngine._generate_chunk = _switch("fast_decode", fast_generate_chunk, HFEngine._generate_chunk)
     if "logits_from_loss" in names:
         _logprobs_with_mask(learner_mod)
     if "prefix_share" in names:
@@ -444,7 +460,7 @@ def apply(names: list[str]) -> list[str]:
         _fused_adamw(learner_mod)
     if "fast_sync" in names:
         _ORIG["update_weights"] = HFEngine.update_weights
-        HFEngine.update_weights = fast_update_weights
+        HFEngine.update_weights = _switch("fast_sync", fast_update_weights, HFEngine.update_weights)
     return names
 
 

@@ -17,7 +17,8 @@ import functools
 import resource
 import time
 from collections import defaultdict
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 TOTALS: dict[str, float] = defaultdict(float)
 _ACTIVE: dict[str, int] = defaultdict(int)

@@ -65,7 +65,6 @@ def main(argv: list[str] | None = None) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from transformers.utils import logging as hf_logging
     from trl import GRPOConfig, GRPOTrainer
-
     from vs_trl_env import N_PROMPTS, frac_a, prompt_text
 
     hf_logging.set_verbosity_error()
