@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -205,7 +206,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--variants", default="trl,ours",
                     help="comma list: trl, ours, ours+PATCH[+PATCH] (PATCH in benchmarks/vs_trl_patches.py, "
                          "or all), ab+PATCH[+PATCH] (one process, patches off/on on alternate steps)")
-    ap.add_argument("--rounds", type=int, default=2, help="processes per variant and config (alternating)")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="processes per variant and config (alternating); all are alive at once "
+                         "during set-up, 0.5-0.9 GB each")
     ap.add_argument("--steps", type=int, default=None,
                     help="timed steps per process (default: 10 base, 5 large)")
     ap.add_argument("--warmup", type=int, default=None,
@@ -258,6 +261,7 @@ def main(argv: list[str] | None = None) -> dict:
     finally:
         for w in workers.values():
             w.kill()
+    shutil.rmtree(logdir, ignore_errors=True)  # kept (and named in the error) only on failure
     results: dict[str, dict[str, dict]] = {}
     for c in configs:
         results[c] = {}

@@ -199,13 +199,15 @@ class FaultServer:
                     n = server.counts.get(b, 0)
                     server.counts[b] = n + 1
                     server.bodies.setdefault(b, []).append(body)
-                    server.in_flight += 1
+                    # only the 'concurrent' behaviour is counted: a request of an earlier
+                    # timeout test may still be sleeping on this shared server
+                    server.in_flight += b == "concurrent"
                     server.max_in_flight = max(server.max_in_flight, server.in_flight)
                 try:
                     self._answer(b, n, body)
                 finally:
                     with server.lock:
-                        server.in_flight -= 1
+                        server.in_flight -= b == "concurrent"
 
             def _reply(self, text):
                 self._send(200, {"id": "x", "object": "chat.completion", "choices": [
