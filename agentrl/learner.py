@@ -283,7 +283,7 @@ class Learner:
                     loss.backward()
                     w = len(micro) / len(mb)  # weight of per-micro-batch means
                     mask = sub["loss_mask"]
-                    m["entropy"] = float((ent * mask).sum() / mask.sum().clamp(min=1))
+                    m["entropy"] = float((ent.detach() * mask).sum() / mask.sum().clamp(min=1))
                     for k, v in m.items():
                         sums[k] = sums.get(k, 0.0) + float(v) * w
                     # the loss is already normalised by the minibatch's counts: micro losses add up

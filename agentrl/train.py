@@ -367,7 +367,7 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
 
         losses = sft_train(model, examples, steps=cfg.sft.steps, lr=cfg.sft.lr,
                            batch_size=cfg.sft.batch_size, pad_id=pad_id, seed=cfg.seed,
-                           log=lambda s, l: slog.write(json.dumps({"step": s, "sft/loss": l}) + "\n"),
+                           log=lambda s, loss: slog.write(json.dumps({"step": s, "sft/loss": loss}) + "\n"),
                            stop=stop, check_every=cfg.sft.check_every)
         slog.close()
         timings["sft_s"] = time.perf_counter() - t0

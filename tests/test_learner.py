@@ -13,7 +13,7 @@ from agentrl.algos import get_algorithm
 from agentrl.config import AlgoConfig
 from agentrl.learner import Learner, latest_checkpoint, token_logprobs
 from agentrl.model import load_model
-from agentrl.trajectory import Trajectory, collate
+from agentrl.trajectory import Trajectory
 
 
 class FixedLogits(torch.nn.Module):
