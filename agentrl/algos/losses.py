@@ -19,6 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from agentrl.algos.advantages import _check_2d as _check_same
+from agentrl.algos.advantages import _float_dtype
+
 __all__ = [
     "AGG_MODES",
     "masked_mean",
@@ -42,20 +45,6 @@ Count = int | float | Tensor
 
 
 # -- helpers ---------------------------------------------------------------------------------
-def _float_dtype(*xs: Tensor) -> torch.dtype:
-    return torch.float64 if any(x.dtype == torch.float64 for x in xs) else torch.float32
-
-
-def _check_same(loss_mask: Tensor, **tensors: Tensor) -> None:
-    if loss_mask.dim() != 2:
-        raise ValueError(f"loss_mask must be (B, T), got shape {tuple(loss_mask.shape)}")
-    for name, x in tensors.items():
-        if x.shape != loss_mask.shape:
-            raise ValueError(
-                f"{name} has shape {tuple(x.shape)}, loss_mask has {tuple(loss_mask.shape)}"
-            )
-
-
 def _per_token(advantages: Tensor, loss_mask: Tensor) -> Tensor:
     """(B,) or (B, T) advantages as (B, T)."""
     if advantages.shape == loss_mask.shape:
