@@ -231,6 +231,7 @@ def test_sleep_needs_sleep_mode(engine):
         engine.sleep()
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="vLLM's sleep mode needs a CUDA device")
 def test_sleep_and_wake_up_on_gpu(model_dir, prompts):
     from agentrl.rollout.engines.vllm import VLLMEngine

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from agentrl.algos.losses import aggregate, kl
+from agentrl.algos.losses import aggregate, kl, ppo_policy_loss
 
 
 def drop_invalid_rows(batch: dict[str, Any]) -> int:
@@ -94,3 +94,19 @@ def kl_entropy_terms(logp: torch.Tensor, batch: dict[str, Any], cfg: Any, *, num
         total = total - cfg.entropy_coef * aggregate(entropy, mask, "token-mean",
                                                      num_tokens=num_tokens)
     return total, metrics
+
+
+def surrogate_loss_kl_in_reward(logp: torch.Tensor, batch: dict[str, Any], cfg: Any, *,
+                                num_tokens: float, num_seqs: int,
+                                entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Clipped surrogate (- entropy bonus) of one micro-batch, for algorithms whose KL penalty
+    is already in the reward (rloo, reinforce_pp). logp, `batch["old_logprobs"]`,
+    `batch["advantages"]`, `batch["loss_mask"]` are (B, T); returns the scalar loss and metrics."""
+    pg, metrics = ppo_policy_loss(
+        logp, batch["old_logprobs"], batch["advantages"], batch["loss_mask"],
+        clip_low=cfg.clip_low, clip_high=cfg.clip_high, agg=cfg.agg, num_tokens=num_tokens,
+        num_seqs=num_seqs, max_len=batch.get("max_len"), tis_weights=batch.get("tis_weights"))
+    extra, m = kl_entropy_terms(logp, batch, cfg, num_tokens=num_tokens, entropy=entropy,
+                                kl_in_loss=False)
+    metrics.update(m)
+    return pg + extra, metrics

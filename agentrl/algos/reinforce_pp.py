@@ -23,12 +23,12 @@ import torch
 from agentrl.algos.advantages import reward_to_go, whiten
 from agentrl.algos.common import (
     drop_invalid_rows,
-    kl_entropy_terms,
     kl_penalty_rewards,
     sequence_kl,
+    surrogate_loss_kl_in_reward,
     token_rewards,
 )
-from agentrl.algos.losses import masked_mean, ppo_policy_loss
+from agentrl.algos.losses import masked_mean
 
 
 def prepare(batch: dict[str, Any], learner: Any, cfg: Any) -> tuple[dict[str, Any], dict]:
@@ -70,14 +70,5 @@ def advantages(batch: dict[str, Any], cfg: Any) -> tuple[torch.Tensor, dict[str,
     return whiten(ret, mask), stats
 
 
-def loss(logp: torch.Tensor, batch: dict[str, Any], cfg: Any, *, num_tokens: float,
-         num_seqs: int, entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
-    """Clipped surrogate (- entropy bonus) of one micro-batch; the KL is in the reward."""
-    pg, metrics = ppo_policy_loss(
-        logp, batch["old_logprobs"], batch["advantages"], batch["loss_mask"],
-        clip_low=cfg.clip_low, clip_high=cfg.clip_high, agg=cfg.agg, num_tokens=num_tokens,
-        num_seqs=num_seqs, max_len=batch.get("max_len"), tis_weights=batch.get("tis_weights"))
-    extra, m = kl_entropy_terms(logp, batch, cfg, num_tokens=num_tokens, entropy=entropy,
-                                kl_in_loss=False)
-    metrics.update(m)
-    return pg + extra, metrics
+#: clipped surrogate; the KL penalty is already in the reward
+loss = surrogate_loss_kl_in_reward

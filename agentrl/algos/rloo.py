@@ -20,8 +20,7 @@ from typing import Any
 import torch
 
 from agentrl.algos.advantages import expand_to_tokens, group_stats, rloo_advantages
-from agentrl.algos.common import kl_entropy_terms, kl_penalty_rewards, sequence_kl
-from agentrl.algos.losses import ppo_policy_loss
+from agentrl.algos.common import kl_penalty_rewards, sequence_kl, surrogate_loss_kl_in_reward
 
 
 def prepare(batch: dict[str, Any], learner: Any, cfg: Any) -> tuple[dict[str, Any], dict]:
@@ -52,15 +51,5 @@ def advantages(batch: dict[str, Any], cfg: Any) -> tuple[torch.Tensor, dict[str,
     return expand_to_tokens(adv, batch["loss_mask"]), stats
 
 
-def loss(logp: torch.Tensor, batch: dict[str, Any], cfg: Any, *, num_tokens: float,
-         num_seqs: int, entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
-    """Clipped surrogate (- entropy bonus) of one micro-batch; the KL is in the reward."""
-    mask = batch["loss_mask"]
-    pg, metrics = ppo_policy_loss(
-        logp, batch["old_logprobs"], batch["advantages"], mask,
-        clip_low=cfg.clip_low, clip_high=cfg.clip_high, agg=cfg.agg, num_tokens=num_tokens,
-        num_seqs=num_seqs, max_len=batch.get("max_len"), tis_weights=batch.get("tis_weights"))
-    extra, m = kl_entropy_terms(logp, batch, cfg, num_tokens=num_tokens, entropy=entropy,
-                                kl_in_loss=False)
-    metrics.update(m)
-    return pg + extra, metrics
+#: clipped surrogate; the KL penalty is already in the reward
+loss = surrogate_loss_kl_in_reward
