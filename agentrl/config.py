@@ -26,7 +26,9 @@ class EnvConfig(_Section):
     name: str = "code_sandbox"
     """Env to train on: a short name (`agentrl envs`), a Gymnasium id, or `pkg.module:Class`."""
     max_turns: int | None = Field(default=None, ge=1)
-    """Extra limit on agent turns per episode (the registered limit still applies; the smaller wins)."""
+    """Extra limit on agent turns per episode (the registered limit still applies; the smaller wins).
+    An env whose constructor takes `max_turns` (code_sandbox: attempts) also gets it, unless
+    `env.kwargs.max_turns` is set."""
     dataset: str | None = None
     """Task source for envs that take one (code_sandbox: a HumanEval/MBPP/EvalPlus file or `humaneval`)."""
     kwargs: dict[str, Any] = Field(default_factory=dict)

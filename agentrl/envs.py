@@ -16,12 +16,14 @@ Built-in envs are registered here by *string* entry point, so `import agentrl` d
 from __future__ import annotations
 
 import importlib
+import inspect
 import string
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+from gymnasium.envs.registration import load_env_creator
 
 Message = dict[str, Any]
 
@@ -170,17 +172,38 @@ def resolve_env_id(name: str) -> str:
                      "or give an entry point 'pkg.module:Class'")
 
 
-def make_env(name: str, *, max_turns: int | None = None, **kwargs: Any) -> gym.Env:
+def make_env(name: str, *, max_turns: int | None = None, env_kwargs: dict[str, Any] | None = None,
+             **kwargs: Any) -> gym.Env:
     """Make an env by CLI name or id. `max_turns` adds a further turn limit on top of the
     registered one: the smaller limit wins (case G2).
+
+    Constructor keywords come from `kwargs` and `env_kwargs` (a dict, for a keyword that is
+    also a parameter here: `env_kwargs={"max_turns": 2}` is the env's own `max_turns`).
+    An env whose constructor takes `max_turns` (e.g. `code_sandbox`, where it is the number of
+    attempts) also gets `max_turns` as a keyword unless the keywords set it, so
+    `env.max_turns=3` gives three attempts instead of a TimeLimit of 3 on a one-attempt env.
 
     Raises:
         ValueError: unknown env name.
     """
-    env = gym.make(resolve_env_id(name), **kwargs)
+    env_id = resolve_env_id(name)
+    kwargs = {**(env_kwargs or {}), **kwargs}
+    if max_turns is not None and "max_turns" not in kwargs and _takes_max_turns(env_id):
+        kwargs["max_turns"] = max_turns
+    env = gym.make(env_id, **kwargs)
     if max_turns is not None:
         env = gym.wrappers.TimeLimit(env, max_turns)
     return env
+
+
+def _takes_max_turns(env_id: str) -> bool:
+    """Whether the registered entry point's constructor has a `max_turns` parameter."""
+    entry = gym.spec(env_id).entry_point
+    try:
+        creator = load_env_creator(entry) if isinstance(entry, str) else entry
+        return "max_turns" in inspect.signature(creator).parameters
+    except (TypeError, ValueError, ImportError, AttributeError):
+        return False
 
 
 def register_builtin_envs() -> None:

@@ -60,7 +60,7 @@ def build_env(cfg: Config, split: str | None = None, rewards: Any = None) -> Any
         kw["dataset"] = cfg.env.dataset
     if split is not None and _env_accepts(cfg.env.name, "split"):
         kw["split"] = split
-    env = make_env(cfg.env.name, max_turns=cfg.env.max_turns, **kw)
+    env = make_env(cfg.env.name, max_turns=cfg.env.max_turns, env_kwargs=kw)
     if cfg.env.wrappers:
         if rewards is None:
             from agentrl.rewards import RewardWrappers  # imported only when a wrapper is asked for

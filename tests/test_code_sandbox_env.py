@@ -117,6 +117,17 @@ def test_own_turn_limit_agrees_with_gymnasium_time_limit(pool):
     assert flags == [[(False, False), (False, True)]] * 4
 
 
+def test_make_env_forwards_max_turns_as_attempts():
+    """`make_env(..., max_turns=3)` gives code_sandbox 3 attempts (its own kwarg), unless the
+    env kwargs set `max_turns` themselves; envs without the kwarg only get the TimeLimit."""
+    assert make_env("code_sandbox", max_turns=3).unwrapped.max_turns == 3
+    env = make_env("code_sandbox", max_turns=3, env_kwargs={"max_turns": 2})
+    assert env.unwrapped.max_turns == 2  # the env's own kwarg wins; the TimeLimit of 3 stays
+    assert make_env("code_sandbox").unwrapped.max_turns == 1
+    toy = make_env("toy", max_turns=2)
+    assert isinstance(toy, gym.wrappers.TimeLimit) and toy._max_episode_steps == 2
+
+
 def test_reward_modes(pool):
     half = "def add_seven(x):\n    return 7"  # passes add_seven(0) == 7 only
     rewards = {}
