@@ -105,7 +105,9 @@ class RolloutConfig(_Section):
     sync_every: int = Field(default=1, ge=1)
     """Async: push the learner's weights to the actor every N learner steps."""
     queue_size: int = Field(default=2, ge=1)
-    """Async: most finished batches waiting for the learner."""
+    """Async: backpressure: at most `queue_size + batches_in_flight` batches ahead of the learner."""
+    batches_in_flight: int = Field(default=2, ge=1)
+    """Async: batches sampling at once (needs `train.max_staleness >= 2` for 2 during updates)."""
 
 
 class AlgoConfig(_Section):
@@ -173,6 +175,8 @@ class TrainConfig(_Section):
     """Max global gradient norm."""
     micro_batch_size: int = Field(default=16, ge=1)
     """Sequences per forward/backward; gradients accumulate to the full minibatch."""
+    prefix_share: bool = True
+    """Learner forward runs each group's shared prompt once and log-softmax only at trained tokens (same gradients to float32 rounding; PPO's value head keeps the plain forward). False: plain forward."""
     torch_threads: int = Field(default=1, ge=1)
     """torch threads of the learner process."""
     save_every: int = Field(default=0, ge=0)

@@ -3,6 +3,10 @@ micro-batches, the frozen reference model, and checkpoints.
 
 Logprobs are taken from `logits / temperature`, the distribution the sampler drew from, so a
 policy that has not changed gives a PPO ratio of exactly 1 (case L4).
+
+The training forward of `Learner.update` runs each group's shared prompt once and computes
+log-softmax only where the loss reads (`agentrl.prefix_share`, `Learner(prefix_share=True)`);
+the optimizer is the fused AdamW kernel where torch has one for the parameters.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import numpy as np
 import torch
 
 from agentrl.lora import is_peft
+from agentrl.prefix_share import prefix_share_supported, prefix_shared_logprobs
 
 
 def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
@@ -89,6 +94,28 @@ def _logp_entropy(logits: torch.Tensor, input_ids: torch.Tensor, temperature: fl
     return logp, ent
 
 
+def make_adamw(params: list[torch.nn.Parameter], *, lr: float, weight_decay: float
+               ) -> tuple[torch.optim.AdamW, bool]:
+    """`torch.optim.AdamW` with the fused kernel (`fused=True`: one kernel for all tensors, TRL's
+    default `adamw_torch_fused`; on CPU since torch 2.4) when torch has one for every
+    parameter's device and dtype (real floating point), else the default implementation. Same
+    update to float32 rounding. Returns (optimizer, fused).
+
+    torch checks fused support only at the first step, so it is checked here."""
+    try:
+        from torch.optim.optimizer import _get_fused_kernels_supported_devices
+
+        devices = set(_get_fused_kernels_supported_devices())
+    except ImportError:  # pragma: no cover - older or newer torch without the helper
+        devices = {"cpu", "cuda"}
+    fused = all(p.device.type in devices and torch.is_floating_point(p) for p in params)
+    try:
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay,
+                                 fused=True if fused else None), fused
+    except (RuntimeError, TypeError):  # a torch without fused AdamW
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay), False
+
+
 def _slice(batch: dict[str, Any], idx: torch.Tensor) -> dict[str, Any]:
     """Rows `idx` of every (B, ...) tensor in the batch, trimmed to the longest row."""
     width = int(batch["lengths"][idx].max())
@@ -115,15 +142,24 @@ class Learner:
         value_head: add a value head `torch.nn.Linear(hidden, 1)` on the policy's last hidden
             state (PPO), trained jointly with the policy by the same optimizer and saved in
             checkpoints. It starts at zero (V = 0 everywhere) so early values add no noise.
+        prefix_share: the training forward of `update` uses `prefix_shared_logprobs` (each
+            group's shared prompt forwarded once; log-softmax and entropy only at loss
+            positions) when the model supports it (`prefix_share_supported`: transformers
+            decoder-only models, LoRA/PEFT-wrapped too). Not with a value head (PPO), which
+            keeps the plain forward. Same losses and gradients to float32 rounding.
 
     Attributes:
         algo_state: small state an algorithm keeps across steps (e.g. PPO's adaptive KL
             coefficient); saved in checkpoints.
+        prefix_share: the switch above (may be changed between updates).
+        fused: the optimizer is `torch.optim.AdamW(fused=True)` (False where torch has no fused
+            kernel for these parameters' device and dtype: the default implementation).
     """
 
     def __init__(self, model: Any, *, lr: float, weight_decay: float = 0.0, grad_clip: float = 1.0,
                  temperature: float = 1.0, micro_batch_size: int = 16, use_ref: bool = False,
-                 total_steps: int | None = None, value_head: bool = False):
+                 total_steps: int | None = None, value_head: bool = False,
+                 prefix_share: bool = True):
         self.model = model
         self.model.train()
         self.grad_clip = grad_clip
@@ -136,7 +172,9 @@ class Learner:
             torch.nn.init.zeros_(self.value_head.weight)
             torch.nn.init.zeros_(self.value_head.bias)
         self.algo_state: dict[str, Any] = {}
-        self.optimizer = torch.optim.AdamW(self._params(), lr=lr, weight_decay=weight_decay)
+        self.prefix_share = prefix_share
+        self._share_ok = prefix_share_supported(model)
+        self.optimizer, self.fused = make_adamw(self._params(), lr=lr, weight_decay=weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)
         self.ref_model = None
         self.lora = is_peft(model)  # LoRA: the reference is the base with adapters disabled
@@ -268,6 +306,10 @@ class Learner:
                             self.model, self.value_head, sub["input_ids"], sub["attention_mask"],
                             temperature=self.temperature, with_entropy=True, entropy_grad=ent_grad)
                         kw["values"] = values_before(v_after)
+                    elif self.prefix_share and self._share_ok:  # logp, ent: 0 off loss positions
+                        logp, ent = prefix_shared_logprobs(
+                            self.model, sub["input_ids"], sub["attention_mask"], sub["loss_mask"],
+                            temperature=self.temperature, with_entropy=True, entropy_grad=ent_grad)
                     else:
                         logp, ent = token_logprobs(self.model, sub["input_ids"], sub["attention_mask"],
                                                    temperature=self.temperature, with_entropy=True,
@@ -348,6 +390,12 @@ class Learner:
             self.algo_state = torch.load(path / "algo_state.pt", weights_only=False)
         st = torch.load(path / "trainer_state.pt", weights_only=False)
         self.optimizer.load_state_dict(st["optimizer"])
+        for g in self.optimizer.param_groups:  # this learner's kernel, whichever wrote the state
+            g["fused"], g["foreach"] = (True, None) if self.fused else (None, g.get("foreach"))
+            for p in g["params"] if self.fused else []:  # fused keeps `step` on the param's device
+                step = self.optimizer.state.get(p, {}).get("step")
+                if torch.is_tensor(step):
+                    self.optimizer.state[p]["step"] = step.to(p.device, torch.float32)
         self.scheduler.load_state_dict(st["scheduler"])
         self.optimizer_steps = st["optimizer_steps"]
         torch.set_rng_state(st["torch_rng"])

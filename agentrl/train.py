@@ -28,7 +28,7 @@ from agentrl.envs import make_env, resolve_env_id
 from agentrl.rollout.agent_loop import EpisodeSpec, run_episodes
 from agentrl.rollout.chat import ChatRenderer
 from agentrl.rollout.engines.base import SamplingParams
-from agentrl.rollout.source import AsyncSource, SyncSource
+from agentrl.rollout.source import AsyncSource, Leases, LockedEngine, SyncSource
 from agentrl.trajectory import Trajectory, collate
 
 EVAL_SEED = 10_000_000  # held-out evaluation tasks use seeds EVAL_SEED + i in every run
@@ -394,6 +394,7 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
     learner = Learner(model, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay,
                       grad_clip=cfg.train.grad_clip, temperature=cfg.rollout.temperature,
                       micro_batch_size=cfg.train.micro_batch_size,
+                      prefix_share=cfg.train.prefix_share,
                       use_ref=needs_reference(algo, cfg.algo),
                       value_head=getattr(algo, "VALUE_HEAD", False))
     if ck is not None:
@@ -418,7 +419,21 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
     params = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                             max_tokens=cfg.rollout.max_tokens, stop_token_ids=renderer.stop_ids)
 
-    engine_lock = threading.Lock()  # the async actor and evaluation share the engine
+    # Async actor threads, evaluation and refills share the engine: an in-process engine is
+    # entered by one generate / weight update at a time (LockedEngine), so that batches in flight
+    # interleave per generate call; evaluation and refills hold the same (re-entrant) lock for
+    # their whole run, and weight updates take it too. Each batch leases its own envs + pool.
+    engine_lock = threading.RLock()
+    if not hasattr(engine, "run"):
+        engine = LockedEngine(engine, engine_lock)
+    env_sets = Leases(lambda: ([build_env(cfg, "train", rewards) for _ in range(n_eps)],
+                               ThreadPoolExecutor(max_workers=cfg.rollout.env_threads)), [(envs, pool)])
+    if cfg.rollout.mode == "async" and not hasattr(engine, "run"):
+        env_sets.fill(cfg.rollout.batches_in_flight)  # built now, in a fixed order
+
+    def apply_weights(state_dict: dict[str, Any], v: int) -> None:
+        with engine_lock:  # never while evaluation or a refill is sampling
+            engine.update_weights(state_dict, v)
 
     def run_eval() -> dict[str, float]:
         t0 = time.perf_counter()
@@ -432,8 +447,8 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
         """Fresh groups for refill round r (1, 2, ...) of dynamic sampling at `step`."""
         rng_r = np.random.default_rng([cfg.seed, step, r])
         seeds = [int(s) for s in rng_r.integers(0, 2**31 - 1, size=cfg.rollout.tasks_per_step)]
-        with engine_lock:  # the async actor uses the same engine and envs
-            return collect(engine, renderer, envs, seeds, G, params, cfg, pool,
+        with engine_lock, env_sets.lease() as (envs_, pool_):  # async actors use the engine too
+            return collect(engine, renderer, envs_, seeds, G, params, cfg, pool_,
                            group_base=(step + r * cfg.train.steps) * cfg.rollout.tasks_per_step,
                            sample_seed=(cfg.seed * 100_003 + step) * 31 + r)
 
@@ -442,8 +457,8 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
         asynchronous run samples the same tasks; each task run `group_size` times."""
         rng = np.random.default_rng([cfg.seed, step])
         seeds = [int(s) for s in rng.integers(0, 2**31 - 1, size=cfg.rollout.tasks_per_step)]
-        with engine_lock:
-            return collect(engine, renderer, envs, seeds, G, params, cfg, pool,
+        with env_sets.lease() as (envs_, pool_):  # several batches may be in flight
+            return collect(engine, renderer, envs_, seeds, G, params, cfg, pool_,
                            group_base=step * cfg.rollout.tasks_per_step,
                            sample_seed=cfg.seed * 100_003 + step)
 
@@ -463,12 +478,14 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
                             TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=console)
         progress.start()
         bar = progress.add_task("train", total=cfg.train.steps, completed=start_step, info="")
-    if cfg.rollout.mode == "async":  # an actor thread samples ahead with bounded staleness
-        source: Any = AsyncSource(run_batch, engine.update_weights, start=start_step,
+    if cfg.rollout.mode == "async":  # actor threads sample ahead with bounded staleness
+        source: Any = AsyncSource(run_batch, apply_weights, start=start_step,
                                   version=version, max_staleness=cfg.train.max_staleness,
-                                  queue_size=cfg.rollout.queue_size)
+                                  queue_size=cfg.rollout.queue_size,
+                                  batches_in_flight=cfg.rollout.batches_in_flight,
+                                  end=cfg.train.steps)
     else:
-        source = SyncSource(run_batch, engine.update_weights)
+        source = SyncSource(run_batch, apply_weights)
     t_loop = time.perf_counter()
     for step in range(start_step, cfg.train.steps):
         m: dict[str, float] = {}
@@ -517,6 +534,7 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
             source.push_weights(merged_state_dict(model), version)
         m["perf/sync_s"] = time.perf_counter() - t0
         m["perf/step_s"] = m["perf/rollout_s"] + m["perf/update_s"] + m["perf/sync_s"]
+        m["perf/loop_s"] = time.perf_counter() - t_loop  # wall clock since the loop started
         if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0 and step + 1 < cfg.train.steps:
             ev = run_eval()
             m.update({f"eval/{k}": v for k, v in ev.items()})
@@ -547,7 +565,8 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
     after = run_eval()
     log.log(cfg.train.steps, {f"eval/{k}": v for k, v in after.items()})
     log.close()
-    pool.shutdown()
+    for _, p_ in env_sets.items:
+        p_.shutdown()
     if hasattr(engine, "shutdown"):
         engine.shutdown()
     b, a = before["pass@1"], after["pass@1"]

@@ -1,16 +1,26 @@
 """Samples per second of the synchronous loop vs the asynchronous actor-learner, in one run.
 
-A rollout-bound configuration: the embedded tiny model sampling longer completions, and an env
-whose step waits `--latency` seconds (an I/O-bound judge or tool call). Both modes run the same
-number of steps on the same seed; the script prints samples/s of each and the ratio.
+A rollout-bound configuration: the embedded tiny model (the main job's) sampling up to
+`--tokens` tokens per turn, and a multi-turn env whose every step waits `--latency` seconds (an
+I/O-bound judge, tool or sandbox call; `latency_env.LatencyEnv`), 16 episodes per step stepped by
+16 env threads. Every mode runs the same `--steps` steps on the same seed and the same model;
+what is measured is wall clock: the whole RL loop (`rl_s` of the run summary: from the first
+batch's sampling to the last update, pipeline fill and drain included), not a sum of per-stage
+times (in async mode the stages overlap). Also printed: steady-state samples/s from the end of
+step 1 to the end of the last step (`perf/loop_s`).
 
-    python benchmarks/async_vs_sync.py [--steps 8] [--latency 0.5] [--tokens 48]
+Modes: `sync`; `async` with one batch in flight (the single-actor design: only the learner's
+update is hidden); `async` with 2 batches in flight and `train.max_staleness=2` (while batch s's
+episodes wait on the env, batch s+1's generate; K=2 lets both sample while the learner trains).
+
+    python benchmarks/async_vs_sync.py [--steps 12] [--latency 0.5] [--turns 3] [--tokens 48] [--rounds 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -18,42 +28,90 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+BATCH = 16  # rollout.tasks_per_step=4 x algo.group_size=4
+MODES = {  # name -> overrides
+    "sync": ["rollout.mode=sync"],
+    "async-1": ["rollout.mode=async", "train.max_staleness=2", "rollout.batches_in_flight=1"],
+    "async-2": ["rollout.mode=async", "train.max_staleness=2", "rollout.batches_in_flight=2"],
+    "async-3": ["rollout.mode=async", "train.max_staleness=3", "rollout.batches_in_flight=3"],
+}
 
-def run(mode: str, out: Path, args: argparse.Namespace) -> dict:
+
+def run(mode: str, out: Path, model: str | None, args: argparse.Namespace) -> dict:
     from agentrl.config import load_config
     from agentrl.train import train
 
     ov = [f"out={out}", "env.name=latency_env:LatencyEnv", f"env.kwargs.latency_s={args.latency}",
-          f"train.steps={args.steps}", "sft.steps=0", "rollout.tasks_per_step=4", "algo.group_size=4",
-          f"rollout.max_tokens={args.tokens}", "train.eval_tasks=2", "train.eval_samples=1",
-          "train.log_rollouts_every=0", "quiet=true", f"rollout.mode={mode}", "train.max_staleness=1",
-          "rollout.env_threads=16"]
-    t0 = time.perf_counter()
-    train(load_config(None, ov))
+          f"env.kwargs.turns={args.turns}", f"train.steps={args.steps}", "sft.steps=0",
+          "rollout.tasks_per_step=4", "algo.group_size=4", f"rollout.max_tokens={args.tokens}",
+          "train.eval_tasks=2", "train.eval_samples=1", "train.log_rollouts_every=0", "quiet=true",
+          "rollout.env_threads=16", "log.tensorboard=false", *MODES[mode]]
+    if model is not None:
+        ov.append(f"model.path={model}")
+    summary = train(load_config(None, ov))
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if "perf/step_s" in r][1:]  # the first step warms up
-    wall = sum(r["perf/rollout_s"] + r["perf/update_s"] + r["perf/sync_s"] for r in steps)
-    samples = 16 * len(steps)
-    return {"mode": mode, "samples_per_s": samples / wall, "step_s": wall / len(steps),
-            "learner_idle_s": sum(r.get("perf/learner_idle_s", 0) for r in steps) / len(steps),
-            "total_s": time.perf_counter() - t0}
+    steps = [r for r in rows if "perf/loop_s" in r]
+    steady = (steps[-1]["perf/loop_s"] - steps[0]["perf/loop_s"]) / (len(steps) - 1)
+    n = len(steps)
+    return {"mode": mode, "samples_per_s": BATCH * n / summary["rl_s"], "rl_s": summary["rl_s"],
+            "steady_samples_per_s": BATCH / steady,
+            "update_s": sum(r["perf/update_s"] for r in steps) / n,
+            "gen_s": sum(r["perf/rollout_s"] - r["perf/env_s"] for r in steps) / n
+            if mode == "sync" else None,
+            "learner_idle_s": sum(r.get("perf/learner_idle_s", 0) for r in steps) / n,
+            "staleness_max": max(r["rollout/staleness_max"] for r in steps),
+            "in_flight": sum(r.get("async/batches_in_flight", 0) for r in steps) / n,
+            "reward": sum(r["rollout/reward_mean"] for r in steps) / n,
+            "turns": steps[-1]["rollout/turns"]}
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--latency", type=float, default=0.5)
-    p.add_argument("--tokens", type=int, default=48)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--latency", type=float, default=0.5, help="seconds per env step")
+    p.add_argument("--turns", type=int, default=3, help="agent turns per episode")
+    p.add_argument("--tokens", type=int, default=48, help="rollout.max_tokens (per turn)")
+    p.add_argument("--modes", default="sync,async-1,async-2,async-3")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every mode this many times, the order reversed every other round; "
+                        "the median samples/s per mode is reported (load on shared cores drifts)")
     args = p.parse_args()
     import torch
 
     torch.set_num_threads(1)
+    modes = args.modes.split(",")
+    print(f"load average at start: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} "
+          f"{os.getloadavg()[2]:.2f}; {args.steps} steps x {BATCH} episodes x {args.turns} turns, "
+          f"env latency {args.latency} s/step, max {args.tokens} tokens/turn", flush=True)
+    runs: dict[str, list[dict]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory() as d:
-        res = [run(m, Path(d) / m, args) for m in ("sync", "async")]
+        model = None
+        for k in range(args.rounds):
+            for m in (modes if k % 2 == 0 else modes[::-1]):
+                t0 = time.perf_counter()
+                r = run(m, Path(d) / f"{m}-{k}", model, args)
+                model = model or str(Path(d) / f"{m}-{k}" / "base_model")  # one model for all runs
+                runs[m].append(r)
+                print(f"  (round {k + 1}: {m} {r['samples_per_s']:.2f} samples/s, done in "
+                      f"{time.perf_counter() - t0:.0f} s, load {os.getloadavg()[0]:.2f})", flush=True)
+    res = [sorted(runs[m], key=lambda r: r["samples_per_s"])[(len(runs[m]) - 1) // 2] for m in modes]
+    if args.rounds > 1:
+        print(f"median of {args.rounds} rounds per mode (lower median):")
+    base = res[0]["samples_per_s"]
     for r in res:
-        print(f"{r['mode']:6s} {r['samples_per_s']:7.2f} samples/s  {r['step_s']:6.2f} s/step  "
-              f"learner idle {r['learner_idle_s']:.2f} s/step")
-    print(f"async/sync samples-per-second ratio: {res[1]['samples_per_s'] / res[0]['samples_per_s']:.2f}x")
+        gen = f"  generate+sample {r['gen_s']:.2f} s/step" if r["gen_s"] is not None else ""
+        print(f"{r['mode']:8s} {r['samples_per_s']:6.2f} samples/s ({r['rl_s']:5.1f} s loop; steady "
+              f"{r['steady_samples_per_s']:6.2f})  x{r['samples_per_s'] / base:.2f}  update "
+              f"{r['update_s']:.2f} s/step  learner idle {r['learner_idle_s']:.2f} s/step  in flight "
+              f"{r['in_flight']:.1f}  staleness max {r['staleness_max']:.0f}  reward {r['reward']:.3f}"
+              + gen)
+    by = {r["mode"]: r for r in res}
+    if "sync" in by:
+        for m in modes[1:]:
+            print(f"{m}/sync samples-per-second ratio: "
+                  f"{by[m]['samples_per_s'] / by['sync']['samples_per_s']:.2f}x")
+    print(f"load average at end: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} "
+          f"{os.getloadavg()[2]:.2f}")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
     python benchmarks/vs_trl.py                     # base (2x4x32) and large (8x8x64)
     python benchmarks/vs_trl.py --variants trl,ours,ours+all   # + the proposed patches
-    python benchmarks/vs_trl.py --variants ab+fast_decode --rounds 1 --steps 16   # one patch, A/B
+    python benchmarks/vs_trl.py --variants ab+PATCH --rounds 1 --steps 16   # one patch, A/B
 
 Takes ~3 minutes on 2 idle cores, ~9 on 2 cores shared with several busy jobs (mostly the
 workers' imports). See benchmarks/README.md for the settings table and the results.

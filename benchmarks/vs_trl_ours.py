@@ -66,12 +66,14 @@ def main(argv: list[str] | None = None) -> dict:
     import agentrl.train as train_mod
     from agentrl.config import load_config
     from agentrl.rollout.engines.hf import HFEngine
+    from agentrl.rollout.engines.static_decode import StaticDecoder
 
-    if a.toggle and (not a.patch or "fused_adamw" in a.patch or "all" in a.patch):
-        p.error("--toggle needs --patch with patches that can be switched off (not fused_adamw, all)")
+    if a.toggle and (not a.patch or "all" in a.patch):
+        p.error("--toggle needs --patch with the patches named (not all)")
     if a.patch:
         proposed.apply(a.patch.split(","))
-        proposed.StaticDecoder.step = bt.timed(proposed.StaticDecoder.step, "gen_forward")
+    # the engine's decode steps (static decode) are model compute too, as the prefill forwards
+    StaticDecoder.step = bt.timed(StaticDecoder.step, "gen_forward")
     bt.install()
     tokens = {"n": 0}
     gen = HFEngine.generate
@@ -84,6 +86,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     HFEngine.generate = generate
     learner_mod.token_logprobs = bt.timed(learner_mod.token_logprobs, "fwd_logprobs")
+    learner_mod.prefix_shared_logprobs = bt.timed(learner_mod.prefix_shared_logprobs, "fwd_logprobs")
 
     steps: list[dict] = []
     base = {"snap": bt.snapshot(), "tok": 0, "eval": False}

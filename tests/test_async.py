@@ -77,6 +77,206 @@ def test_actor_failure_reaches_the_learner():
     src.close()
 
 
+# -- several batches in flight ------------------------------------------------------------------
+def _intervals(src):
+    return {r["batch"]: (r["start"], r["end"]) for r in src.history}
+
+
+def test_two_batches_in_flight_overlap():
+    """batches_in_flight=2, K=2: every batch samples alongside another one (their intervals
+    overlap by most of a batch), never more than 2 at once, and 8 batches of 0.2 s take about
+    half the sequential time."""
+    actor = Actor(delay=0.2)
+    t0 = time.perf_counter()
+    src = AsyncSource(actor.run_batch, actor.apply, start=0, version=0, max_staleness=2,
+                      queue_size=2, batches_in_flight=2, end=8)
+    version, seen = 0, []
+    for step in range(8):
+        trajs, m = src.next_batch(step)
+        seen.append(trajs[0].task_id)
+        version += 1
+        src.push_weights({"w": torch.zeros(1)}, version)
+    wall = time.perf_counter() - t0
+    src.close()
+    assert seen == [str(s) for s in range(8)]
+    iv = _intervals(src)
+    assert sorted(iv) == list(range(8))  # `end`: nothing sampled past the last step
+    def overlap(a, b):
+        return min(iv[a][1], iv[b][1]) - max(iv[a][0], iv[b][0])
+
+    best = [max(overlap(s, o) for o in iv if o != s) for s in range(8)]
+    assert all(o > 0.1 for o in best), best  # every batch sampled alongside another one
+    edges = sorted([(a, 1) for a, _ in iv.values()] + [(b, -1) for _, b in iv.values()],
+                   key=lambda e: (e[0], e[1]))
+    live, peak = 0, 0
+    for _, d in edges:
+        live += d
+        peak = max(peak, live)
+    assert peak == 2
+    assert wall < 0.75 * 8 * 0.2, wall  # sequential: 1.6 s; two in flight: ~0.8 s
+
+
+def test_one_batch_in_flight_never_overlaps():
+    actor = Actor(delay=0.02)
+    src = AsyncSource(actor.run_batch, actor.apply, start=0, version=0, max_staleness=3,
+                      batches_in_flight=1, end=6)
+    for step in range(6):
+        src.next_batch(step)
+        src.push_weights({}, step + 1)
+    src.close()
+    iv = _intervals(src)
+    assert all(iv[s][1] <= iv[s + 1][0] for s in range(5))
+
+
+@pytest.mark.parametrize("n, K, queue_size, sync_every", [(2, 2, 1, 1), (3, 3, 2, 2), (3, 1, 1, 1),
+                                                           (4, 0, 2, 1)])
+def test_random_delays_order_exactly_once_and_staleness(n, K, queue_size, sync_every):
+    """Random sampling and training times: the learner gets 0..N-1 in order, each sampled once,
+    every batch sampled with version >= s - K, and never more than queue_size + n batches
+    claimed ahead of the learner."""
+    import random
+
+    rng = random.Random(n * 100 + K)
+    lock = threading.Lock()
+    sampled: list[tuple[int, int]] = []
+    state = {"version": 0, "want": 0, "ahead_max": 0}
+
+    def run_batch(s):
+        with lock:
+            v = state["version"]
+            sampled.append((s, v))
+            state["ahead_max"] = max(state["ahead_max"], s - state["want"] + 1)
+        time.sleep(rng.uniform(0, 0.01))
+        return [Trajectory(policy_version=v, task_id=str(s))]
+
+    def apply(sd, v):
+        with lock:
+            assert v >= state["version"]  # pushes land in order
+            state["version"] = v
+
+    N = 25
+    src = AsyncSource(run_batch, apply, start=0, version=0, max_staleness=K, queue_size=queue_size,
+                      batches_in_flight=n, end=N)
+    version = 0
+    for step in range(N):
+        trajs, m = src.next_batch(step)
+        with lock:
+            state["want"] = step + 1
+        assert [t.task_id for t in trajs] == [str(step)]
+        assert version - trajs[0].policy_version <= K
+        assert 0 <= m["async/batches_in_flight"] <= n
+        time.sleep(rng.uniform(0, 0.01))
+        version += 1
+        if (step + 1) % sync_every == 0:
+            src.push_weights({"w": torch.zeros(1)}, version)
+    src.close()
+    assert sorted(s for s, _ in sampled) == list(range(N))  # exactly once, none past `end`
+    assert all(v >= s - K for s, v in sampled)
+    assert all(r["version"] >= r["batch"] - K for r in src.history)
+    assert state["ahead_max"] <= queue_size + n
+    assert not any(t.is_alive() for t in src._threads)
+
+
+def test_backpressure_bounds_batches_ahead():
+    actor = Actor()
+    src = AsyncSource(actor.run_batch, actor.apply, start=0, version=0, max_staleness=100,
+                      queue_size=2, batches_in_flight=3)
+    time.sleep(0.3)  # the learner takes nothing
+    assert sorted(s for s, _ in actor.sampled) == list(range(5))  # queue_size + batches_in_flight
+    src.next_batch(0)
+    time.sleep(0.1)
+    assert sorted(s for s, _ in actor.sampled) == list(range(6))
+    src.close()
+
+
+def test_failure_in_one_actor_thread_reaches_learner_and_close_stops_all():
+    """Batch 3 raises while other threads sample: the learner gets 0, 1, 2 in order, then the
+    error (chained); no batch after it is claimed; close() ends every thread."""
+    def run_batch(s):
+        time.sleep(0.02 if s != 3 else 0.005)
+        if s == 3:
+            raise ValueError("env pool died")
+        return [Trajectory(task_id=str(s))]
+
+    src = AsyncSource(run_batch, lambda sd, v: None, start=0, version=0, max_staleness=5,
+                      batches_in_flight=3, queue_size=2)
+    for step in range(3):
+        trajs, _ = src.next_batch(step)
+        assert trajs[0].task_id == str(step)
+    with pytest.raises(RuntimeError, match="rollout actor failed") as e:
+        src.next_batch(3)
+    assert isinstance(e.value.__cause__, ValueError)
+    src.close()
+    assert not any(t.is_alive() for t in src._threads)
+    assert max(r["batch"] for r in src.history) <= 3 + 2  # claims stopped after the failure
+
+
+def test_close_stops_threads_waiting_at_the_gate():
+    actor = Actor()
+    src = AsyncSource(actor.run_batch, actor.apply, start=0, version=0, max_staleness=0,
+                      batches_in_flight=3)
+    src.next_batch(0)  # batch 1 waits for version 1, which never comes
+    time.sleep(0.05)
+    t0 = time.perf_counter()
+    src.close()
+    assert time.perf_counter() - t0 < 1.0
+    assert not any(t.is_alive() for t in src._threads)
+    assert [s for s, _ in actor.sampled] == [0]
+
+
+class FakeEngine:
+    """Generate sleeps; records whether a weight update ever lands inside a generate call."""
+
+    def __init__(self):
+        self.policy_version = 0
+        self.busy = 0
+        self.overlaps = 0
+        self.calls: list[tuple[str, int, float]] = []  # (who, version, time)
+
+    def generate(self, prompts, params):
+        self.busy += 1
+        if self.busy > 1:
+            self.overlaps += 1
+        self.calls.append((threading.current_thread().name, self.policy_version, time.perf_counter()))
+        time.sleep(0.01)
+        self.busy -= 1
+        return []
+
+    def update_weights(self, sd, v):
+        if self.busy:
+            self.overlaps += 1
+        self.policy_version = v
+
+
+def test_locked_engine_interleaves_batches_per_generate_call():
+    """Two batches in flight on one LockedEngine: generate calls never overlap, weight updates
+    land only between calls, and batch B generates while batch A waits on its "envs"."""
+    from agentrl.rollout.source import LockedEngine
+
+    engine = LockedEngine(FakeEngine())
+
+    def run_batch(s):
+        v0 = engine.policy_version
+        for _ in range(4):  # 4 turns: generate, then the env waits 20 ms
+            engine.generate([[1]], None)
+            time.sleep(0.02)
+        return [Trajectory(policy_version=v0, task_id=str(s))]
+
+    src = AsyncSource(run_batch, engine.update_weights, start=0, version=0, max_staleness=2,
+                      batches_in_flight=2, end=6)
+    for step in range(6):
+        src.next_batch(step)
+        src.push_weights({}, step + 1)
+    src.close()
+    fake = engine.engine
+    assert fake.overlaps == 0
+    names = [c[0] for c in fake.calls]
+    switches = sum(a != b for a, b in zip(names, names[1:]))
+    assert switches >= 6, names  # the two actor threads' generate calls interleave
+    versions = [c[1] for c in fake.calls]
+    assert versions == sorted(versions) and versions[-1] >= 3  # weights only move forward
+
+
 def test_sync_source_applies_weights_immediately():
     actor = Actor()
     src = SyncSource(actor.run_batch, actor.apply)
@@ -123,3 +323,20 @@ def test_async_run_respects_staleness_in_metrics(tmp_path):
     assert len(steps) == 3
     assert all(r["rollout/staleness_max"] <= 1 and r["rollout/dropped_stale"] == 0 for r in steps)
     assert all("perf/learner_idle_s" in r for r in steps)
+
+
+@pytest.mark.slow
+def test_async_two_batches_in_flight_run(tmp_path):
+    """A real run with 2 batches in flight (K=2) on the in-process engine: every step's batch
+    arrives within the bound, nothing is dropped, the new metrics are logged."""
+    import json
+
+    _final_weights(tmp_path, "a3", ["rollout.mode=async", "train.max_staleness=2",
+                                    "rollout.batches_in_flight=2", "train.steps=4"])
+    rows = [json.loads(x) for x in (tmp_path / "a3" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "rollout/staleness_max" in r]
+    assert len(steps) == 4
+    assert all(r["rollout/staleness_max"] <= 2 and r["rollout/dropped_stale"] == 0 for r in steps)
+    assert all(0 <= r["async/batches_in_flight"] <= 2 for r in steps)
+    assert [r["perf/loop_s"] for r in steps] == sorted(r["perf/loop_s"] for r in steps)
+    assert threading.active_count() < 50

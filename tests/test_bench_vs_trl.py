@@ -79,15 +79,13 @@ def test_summarize_drops_warmup_and_takes_medians():
 
 
 # -- proposed patches compute the same thing ----------------------------------------------------
-def test_first_loss_position_and_groups():
-    lm = torch.tensor([[0, 0, 1, 1], [0, 0, 0, 1]])
-    assert patches.first_loss_position(lm) == 2
-    assert patches.first_loss_position(torch.zeros(2, 4)) == 1  # nothing trained: start at 1
-    assert patches.first_loss_position(torch.tensor([[1, 1, 0]])) == 1  # position 0 has no logit
+def test_shared_prefix_groups():
+    from agentrl.prefix_share import shared_prefix_groups
+
     ids = torch.tensor([[5, 6, 7, 1], [5, 6, 8, 2], [5, 9, 7, 1], [5, 9, 7, 3]])
     # rows 0-1 share [5, 6]; row 2 differs; row 3 shares [5, 9] with row 2
-    assert patches.shared_prefix_groups(ids, torch.tensor([2, 2, 2, 2])) == [0, 0, 1, 1]
-    assert patches.shared_prefix_groups(ids, torch.tensor([2, 3, 3, 3])) == [0, 1, 2, 2]
+    assert shared_prefix_groups(ids, torch.tensor([2, 2, 2, 2])) == [0, 0, 1, 1]
+    assert shared_prefix_groups(ids, torch.tensor([2, 3, 3, 3])) == [0, 1, 2, 2]
 
 
 def _generate(engine, prompts, temperature):
@@ -98,32 +96,35 @@ def _generate(engine, prompts, temperature):
     return engine.generate(prompts, p)
 
 
-def test_static_decoder_matches_transformers_decode(tiny, monkeypatch):
+def test_static_decoder_matches_transformers_decode(tiny):
+    """The library's static decode (formerly the fast_decode patch) on the benchmark's model."""
     from agentrl.rollout.engines.hf import HFEngine
 
     _, model, tok = tiny
-    engine = HFEngine(model, tok)
+    engine = HFEngine(model, tok, static_decode=False)
     prompts = [tok.encode(f"<|im_start|>user\nWrite about cat number {i}.{' More.' * i}<|im_end|>\n"
                           "<|im_start|>assistant\n") for i in range(3)]
     prompts = [p for p in prompts for _ in range(3)]  # groups, different prompt lengths (padding)
     ref = {t: _generate(engine, prompts, t) for t in (0.0, 1.0)}
-    monkeypatch.setitem(patches._ORIG, "_generate_chunk", HFEngine._generate_chunk)
-    monkeypatch.setattr(HFEngine, "_generate_chunk", patches.fast_generate_chunk)
+    engine = HFEngine(model, tok)
+    assert engine.static_decode_reason is None
     for t in (0.0, 1.0):
         new = _generate(engine, prompts, t)
         assert [c.token_ids for c in new] == [c.token_ids for c in ref[t]]
         assert [c.finish_reason for c in new] == [c.finish_reason for c in ref[t]]
         for a, b in zip(new, ref[t]):
-            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
     reasons = {c.finish_reason for c in new}
     assert reasons == {"stop", "length"}  # rows finished early (compaction ran) and at the cap
 
 
 def test_static_decoder_refuses_unsupported_models(tiny):
+    from agentrl.rollout.engines.static_decode import static_decoder_supported
+
     _, model, _ = tiny
-    assert patches.static_decoder_supported(model)
-    bf16 = type(model)(model.config).to(torch.bfloat16)
-    assert not patches.static_decoder_supported(bf16)  # only float32 is supported
+    assert static_decoder_supported(model)
+    bf16 = type(model)(model.config).to(torch.bfloat16).eval()
+    assert not static_decoder_supported(bf16)  # only float32 is supported
 
 
 def _batch(tok_rows):
@@ -139,9 +140,12 @@ def _batch(tok_rows):
     return ids, am, lm
 
 
-@pytest.mark.parametrize("which", ["prefix_share", "logits_from_loss"])
-def test_learner_logprob_patches_match_token_logprobs(tiny, which):
+@pytest.mark.parametrize("which", ["prefix_share", "single_forward"])
+def test_learner_prefix_share_matches_token_logprobs(tiny, which):
+    """The library's `prefix_shared_logprobs` (formerly the prefix_share / logits_from_loss
+    patches) on the benchmark's model (grouped-query attention): both of its paths."""
     from agentrl.learner import token_logprobs
+    from agentrl.prefix_share import prefix_shared_logprobs
 
     _, model, _ = tiny
     model.train()
@@ -157,11 +161,9 @@ def test_learner_logprob_patches_match_token_logprobs(tiny, which):
         model.zero_grad()
         if name == "ref":
             lp, ent = token_logprobs(model, ids, am, temperature=0.7, with_entropy=True)
-        elif name == "prefix_share":
-            lp, ent = patches.prefix_shared_logprobs(model, ids, am, lm, temperature=0.7, with_entropy=True)
-        else:
-            lp, ent = patches.token_logprobs_from(model, ids, am, temperature=0.7, with_entropy=True,
-                                                  start=patches.first_loss_position(lm))
+        else:  # share=False: one plain forward, logits from the first loss column on
+            lp, ent = prefix_shared_logprobs(model, ids, am, lm, temperature=0.7, with_entropy=True,
+                                             share=which == "prefix_share")
         (lp * lm).sum().backward()
         out[name] = ((lp * lm).detach(), (ent * lm).detach(),
                      torch.cat([p.grad.flatten() for p in model.parameters()]))
@@ -173,27 +175,30 @@ def test_learner_logprob_patches_match_token_logprobs(tiny, which):
     model.eval()
 
 
-def test_fast_sync_copies_weights_and_still_validates(tiny):
+def test_update_weights_copies_weights_and_still_validates(tiny):
+    """The library's update_weights (formerly the fast_sync patch): direct copies, tied
+    lm_head omitted, bad keys rejected without changing anything."""
     import copy
 
     from agentrl.rollout.engines.hf import HFEngine
 
     _, model, tok = tiny
     engine = HFEngine(copy.deepcopy(model), tok)
-    patches._ORIG.setdefault("update_weights", HFEngine.update_weights)
     sd = {k: v + 1.0 for k, v in model.state_dict().items() if k != "lm_head.weight"}  # tied: omitted
-    patches.fast_update_weights(engine, sd, 1)  # first call: the full checks, then the plan
-    patches.fast_update_weights(engine, {k: v * 2 for k, v in sd.items()}, 2)  # fast path
+    engine.update_weights(sd, 1)
+    engine.update_weights({k: v * 2 for k, v in sd.items()}, 2)
     own = engine.model.state_dict()
     assert all(torch.equal(own[k], v * 2) for k, v in sd.items()) and engine.policy_version == 2
+    assert torch.equal(own["lm_head.weight"], own["model.embed_tokens.weight"])
     with pytest.raises(KeyError):
-        patches.fast_update_weights(engine, {"nope": torch.zeros(1)}, 3)
+        engine.update_weights({"nope": torch.zeros(1)}, 3)
     assert engine.policy_version == 2
 
 
 def test_apply_rejects_unknown_and_conflicting_patches():
     with pytest.raises(ValueError, match="unknown"):
         patches.apply(["warp_drive"])
-    with pytest.raises(ValueError, match="pick one"):
-        patches.apply(["logits_from_loss", "prefix_share"])
+    for name in ("prefix_share", "logits_from_loss", "fused_adamw", "fast_decode", "fast_sync"):
+        with pytest.raises(ValueError, match="already applied in the library"):
+            patches.apply([name])
     assert math.isnan(vs_trl._med([]))

@@ -1,5 +1,6 @@
 """HFEngine: sampler logprobs vs teacher forcing (case L4), padding, stops (M1/M2), n, seeds,
-weight updates; and `sample_next` on hand-computed distributions."""
+per-row random streams independent of the batch, weight updates; `sample_next` on
+hand-computed distributions; `row_uniforms` against a pure-Python SplitMix64."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 
 from agentrl.model import build_tiny_model, chat_stop_ids, render_ids
 from agentrl.rollout.engines.base import Completion, SamplingParams
-from agentrl.rollout.engines.hf import HFEngine, check_params, sample_next
+from agentrl.rollout.engines.hf import HFEngine, check_params, row_uniforms, sample_next
 
 torch.set_num_threads(1)
 
@@ -124,6 +125,55 @@ def test_sampling_needs_uniform_draws():
 def test_bad_params_raise(kw, field):
     with pytest.raises(ValueError, match=field):
         check_params(SamplingParams(**kw))
+
+
+# -- row_uniforms: the per-row counter-based stream -------------------------------------------
+M64 = (1 << 64) - 1
+
+
+def splitmix64_uniform(seed: int, step: int) -> float:
+    """Reference: SplitMix64's output number `step` (0-based) from state `seed`, on Python ints
+    mod 2**64, top 53 bits / 2**53."""
+    z = (seed + (step + 1) * 0x9E3779B97F4A7C15) & M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+    z ^= z >> 31
+    return (z >> 11) / 2**53
+
+
+def test_row_uniforms_equal_the_reference_hash():
+    # SplitMix64 from state 0 starts 0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4 (Vigna's splitmix64.c)
+    assert splitmix64_uniform(0, 0) == (0xE220A8397B1DCDAF >> 11) / 2**53
+    assert splitmix64_uniform(0, 1) == (0x6E789E6AA1B965F4 >> 11) / 2**53
+    seeds = [0, 1, 42, 2**62 + 12345, 2**63 - 1, -1, -(2**63), -987654321987654321]
+    t = torch.tensor(seeds, dtype=torch.int64)
+    for step in (0, 1, 2, 17, 1000, 2**31 + 5):
+        got = row_uniforms(t, step)
+        assert got.dtype == torch.float64 and got.shape == (len(seeds),)
+        assert got.tolist() == [splitmix64_uniform(s & M64, step) for s in seeds], step
+    # a tensor of steps gives a (rows, steps) block of the same values
+    steps = torch.tensor([0, 1, 2, 17, 1000, 2**31 + 5])
+    block = row_uniforms(t[:, None], steps[None])
+    assert torch.equal(block, torch.stack([row_uniforms(t, int(s)) for s in steps], dim=1))
+
+
+def test_row_uniforms_statistics():
+    """10^5 draws (1000 row seeds x 100 steps): in [0, 1), mean 1/2, uniform by a
+    Kolmogorov-Smirnov bound, no correlation between steps of a row or neighbouring seeds."""
+    seeds = torch.arange(1000, dtype=torch.int64) * 7 + 3  # close seeds: the worst case for a hash
+    u = torch.stack([row_uniforms(seeds, t) for t in range(100)], dim=1)  # (row, step)
+    x = u.flatten()
+    n = x.numel()
+    assert bool((x >= 0).all()) and bool((x < 1).all())
+    assert abs(float(x.mean()) - 0.5) < 5 * (1 / 12 / n) ** 0.5  # 5 standard errors
+    xs = x.sort().values
+    i = torch.arange(1, n + 1, dtype=torch.float64)
+    ks = float(torch.maximum(i / n - xs, xs - (i - 1) / n).max())
+    assert ks < 1.95 / n**0.5  # KS critical value at alpha = 0.001
+    c = u - 0.5
+    lag_step = float((c[:, 1:] * c[:, :-1]).mean() * 12)
+    lag_seed = float((c[1:] * c[:-1]).mean() * 12)
+    assert abs(lag_step) < 0.02 and abs(lag_seed) < 0.02  # correlation; 1 s.e. ~ 0.003
 
 
 # -- engine against teacher forcing ---------------------------------------------------------
@@ -244,6 +294,39 @@ def test_seed_reproducibility(engine, prompts):
     assert [o.token_ids for o in other] != [o.token_ids for o in first]
     unseeded = engine.generate(prompts, SamplingParams(max_tokens=16))
     assert all(isinstance(o, Completion) and len(o.token_ids) == 16 for o in unseeded)
+
+
+@pytest.mark.parametrize("static_decode", [True, False])
+def test_a_row_does_not_depend_on_the_other_rows(model_dir, prompts, static_decode):
+    """Seeded sampling: the same prompt gives the same completion alone, in a bigger batch with
+    other prompts (another batch size, other padding), after other prompts, and in chunks of
+    max_batch rows; its k-th occurrence in a call samples like the k-th of n samples."""
+    eng = HFEngine(model_dir, static_decode=static_decode)
+    small = HFEngine(model_dir, max_batch=2, static_decode=static_decode)
+    target = prompts[2]
+    p = SamplingParams(temperature=1.0, max_tokens=40, seed=9)  # > UNIFORM_BLOCK steps
+    alone = eng.generate([target], p)[0]
+    extra = [[7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]] * 3
+    calls = {
+        "batch": eng.generate([prompts[0], target, prompts[1]], p)[1],
+        "last": eng.generate([prompts[0], prompts[1], *extra, target], p)[-1],
+        "chunked": small.generate([prompts[1], prompts[0], target, *extra], p)[2],
+    }
+    for name, out in calls.items():
+        assert out.token_ids == alone.token_ids, name
+        assert out.logprobs == pytest.approx(alone.logprobs, abs=1e-5), name
+    n3 = eng.generate([target], SamplingParams(temperature=1.0, max_tokens=40, seed=9, n=3))
+    assert n3[0].token_ids == alone.token_ids
+    repeated = small.generate([target, prompts[0], target, target], p)
+    assert [o.token_ids for o in repeated[::2] + repeated[3:]] == [o.token_ids for o in n3]
+    assert len({tuple(o.token_ids) for o in n3}) == 3
+    # with stops: rows leave the batch at different steps, the others keep their streams
+    stops = sorted({t for o in n3 for t in o.token_ids[2:5]})
+    ps = SamplingParams(temperature=1.0, max_tokens=40, seed=9, stop_token_ids=stops)
+    alone_s = eng.generate([target], ps)[0]
+    mixed = eng.generate([prompts[0], prompts[1], target, *extra], ps)
+    assert mixed[2].token_ids == alone_s.token_ids
+    assert {o.finish_reason for o in mixed} == {"stop", "length"}
 
 
 def test_duplicate_prompts_and_chunking(model_dir, prompts):

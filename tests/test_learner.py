@@ -122,3 +122,250 @@ def test_checkpoint_roundtrip_is_atomic(tiny_model_dir, tiny_tokenizer, tmp_path
         assert torch.equal(a, b)
     learner2 = Learner(load_model(p)[0], lr=1e-3, use_ref=True)
     assert learner2.load(p) == {"step": 3, "policy_version": 3}
+
+
+# -- prefix sharing (agentrl/prefix_share.py) and the fused optimizer ---------------------------
+def _rows(rows):
+    """Right-padded (ids, attention, loss mask) from [(ids, loss mask), ...] lists."""
+    T = max(len(r) for r, _ in rows)
+    ids = torch.zeros((len(rows), T), dtype=torch.long)
+    am = torch.zeros((len(rows), T), dtype=torch.long)
+    lm = torch.zeros((len(rows), T))
+    for b, (r, m) in enumerate(rows):
+        ids[b, : len(r)] = torch.tensor(r)
+        am[b, : len(r)] = 1
+        lm[b, : len(r)] = torch.tensor(m, dtype=torch.float32)
+    return ids, am, lm
+
+
+def _prefix_cases():
+    g = torch.Generator().manual_seed(0)
+
+    def toks(n):
+        return torch.randint(3, 380, (n,), generator=g).tolist()
+
+    groups = []  # 2 groups x 3 rows: prompts of 5 and 8 tokens, completions of 6, 9, 3 tokens
+    for plen in (5, 8):
+        prompt = toks(plen)
+        groups += [(prompt + toks(c), [0] * plen + [1] * c) for c in (6, 9, 3)]
+    opening = toks(6)
+    multi = []  # shared opening, then agent turns (1) interleaved with env messages (0)
+    for turns in ((4, 3, 5), (2, 4, 1), (6, 2, 3)):
+        ids, mask = list(opening), [0] * 6
+        for k, n in enumerate(turns):
+            ids += toks(n) + (toks(3) if k < len(turns) - 1 else [])
+            mask += [1] * n + ([0] * 3 if k < len(turns) - 1 else [])
+        multi.append((ids, mask))
+    unmasked = toks(11)
+    return {
+        # (rows, batch sizes of the model forwards: distinct prefixes, then the rows)
+        "2_groups_x_3_rows": (groups, [2, 6]),
+        "no_shared_prefix": ([(toks(4 + i) + toks(5), [0] * (4 + i) + [1] * 5) for i in range(3)], [3]),
+        "single_row_T1_completion": ([(toks(6) + toks(1), [0] * 6 + [1])], [1]),
+        "all_masked_rows": (groups[:3] + [(unmasked, [0] * 11), (unmasked, [1] + [0] * 10)]
+                            + groups[3:], [2, 6]),
+        "multi_turn": (multi, [1, 3]),
+        "groups_not_consecutive": ([groups[0], groups[3], groups[1], groups[4]], [2, 4]),
+        "all_rows_masked": ([(toks(7), [0] * 7), (toks(5), [0] * 5)], [2]),
+    }
+
+
+def _forward_sizes(model):
+    """Batch sizes of the model's forwards (a pre-hook on its decoder), and the handle."""
+    from agentrl.lora import is_peft
+
+    base = model.get_base_model() if is_peft(model) else model
+    sizes: list[int] = []
+    h = base.model.register_forward_pre_hook(
+        lambda m, args, kw: sizes.append((kw.get("input_ids") if kw.get("input_ids") is not None
+                                          else args[0]).shape[0]), with_kwargs=True)
+    return sizes, h
+
+
+def _compare_prefix_share(model, rows, sizes_expected):
+    from agentrl.prefix_share import prefix_shared_logprobs
+
+    ids, am, lm = _rows(rows)
+    out = {}
+    for which in ("plain", "shared"):
+        model.zero_grad(set_to_none=True)
+        sizes, h = _forward_sizes(model)
+        if which == "plain":
+            lp, ent = token_logprobs(model, ids, am, temperature=0.7, with_entropy=True, entropy_grad=True)
+        else:
+            lp, ent = prefix_shared_logprobs(model, ids, am, lm, temperature=0.7, with_entropy=True,
+                                             entropy_grad=True)
+        h.remove()
+        # a loss of the kind GRPO uses: weighted logprobs plus an entropy bonus
+        w = torch.linspace(-1.0, 1.0, lm.numel()).view(lm.shape) * lm
+        ((lp * w).sum() + 0.1 * (ent * lm).sum()).backward()
+        grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten()
+                           for p in model.parameters() if p.requires_grad])
+        out[which] = (lp.detach() * lm, ent.detach() * lm, grads, sizes)
+    (lp0, e0, g0, _), (lp1, e1, g1, sizes) = out["plain"], out["shared"]
+    assert sizes == sizes_expected
+    assert torch.allclose(lp1, lp0, atol=1e-5, rtol=0)
+    assert torch.allclose(e1, e0, atol=1e-5, rtol=0)
+    assert bool(torch.isfinite(g1).all())
+    scale = float(g0.abs().max())
+    assert float((g1 - g0).abs().max()) <= 1e-4 * max(scale, 1e-12)
+    model.zero_grad(set_to_none=True)
+    return scale
+
+
+@pytest.mark.parametrize("case", list(_prefix_cases()))
+def test_prefix_shared_logprobs_equal_the_plain_forward(tiny_model_dir, case):
+    from agentrl.prefix_share import prefix_share_supported
+
+    model, _ = load_model(tiny_model_dir)
+    model.train()
+    assert prefix_share_supported(model)
+    rows, sizes = _prefix_cases()[case]
+    scale = _compare_prefix_share(model, rows, sizes)
+    assert scale > 0 or case == "all_rows_masked"
+
+
+def test_prefix_shared_logprobs_with_lora(tiny_model_dir):
+    pytest.importorskip("peft", reason="LoRA needs the lora extra (peft)")
+    from agentrl.lora import wrap_lora
+    from agentrl.prefix_share import prefix_share_supported
+
+    base, _ = load_model(tiny_model_dir)
+    model = wrap_lora(base, r=4, alpha=8, target_modules="all-linear", base_path=tiny_model_dir)
+    with torch.no_grad():  # B starts at 0 (the adapters' gradients would be 0 for A): perturb
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(n))) * 0.1)
+    model.train()
+    assert prefix_share_supported(model)
+    cases = _prefix_cases()
+    for case in ("2_groups_x_3_rows", "multi_turn"):
+        assert _compare_prefix_share(model, *cases[case]) > 0
+
+
+def test_prefix_share_falls_back_for_models_without_a_cache():
+    from agentrl.prefix_share import prefix_share_supported, shared_prefix_groups
+
+    assert not prefix_share_supported(FixedLogits())
+    learner = Learner(FixedLogits(), lr=1e-2)
+    assert learner.prefix_share and not learner._share_ok  # update uses token_logprobs
+    ids = torch.tensor([[5, 6, 7, 1], [5, 6, 8, 2], [5, 9, 7, 1], [5, 9, 7, 3], [5, 6, 0, 0]])
+    assert shared_prefix_groups(ids, torch.tensor([2, 2, 2, 2, 2])) == [0, 0, 1, 1, 0]
+    assert shared_prefix_groups(ids, torch.tensor([2, 3, 3, 3, 2])) == [0, 1, 2, 2, 0]
+
+
+def _group_batch(seed, groups=3, G=3):
+    """GRPO batch: `groups` prompts x G two-turn episodes (agent, env reply, agent)."""
+    from agentrl.train import build_batch
+
+    g = torch.Generator().manual_seed(seed)
+    trajs = []
+    for k in range(groups):
+        prompt = torch.randint(3, 380, (4 + 2 * k,), generator=g).tolist()
+        for i in range(G):
+            t = Trajectory(group_id=k)
+            t.append_context(prompt)
+            n = int(torch.randint(2, 9, (1,), generator=g))
+            t.append_sampled(torch.randint(3, 380, (n,), generator=g).tolist(), [-3.0] * n)
+            t.append_context(torch.randint(3, 380, (3,), generator=g).tolist())
+            t.append_sampled(torch.randint(3, 380, (4,), generator=g).tolist(), [-3.0] * 4,
+                             reward=float((i + k) % 2))
+            trajs.append(t)
+    return build_batch(trajs, pad_id=0)
+
+
+def test_update_gives_the_same_weights_with_prefix_share_on_and_off(tiny_model_dir):
+    """Two GRPO updates (micro-batches of 4 rows split the groups of 3) from the same weights.
+
+    The gradients agree to float32 rounding; AdamW divides each gradient by its own magnitude,
+    so on the few weights whose gradient nearly cancels (|g| ~ 1e-9 against eps = 1e-8) rounding
+    moves the step by up to ~0.2% of lr: the weights agree to 1% of one step (lr = 1e-3)."""
+    cfg = AlgoConfig(name="grpo", entropy_coef=0.01)
+    algo = get_algorithm("grpo")
+    weights, grads, metrics = [], [], []
+    for share in (False, True):
+        model, _ = load_model(tiny_model_dir)
+        learner = Learner(model, lr=1e-3, micro_batch_size=4, prefix_share=share)
+        for step in range(2):
+            batch = _group_batch(step)
+            batch["advantages"], _ = algo.advantages(batch, cfg)
+            m = learner.update(batch, algo, cfg)
+            if step == 0:
+                grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+        weights.append([p.detach().clone() for p in model.parameters()])
+        metrics.append(m)
+    assert float((grads[1] - grads[0]).abs().max()) <= 1e-4 * float(grads[0].abs().max())
+    for a, b in zip(*weights):
+        assert torch.allclose(a, b, atol=1e-5, rtol=0)
+    for k in ("loss", "entropy", "grad_norm"):
+        assert metrics[0][k] == pytest.approx(metrics[1][k], rel=1e-5, abs=1e-7)
+
+
+def test_fused_adamw_step_equals_the_default_adamw(tiny_model_dir):
+    import copy
+
+    model, _ = load_model(tiny_model_dir)
+    learner = Learner(model, lr=1e-2, weight_decay=0.1)
+    assert learner.fused and learner.optimizer.param_groups[0]["fused"]  # CPU float32: fused
+    ref = copy.deepcopy(model)
+    opt = torch.optim.AdamW(list(ref.parameters()), lr=1e-2, weight_decay=0.1, foreach=False)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(2):
+        for p, q in zip(model.parameters(), ref.parameters()):
+            q.grad = torch.randn(p.shape, generator=g)
+            p.grad = q.grad.clone()
+        learner.optimizer.step()
+        opt.step()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert torch.allclose(p, q, atol=1e-6, rtol=0)
+    from agentrl.learner import make_adamw
+
+    cplx = torch.nn.Parameter(torch.zeros(2, dtype=torch.complex64))
+    opt, fused = make_adamw([cplx], lr=1e-3, weight_decay=0.0)
+    assert not fused and not opt.param_groups[0]["fused"]  # no fused kernel: the default AdamW
+
+
+def test_fused_optimizer_checkpoint_resumes_exactly(tiny_model_dir, tiny_tokenizer, tmp_path):
+    cfg = AlgoConfig(name="grpo")
+    algo = get_algorithm("grpo")
+    batches = [_group_batch(s) for s in range(3)]
+    for b in batches:
+        b["advantages"], _ = algo.advantages(b, cfg)
+    model, _ = load_model(tiny_model_dir)
+    learner = Learner(model, lr=1e-2, micro_batch_size=4)
+    learner.update(dict(batches[0]), algo, cfg)
+    ck = learner.save(tmp_path / "step_1", tiny_tokenizer, {"step": 1, "policy_version": 1})
+    for b in batches[1:]:
+        learner.update(dict(b), algo, cfg)
+    model2, _ = load_model(ck)
+    learner2 = Learner(model2, lr=1e-2, micro_batch_size=4)
+    assert learner2.load(ck)["step"] == 1 and learner2.optimizer.param_groups[0]["fused"]
+    for b in batches[1:]:
+        learner2.update(dict(b), algo, cfg)
+    for a, b in zip(model.parameters(), model2.parameters()):
+        assert torch.equal(a, b)
+    # a checkpoint written with the default (unfused) AdamW resumes on the fused kernel
+    old, _ = load_model(tiny_model_dir)
+    learner3 = Learner(old, lr=1e-2, micro_batch_size=4)
+    learner3.optimizer = torch.optim.AdamW(learner3._params(), lr=1e-2)
+    learner3.scheduler = torch.optim.lr_scheduler.LambdaLR(learner3.optimizer, lambda _: 1.0)
+    learner3.update(dict(batches[0]), algo, cfg)
+    ck3 = learner3.save(tmp_path / "unfused", tiny_tokenizer, {"step": 1, "policy_version": 1})
+    learner4 = Learner(load_model(ck3)[0], lr=1e-2, micro_batch_size=4)
+    learner4.load(ck3)
+    assert learner4.optimizer.param_groups[0]["fused"]
+    assert math.isfinite(learner4.update(dict(batches[1]), algo, cfg)["loss"])
+
+
+def test_prefix_share_with_activation_checkpointing_runs_one_forward(tiny_model_dir, monkeypatch):
+    """Activation checkpointing makes transformers drop the cache in training: no sharing (one
+    forward); and if the cache comes back unfilled anyway, the single forward is used."""
+    import agentrl.prefix_share as ps
+
+    model, _ = load_model(tiny_model_dir)
+    model.gradient_checkpointing_enable()
+    model.train()
+    rows, _ = _prefix_cases()["2_groups_x_3_rows"]
+    _compare_prefix_share(model, rows, [6])
+    monkeypatch.setattr(ps, "_checkpointing", lambda m: False)  # the check after the prefix
+    _compare_prefix_share(model, rows, [2, 6])  # prefix forward, unfilled cache, then one forward

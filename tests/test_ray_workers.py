@@ -214,10 +214,10 @@ def renderer(tiny_model_dir):
 
 @pytest.mark.slow
 def test_two_workers_match_in_process(pool2, renderer, tiny_model_dir):
-    """Greedy: 2 Ray workers give exactly the in-process token ids, one trajectory per spec, in
-    spec order, each group on one worker. Sampled (T=1): the HF engine's draws depend on the
-    rows batched together (one uniform per row of the call), so only the structure is
-    compared, and a repeat with the same seed reproduces the run exactly."""
+    """2 Ray workers give exactly the in-process token ids, one trajectory per spec, in spec
+    order, each group on one worker: greedy, and sampled (T=1) on the same seed, since the HF
+    engine draws each row's random numbers from its own seed (call seed, prompt ids, occurrence
+    of the prompt in the call), not from a stream shared by the rows of a call."""
     sd, version = push(pool2, tiny_model_dir, 1.0)
     specs = make_specs(5, 2)
     got = pool2.run(specs, params_of(renderer, 0.0), seed=3)
@@ -237,10 +237,14 @@ def test_two_workers_match_in_process(pool2, renderer, tiny_model_dir):
     assert {t.info["rollout_worker"] for t in got} == {0, 1}  # both workers worked
 
     sampled = pool2.run(specs, params_of(renderer, 1.0), seed=3)
-    again = pool2.run(specs, params_of(renderer, 1.0), seed=3)
+    want_sampled = in_process(tiny_model_dir, specs, 1.0, 3, state_dict=sd)
     assert len(sampled) == 10 and all(t.num_sampled > 0 for t in sampled)
-    assert [t.token_ids for t in sampled] == [t.token_ids for t in again]
+    assert [t.token_ids for t in sampled] == [t.token_ids for t in want_sampled]
+    assert [t.loss_mask for t in sampled] == [t.loss_mask for t in want_sampled]
+    for a, b in zip(sampled, want_sampled):
+        assert a.sampler_logprobs == pytest.approx(b.sampler_logprobs, abs=1e-5)
     assert [t.token_ids for t in sampled] != [t.token_ids for t in got]
+    assert len({tuple(t.token_ids) for t in sampled[:2]}) == 2  # a group's two episodes differ
 
 
 @pytest.mark.slow
@@ -328,3 +332,4 @@ def test_ray_kill_mid_step_with_restart(pool2, ray_cluster, renderer, tiny_model
     assert pool2.stats["reissued"] == reissued + 1
     assert {t.policy_version for t in trajs} == {version}
     assert pool2.policy_versions() == [version, version]
+

@@ -51,7 +51,12 @@ class CountEnv(TextEnv):
 
 @pytest.fixture(scope="module", autouse=True)
 def vllm_module():
-    """Skip the module (before building anything) where vLLM is not installed."""
+    """Skip the module (before building anything) where vLLM is not installed; with
+    AGENTRL_REQUIRE_VLLM=1 (the vLLM stage of `.ci/run`) fail instead."""
+    if os.environ.get("AGENTRL_REQUIRE_VLLM") == "1":
+        import vllm
+
+        return vllm
     return pytest.importorskip("vllm", reason=VLLM_MISSING)
 
 
@@ -222,6 +227,21 @@ def test_weight_update_reaches_the_tied_output_layer(engine, hf, renderer, promp
     finally:
         engine.update_weights(base, 0)
         hf.update_weights(base, 0)
+    for c, b in zip(engine.generate(prompts, p), before):
+        assert c.token_ids == b.token_ids and c.logprobs == pytest.approx(b.logprobs, abs=1e-6)
+
+
+def test_weight_bytes_of_a_tied_state_dict(engine, hf, renderer, prompts):
+    """With vLLM's engine in child processes (`VLLM_ENABLE_V1_MULTIPROCESSING=1`, vLLM's
+    default) weights travel as safetensors bytes. A tied model's `state_dict()` (what `train`
+    pushes) holds one tensor under two names, which safetensors refuses unless one is copied."""
+    from agentrl.rollout.engines.vllm import _to_bytes
+
+    sd = hf.model.state_dict()
+    assert sd["lm_head.weight"].data_ptr() == sd["model.embed_tokens.weight"].data_ptr()
+    p = SamplingParams(temperature=0.0, max_tokens=16, stop_token_ids=renderer.stop_ids)
+    before = engine.generate(prompts, p)
+    assert engine.llm.collective_rpc("agentrl_load_weights", args=(_to_bytes(sd),)) == [len(sd)]
     for c, b in zip(engine.generate(prompts, p), before):
         assert c.token_ids == b.token_ids and c.logprobs == pytest.approx(b.logprobs, abs=1e-6)
 

@@ -6,6 +6,9 @@ Every algorithm module provides
 - `loss(logp, batch, cfg, *, num_tokens, num_seqs, entropy=None) -> (loss, metrics)`: the
   scalar loss of a micro-batch, normalised by the global `num_tokens` / `num_seqs` of its
   minibatch so that accumulated micro-batches give the full-batch gradient (case L2).
+  `logp` and `entropy` (B, T) are defined where `loss_mask` is nonzero; elsewhere they are 0
+  (the learner computes them only there, `Learner(prefix_share=True)`), so a loss reads them
+  through the mask only.
 The pure tensor functions they are built from live in `advantages.py` and `losses.py`.
 
 Optional module-level hooks (absent = the default in brackets); `agentrl.train.train` reads

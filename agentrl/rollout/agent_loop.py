@@ -83,7 +83,9 @@ def run_episodes(
         on_turn: called with the number of live episodes after each generation (progress).
 
     Returns:
-        One `Trajectory` per spec, in order, with `policy_version` of the engine at sampling.
+        One `Trajectory` per spec, in order, with `policy_version` of the engine when the
+        episodes started (with batches in flight a weight update may land between two turns:
+        later turns are then sampled by a newer version, never an older one).
 
     Raises:
         ValueError: if `len(envs) < len(specs)` or `params.n != 1`.

@@ -12,12 +12,20 @@ Failure isolation: actors are created with `max_restarts`; when a worker dies in
 step (killed, OOM, a segfaulting extension), the pool re-issues that worker's whole shard (to the
 restarted actor first, then to the others) with the same seed, so the step still returns one
 trajectory per spec. A restarted actor comes back with the initial weights; every `run` call
-carries the latest weights' object ref, and a worker whose version differs loads them first.
+carries the latest weights' object ref, and a worker holding an older push loads them first.
+
+Batches in flight (`rollout.mode=async`, `rollout.batches_in_flight=N`): the driver calls `run`
+from N actor threads at once, so the actors are threaded (`max_concurrency=N+2`: N runs, plus
+a weight push and an evaluation or a `ready` probe that never wait behind them). Inside a worker
+each `run` leases its own env instances and thread pool, and the engine is entered by one
+`generate` or `update_weights` at a time (`LockedEngine`): one batch generates while another's
+envs step, and a weight push lands between two generate calls.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +35,7 @@ from typing import Any
 from agentrl.config import Config
 from agentrl.rollout.agent_loop import EpisodeSpec, run_episodes
 from agentrl.rollout.engines.base import Engine, SamplingParams
+from agentrl.rollout.source import LockedEngine
 from agentrl.trajectory import Trajectory
 
 DEFAULT_WORKER_CPUS = 1.0
@@ -38,6 +47,14 @@ DEFAULT_MAX_RESTARTS = 3
 def _opt(section: Any, name: str, default: Any) -> Any:
     """`section.name`, or `default` for a config field that this version does not have yet."""
     return getattr(section, name, default)
+
+
+def worker_concurrency(cfg: Config) -> int:
+    """Calls a worker actor runs at once: 1 in sync mode (Ray's default actor); in async mode
+    `batches_in_flight` runs + 2 (a weight push, and an evaluation, refill or `ready` probe)."""
+    if _opt(cfg.rollout, "mode", "sync") != "async":
+        return 1
+    return int(_opt(cfg.rollout, "batches_in_flight", 1)) + 2
 
 
 def ensure_ray(address: str | None = None, *, num_cpus: int | None = None, **init_kwargs: Any) -> None:
@@ -162,6 +179,11 @@ class RolloutWorker:
         self._rewards: Any = None  # the worker's `RewardWrappers` when `env.wrappers` is set
         self._envs: dict[str, list[Any]] = {}
         self._threads = ThreadPoolExecutor(max_workers=cfg.rollout.env_threads)
+        # concurrent `run` calls (batches in flight): one generate / weight load at a time, and
+        # an env set + thread pool per call (the first set is `envs(split)` with `_threads`)
+        self._lock = threading.RLock()
+        self._env_lock = threading.Lock()
+        self._free_sets: dict[str, list[tuple[list[Any], ThreadPoolExecutor]]] = {}
 
     def _make_env(self, split: str) -> Any:
         if self._env_factory is not None:
@@ -177,10 +199,28 @@ class RolloutWorker:
 
     def envs(self, split: str, n: int) -> list[Any]:
         """At least `n` env instances of `split` (made on first need, reused afterwards)."""
-        pool = self._envs.setdefault(split, [])
-        while len(pool) < n:
-            pool.append(self._make_env(split))
-        return pool
+        with self._env_lock:
+            pool = self._envs.setdefault(split, [])
+            while len(pool) < n:
+                pool.append(self._make_env(split))
+            return pool
+
+    def _lease_envs(self, split: str, n: int) -> tuple[list[Any], ThreadPoolExecutor]:
+        """An env set of `split` (at least `n` envs) and a thread pool no other `run` uses until
+        `_release_envs`; the first set is `envs(split, n)` and the worker's pool."""
+        with self._env_lock:
+            free = self._free_sets.get(split)
+            if free is None:
+                free = self._free_sets[split] = [(self._envs.setdefault(split, []), self._threads)]
+            item = free.pop() if free else \
+                ([], ThreadPoolExecutor(max_workers=self.cfg.rollout.env_threads))
+            while len(item[0]) < n:
+                item[0].append(self._make_env(split))
+            return item
+
+    def _release_envs(self, split: str, item: tuple[list[Any], ThreadPoolExecutor]) -> None:
+        with self._env_lock:
+            self._free_sets[split].append(item)
 
     def ready(self) -> dict[str, Any]:
         """Process id, policy version and stop ids: a cheap call that proves the worker is up."""
@@ -197,9 +237,10 @@ class RolloutWorker:
         `push_id` numbers the pool's pushes (so a restarted worker knows it missed one, even
         when the version number did not change, e.g. SFT weights pushed as version 0)."""
         t0 = time.perf_counter()
-        self.engine.update_weights(state_dict, version)
-        if push_id is not None:
-            self.push_id = push_id
+        with self._lock:  # between two generate calls of the runs in flight
+            self.engine.update_weights(state_dict, version)
+            if push_id is not None:
+                self.push_id = push_id
         return time.perf_counter() - t0
 
     def run(self, specs: Sequence[EpisodeSpec], params: SamplingParams, seed: int | None = None,
@@ -219,13 +260,20 @@ class RolloutWorker:
         Returns:
             One trajectory per spec, in order (see `run_episodes`).
         """
-        if weights is not None and int(weights[0]) != self.push_id:
+        if weights is not None and int(weights[0]) > self.push_id:  # never go back to older ones
             import ray
 
-            self.update_weights(ray.get(weights[2]), int(weights[1]), push_id=int(weights[0]))
-        trajs = run_episodes(self.engine, self.renderer, self.envs(split, len(specs)), specs, params,
-                             max_episode_tokens=self.cfg.rollout.max_episode_tokens,
-                             executor=self._threads, seed=seed)
+            sd = ray.get(weights[2])
+            with self._lock:
+                if int(weights[0]) > self.push_id:  # a concurrent call may have loaded them
+                    self.update_weights(sd, int(weights[1]), push_id=int(weights[0]))
+        envs, threads = self._lease_envs(split, len(specs))
+        try:
+            trajs = run_episodes(LockedEngine(self.engine, self._lock), self.renderer, envs, specs,
+                                 params, max_episode_tokens=self.cfg.rollout.max_episode_tokens,
+                                 executor=threads, seed=seed)
+        finally:
+            self._release_envs(split, (envs, threads))
         for tr in trajs:
             tr.info["rollout_worker"] = self.worker_id
         return trajs
@@ -272,6 +320,7 @@ class RolloutPool:
         self.stats: dict[str, float] = {"reissued": 0.0}
         self._weights_ref: Any = None
         self._push_id = 0
+        self._latest: list[Any] | None = None  # [push_id, version, ref], replaced in one step
         self._local: RolloutWorker | None = None
         self.workers: list[Any] = []
         self.alive: list[bool] = []
@@ -282,6 +331,7 @@ class RolloutPool:
 
         ensure_ray(_opt(cfg.rollout, "ray_address", None))
         actor = ray.remote(RolloutWorker).options(
+            max_concurrency=worker_concurrency(cfg),  # batches in flight (async mode)
             num_cpus=_opt(cfg.rollout, "worker_cpus", DEFAULT_WORKER_CPUS),
             num_gpus=_opt(cfg.rollout, "worker_gpus", 0),
             max_restarts=_opt(cfg.rollout, "max_restarts", DEFAULT_MAX_RESTARTS),
@@ -319,8 +369,7 @@ class RolloutPool:
         if not live:
             raise RuntimeError("every rollout worker is dead (Ray gave up restarting them)")
         shards = shard_specs(specs, len(live))
-        weights = None if self._weights_ref is None else [self._push_id, self.version,
-                                                          self._weights_ref]
+        weights = self._latest  # one consistent push, even while another thread pushes
         pending: dict[Any, tuple[int, int, int]] = {}  # ref -> (shard, worker, attempt)
 
         def submit(s: int, w: int, attempt: int) -> None:
@@ -397,6 +446,7 @@ class RolloutPool:
 
         cpu = {k: v.detach().to("cpu", copy=False).contiguous() for k, v in state_dict.items()}
         self._weights_ref = ray.put(cpu)
+        self._latest = [self._push_id, self.version, self._weights_ref]
         self.stats["put_s"] = time.perf_counter() - t0
         refs = [w.update_weights.remote(self._weights_ref, self.version, self._push_id)
                 for w, ok in zip(self.workers, self.alive) if ok]

@@ -3,10 +3,18 @@
 Engines are token-in, token-out: they take prompt token ids and return the sampled ids with
 the sampler's logprob of each, computed from `logits / temperature` over the full vocabulary
 (before top-p filtering), which is what the learner recomputes (case L4).
+
+Seeded calls give every output row its own seed (`row_seeds`), a function of the call's seed, the
+row's prompt ids and how many identical prompts came before it in the call; both engines draw a
+row's random numbers from its seed alone, so a row samples the same tokens whatever other rows
+share the call (in-process or split over rollout workers).
 """
 
 from __future__ import annotations
 
+import hashlib
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -54,3 +62,31 @@ class Engine(Protocol):
     def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
         """Load new policy weights (a full state dict of tensors) and set `policy_version`."""
         ...
+
+
+def row_seeds(prompts: Sequence[Sequence[int]], n: int, seed: int | None) -> list[int | None]:
+    """Per-row sampler seeds for `len(prompts) * n` rows (prompt-major), independent of batching.
+
+    Row (i, j) gets `blake2b(seed, k, ids of prompt i) mod 2**63`, where k counts the earlier rows
+    of the call with the same prompt ids (so the n samples of a prompt, and repeated prompts of a
+    group, all differ). Two calls that contain the same prompt at the same occurrence give it the
+    same seed, whatever else they contain.
+
+    Returns:
+        `len(prompts) * n` seeds in [0, 2**63), or all None when `seed` is None.
+    """
+    if seed is None:
+        return [None] * (len(prompts) * n)
+    seen: dict[bytes, int] = {}
+    out: list[int | None] = []
+    for p in prompts:
+        key = array("q", p).tobytes()
+        for _ in range(n):
+            k = seen.get(key, 0)
+            seen[key] = k + 1
+            h = hashlib.blake2b(digest_size=8)
+            h.update(int(seed).to_bytes(16, "little", signed=True))
+            h.update(k.to_bytes(8, "little"))
+            h.update(key)
+            out.append(int.from_bytes(h.digest(), "little") & (2**63 - 1))
+    return out

@@ -9,21 +9,30 @@ One `generate` call turns prompt token ids into completions:
    `position_ids = cumsum(mask) - 1`, so a padded prompt sees exactly the positions and keys
    of the unpadded one. One prefill forward fills a `DynamicCache` and gives the
    last-position logits.
-3. A loop of single-token forwards with the cache samples one token per row per step. A row
-   ends at the first of `stop_token_ids` (kept, finish reason "stop") or at `max_tokens`
-   ("length"). Finished rows are dropped from the batch (cache rows index-selected) once at
-   least a quarter of the batch has finished (measured: never dropping is ~1.6x slower when
-   rows end early; dropping at 1/4 or 1/2 are equal).
+3. A loop of single-token steps samples one token per row per step. For float32 Qwen2/Llama
+   models (`static_decode.unsupported_reason`) a step is `StaticDecoder.step`: the model's
+   layers written as plain torch ops on a preallocated KV cache, about half the CPU time of a
+   transformers forward for small models, same results to float32 rounding; otherwise (or with
+   `static_decode=False`) it is a transformers forward with the `DynamicCache`. A row ends at
+   the first of `stop_token_ids` (kept, finish reason "stop") or at `max_tokens` ("length").
+   Finished rows are dropped from the batch (cache rows index-selected) once at least a quarter
+   of the batch has finished (measured: never dropping is ~1.6x slower when rows end early;
+   dropping at 1/4 or 1/2 are equal).
 
 Sampler logprobs (case L4): `log_softmax(logits / T)` over the full vocabulary at the sampled
 token, before top-p filtering, with T = 1 for greedy (temperature 0). This is what the learner
 recomputes with a teacher-forced forward at the same temperature, so the PPO ratio is exactly 1
 when the weights have not changed.
 
-Reproducibility: with `seed`, every output row and step gets its own uniform draw from one
-`torch.Generator`, so the same call gives the same completions. Completions can still change
-with the batch composition at float32 rounding level (a different batch size may pick
-different matmul kernels), as in every batched engine.
+Reproducibility: every output row has its own 64-bit seed, `row_seeds(prompts, n, seed)` (a
+hash of the call's seed, the row's prompt ids and the occurrence of that prompt in the call, as
+in the vLLM engine), and its uniform draw at decode step t is `row_uniforms(seed, t)`, a
+counter-based hash. So a row's tokens depend only on (call seed, prompt ids, occurrence of that
+prompt in the call, step), not on the other rows of the call, the chunking or the rollout
+worker it runs on; the same call gives the same completions. The exception is float32
+rounding: a different batch size may pick different matmul kernels, which can flip a near-tie
+between two tokens, as in every batched engine. With `seed=None` the row seeds are drawn from
+torch's global generator (not reproducible).
 """
 
 from __future__ import annotations
@@ -34,7 +43,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from agentrl.rollout.engines.base import Completion, SamplingParams
+from agentrl.rollout.engines.base import Completion, SamplingParams, row_seeds
+from agentrl.rollout.engines.static_decode import DecoderWeights, StaticDecoder, unsupported_reason
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -58,6 +68,59 @@ def check_params(params: SamplingParams) -> None:
         raise ValueError(f"max_tokens must be >= 1, got {params.max_tokens}")
     if params.n < 1:
         raise ValueError(f"n must be >= 1, got {params.n}")
+
+
+_M64 = (1 << 64) - 1
+
+
+def _int64(x: int) -> int:
+    """The int64 with the same 64 bits as the unsigned `x mod 2**64`."""
+    x &= _M64
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+_GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment, 2**64 / golden ratio
+_MIX1 = _int64(0xBF58476D1CE4E5B9)
+_MIX2 = _int64(0x94D049BB133111EB)
+UNIFORM_BLOCK = 32
+"""Decode steps whose uniforms `HFEngine` computes at once (one vectorised hash per block)."""
+
+
+def row_uniforms(seeds: torch.Tensor, step: int | torch.Tensor) -> torch.Tensor:
+    """Uniform draws in [0, 1) that are a pure function of (row seed, step): row b's draw at
+    decode step `step` (0-based), whatever other rows are in the batch.
+
+    SplitMix64 (Steele, Lea, Flood 2014, "Fast splittable pseudorandom number generators";
+    Java's `SplittableRandom`), its output number `step` from state `seed`:
+
+        z = seed + (step + 1) * 0x9E3779B97F4A7C15
+        z = (z ^ (z >>> 30)) * 0xBF58476D1CE4E5B9
+        z = (z ^ (z >>> 27)) * 0x94D049BB133111EB
+        z = z ^ (z >>> 31)
+        u = (z >>> 11) / 2**53          (the top 53 bits)
+
+    with unsigned 64-bit arithmetic (mod 2**64) and `>>>` the logical right shift. Computed on
+    int64 tensors: two's-complement addition and multiplication wrap to the same 64 bits as
+    unsigned ones, and `>>` on int64 is arithmetic (sign-extending), so each `>>>` is `>>`
+    followed by a mask of the low 64 - shift bits.
+
+    Args:
+        seeds: (B,) int64 row seeds (any 64-bit pattern).
+        step: decode step, >= 0; or an int64 tensor of steps broadcastable with `seeds` (e.g.
+            seeds (B, 1) and steps (1, S) give the (B, S) draws of S steps at once, the same
+            values as S calls).
+
+    Returns:
+        float64 in [0, 1), multiples of 2**-53: (B,), or the broadcast shape of the tensors.
+    """
+    if isinstance(step, torch.Tensor):
+        z = seeds + (step + 1) * _int64(_GOLDEN)
+    else:
+        z = seeds + _int64((step + 1) * _GOLDEN)
+    z = (z ^ ((z >> 30) & ((1 << 34) - 1))) * _MIX1
+    z = (z ^ ((z >> 27) & ((1 << 37) - 1))) * _MIX2
+    z = z ^ ((z >> 31) & ((1 << 33) - 1))
+    return ((z >> 11) & ((1 << 53) - 1)).to(torch.float64) / float(1 << 53)
 
 
 def sample_next(
@@ -122,6 +185,9 @@ class HFEngine:
         device: torch device of the model and the sampling.
         max_batch: most rows (prompts x n) in one batched forward; larger calls are chunked.
         dtype: parameter dtype when loading from a path (default float32).
+        static_decode: run decode steps with `StaticDecoder` when the model supports it (see
+            module doc; same tokens, about half the time per token for small models). False:
+            always the transformers forward. `static_decode_reason` says why it is not used.
 
     Attributes:
         policy_version: version of the loaded weights (0 until `update_weights`).
@@ -136,6 +202,7 @@ class HFEngine:
         device: str | torch.device = "cpu",
         max_batch: int = 128,
         dtype: torch.dtype | None = None,
+        static_decode: bool = True,
     ) -> None:
         if torch_threads is not None:
             torch.set_num_threads(torch_threads)
@@ -160,6 +227,8 @@ class HFEngine:
         self._vocab = self._model.get_input_embeddings().weight.shape[0]
         pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
         self._pad_id = int(pad) if pad is not None else 0
+        self.static_decode = static_decode
+        self._decoder_weights: DecoderWeights | None = None
 
     @property
     def model(self) -> PreTrainedModel:
@@ -170,6 +239,14 @@ class HFEngine:
     def tokenizer(self) -> PreTrainedTokenizerBase | None:
         """The tokenizer given or loaded with the model (None if neither)."""
         return self._tokenizer
+
+    @property
+    def static_decode_reason(self) -> str | None:
+        """None when decode steps run on `StaticDecoder`, else why not (the option is off, or
+        what about the model is unsupported)."""
+        if not self.static_decode:
+            return "static_decode=False"
+        return unsupported_reason(self._model)
 
     # -- public API ---------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
@@ -182,8 +259,9 @@ class HFEngine:
         Returns:
             `len(prompts) * params.n` completions, prompt-major (prompt 0's n first). Each has
             its sampled ids (stop token included), their sampler logprobs (see module doc) and
-            finish reason "stop" or "length". Same prompts, params and `seed` give the same
-            completions on the same machine.
+            finish reason "stop" or "length". With a `seed`, a completion depends only on
+            its prompt, the occurrence of that prompt in the call, `params` and `seed`, not on
+            the other prompts (up to float32 rounding, see module doc).
 
         Raises:
             ValueError: bad params (`check_params`), an empty prompt, or an id outside the
@@ -197,10 +275,11 @@ class HFEngine:
                 raise ValueError(f"prompt {i} has a token id outside [0, {self._vocab})")
         if not prompts:
             return []
-        generator = None
-        if params.seed is not None:
-            generator = torch.Generator(device=self.device)
-            generator.manual_seed(params.seed)
+        if params.seed is None:  # not reproducible: seeds from torch's global generator
+            seeds = torch.randint(-(1 << 63), (1 << 63) - 1, (len(prompts) * params.n,), dtype=torch.int64)
+        else:
+            seeds = torch.tensor(row_seeds(prompts, params.n, params.seed), dtype=torch.int64)
+        seeds = seeds.to(self.device)
         # Output row r = i * n + j samples prompt i. Identical prompts share one prefill: rows
         # point at a distinct prompt, and rows are batched shortest prompt first, copies together.
         distinct: dict[tuple[int, ...], int] = {}
@@ -213,7 +292,8 @@ class HFEngine:
                 chunk = rows[start : start + self.max_batch]
                 local: dict[int, int] = {}
                 src = [local.setdefault(row_src[r], len(local)) for r in chunk]
-                done = self._generate_chunk([list(uniq[u]) for u in local], src, params, generator)
+                done = self._generate_chunk([list(uniq[u]) for u in local], src, params,
+                                            seeds[torch.tensor(chunk, device=self.device)])
                 for r, completion in zip(chunk, done, strict=True):
                     results[r] = completion
         return results
@@ -224,7 +304,9 @@ class HFEngine:
 
         A key may be missing only when its tensor is tied to one that is given (e.g.
         `lm_head.weight` with tied embeddings). Everything is checked before anything is
-        copied, so a bad state dict leaves the weights and version unchanged.
+        copied, so a bad state dict leaves the weights and version unchanged. The copies go
+        straight into the model's tensors (`Tensor.copy_`, converting dtype and device), the
+        same result as `load_state_dict(strict=False)` at about half the cost.
 
         Raises:
             KeyError: naming unexpected keys, or missing keys that are not tied to given ones.
@@ -241,8 +323,10 @@ class HFEngine:
         for k, v in state_dict.items():
             if tuple(v.shape) != tuple(own[k].shape):
                 raise ValueError(f"{k}: shape {tuple(v.shape)} != model's {tuple(own[k].shape)}")
-        with torch.no_grad():
-            self._model.load_state_dict(state_dict, strict=False)
+        with torch.no_grad():  # `own` shares the model's storage: plain copies (no load hooks)
+            for k, v in state_dict.items():
+                own[k].copy_(v)
+        self._decoder_weights = None  # the fused copies are rebuilt from the new weights
         self.policy_version = int(version)
 
     # -- internals ----------------------------------------------------------------------------
@@ -264,15 +348,27 @@ class HFEngine:
         out = self._model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **kwargs)
         return out.logits[:, -1, :].float()
 
+    def _decoder(self) -> DecoderWeights | None:
+        """The `DecoderWeights` of the current weights (rebuilt when they changed), or None
+        when static decoding is off or the model is unsupported."""
+        if self.static_decode_reason is not None:
+            self._decoder_weights = None
+            return None
+        if self._decoder_weights is None or self._decoder_weights.stale():
+            self._decoder_weights = None  # free the old copies before making new ones
+            self._decoder_weights = DecoderWeights(self._model)
+        return self._decoder_weights
+
     def _generate_chunk(
         self,
         prompts: list[list[int]],
         src: list[int],
         params: SamplingParams,
-        generator: torch.Generator | None,
+        seeds: torch.Tensor,
     ) -> list[Completion]:
         """Prefill the distinct `prompts` once, then sample one completion per row, row k
-        continuing `prompts[src[k]]`; returns the completions in row order."""
+        continuing `prompts[src[k]]` with seed `seeds[k]` ((rows,) int64); returns the
+        completions in row order."""
         dev, max_new = self.device, params.max_tokens
         lengths = torch.tensor([len(p) for p in prompts], device=dev)
         width = int(lengths.max())
@@ -285,9 +381,15 @@ class HFEngine:
         pos = (mask[:, :width].cumsum(-1) - 1).clamp(min=0)
         cache = self._new_cache()
         logits = self._forward(ids, mask[:, :width], pos, cache)
-        next_pos = lengths[:, None]  # position of each row's next token, (B, 1)
-        if src != list(range(len(prompts))):
-            expand = torch.tensor(src, dtype=torch.long, device=dev)
+        next_pos = lengths  # position id of each row's next token, (rows,)
+        expand = torch.tensor(src, dtype=torch.long, device=dev)
+        weights = self._decoder() if max_new > 1 else None
+        dec = None
+        if weights is not None:  # the cache moves into the decoder's preallocated buffers
+            dec = StaticDecoder(weights, cache, mask[:, :width], expand, width + max_new)
+            cache = None
+            logits, mask, next_pos = logits[expand], mask[expand], next_pos[expand]
+        elif src != list(range(len(prompts))):
             cache.batch_select_indices(expand)
             logits, mask, next_pos = logits[expand], mask[expand], next_pos[expand]
 
@@ -300,12 +402,15 @@ class HFEngine:
         rows = torch.arange(n_rows, device=dev)  # batch slot -> output row
         alive = torch.ones(n_rows, dtype=torch.bool, device=dev)  # per batch slot
 
+        uniform = block = None
         for t in range(max_new):
-            # One draw per output row and step, so a row's stream does not depend on which
-            # rows are still in the batch.
-            uniform = None
+            # Each row's draw is a function of its own seed and t only (module doc); they are
+            # hashed for UNIFORM_BLOCK steps of every row of the chunk at once.
             if params.temperature > 0:
-                uniform = torch.rand(n_rows, generator=generator, device=dev)[rows]
+                if t % UNIFORM_BLOCK == 0:
+                    steps = torch.arange(t, min(t + UNIFORM_BLOCK, max_new), device=dev)
+                    block = row_uniforms(seeds[:, None], steps[None])  # (n_rows, steps)
+                uniform = cast(torch.Tensor, block)[rows, t % UNIFORM_BLOCK]
             tokens, logprobs = sample_next(logits, params.temperature, params.top_p, uniform)
             out_tokens[rows, t] = tokens
             out_logprobs[rows, t] = logprobs
@@ -320,11 +425,17 @@ class HFEngine:
                 break
             if len(rows) - n_alive >= max(1, int(COMPACT_FRACTION * len(rows))):
                 keep = alive.nonzero().squeeze(-1)
-                cache.batch_select_indices(keep)
+                if dec is not None:
+                    dec.select(keep)
+                else:
+                    cache.batch_select_indices(keep)
                 rows, alive, mask, next_pos = rows[keep], alive[keep], mask[keep], next_pos[keep]
                 tokens = tokens[keep]
-            mask[:, width + t] = 1
-            logits = self._forward(tokens[:, None], mask[:, : width + t + 1], next_pos, cache)
+            if dec is not None:
+                logits = dec.step(tokens, next_pos, width + t)
+            else:
+                mask[:, width + t] = 1
+                logits = self._forward(tokens[:, None], mask[:, : width + t + 1], next_pos[:, None], cache)
             next_pos = next_pos + 1
 
         tok_lists = out_tokens.tolist()

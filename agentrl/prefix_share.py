@@ -1,0 +1,211 @@
+"""Prefix sharing in the learner's training forward: each group's shared prompt is run once.
+
+A GRPO batch holds G episodes per task, so G rows begin with the same prompt. The plain forward
+(`agentrl.learner.token_logprobs`) recomputes that prompt G times, and computes lm_head,
+log-softmax and entropy at every position although the loss reads only the agent's tokens.
+`prefix_shared_logprobs` returns the same logprobs and entropies at every position the loss
+reads (and the same gradients, to float32 rounding) with less work:
+
+- Row b's *prefix* is its tokens before its first loss position p_b (the prompt; in a
+  multi-turn episode, the common opening up to the agent's first turn). Rows whose prefixes
+  are identical (same length, same ids; anywhere in the micro-batch) form a group.
+- One forward runs each distinct prefix once (left-padded, with gradient, filling a KV cache).
+  The cache rows are repeated for the rows of each group (an index-select, which autograd
+  differentiates: a prefix's activations get the sum of its rows' gradients, as in the
+  unshared computation), and a second forward runs every row's continuation, tokens
+  [p_b, len_b), on top of it with the row's own position ids. The logit that predicts token
+  p_b is the prefix's last one.
+- lm_head runs only on the continuation, and log-softmax / entropy only at the positions where
+  the loss mask is nonzero (gathered into one (N, V) block, no padding).
+
+Loss positions may be interleaved with tokens the loss ignores (multi-turn episodes: the env's
+messages between agent turns are part of the continuation and forwarded, but get no lm_head
+work beyond the model's own and no log-softmax). When sharing saves nothing (no two rows have
+the same prefix, or the padded prefixes plus continuations are more tokens than the rows
+themselves) or the rows are not right-padded, one plain forward is run instead, with logits
+only from the micro-batch's first loss column on (`logits_to_keep`). Rows without a loss
+position are left out of the forwards (their outputs are 0).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+from agentrl.lora import is_peft
+
+
+def _base_model(model: Any) -> Any:
+    """The transformers model under a PEFT wrapper (the model itself otherwise)."""
+    return model.get_base_model() if is_peft(model) else model
+
+
+def _cache_kw(model: Any) -> str:
+    """Name of the cache argument of the model's forward: transformers 5.x renamed
+    `past_key_values` to `cache` (PEFT wrappers pass either through **kwargs)."""
+    params = inspect.signature(_base_model(model).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def prefix_share_supported(model: Any) -> bool:
+    """True when `prefix_shared_logprobs` can run `model`: a transformers decoder-only model (or
+    a PEFT adapter wrapper of one, LoRA and the like, not prompt learning) whose forward takes
+    `position_ids`, a cache (`cache` or `past_key_values`) and `logits_to_keep`, with full
+    attention in every layer (a sliding-window cache could drop prefix tokens)."""
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        return False
+    if is_peft(model):
+        cfg = getattr(model, "active_peft_config", None)
+        if cfg is None or getattr(cfg, "is_prompt_learning", True):
+            return False
+    base = _base_model(model)
+    if not isinstance(base, PreTrainedModel):
+        return False
+    cfg = base.config
+    if getattr(cfg, "is_encoder_decoder", False):
+        return False
+    if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or [])):
+        return False
+    if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
+        return False
+    params = inspect.signature(base.forward).parameters
+    return ("position_ids" in params and "logits_to_keep" in params
+            and ("cache" in params or "past_key_values" in params))
+
+
+def shared_prefix_groups(input_ids: torch.Tensor, prefix_len: torch.Tensor) -> list[int]:
+    """Group index of each row: rows whose first `prefix_len[b]` ids are identical (same length,
+    same ids) share a group; groups are numbered in order of first appearance.
+
+    Args:
+        input_ids: (B, T) long.
+        prefix_len: (B,) long, each row's prefix length.
+
+    Returns:
+        B ints, e.g. [0, 0, 0, 1, 1, 1] for two groups of three consecutive rows.
+    """
+    seen: dict[tuple[int, ...], int] = {}
+    return [seen.setdefault(tuple(row[:n]), len(seen))
+            for row, n in zip(input_ids.tolist(), prefix_len.tolist())]
+
+
+def _checkpointing(model: Any) -> bool:
+    """Activation (gradient) checkpointing is on: transformers then drops the cache in training."""
+    base = _base_model(model)
+    return base.training and any(getattr(m, "gradient_checkpointing", False) is True
+                                 for m in base.modules())
+
+
+def _new_cache(model: Any) -> Any:
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=_base_model(model).config)
+    except TypeError:  # transformers < 4.56 has no `config` argument
+        return DynamicCache()
+
+
+def prefix_shared_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                           loss_mask: torch.Tensor, *, temperature: float = 1.0,
+                           with_entropy: bool = False, entropy_grad: bool = False,
+                           share: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`token_logprobs` at the positions the loss reads, each group's shared prefix run once.
+
+    Args:
+        model: a model for which `prefix_share_supported` is True.
+        input_ids: (B, T) long; attention_mask: (B, T) 0/1; loss_mask: (B, T), nonzero where
+            the loss reads the token. Rows right-padded, as the learner's batches are (other
+            paddings are accepted and get the single-forward path).
+        temperature: logits are divided by it (0 is treated as 1).
+        with_entropy: also return the entropy of the tempered distribution (nats).
+        entropy_grad: keep the entropy in the autograd graph (an entropy bonus).
+        share: False always takes the single-forward path (logits from the first loss column).
+
+    Returns:
+        logp (B, T) float32 and entropy (B, T) or None: at every position where `loss_mask` is
+        nonzero (but column 0, which has no context) equal to `token_logprobs`'s, 0 elsewhere.
+    """
+    B, T = input_ids.shape
+    dev = input_ids.device
+    t = temperature if temperature and temperature > 0 else 1.0
+    real = attention_mask != 0
+    has = (loss_mask != 0) & real
+    has[:, 0] = False  # position 0 has no logit
+    active = has.any(-1)
+    rows = active.nonzero().squeeze(-1) if bool(active.any()) else torch.arange(B, device=dev)
+    lengths = real.sum(-1)
+    right_padded = bool(torch.equal(real, torch.arange(T, device=dev)[None] < lengths[:, None]))
+
+    chunks: list[tuple[torch.Tensor, torch.Tensor]] = []  # (logits (R, L, V), cols (R, L))
+    p = has[rows].float().argmax(-1)  # first loss column of each forwarded row (>= 1 if any)
+    len_r = lengths[rows]
+    groups: list[int] = []
+    if share and right_padded and bool(active.any()):
+        groups = shared_prefix_groups(input_ids[rows], p)
+    n_groups, R = (max(groups) + 1 if groups else 0), len(rows)
+    P = int(p.max()) if R else 0
+    Lc = int((len_r - p).max()) if R else 0
+    use_share = (bool(groups) and n_groups < R and n_groups * P + R * (Lc - 1) < R * int(len_r.max())
+                 and not _checkpointing(model))
+
+    if use_share:
+        g_idx = torch.tensor(groups, dtype=torch.long, device=dev)
+        lead = [groups.index(g) for g in range(n_groups)]
+        pre_ids = torch.zeros((n_groups, P), dtype=torch.long, device=dev)
+        pre_mask = torch.zeros((n_groups, P), dtype=attention_mask.dtype, device=dev)
+        for i, r in enumerate(lead):  # left-padded: every prefix ends at column P - 1
+            pr = int(p[r])
+            pre_ids[i, P - pr:] = input_ids[rows[r], :pr]
+            pre_mask[i, P - pr:] = 1
+        pre_pos = (pre_mask.cumsum(-1) - 1).clamp(min=0)
+        cache = _new_cache(model)
+        kw = {_cache_kw(model): cache}
+        out = model(input_ids=pre_ids, attention_mask=pre_mask, position_ids=pre_pos,
+                    use_cache=True, logits_to_keep=1, **kw)
+        chunks.append((out.logits[:, -1:][g_idx], p[:, None]))  # predicts token p_b
+        if cache.get_seq_length() != P:  # the model did not fill the cache: no sharing
+            use_share, chunks = False, []
+    if use_share and Lc > 1:
+        cache.batch_select_indices(g_idx)  # differentiable: keys[g_idx], values[g_idx]
+        cols = p[:, None] + torch.arange(Lc - 1, device=dev)[None]  # inputs p_b .. p_b+Lc-2
+        valid = cols < len_r[:, None]
+        cont = torch.where(valid, input_ids[rows].gather(1, cols.clamp(max=T - 1)), 0)
+        mask = torch.cat([pre_mask[g_idx], valid.to(pre_mask.dtype)], dim=1)
+        out2 = model(input_ids=cont, attention_mask=mask, position_ids=cols, use_cache=True, **kw)
+        chunks.append((out2.logits, cols + 1))  # the logit at column c predicts token c + 1
+    if not use_share:
+        width = int(real[rows].cumsum(-1).argmax(-1).max()) + 1  # last real column + 1
+        start = int(p.min()) if bool(active.any()) else width - 1
+        start = min(max(start, 1), max(width - 1, 1))
+        out = model(input_ids=input_ids[rows, :width], attention_mask=attention_mask[rows, :width],
+                    logits_to_keep=width - start + 1)
+        logits = out.logits[:, :-1]  # predicts tokens start .. width-1
+        cols = torch.arange(start, start + logits.shape[1], device=dev)[None].expand(len(rows), -1)
+        chunks.append((logits, cols))
+
+    picked, tr, tc = [], [], []
+    for logits, cols in chunks:
+        c = cols.clamp(max=T - 1)
+        sel = (cols < T) & has[rows[:, None], c]
+        ri, ji = sel.nonzero(as_tuple=True)
+        picked.append(logits[ri, ji])
+        tr.append(rows[ri])
+        tc.append(cols[ri, ji])
+    lg = torch.cat(picked).float()  # (N, V): only the positions the loss reads
+    if t != 1.0:
+        lg = lg / t
+    r_all, c_all = torch.cat(tr), torch.cat(tc)
+    lse = torch.logsumexp(lg, dim=-1)
+    lp = lg.gather(-1, input_ids[r_all, c_all][:, None]).squeeze(-1) - lse
+    logp = torch.zeros((B, T), dtype=torch.float32, device=dev).index_put((r_all, c_all), lp)
+    ent = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            x = lg if entropy_grad else lg.detach()
+            e = (lse if entropy_grad else lse.detach()) - (torch.softmax(x, dim=-1) * x).sum(-1)
+            ent = torch.zeros((B, T), dtype=torch.float32, device=dev).index_put((r_all, c_all), e)
+    return logp, ent

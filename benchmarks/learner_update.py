@@ -1,0 +1,116 @@
+"""Time of one `Learner.update` with prefix sharing on and off, in the same process.
+
+The batch is the TRL benchmark's (`vs_trl.py`): its tiny Qwen2 model (`vs_trl_model.py`), P
+prompts of the shared set x G sampled completions of at most N tokens (large configuration:
+8 x 8 x 64, the default), one GRPO step as the benchmark runs it (micro-batch = whole batch,
+no KL, clip 0.2, token-mean). The two arms alternate on one learner (off, on, off, on, ...)
+after warm-up updates, so both see the same batch and the same machine load; medians of wall
+and CPU time per arm and the median ratio of consecutive (off, on) pairs are printed.
+
+    python benchmarks/learner_update.py                       # large: 8 x 8 x 64
+    python benchmarks/learner_update.py --prompts 2 --gens 4 --max-tokens 32   # base
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def make_batch(model, tok, prompts: int, gens: int, max_tokens: int, seed: int):
+    """P x G trajectories (prompt-major, like the benchmark's groups) sampled from the model."""
+    import torch
+    from vs_trl_env import frac_a, prompt_text
+
+    from agentrl.train import build_batch
+    from agentrl.trajectory import Trajectory
+
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    trajs = []
+    torch.manual_seed(seed)
+    for i in range(prompts):
+        ids = tok.apply_chat_template([{"role": "user", "content": prompt_text(i)}],
+                                      add_generation_prompt=True, tokenize=True)
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        x = torch.tensor([ids] * gens)
+        with torch.no_grad():
+            out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=True,
+                                 temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_tokens,
+                                 eos_token_id=eos, pad_token_id=pad)
+        for row in out[:, len(ids):].tolist():
+            comp = row[: row.index(eos) + 1] if eos in row else row
+            t = Trajectory(group_id=i)
+            t.append_context(ids)
+            t.append_sampled(comp, [0.0] * len(comp), reward=frac_a(tok.decode(comp)))
+            trajs.append(t)
+    return build_batch(trajs, pad_id=pad)
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--gens", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=7, help="timed updates per arm (>= 5)")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed updates per arm first")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    sys.path.insert(0, str(HERE))
+    import torch
+
+    torch.set_num_threads(a.threads)
+    from vs_trl_model import build_tiny_qwen
+
+    from agentrl.algos import get_algorithm
+    from agentrl.config import AlgoConfig
+    from agentrl.learner import Learner
+    from agentrl.model import load_model
+
+    with tempfile.TemporaryDirectory(prefix="learner_update_") as d:
+        build_tiny_qwen(d)
+        model, tok = load_model(d)
+    model.eval()
+    batch = make_batch(model, tok, a.prompts, a.gens, a.max_tokens, a.seed)
+    cfg = AlgoConfig(name="grpo", group_size=a.gens, kl_coef=0.0, clip_low=0.2, clip_high=0.2,
+                     agg="token-mean", scale="std")
+    algo = get_algorithm("grpo")
+    batch["advantages"], _ = algo.advantages(batch, cfg)
+    learner = Learner(model, lr=1e-3, weight_decay=0.0, grad_clip=1.0, temperature=1.0,
+                      micro_batch_size=a.prompts * a.gens)
+    n_tok = int(batch["loss_mask"].sum())
+    print(f"batch: {tuple(batch['input_ids'].shape)} (rows, width), {n_tok} trained tokens, "
+          f"prompt {int(batch['loss_mask'][0].nonzero()[0])} tokens; fused AdamW: {learner.fused}; "
+          f"torch threads {torch.get_num_threads()}")
+
+    times: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+    for i in range(2 * (a.warmup + a.repeats)):
+        on = i % 2 == 1
+        learner.prefix_share = on
+        sub = dict(batch)
+        t0, c0 = time.perf_counter(), time.process_time()
+        learner.update(sub, algo, cfg)
+        t1, c1 = time.perf_counter(), time.process_time()
+        if i >= 2 * a.warmup:
+            times[on].append((t1 - t0, c1 - c0))
+    med = {on: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v))
+           for on, v in times.items()}
+    pairs = [on[1] / off[1] for off, on in zip(times[False], times[True])]
+    res = {"off_wall_s": med[False][0], "on_wall_s": med[True][0], "off_cpu_s": med[False][1],
+           "on_cpu_s": med[True][1], "ratio_wall": med[True][0] / med[False][0],
+           "ratio_cpu_paired": statistics.median(pairs)}
+    print(f"prefix_share off: {med[False][0]:.3f} s wall, {med[False][1]:.3f} s CPU (median of {a.repeats})")
+    print(f"prefix_share on:  {med[True][0]:.3f} s wall, {med[True][1]:.3f} s CPU (median of {a.repeats})")
+    print(f"on/off: {res['ratio_wall']:.2f} (wall medians), {res['ratio_cpu_paired']:.2f} "
+          "(median of paired CPU ratios)")
+    return res
+
+
+if __name__ == "__main__":
+    main()
