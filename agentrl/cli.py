@@ -206,7 +206,14 @@ def merge(
 
 
 def main() -> None:
-    """Entry point of the `agentrl` script."""
+    """Entry point of the `agentrl` script. The current folder goes on `sys.path` (as with
+    `python -m`), so `--env my_envs:MyEnv` finds `./my_envs.py`, here and in rollout workers."""
+    import os
+
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (cwd, os.environ.get("PYTHONPATH")) if p)
     app(prog_name="agentrl")
 
 

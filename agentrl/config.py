@@ -101,7 +101,7 @@ class RolloutConfig(_Section):
     vllm_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Extra `vllm.LLM` arguments for engine=vllm (gpu_memory_utilization, max_model_len, ...)."""
     mode: Literal["sync", "async"] = "sync"
-    """`sync`: sample then train (on-policy); `async`: an actor samples ahead with bounded staleness."""
+    """`sync`: sample then train (on-policy); `async`: actor threads (`batches_in_flight`) sample ahead with bounded staleness."""
     sync_every: int = Field(default=1, ge=1)
     """Async: push the learner's weights to the actor every N learner steps."""
     queue_size: int = Field(default=2, ge=1)
@@ -165,7 +165,7 @@ class AlgoConfig(_Section):
 
 
 class TrainConfig(_Section):
-    steps: int = Field(default=100, ge=0)
+    steps: int = Field(default=200, ge=0)
     """Training steps (each: rollout -> advantages -> updates)."""
     lr: float = Field(default=3e-4, gt=0)
     """AdamW learning rate."""

@@ -431,15 +431,25 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
     if cfg.rollout.mode == "async" and not hasattr(engine, "run"):
         env_sets.fill(cfg.rollout.batches_in_flight)  # built now, in a fixed order
 
+    def held_version() -> int:
+        return int(engine.version if hasattr(engine, "run") else engine.policy_version)
+
     def apply_weights(state_dict: dict[str, Any], v: int) -> None:
         with engine_lock:  # never while evaluation or a refill is sampling
+            if v < held_version():  # an older push applied late (async): keep the newer weights
+                return
             engine.update_weights(state_dict, v)
 
     def run_eval() -> dict[str, float]:
+        """Evaluate the learner's current weights: in async mode the engine may still hold an
+        older version (a push is applied only when an actor starts its next batch)."""
         t0 = time.perf_counter()
         with engine_lock:
+            if held_version() < version:
+                engine.update_weights(merged_state_dict(model), version)
             r = evaluate(engine, renderer, eval_envs, cfg, pool, n_tasks=cfg.train.eval_tasks,
                          samples=cfg.train.eval_samples, temperature=cfg.rollout.temperature)
+            r["policy_version"] = float(held_version())  # the weights evaluated
         r["seconds"] = time.perf_counter() - t0
         return r
 
@@ -478,6 +488,9 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
                             TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=console)
         progress.start()
         bar = progress.add_task("train", total=cfg.train.steps, completed=start_step, info="")
+    if cfg.rollout.mode == "async" and cfg.train.max_staleness == 0 and cfg.rollout.batches_in_flight > 1:
+        say("[warning] train.max_staleness=0: one batch samples at a time (each needs the previous "
+            "update), so rollout.batches_in_flight > 1 only adds idle actor threads and env sets")
     if cfg.rollout.mode == "async":  # actor threads sample ahead with bounded staleness
         source: Any = AsyncSource(run_batch, apply_weights, start=start_step,
                                   version=version, max_staleness=cfg.train.max_staleness,
@@ -487,73 +500,75 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
     else:
         source = SyncSource(run_batch, apply_weights)
     t_loop = time.perf_counter()
-    for step in range(start_step, cfg.train.steps):
-        m: dict[str, float] = {}
-        # collect
-        t0 = time.perf_counter()
-        trajs, src_metrics = source.next_batch(step)  # sync: sampled now; async: from the actor
-        m.update(src_metrics)
-        m["perf/rollout_s"] = time.perf_counter() - t0
-        m["perf/env_s"] = float(sum(t.timings.get("env", 0.0) for t in trajs))
-        stale = [version - t.policy_version for t in trajs]
-        m["rollout/staleness_max"] = float(max(stale))
-        for k in range(max(stale) + 1):  # staleness histogram (versions behind the learner)
-            m[f"async/staleness_{k}"] = float(stale.count(k))
-        trajs = [t for t, s in zip(trajs, stale) if s <= cfg.train.max_staleness]
-        m["rollout/dropped_stale"] = float(len(stale) - len(trajs))
-        rets = np.array([t.episode_return for t in trajs], dtype=float)
-        m["rollout/reward_mean"] = float(np.nanmean(rets)) if len(rets) else float("nan")
-        m["rollout/reward_std"] = float(np.nanstd(rets)) if len(rets) else float("nan")
-        m["rollout/pass_rate"] = float(np.mean([episode_success(t) for t in trajs]))
-        m["rollout/response_len"] = float(np.mean([t.num_sampled for t in trajs]))
-        m["rollout/turns"] = float(np.mean([len(t.turns) for t in trajs]))
-        m["rollout/truncated_frac"] = float(np.mean([t.truncated for t in trajs]))
-        m["env/errors"] = float(sum(len(t.info.get("errors", [])) for t in trajs))
-        m["rollout/nan_rewards"] = float(np.isnan(rets).sum())
-        m.update(reward_component_means(trajs))
-        # advantages + update
-        t0 = time.perf_counter()
-        if cfg.algo.dynamic_sampling:  # DAPO: drop groups without signal, refill with new tasks
-            trajs, m["rollout/refill_rounds"] = dynamic_sampling(trajs, lambda r, s=step: refill(s, r), n_eps)
-        batch = build_batch(trajs, pad_id)
-        if hasattr(algo, "prepare"):  # algorithm-specific passes: PPO values, DPO pairs, ...
-            batch, pm = algo.prepare(batch, learner, cfg.algo)
-            m.update({f"rollout/{k}": float(v) for k, v in pm.items()})
-        if needs_reference(algo, cfg.algo) and "ref_logprobs" not in batch:
-            batch["ref_logprobs"] = learner.logprobs(batch, ref=True)
-        batch["advantages"], gstats = algo.advantages(batch, cfg.algo)
-        m.update({f"rollout/{k}": float(v) for k, v in gstats.items()})
-        upd = learner.update(batch, algo, cfg.algo, epochs=cfg.algo.update_epochs,
-                             minibatches=cfg.algo.minibatches, seed=cfg.seed + step)
-        m.update({f"loss/{k}": v for k, v in upd.items()})
-        m["perf/update_s"] = time.perf_counter() - t0
-        # sync
-        t0 = time.perf_counter()
-        version += 1
-        if cfg.rollout.mode == "sync" or (step + 1 - start_step) % cfg.rollout.sync_every == 0:
-            source.push_weights(merged_state_dict(model), version)
-        m["perf/sync_s"] = time.perf_counter() - t0
-        m["perf/step_s"] = m["perf/rollout_s"] + m["perf/update_s"] + m["perf/sync_s"]
-        m["perf/loop_s"] = time.perf_counter() - t_loop  # wall clock since the loop started
-        if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0 and step + 1 < cfg.train.steps:
-            ev = run_eval()
-            m.update({f"eval/{k}": v for k, v in ev.items()})
-        log.log(step + 1, m)
-        if cfg.train.log_rollouts_every and (step + 1) % cfg.train.log_rollouts_every == 0:
-            (out / "rollouts").mkdir(exist_ok=True)
-            with (out / "rollouts" / f"step_{step + 1}.jsonl").open("w") as f:
-                for t in trajs:
-                    f.write(json.dumps(t.to_dict()) + "\n")
-        if cfg.train.save_every and (step + 1) % cfg.train.save_every == 0:
-            learner.save(out / "checkpoints" / f"step_{step + 1}", tok,
-                         {"step": step + 1, "policy_version": version})
-        line = (f"reward {m['rollout/reward_mean']:.3f} pass {m['rollout/pass_rate']:.2f} "
-                f"len {m['rollout/response_len']:.0f} {m['perf/step_s']:.1f}s/step")
-        if progress is not None:
-            progress.update(bar, advance=1, info=line)
-        elif not cfg.quiet:
-            say(f"[step {step + 1}/{cfg.train.steps}] {line}")
-    source.close()
+    try:  # on any exception (Ctrl-C too) the actor threads are stopped before it propagates
+        for step in range(start_step, cfg.train.steps):
+            m: dict[str, float] = {}
+            # collect
+            t0 = time.perf_counter()
+            trajs, src_metrics = source.next_batch(step)  # sync: sampled now; async: from the actor
+            m.update(src_metrics)
+            m["perf/rollout_s"] = time.perf_counter() - t0
+            m["perf/env_s"] = float(sum(t.timings.get("env", 0.0) for t in trajs))
+            stale = [version - t.policy_version for t in trajs]
+            m["rollout/staleness_max"] = float(max(stale))
+            for k in range(max(stale) + 1):  # staleness histogram (versions behind the learner)
+                m[f"async/staleness_{k}"] = float(stale.count(k))
+            trajs = [t for t, s in zip(trajs, stale) if s <= cfg.train.max_staleness]
+            m["rollout/dropped_stale"] = float(len(stale) - len(trajs))
+            rets = np.array([t.episode_return for t in trajs], dtype=float)
+            m["rollout/reward_mean"] = float(np.nanmean(rets)) if len(rets) else float("nan")
+            m["rollout/reward_std"] = float(np.nanstd(rets)) if len(rets) else float("nan")
+            m["rollout/pass_rate"] = float(np.mean([episode_success(t) for t in trajs]))
+            m["rollout/response_len"] = float(np.mean([t.num_sampled for t in trajs]))
+            m["rollout/turns"] = float(np.mean([len(t.turns) for t in trajs]))
+            m["rollout/truncated_frac"] = float(np.mean([t.truncated for t in trajs]))
+            m["env/errors"] = float(sum(len(t.info.get("errors", [])) for t in trajs))
+            m["rollout/nan_rewards"] = float(np.isnan(rets).sum())
+            m.update(reward_component_means(trajs))
+            # advantages + update
+            t0 = time.perf_counter()
+            if cfg.algo.dynamic_sampling:  # DAPO: drop groups without signal, refill with new tasks
+                trajs, m["rollout/refill_rounds"] = dynamic_sampling(trajs, lambda r, s=step: refill(s, r), n_eps)
+            batch = build_batch(trajs, pad_id)
+            if hasattr(algo, "prepare"):  # algorithm-specific passes: PPO values, DPO pairs, ...
+                batch, pm = algo.prepare(batch, learner, cfg.algo)
+                m.update({f"rollout/{k}": float(v) for k, v in pm.items()})
+            if needs_reference(algo, cfg.algo) and "ref_logprobs" not in batch:
+                batch["ref_logprobs"] = learner.logprobs(batch, ref=True)
+            batch["advantages"], gstats = algo.advantages(batch, cfg.algo)
+            m.update({f"rollout/{k}": float(v) for k, v in gstats.items()})
+            upd = learner.update(batch, algo, cfg.algo, epochs=cfg.algo.update_epochs,
+                                 minibatches=cfg.algo.minibatches, seed=cfg.seed + step)
+            m.update({f"loss/{k}": v for k, v in upd.items()})
+            m["perf/update_s"] = time.perf_counter() - t0
+            # sync
+            t0 = time.perf_counter()
+            version += 1
+            if cfg.rollout.mode == "sync" or (step + 1 - start_step) % cfg.rollout.sync_every == 0:
+                source.push_weights(merged_state_dict(model), version)
+            m["perf/sync_s"] = time.perf_counter() - t0
+            m["perf/step_s"] = m["perf/rollout_s"] + m["perf/update_s"] + m["perf/sync_s"]
+            m["perf/loop_s"] = time.perf_counter() - t_loop  # wall clock since the loop started
+            if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0 and step + 1 < cfg.train.steps:
+                ev = run_eval()
+                m.update({f"eval/{k}": v for k, v in ev.items()})
+            log.log(step + 1, m)
+            if cfg.train.log_rollouts_every and (step + 1) % cfg.train.log_rollouts_every == 0:
+                (out / "rollouts").mkdir(exist_ok=True)
+                with (out / "rollouts" / f"step_{step + 1}.jsonl").open("w") as f:
+                    for t in trajs:
+                        f.write(json.dumps(t.to_dict()) + "\n")
+            if cfg.train.save_every and (step + 1) % cfg.train.save_every == 0:
+                learner.save(out / "checkpoints" / f"step_{step + 1}", tok,
+                             {"step": step + 1, "policy_version": version})
+            line = (f"reward {m['rollout/reward_mean']:.3f} pass {m['rollout/pass_rate']:.2f} "
+                    f"len {m['rollout/response_len']:.0f} {m['perf/step_s']:.1f}s/step")
+            if progress is not None:
+                progress.update(bar, advance=1, info=line)
+            elif not cfg.quiet:
+                say(f"[step {step + 1}/{cfg.train.steps}] {line}")
+    finally:
+        source.close()
     if progress is not None:
         progress.stop()
     timings["rl_s"] = time.perf_counter() - t_loop

@@ -305,11 +305,17 @@ def _final_weights(tmp_path, name, extra):
 
 @pytest.mark.slow
 def test_async_k0_equals_sync(tmp_path):
-    """With max_staleness=0 the actor samples batch s with version s: same updates as sync."""
-    _, w_sync = _final_weights(tmp_path, "sync", [])
-    _, w_async = _final_weights(tmp_path, "async", ["rollout.mode=async", "train.max_staleness=0"])
+    """With max_staleness=0 the actor samples batch s with version s: same updates as sync,
+    and the final evaluation sees the final weights in both modes (it once evaluated the
+    async engine's stale version: a push is applied only when an actor starts a batch)."""
+    s_sync, w_sync = _final_weights(tmp_path, "sync", [])
+    s_async, w_async = _final_weights(tmp_path, "async", ["rollout.mode=async", "train.max_staleness=0",
+                                                          "rollout.batches_in_flight=2"])
     for k in w_sync:
         assert torch.allclose(w_sync[k], w_async[k], atol=1e-6), k
+    assert s_sync["eval_after"]["policy_version"] == s_async["eval_after"]["policy_version"] == 3
+    for key in ("pass@1", "reward_mean", "tokens_mean"):
+        assert s_async["eval_after"][key] == s_sync["eval_after"][key], key
     assert threading.active_count() < 50
 
 

@@ -22,10 +22,15 @@ def test_custom_env_example_trains(tmp_path):
     [code] = [b for b in blocks("python") if "class GuessParity" in b]
     [cmd] = [b.strip() for b in blocks("bash") if "my_envs:GuessParity" in b]
     (tmp_path / "my_envs.py").write_text(code)
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    # as a user runs it: the installed `agentrl` script, from the folder holding my_envs.py,
+    # with no PYTHONPATH (the script puts the current folder on sys.path)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"OMP_NUM_THREADS": "1"}
     args = cmd.split()
     assert args[0] == "agentrl"
-    r = subprocess.run([sys.executable, "-m", "agentrl.cli", *args[1:]], cwd=tmp_path, env=env,
+    script = Path(sys.executable).parent / "agentrl"
+    launcher = [str(script)] if script.exists() else [sys.executable, "-c",
+                                                      "from agentrl.cli import main; main()"]
+    r = subprocess.run([*launcher, *args[1:]], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = tmp_path / "runs" / "parity"
