@@ -23,6 +23,8 @@ class _Section(BaseModel):
 
 
 class EnvConfig(_Section):
+    """Section `env`: which environment, its kwargs, turn limit and reward wrappers."""
+
     name: str = "code_sandbox"
     """Env to train on: a short name (`agentrl envs`), a Gymnasium id, or `pkg.module:Class`."""
     max_turns: int | None = Field(default=None, ge=1)
@@ -40,6 +42,8 @@ class EnvConfig(_Section):
 
 
 class ModelConfig(_Section):
+    """Section `model`: the policy (a local model directory or the embedded tiny default)."""
+
     path: str | None = None
     """Local Hugging Face model directory. None: build the embedded tiny default (see `tiny`)."""
     hidden_size: int = Field(default=128, ge=8)
@@ -72,6 +76,8 @@ class ModelConfig(_Section):
 
 
 class RolloutConfig(_Section):
+    """Section `rollout`: sampling, the engine, rollout workers and the async pipeline."""
+
     engine: Literal["hf", "vllm"] = "hf"
     """Inference engine: `hf` (transformers, CPU default) or `vllm` (needs `agentrl[vllm]`)."""
     num_workers: int = Field(default=0, ge=0)
@@ -111,6 +117,8 @@ class RolloutConfig(_Section):
 
 
 class AlgoConfig(_Section):
+    """Section `algo`: the RL algorithm and its loss, advantage and update settings."""
+
     name: str = "grpo"
     """Algorithm: one of grpo, dr_grpo, gspo, rloo, reinforce_pp, ppo, dpo."""
     group_size: int = Field(default=8, ge=1)
@@ -165,6 +173,8 @@ class AlgoConfig(_Section):
 
 
 class TrainConfig(_Section):
+    """Section `train`: steps, optimizer, staleness bound, evaluation and checkpoints."""
+
     steps: int = Field(default=200, ge=0)
     """Training steps (each: rollout -> advantages -> updates)."""
     lr: float = Field(default=3e-4, gt=0)
@@ -194,6 +204,8 @@ class TrainConfig(_Section):
 
 
 class SFTConfig(_Section):
+    """Section `sft`: the supervised warm start before RL."""
+
     steps: int = Field(default=500, ge=0)
     """Most supervised warm-start steps on reference solutions of the training split (0: skip)."""
     stop_pass_rate: float | None = Field(default=0.2, ge=0.0, le=1.0)
@@ -212,6 +224,8 @@ class SFTConfig(_Section):
 
 
 class LogConfig(_Section):
+    """Section `log`: TensorBoard and Weights & Biases."""
+
     tensorboard: bool = True
     """Write TensorBoard event files to OUT/tb (when `tensorboard` is installed)."""
     wandb: bool = False

@@ -92,7 +92,7 @@ def test_metrics_log_on_resume_keeps_steps_up_to_the_checkpoint(tmp_path):
     assert read_metrics(tmp_path) == []
 
 
-@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb not installed")
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb not installed: the optional `wandb` extra (.ci/run installs it, so CI runs this)")
 def test_wandb_offline_logs_without_network(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")

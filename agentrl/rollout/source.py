@@ -61,15 +61,20 @@ class LockedEngine:
         self.lock = lock if lock is not None else threading.RLock()
 
     def generate(self, prompts: list[list[int]], params: Any) -> list[Any]:
+        """The wrapped engine's `generate` (prompt token ids -> `len(prompts) * params.n`
+        completions), holding `lock`; blocks while another call holds it."""
         with self.lock:
             return self.engine.generate(prompts, params)
 
     def update_weights(self, state_dict: dict[str, Any], version: int) -> Any:
+        """The wrapped engine's `update_weights`, holding `lock` (so it lands between two
+        `generate` calls). Raises what the engine raises (bad keys or shapes)."""
         with self.lock:
             return self.engine.update_weights(state_dict, version)
 
     @property
     def policy_version(self) -> int:
+        """The wrapped engine's policy version."""
         return self.engine.policy_version
 
     @policy_version.setter
@@ -109,6 +114,7 @@ class Leases:
 
     @contextmanager
     def lease(self) -> Iterator[Any]:
+        """Hold a free item (made if none is free) for the `with` block; it is free again after."""
         with self._lock:
             item = self._free.pop() if self._free else None
         if item is None:

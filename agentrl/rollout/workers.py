@@ -35,7 +35,7 @@ from typing import Any
 from agentrl.config import Config
 from agentrl.rollout.agent_loop import EpisodeSpec, run_episodes
 from agentrl.rollout.engines.base import Engine, SamplingParams
-from agentrl.rollout.source import LockedEngine
+from agentrl.rollout.source import Leases, LockedEngine
 from agentrl.trajectory import Trajectory
 
 DEFAULT_WORKER_CPUS = 1.0
@@ -183,7 +183,7 @@ class RolloutWorker:
         # an env set + thread pool per call (the first set is `envs(split)` with `_threads`)
         self._lock = threading.RLock()
         self._env_lock = threading.Lock()
-        self._free_sets: dict[str, list[tuple[list[Any], ThreadPoolExecutor]]] = {}
+        self._sets: dict[str, Leases] = {}
 
     def _make_env(self, split: str) -> Any:
         if self._env_factory is not None:
@@ -197,30 +197,28 @@ class RolloutWorker:
             self._rewards = RewardWrappers(self.cfg.env.wrappers, self.cfg.env.wrapper_kwargs)
         return build_env(self.cfg, split, self._rewards)
 
-    def envs(self, split: str, n: int) -> list[Any]:
-        """At least `n` env instances of `split` (made on first need, reused afterwards)."""
-        with self._env_lock:
-            pool = self._envs.setdefault(split, [])
+    def _fill(self, pool: list[Any], split: str, n: int) -> list[Any]:
+        """Append env instances of `split` to `pool` until it holds `n`; returns `pool`."""
+        with self._env_lock:  # `_make_env` creates the shared reward wrappers once
             while len(pool) < n:
                 pool.append(self._make_env(split))
             return pool
 
-    def _lease_envs(self, split: str, n: int) -> tuple[list[Any], ThreadPoolExecutor]:
-        """An env set of `split` (at least `n` envs) and a thread pool no other `run` uses until
-        `_release_envs`; the first set is `envs(split, n)` and the worker's pool."""
+    def envs(self, split: str, n: int) -> list[Any]:
+        """At least `n` env instances of `split` (made on first need, reused afterwards)."""
         with self._env_lock:
-            free = self._free_sets.get(split)
-            if free is None:
-                free = self._free_sets[split] = [(self._envs.setdefault(split, []), self._threads)]
-            item = free.pop() if free else \
-                ([], ThreadPoolExecutor(max_workers=self.cfg.rollout.env_threads))
-            while len(item[0]) < n:
-                item[0].append(self._make_env(split))
-            return item
+            pool = self._envs.setdefault(split, [])
+        return self._fill(pool, split, n)
 
-    def _release_envs(self, split: str, item: tuple[list[Any], ThreadPoolExecutor]) -> None:
+    def _env_sets(self, split: str) -> Leases:
+        """The `(envs, thread pool)` sets of `split`, one per concurrent `run`; the first set
+        is `envs(split)` with the worker's pool."""
         with self._env_lock:
-            self._free_sets[split].append(item)
+            if split not in self._sets:
+                self._sets[split] = Leases(
+                    lambda: ([], ThreadPoolExecutor(max_workers=self.cfg.rollout.env_threads)),
+                    [(self._envs.setdefault(split, []), self._threads)])
+            return self._sets[split]
 
     def ready(self) -> dict[str, Any]:
         """Process id, policy version and stop ids: a cheap call that proves the worker is up."""
@@ -267,13 +265,11 @@ class RolloutWorker:
             with self._lock:
                 if int(weights[0]) > self.push_id:  # a concurrent call may have loaded them
                     self.update_weights(sd, int(weights[1]), push_id=int(weights[0]))
-        envs, threads = self._lease_envs(split, len(specs))
-        try:
-            trajs = run_episodes(LockedEngine(self.engine, self._lock), self.renderer, envs, specs,
-                                 params, max_episode_tokens=self.cfg.rollout.max_episode_tokens,
+        with self._env_sets(split).lease() as (envs, threads):
+            trajs = run_episodes(LockedEngine(self.engine, self._lock), self.renderer,
+                                 self._fill(envs, split, len(specs)), specs, params,
+                                 max_episode_tokens=self.cfg.rollout.max_episode_tokens,
                                  executor=threads, seed=seed)
-        finally:
-            self._release_envs(split, (envs, threads))
         for tr in trajs:
             tr.info["rollout_worker"] = self.worker_id
         return trajs
