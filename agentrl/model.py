@@ -322,3 +322,22 @@ def load_model(
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
     model.eval()
     return model, tokenizer
+
+
+def new_cache(model: Any) -> Any:
+    """An empty transformers `DynamicCache` for `model` (a transformers model, not a PEFT
+    wrapper); transformers < 4.56 takes no `config` argument."""
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=model.config)
+    except TypeError:
+        return DynamicCache()
+
+
+def cache_kwarg(model: Any) -> str:
+    """Name of the cache argument of `model.forward` (a transformers model): transformers 5.x
+    renamed `past_key_values` to `cache`."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from agentrl.lora import is_peft
+from agentrl.model import cache_kwarg, new_cache
 
 
 def _base_model(model: Any) -> Any:
@@ -43,10 +44,8 @@ def _base_model(model: Any) -> Any:
 
 
 def _cache_kw(model: Any) -> str:
-    """Name of the cache argument of the model's forward: transformers 5.x renamed
-    `past_key_values` to `cache` (PEFT wrappers pass either through **kwargs)."""
-    params = inspect.signature(_base_model(model).forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
+    """The cache argument's name (PEFT wrappers pass either through **kwargs)."""
+    return cache_kwarg(_base_model(model))
 
 
 def prefix_share_supported(model: Any) -> bool:
@@ -101,12 +100,7 @@ def _checkpointing(model: Any) -> bool:
 
 
 def _new_cache(model: Any) -> Any:
-    from transformers import DynamicCache
-
-    try:
-        return DynamicCache(config=_base_model(model).config)
-    except TypeError:  # transformers < 4.56 has no `config` argument
-        return DynamicCache()
+    return new_cache(_base_model(model))
 
 
 def prefix_shared_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,

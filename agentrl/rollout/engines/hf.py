@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+from agentrl.model import cache_kwarg, new_cache
 from agentrl.rollout.engines.base import Completion, SamplingParams, row_seeds
 from agentrl.rollout.engines.static_decode import DecoderWeights, StaticDecoder, unsupported_reason
 
@@ -221,8 +222,7 @@ class HFEngine:
         self.max_batch = max_batch
         self.policy_version = 0
         params = inspect.signature(self._model.forward).parameters
-        # transformers 5.x renamed `past_key_values` to `cache` (the old name is deprecated).
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._cache_kw = cache_kwarg(self._model)
         self._has_logits_to_keep = "logits_to_keep" in params
         self._vocab = self._model.get_input_embeddings().weight.shape[0]
         pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
@@ -331,12 +331,7 @@ class HFEngine:
 
     # -- internals ----------------------------------------------------------------------------
     def _new_cache(self) -> Any:
-        from transformers import DynamicCache
-
-        try:
-            return DynamicCache(config=self._model.config)
-        except TypeError:  # transformers < 4.56 has no `config` argument
-            return DynamicCache()
+        return new_cache(self._model)
 
     def _forward(
         self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any
