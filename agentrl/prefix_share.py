@@ -15,8 +15,12 @@ reads (and the same gradients, to float32 rounding) with less work:
   unshared computation), and a second forward runs every row's continuation, tokens
   [p_b, len_b), on top of it with the row's own position ids. The logit that predicts token
   p_b is the prefix's last one.
-- lm_head runs only on the continuation, and log-softmax / entropy only at the positions where
-  the loss mask is nonzero (gathered into one (N, V) block, no padding).
+- lm_head, log-softmax and entropy run only at the positions where the loss mask is nonzero.
+  When the model is a decoder plus a plain linear lm_head (`decoder_and_head`, checked once per
+  model) and the entropy needs no gradient, the decoder's (N, E) hidden states at those
+  positions go to `agentrl.logprob_head.head_logprobs` (lm_head, log-softmax, entropy and their
+  backward in one chunked function); otherwise the model's logits there are gathered into one
+  (N, V) block.
 
 Loss positions may be interleaved with tokens the loss ignores (multi-turn episodes: the env's
 messages between agent turns are part of the continuation and forwarded, but get no lm_head
@@ -30,10 +34,12 @@ position are left out of the forwards (their outputs are 0).
 from __future__ import annotations
 
 import inspect
+import weakref
 from typing import Any
 
 import torch
 
+from agentrl.logprob_head import head_logprobs
 from agentrl.lora import is_peft
 from agentrl.model import cache_kwarg, new_cache
 
@@ -103,6 +109,45 @@ def _new_cache(model: Any) -> Any:
     return new_cache(_base_model(model))
 
 
+_SPLIT: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+
+
+def decoder_and_head(model: Any) -> tuple[Any, torch.nn.Linear] | None:
+    """The model split into its decoder (ids -> final hidden states) and a plain `nn.Linear`
+    lm_head, when `head(decoder(x).last_hidden_state)` is exactly the model's logits; else None
+    (a wrapped or scaled head: LoRA on lm_head, logit soft-capping or scaling, ...).
+
+    Checked once per model on a 3-token input in eval mode (max difference at most 1e-5 of the
+    logits' scale), then cached; `prefix_shared_logprobs` then computes the logprobs from the
+    hidden states with `agentrl.logprob_head.head_logprobs`.
+    """
+    if model in _SPLIT:
+        return _SPLIT[model]
+    base = _base_model(model)
+    split = None
+    try:
+        head, decoder = base.get_output_embeddings(), base.get_decoder()
+    except (AttributeError, NotImplementedError):
+        head = decoder = None
+    if type(head) is torch.nn.Linear and decoder is not None and decoder is not base:
+        was = base.training
+        base.eval()
+        try:
+            with torch.no_grad():
+                ids = torch.arange(3, device=head.weight.device)[None] % head.weight.shape[0]
+                want = model(input_ids=ids).logits.float()
+                got = head(decoder(input_ids=ids).last_hidden_state).float()
+            if got.shape == want.shape and float((got - want).abs().max()) <= 1e-5 * max(
+                    1.0, float(want.abs().max())):
+                split = (decoder, head)
+        except (TypeError, ValueError, AttributeError):
+            split = None
+        finally:
+            base.train(was)
+    _SPLIT[model] = split
+    return split
+
+
 def prefix_shared_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                            loss_mask: torch.Tensor, *, temperature: float = 1.0,
                            with_entropy: bool = False, entropy_grad: bool = False,
@@ -134,7 +179,7 @@ def prefix_shared_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: 
     lengths = real.sum(-1)
     right_padded = bool(torch.equal(real, torch.arange(T, device=dev)[None] < lengths[:, None]))
 
-    chunks: list[tuple[torch.Tensor, torch.Tensor]] = []  # (logits (R, L, V), cols (R, L))
+    chunks: list[tuple[torch.Tensor, torch.Tensor]] = []  # (logits (R, L, V) or hidden (R, L, E), cols (R, L))
     p = has[rows].float().argmax(-1)  # first loss column of each forwarded row (>= 1 if any)
     len_r = lengths[rows]
     groups: list[int] = []
@@ -145,6 +190,13 @@ def prefix_shared_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: 
     Lc = int((len_r - p).max()) if R else 0
     use_share = (bool(groups) and n_groups < R and n_groups * P + R * (Lc - 1) < R * int(len_r.max())
                  and not _checkpointing(model))
+
+    split = None if entropy_grad else decoder_and_head(model)
+    net = split[0] if split is not None else model  # hidden states (fused head) or logits
+
+    def run(**kw: Any) -> torch.Tensor:
+        out = net(**kw)
+        return out.last_hidden_state if split is not None else out.logits
 
     if use_share:
         g_idx = torch.tensor(groups, dtype=torch.long, device=dev)
@@ -157,10 +209,11 @@ def prefix_shared_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: 
             pre_mask[i, P - pr:] = 1
         pre_pos = (pre_mask.cumsum(-1) - 1).clamp(min=0)
         cache = _new_cache(model)
-        kw = {_cache_kw(model): cache}
-        out = model(input_ids=pre_ids, attention_mask=pre_mask, position_ids=pre_pos,
-                    use_cache=True, logits_to_keep=1, **kw)
-        chunks.append((out.logits[:, -1:][g_idx], p[:, None]))  # predicts token p_b
+        kw = {cache_kwarg(net) if split is not None else _cache_kw(model): cache}
+        keep = {} if split is not None else {"logits_to_keep": 1}
+        out = run(input_ids=pre_ids, attention_mask=pre_mask, position_ids=pre_pos,
+                  use_cache=True, **keep, **kw)
+        chunks.append((out[:, -1:][g_idx], p[:, None]))  # predicts token p_b
         if cache.get_seq_length() != P:  # the model did not fill the cache: no sharing
             use_share, chunks = False, []
     if use_share and Lc > 1:
@@ -169,33 +222,41 @@ def prefix_shared_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: 
         valid = cols < len_r[:, None]
         cont = torch.where(valid, input_ids[rows].gather(1, cols.clamp(max=T - 1)), 0)
         mask = torch.cat([pre_mask[g_idx], valid.to(pre_mask.dtype)], dim=1)
-        out2 = model(input_ids=cont, attention_mask=mask, position_ids=cols, use_cache=True, **kw)
-        chunks.append((out2.logits, cols + 1))  # the logit at column c predicts token c + 1
+        out2 = run(input_ids=cont, attention_mask=mask, position_ids=cols, use_cache=True, **kw)
+        chunks.append((out2, cols + 1))  # the output at column c predicts token c + 1
     if not use_share:
         width = int(real[rows].cumsum(-1).argmax(-1).max()) + 1  # last real column + 1
         start = int(p.min()) if bool(active.any()) else width - 1
         start = min(max(start, 1), max(width - 1, 1))
-        out = model(input_ids=input_ids[rows, :width], attention_mask=attention_mask[rows, :width],
-                    logits_to_keep=width - start + 1)
-        logits = out.logits[:, :-1]  # predicts tokens start .. width-1
-        cols = torch.arange(start, start + logits.shape[1], device=dev)[None].expand(len(rows), -1)
-        chunks.append((logits, cols))
+        keep = {} if split is not None else {"logits_to_keep": width - start + 1}
+        out = run(input_ids=input_ids[rows, :width], attention_mask=attention_mask[rows, :width],
+                  **keep)
+        out = out[:, start - 1: width - 1] if split is not None else out[:, :-1]
+        cols = torch.arange(start, start + out.shape[1], device=dev)[None].expand(len(rows), -1)
+        chunks.append((out, cols))  # predicts tokens start .. width-1
 
     picked, tr, tc = [], [], []
-    for logits, cols in chunks:
+    for states, cols in chunks:
         c = cols.clamp(max=T - 1)
         sel = (cols < T) & has[rows[:, None], c]
         ri, ji = sel.nonzero(as_tuple=True)
-        picked.append(logits[ri, ji])
+        picked.append(states[ri, ji])
         tr.append(rows[ri])
         tc.append(cols[ri, ji])
+    r_all, c_all = torch.cat(tr), torch.cat(tc)
+    logp = torch.zeros((B, T), dtype=torch.float32, device=dev)
+    if split is not None:  # (N, E) hidden states -> logprobs and entropies in one function
+        lp, e = head_logprobs(torch.cat(picked), split[1], input_ids[r_all, c_all], temperature=t)
+        logp = logp.index_put((r_all, c_all), lp)
+        ent = (torch.zeros((B, T), dtype=torch.float32, device=dev).index_put((r_all, c_all), e)
+               if with_entropy else None)
+        return logp, ent
     lg = torch.cat(picked).float()  # (N, V): only the positions the loss reads
     if t != 1.0:
         lg = lg / t
-    r_all, c_all = torch.cat(tr), torch.cat(tc)
     lse = torch.logsumexp(lg, dim=-1)
     lp = lg.gather(-1, input_ids[r_all, c_all][:, None]).squeeze(-1) - lse
-    logp = torch.zeros((B, T), dtype=torch.float32, device=dev).index_put((r_all, c_all), lp)
+    logp = logp.index_put((r_all, c_all), lp)
     ent = None
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):

@@ -182,7 +182,10 @@ def _forward_sizes(model):
     return sizes, h
 
 
-def _compare_prefix_share(model, rows, sizes_expected):
+def _compare_prefix_share(model, rows, sizes_expected, entropy_grad=True):
+    """Logprobs, entropies and gradients of `prefix_shared_logprobs` against the plain forward.
+    With `entropy_grad=False` the shared path takes the fused lm_head (`logprob_head`) and the
+    loss has no entropy term."""
     from agentrl.prefix_share import prefix_shared_logprobs
 
     ids, am, lm = _rows(rows)
@@ -194,11 +197,13 @@ def _compare_prefix_share(model, rows, sizes_expected):
             lp, ent = token_logprobs(model, ids, am, temperature=0.7, with_entropy=True, entropy_grad=True)
         else:
             lp, ent = prefix_shared_logprobs(model, ids, am, lm, temperature=0.7, with_entropy=True,
-                                             entropy_grad=True)
+                                             entropy_grad=entropy_grad)
         h.remove()
         # a loss of the kind GRPO uses: weighted logprobs plus an entropy bonus
         w = torch.linspace(-1.0, 1.0, lm.numel()).view(lm.shape) * lm
-        ((lp * w).sum() + 0.1 * (ent * lm).sum()).backward()
+        loss = (lp * w).sum() + (0.1 * (ent * lm).sum() if entropy_grad else 0.0)
+        if loss.requires_grad:
+            loss.backward()
         grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten()
                            for p in model.parameters() if p.requires_grad])
         out[which] = (lp.detach() * lm, ent.detach() * lm, grads, sizes)
@@ -213,22 +218,24 @@ def _compare_prefix_share(model, rows, sizes_expected):
     return scale
 
 
+@pytest.mark.parametrize("entropy_grad", [True, False], ids=["entropy_grad", "fused_head"])
 @pytest.mark.parametrize("case", list(_prefix_cases()))
-def test_prefix_shared_logprobs_equal_the_plain_forward(tiny_model_dir, case):
-    from agentrl.prefix_share import prefix_share_supported
+def test_prefix_shared_logprobs_equal_the_plain_forward(tiny_model_dir, case, entropy_grad):
+    from agentrl.prefix_share import decoder_and_head, prefix_share_supported
 
     model, _ = load_model(tiny_model_dir)
     model.train()
     assert prefix_share_supported(model)
+    assert decoder_and_head(model) is not None and model.training  # the check keeps the mode
     rows, sizes = _prefix_cases()[case]
-    scale = _compare_prefix_share(model, rows, sizes)
+    scale = _compare_prefix_share(model, rows, sizes, entropy_grad=entropy_grad)
     assert scale > 0 or case == "all_rows_masked"
 
 
 def test_prefix_shared_logprobs_with_lora(tiny_model_dir):
     pytest.importorskip("peft", reason="LoRA needs the lora extra (peft)")
     from agentrl.lora import wrap_lora
-    from agentrl.prefix_share import prefix_share_supported
+    from agentrl.prefix_share import decoder_and_head, prefix_share_supported
 
     base, _ = load_model(tiny_model_dir)
     model = wrap_lora(base, r=4, alpha=8, target_modules="all-linear", base_path=tiny_model_dir)
@@ -238,9 +245,11 @@ def test_prefix_shared_logprobs_with_lora(tiny_model_dir):
                 p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(n))) * 0.1)
     model.train()
     assert prefix_share_supported(model)
+    assert decoder_and_head(model) is not None  # "all-linear" LoRA leaves lm_head a plain Linear
     cases = _prefix_cases()
     for case in ("2_groups_x_3_rows", "multi_turn"):
-        assert _compare_prefix_share(model, *cases[case]) > 0
+        for entropy_grad in (True, False):
+            assert _compare_prefix_share(model, *cases[case], entropy_grad=entropy_grad) > 0
 
 
 def test_prefix_share_falls_back_for_models_without_a_cache():
@@ -274,13 +283,14 @@ def _group_batch(seed, groups=3, G=3):
     return build_batch(trajs, pad_id=0)
 
 
-def test_update_gives_the_same_weights_with_prefix_share_on_and_off(tiny_model_dir):
+@pytest.mark.parametrize("entropy_coef", [0.01, 0.0], ids=["entropy_bonus", "fused_head"])
+def test_update_gives_the_same_weights_with_prefix_share_on_and_off(tiny_model_dir, entropy_coef):
     """Two GRPO updates (micro-batches of 4 rows split the groups of 3) from the same weights.
 
     The gradients agree to float32 rounding; AdamW divides each gradient by its own magnitude,
     so on the few weights whose gradient nearly cancels (|g| ~ 1e-9 against eps = 1e-8) rounding
     moves the step by up to ~0.2% of lr: the weights agree to 1% of one step (lr = 1e-3)."""
-    cfg = AlgoConfig(name="grpo", entropy_coef=0.01)
+    cfg = AlgoConfig(name="grpo", entropy_coef=entropy_coef)
     algo = get_algorithm("grpo")
     weights, grads, metrics = [], [], []
     for share in (False, True):

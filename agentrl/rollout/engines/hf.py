@@ -156,20 +156,28 @@ def sample_next(
         return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
     if uniform is None:
         raise ValueError("sampling with temperature > 0 needs `uniform` draws")
-    logp = (logits / temperature).log_softmax(dim=-1)
-    probs = logp.exp()
+    z = logits / temperature if temperature != 1.0 else logits
+    m = z.amax(dim=-1, keepdim=True)
+    e = torch.exp(z - m)  # unnormalised probabilities, max 1
     order = None
     if top_p < 1.0:
-        probs, order = probs.sort(dim=-1, descending=True)
+        probs, order = (e / e.sum(dim=-1, keepdim=True)).sort(dim=-1, descending=True)
         mass_before = probs.cumsum(dim=-1) - probs
         probs = probs.masked_fill(mass_before >= top_p, 0.0)
-    cdf = probs.cumsum(dim=-1)
+    else:
+        probs = e
+    cdf = probs.cumsum(dim=-1)  # unnormalised: the draw is scaled by the total instead
     u = uniform.to(cdf.dtype)[:, None] * cdf[:, -1:]
     picks = torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.shape[-1] - 1)
     # u * total can round up to total; never return a token the (filtered) distribution excludes.
-    picks = torch.where(probs.gather(-1, picks) > 0, picks, probs.argmax(dim=-1, keepdim=True))
+    ok = probs.gather(-1, picks) > 0
+    if not bool(ok.all()):
+        picks = torch.where(ok, picks, probs.argmax(dim=-1, keepdim=True))
     tokens = (order.gather(-1, picks) if order is not None else picks).squeeze(-1)
-    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+    # log_softmax(z) at the token: z - max - log(sum exp(z - max))
+    total = cdf[:, -1] if order is None else e.sum(dim=-1)
+    logp = z.gather(-1, tokens[:, None]).squeeze(-1) - m.squeeze(-1) - total.log()
+    return tokens, logp
 
 
 class HFEngine:
