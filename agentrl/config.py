@@ -186,7 +186,7 @@ class TrainConfig(_Section):
     micro_batch_size: int = Field(default=16, ge=1)
     """Sequences per forward/backward; gradients accumulate to the full minibatch."""
     prefix_share: bool = True
-    """Learner forward runs each group's shared prompt once and log-softmax only at trained tokens (same gradients to float32 rounding; PPO's value head keeps the plain forward). False: plain forward."""
+    """Learner forward runs each group's shared prompt once and lm_head/log-softmax/entropy only at trained tokens (one fused function from the hidden states when the entropy needs no gradient; float32 Qwen2/Llama without LoRA run the decoder as plain torch ops, `agentrl/static_forward.py`). Same gradients to float32 rounding; PPO's value head keeps the plain forward. False: plain transformers forward."""
     torch_threads: int = Field(default=1, ge=1)
     """torch threads of the learner process."""
     save_every: int = Field(default=0, ge=0)

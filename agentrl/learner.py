@@ -5,7 +5,8 @@ Logprobs are taken from `logits / temperature`, the distribution the sampler dre
 policy that has not changed gives a PPO ratio of exactly 1 (case L4).
 
 The training forward of `Learner.update` runs each group's shared prompt once and computes
-log-softmax only where the loss reads (`agentrl.prefix_share`, `Learner(prefix_share=True)`);
+lm_head and log-softmax only where the loss reads (`agentrl.prefix_share`, `agentrl.logprob_head`,
+`agentrl.static_forward`; `Learner(prefix_share=True)`);
 the optimizer is the fused AdamW kernel where torch has one for the parameters.
 """
 
@@ -143,8 +144,10 @@ class Learner:
             state (PPO), trained jointly with the policy by the same optimizer and saved in
             checkpoints. It starts at zero (V = 0 everywhere) so early values add no noise.
         prefix_share: the training forward of `update` uses `prefix_shared_logprobs` (each
-            group's shared prompt forwarded once; log-softmax and entropy only at loss
-            positions) when the model supports it (`prefix_share_supported`: transformers
+            group's shared prompt forwarded once; lm_head, log-softmax and entropy only at
+            loss positions, fused into `agentrl.logprob_head.head_logprobs` when the entropy
+            needs no gradient; the decoder as `agentrl.static_forward` for float32 Qwen2/Llama
+            without LoRA) when the model supports it (`prefix_share_supported`: transformers
             decoder-only models, LoRA/PEFT-wrapped too). Not with a value head (PPO), which
             keeps the plain forward. Same losses and gradients to float32 rounding.
 

@@ -42,6 +42,7 @@ import torch
 from agentrl.logprob_head import head_logprobs
 from agentrl.lora import is_peft
 from agentrl.model import cache_kwarg, new_cache
+from agentrl.static_forward import forward_hidden, static_forward_supported
 
 
 def _base_model(model: Any) -> Any:
@@ -151,7 +152,8 @@ def decoder_and_head(model: Any) -> tuple[Any, torch.nn.Linear] | None:
 def prefix_shared_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                            loss_mask: torch.Tensor, *, temperature: float = 1.0,
                            with_entropy: bool = False, entropy_grad: bool = False,
-                           share: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                           share: bool = True, static: bool = True
+                           ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`token_logprobs` at the positions the loss reads, each group's shared prefix run once.
 
     Args:
@@ -163,6 +165,9 @@ def prefix_shared_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: 
         with_entropy: also return the entropy of the tempered distribution (nats).
         entropy_grad: keep the entropy in the autograd graph (an entropy bonus).
         share: False always takes the single-forward path (logits from the first loss column).
+        static: run the decoder as `agentrl.static_forward.forward_hidden` when the model
+            supports it (float32 Qwen2/Llama without LoRA, with the fused head); False: always
+            the transformers forward.
 
     Returns:
         logp (B, T) float32 and entropy (B, T) or None: at every position where `loss_mask` is
@@ -193,6 +198,8 @@ def prefix_shared_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: 
 
     split = None if entropy_grad else decoder_and_head(model)
     net = split[0] if split is not None else model  # hidden states (fused head) or logits
+    fast = (split is not None and static and static_forward_supported(model)
+            and not _checkpointing(model))  # checkpointing is for memory: keep its forward
 
     def run(**kw: Any) -> torch.Tensor:
         out = net(**kw)
@@ -208,6 +215,10 @@ def prefix_shared_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: 
             pre_ids[i, P - pr:] = input_ids[rows[r], :pr]
             pre_mask[i, P - pr:] = 1
         pre_pos = (pre_mask.cumsum(-1) - 1).clamp(min=0)
+    if use_share and fast:
+        hid, kv = forward_hidden(model, pre_ids, pre_pos, pre_mask)
+        chunks.append((hid[:, -1:][g_idx], p[:, None]))  # predicts token p_b
+    elif use_share:
         cache = _new_cache(model)
         kw = {cache_kwarg(net) if split is not None else _cache_kw(model): cache}
         keep = {} if split is not None else {"logits_to_keep": 1}
@@ -217,20 +228,28 @@ def prefix_shared_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: 
         if cache.get_seq_length() != P:  # the model did not fill the cache: no sharing
             use_share, chunks = False, []
     if use_share and Lc > 1:
-        cache.batch_select_indices(g_idx)  # differentiable: keys[g_idx], values[g_idx]
         cols = p[:, None] + torch.arange(Lc - 1, device=dev)[None]  # inputs p_b .. p_b+Lc-2
         valid = cols < len_r[:, None]
         cont = torch.where(valid, input_ids[rows].gather(1, cols.clamp(max=T - 1)), 0)
-        mask = torch.cat([pre_mask[g_idx], valid.to(pre_mask.dtype)], dim=1)
-        out2 = run(input_ids=cont, attention_mask=mask, position_ids=cols, use_cache=True, **kw)
+        mask = torch.cat([pre_mask[g_idx], valid.to(pre_mask.dtype)], dim=1)  # (R, P + Lc - 1)
+        if fast:  # each row's prefix keys and values: an index (autograd sums the rows' grads)
+            out2, _ = forward_hidden(model, cont, cols, mask, [(k[g_idx], v[g_idx]) for k, v in kv])
+        else:
+            cache.batch_select_indices(g_idx)  # differentiable: keys[g_idx], values[g_idx]
+            out2 = run(input_ids=cont, attention_mask=mask, position_ids=cols, use_cache=True, **kw)
         chunks.append((out2, cols + 1))  # the output at column c predicts token c + 1
     if not use_share:
         width = int(real[rows].cumsum(-1).argmax(-1).max()) + 1  # last real column + 1
         start = int(p.min()) if bool(active.any()) else width - 1
         start = min(max(start, 1), max(width - 1, 1))
         keep = {} if split is not None else {"logits_to_keep": width - start + 1}
-        out = run(input_ids=input_ids[rows, :width], attention_mask=attention_mask[rows, :width],
-                  **keep)
+        if fast:  # position ids 0..width-1, as the transformers forward without position_ids
+            out, _ = forward_hidden(model, input_ids[rows, :width],
+                                    torch.arange(width, device=dev)[None].expand(len(rows), -1),
+                                    attention_mask[rows, :width])
+        else:
+            out = run(input_ids=input_ids[rows, :width], attention_mask=attention_mask[rows, :width],
+                      **keep)
         out = out[:, start - 1: width - 1] if split is not None else out[:, :-1]
         cols = torch.arange(start, start + out.shape[1], device=dev)[None].expand(len(rows), -1)
         chunks.append((out, cols))  # predicts tokens start .. width-1

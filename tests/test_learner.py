@@ -182,11 +182,24 @@ def _forward_sizes(model):
     return sizes, h
 
 
-def _compare_prefix_share(model, rows, sizes_expected, entropy_grad=True):
+def _compare_prefix_share(model, rows, sizes_expected, entropy_grad=True, static=True):
     """Logprobs, entropies and gradients of `prefix_shared_logprobs` against the plain forward.
     With `entropy_grad=False` the shared path takes the fused lm_head (`logprob_head`) and the
-    loss has no entropy term."""
+    loss has no entropy term; then `static` runs the decoder as `static_forward.forward_hidden`
+    (where the model supports it) or as the transformers forward."""
+    from agentrl import prefix_share
     from agentrl.prefix_share import prefix_shared_logprobs
+
+    from agentrl.static_forward import static_forward_supported
+
+    static_calls = []
+
+    def recorded(model, ids, *a, **kw):  # the static forward's batch sizes, like the hook's
+        sizes.append(ids.shape[0])
+        static_calls.append(ids.shape[0])
+        return forward_hidden(model, ids, *a, **kw)
+
+    forward_hidden = prefix_share.forward_hidden
 
     ids, am, lm = _rows(rows)
     out = {}
@@ -196,8 +209,13 @@ def _compare_prefix_share(model, rows, sizes_expected, entropy_grad=True):
         if which == "plain":
             lp, ent = token_logprobs(model, ids, am, temperature=0.7, with_entropy=True, entropy_grad=True)
         else:
-            lp, ent = prefix_shared_logprobs(model, ids, am, lm, temperature=0.7, with_entropy=True,
-                                             entropy_grad=entropy_grad)
+            prefix_share.forward_hidden = recorded
+            try:
+                lp, ent = prefix_shared_logprobs(model, ids, am, lm, temperature=0.7,
+                                                 with_entropy=True, entropy_grad=entropy_grad,
+                                                 static=static)
+            finally:
+                prefix_share.forward_hidden = forward_hidden
         h.remove()
         # a loss of the kind GRPO uses: weighted logprobs plus an entropy bonus
         w = torch.linspace(-1.0, 1.0, lm.numel()).view(lm.shape) * lm
@@ -209,6 +227,7 @@ def _compare_prefix_share(model, rows, sizes_expected, entropy_grad=True):
         out[which] = (lp.detach() * lm, ent.detach() * lm, grads, sizes)
     (lp0, e0, g0, _), (lp1, e1, g1, sizes) = out["plain"], out["shared"]
     assert sizes == sizes_expected
+    assert bool(static_calls) == (static and not entropy_grad and static_forward_supported(model))
     assert torch.allclose(lp1, lp0, atol=1e-5, rtol=0)
     assert torch.allclose(e1, e0, atol=1e-5, rtol=0)
     assert bool(torch.isfinite(g1).all())
@@ -218,17 +237,19 @@ def _compare_prefix_share(model, rows, sizes_expected, entropy_grad=True):
     return scale
 
 
-@pytest.mark.parametrize("entropy_grad", [True, False], ids=["entropy_grad", "fused_head"])
+@pytest.mark.parametrize("path", ["entropy_grad", "fused_head", "fused_head_static"])
 @pytest.mark.parametrize("case", list(_prefix_cases()))
-def test_prefix_shared_logprobs_equal_the_plain_forward(tiny_model_dir, case, entropy_grad):
+def test_prefix_shared_logprobs_equal_the_plain_forward(tiny_model_dir, case, path):
     from agentrl.prefix_share import decoder_and_head, prefix_share_supported
+    from agentrl.static_forward import static_forward_supported
 
     model, _ = load_model(tiny_model_dir)
     model.train()
-    assert prefix_share_supported(model)
+    assert prefix_share_supported(model) and static_forward_supported(model)
     assert decoder_and_head(model) is not None and model.training  # the check keeps the mode
     rows, sizes = _prefix_cases()[case]
-    scale = _compare_prefix_share(model, rows, sizes, entropy_grad=entropy_grad)
+    scale = _compare_prefix_share(model, rows, sizes, entropy_grad=path == "entropy_grad",
+                                  static=path == "fused_head_static")
     assert scale > 0 or case == "all_rows_masked"
 
 

@@ -214,3 +214,62 @@ def test_unsupported_models_fall_back_to_transformers(change, reason):
     assert [len(o.token_ids) for o in outs] == [6, 6]
     assert len(calls) == 6  # the prefill and 5 decode steps ran the transformers forward
     assert engine._decoder_weights is None
+
+
+# -- the learner's training forward (agentrl/static_forward.py) ---------------------------------
+def test_training_forward_equals_the_transformers_forward(model):
+    """`forward_hidden` on left-padded prefixes, then continuations on the prefixes' keys and
+    values (rows index their prefix, as in prefix sharing): the hidden states equal the
+    transformers forward of the whole rows, and so do the gradients of a loss on them."""
+    from agentrl.static_forward import forward_hidden, static_forward_supported
+
+    model.train()
+    try:
+        assert static_forward_supported(model)
+        assert "training" in unsupported_reason(model)  # the decoder still needs eval mode
+        g = torch.Generator().manual_seed(0)
+        pre = [torch.randint(3, VOCAB, (n,), generator=g) for n in (5, 3)]
+        cont = [torch.randint(3, VOCAB, (n,), generator=g) for n in (4, 6, 2)]
+        src = [0, 1, 0]  # continuation row -> its prefix
+        P, Lc = 5, 6
+        pre_ids = torch.zeros((2, P), dtype=torch.long)
+        pre_mask = torch.zeros((2, P), dtype=torch.long)
+        for i, pr in enumerate(pre):  # left-padded
+            pre_ids[i, P - len(pr):], pre_mask[i, P - len(pr):] = pr, 1
+        pre_pos = (pre_mask.cumsum(-1) - 1).clamp(min=0)
+        ids = torch.zeros((3, Lc), dtype=torch.long)
+        valid = torch.zeros((3, Lc), dtype=torch.long)
+        for r, c in enumerate(cont):  # right-padded
+            ids[r, : len(c)], valid[r, : len(c)] = c, 1
+        plen = torch.tensor([len(pre[s]) for s in src])
+        pos = plen[:, None] + torch.arange(Lc)[None]
+        idx = torch.tensor(src)
+        w = torch.randn(3, Lc, model.config.hidden_size, generator=g) * valid[..., None]
+
+        def grads():
+            out = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+            model.zero_grad(set_to_none=True)
+            return out
+
+        hp, kv = forward_hidden(model, pre_ids, pre_pos, pre_mask)
+        h, _ = forward_hidden(model, ids, pos, torch.cat([pre_mask[idx], valid], 1),
+                              [(k[idx], v[idx]) for k, v in kv])
+        (h * w).sum().backward()
+        g_static = grads()
+        refs = []
+        for r, (s, c) in enumerate(zip(src, cont)):  # each row alone, unpadded
+            full = torch.cat([pre[s], c])[None]
+            refs.append(model.model(input_ids=full).last_hidden_state[0, len(pre[s]):])
+        loss = sum((ref * w[r, : len(ref)]).sum() for r, ref in enumerate(refs))
+        loss.backward()
+        g_ref = grads()
+        for r, ref in enumerate(refs):
+            assert torch.allclose(h[r, : len(ref)], ref, atol=1e-4, rtol=0)
+        for i, pr in enumerate(pre):
+            ref = model.model(input_ids=pr[None]).last_hidden_state[0]
+            assert torch.allclose(hp[i, P - len(pr):], ref.detach(), atol=1e-4, rtol=0)
+        model.zero_grad(set_to_none=True)
+        assert torch.isfinite(g_static).all()
+        assert float((g_static - g_ref).abs().max()) <= 1e-4 * float(g_ref.abs().max())
+    finally:
+        model.eval()

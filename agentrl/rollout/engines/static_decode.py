@@ -46,8 +46,11 @@ STATIC_ROPE_TYPES = ("default", "linear", "llama3")
 """RoPE types whose frequencies are fixed at model construction (no dependence on length)."""
 
 
-def unsupported_reason(model: Any) -> str | None:
-    """Why `StaticDecoder` cannot run `model` exactly, or None when it can (see module doc)."""
+def unsupported_reason(model: Any, *, training: bool = False) -> str | None:
+    """Why `StaticDecoder` cannot run `model` exactly, or None when it can (see module doc).
+
+    With `training=True`, the same for the learner's `agentrl.static_forward`: the model may
+    be in training mode, but its attention dropout must be 0 (the forward has no dropout)."""
     cfg = getattr(model, "config", None)
     if cfg is None:
         return "the model has no config"
@@ -68,7 +71,10 @@ def unsupported_reason(model: Any) -> str | None:
         return f"attention implementation {attn!r} is not sdpa or eager"
     if getattr(cfg, "pretraining_tp", 1) > 1:
         return "pretraining_tp > 1"
-    if getattr(model, "training", False):
+    if training:
+        if float(getattr(cfg, "attention_dropout", 0.0) or 0.0) != 0.0:
+            return "attention_dropout is not 0"
+    elif getattr(model, "training", False):
         return "the model is in training mode (dropout)"
     dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
     if dtypes != {torch.float32}:
