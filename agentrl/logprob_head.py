@@ -16,7 +16,8 @@ and the backward of `logp` in closed form, dlogp/dz = onehot(target) - p:
     G = (g / T) (onehot - p),   dh = G W,   dW = G^T h,   db = sum_rows G
 
 (the cross-entropy gradient; e.g. Liger Kernel's fused linear cross-entropy does the same on
-GPUs). The entropy is returned without gradient (an entropy bonus takes the plain path).
+GPUs). The entropy is returned without gradient (an entropy bonus takes the plain path), and the
+backward is not differentiable again (`once_differentiable`: `create_graph=True` raises).
 Memory: p is kept for the backward, N x V floats, as the plain path keeps its logits.
 """
 
@@ -26,6 +27,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 CHUNK_ROWS = 256
 """Rows of one lm_head chunk (256 x 943 floats, about 1 MB for the benchmark's model)."""
@@ -68,6 +70,7 @@ class _HeadLogprob(torch.autograd.Function):
         return logp, ent
 
     @staticmethod
+    @once_differentiable  # the closed form is not itself differentiated: a double backward raises
     def backward(ctx: Any, g_logp: torch.Tensor, g_ent: torch.Tensor | None
                  ) -> tuple[torch.Tensor | None, ...]:
         hidden, weight, targets, *probs = ctx.saved_tensors
@@ -79,7 +82,7 @@ class _HeadLogprob(torch.autograd.Function):
         for i, p in enumerate(probs):
             s = i * CHUNK_ROWS
             gs = g[s:s + CHUNK_ROWS, None]
-            G = p.mul_(-gs)  # p is not needed afterwards: the backward runs once
+            G = p * -gs  # out of place: a retained graph can run its backward again
             G.scatter_add_(-1, targets[s:s + CHUNK_ROWS, None], gs)
             if grad_h is not None:
                 grad_h[s:s + CHUNK_ROWS] = (G.to(weight.dtype) @ weight).to(hidden.dtype)

@@ -118,20 +118,22 @@ def decoder_and_head(model: Any) -> tuple[Any, torch.nn.Linear] | None:
     lm_head, when `head(decoder(x).last_hidden_state)` is exactly the model's logits; else None
     (a wrapped or scaled head: LoRA on lm_head, logit soft-capping or scaling, ...).
 
-    Checked once per model on a 3-token input in eval mode (max difference at most 1e-5 of the
-    logits' scale), then cached; `prefix_shared_logprobs` then computes the logprobs from the
-    hidden states with `agentrl.logprob_head.head_logprobs`.
+    Checked on a 3-token input in eval mode (max difference at most 1e-5 of the logits' scale)
+    once per model, and again when its lm_head or decoder module was replaced since (e.g.
+    `resize_token_embeddings`, an adapter injected on lm_head); `prefix_shared_logprobs` then
+    computes the logprobs from the hidden states with `agentrl.logprob_head.head_logprobs`.
     """
-    if model in _SPLIT:
-        return _SPLIT[model]
     base = _base_model(model)
-    split = None
     try:
         head, decoder = base.get_output_embeddings(), base.get_decoder()
     except (AttributeError, NotImplementedError):
         head = decoder = None
+    seen = _SPLIT.get(model)
+    if seen is not None and seen[0] is decoder and seen[1] is head:
+        return seen[2]  # checked before, and lm_head / decoder are still the same modules
+    split = None
     if type(head) is torch.nn.Linear and decoder is not None and decoder is not base:
-        was = base.training
+        modes = {m: m.training for m in base.modules()}
         base.eval()
         try:
             with torch.no_grad():
@@ -144,8 +146,9 @@ def decoder_and_head(model: Any) -> tuple[Any, torch.nn.Linear] | None:
         except (TypeError, ValueError, AttributeError):
             split = None
         finally:
-            base.train(was)
-    _SPLIT[model] = split
+            for m, mode in modes.items():  # each module's own mode, as the user left it
+                m.training = mode
+    _SPLIT[model] = (decoder, head, split)
     return split
 
 

@@ -1,11 +1,20 @@
-"""Time of one `Learner.update` with prefix sharing on and off, in the same process.
+"""Time of one `Learner.update` with the learner's forward paths, in the same process.
 
 The batch is the TRL benchmark's (`vs_trl.py`): its tiny Qwen2 model (`vs_trl_model.py`), P
 prompts of the shared set x G sampled completions of at most N tokens (large configuration:
 8 x 8 x 64, the default), one GRPO step as the benchmark runs it (micro-batch = whole batch,
-no KL, clip 0.2, token-mean). The two arms alternate on one learner (off, on, off, on, ...)
-after warm-up updates, so both see the same batch and the same machine load; medians of wall
-and CPU time per arm and the median ratio of consecutive (off, on) pairs are printed.
+no KL, clip 0.2, token-mean). Arms (`--arms`, each a way `Learner.update` computes the same
+logprobs and gradients):
+
+- `off`: `prefix_share=False`, one transformers forward over the padded rows (`token_logprobs`);
+- `share`: prefix sharing with the transformers forward and the model's logits gathered at the
+  loss positions (`decoder_and_head` switched off);
+- `head`: + the fused lm_head/log-softmax/entropy from hidden states (`logprob_head`);
+- `static`: + the decoder as plain torch ops (`static_forward`), the library's default.
+
+The arms take turns on one learner (off, share, head, static, off, ...) after warm-up updates,
+so all see the same batch and the same machine load; medians of wall and CPU time per arm and
+the median ratio of each arm to the first within a round are printed.
 
     python benchmarks/learner_update.py                       # large: 8 x 8 x 64
     python benchmarks/learner_update.py --prompts 2 --gens 4 --max-tokens 32   # base
@@ -21,6 +30,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+ARMS = ("off", "share", "head", "static")
 
 
 def make_batch(model, tok, prompts: int, gens: int, max_tokens: int, seed: int):
@@ -57,6 +67,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--gens", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--arms", default=",".join(ARMS), help=f"comma list of {', '.join(ARMS)}")
     ap.add_argument("--repeats", type=int, default=7, help="timed updates per arm (>= 5)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed updates per arm first")
     ap.add_argument("--threads", type=int, default=1)
@@ -89,26 +100,40 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
           f"prompt {int(batch['loss_mask'][0].nonzero()[0])} tokens; fused AdamW: {learner.fused}; "
           f"torch threads {torch.get_num_threads()}")
 
-    times: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
-    for i in range(2 * (a.warmup + a.repeats)):
-        on = i % 2 == 1
-        learner.prefix_share = on
-        sub = dict(batch)
-        t0, c0 = time.perf_counter(), time.process_time()
-        learner.update(sub, algo, cfg)
-        t1, c1 = time.perf_counter(), time.process_time()
-        if i >= 2 * a.warmup:
-            times[on].append((t1 - t0, c1 - c0))
-    med = {on: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v))
-           for on, v in times.items()}
-    pairs = [on[1] / off[1] for off, on in zip(times[False], times[True])]
-    res = {"off_wall_s": med[False][0], "on_wall_s": med[True][0], "off_cpu_s": med[False][1],
-           "on_cpu_s": med[True][1], "ratio_wall": med[True][0] / med[False][0],
-           "ratio_cpu_paired": statistics.median(pairs)}
-    print(f"prefix_share off: {med[False][0]:.3f} s wall, {med[False][1]:.3f} s CPU (median of {a.repeats})")
-    print(f"prefix_share on:  {med[True][0]:.3f} s wall, {med[True][1]:.3f} s CPU (median of {a.repeats})")
-    print(f"on/off: {res['ratio_wall']:.2f} (wall medians), {res['ratio_cpu_paired']:.2f} "
-          "(median of paired CPU ratios)")
+    import agentrl.prefix_share as ps
+
+    arms = a.arms.split(",")
+    unknown = set(arms) - set(ARMS)
+    if unknown:
+        ap.error(f"--arms: unknown {sorted(unknown)}; allowed: {', '.join(ARMS)}")
+    split, static_ok = ps.decoder_and_head, ps.static_forward_supported
+
+    def set_arm(arm: str) -> None:
+        learner.prefix_share = arm != "off"
+        ps.decoder_and_head = split if arm in ("head", "static") else (lambda m: None)
+        ps.static_forward_supported = static_ok if arm == "static" else (lambda m: False)
+
+    times: dict[str, list[tuple[float, float]]] = {arm: [] for arm in arms}
+    try:
+        for i in range(len(arms) * (a.warmup + a.repeats)):
+            arm = arms[i % len(arms)]
+            set_arm(arm)
+            sub = dict(batch)
+            t0, c0 = time.perf_counter(), time.process_time()
+            learner.update(sub, algo, cfg)
+            t1, c1 = time.perf_counter(), time.process_time()
+            if i >= len(arms) * a.warmup:
+                times[arm].append((t1 - t0, c1 - c0))
+    finally:
+        ps.decoder_and_head, ps.static_forward_supported = split, static_ok
+    res: dict[str, float] = {}
+    first = arms[0]
+    for arm, v in times.items():
+        wall, cpu = statistics.median(w for w, _ in v), statistics.median(c for _, c in v)
+        paired = statistics.median(x[1] / y[1] for x, y in zip(v, times[first]))
+        res.update({f"{arm}_wall_s": wall, f"{arm}_cpu_s": cpu, f"{arm}_vs_{first}": paired})
+        print(f"{arm:>6}: {wall:.3f} s wall, {cpu:.3f} s CPU (median of {a.repeats}); "
+              f"{paired:.2f}x the CPU time of {first} (median of paired ratios)")
     return res
 
 

@@ -123,3 +123,41 @@ def test_decoder_and_head_refuses_a_scaled_head(tiny_model_dir):
 
     third.forward = doubled
     assert decoder_and_head(third) is None  # the check on a 3-token input catches it
+
+
+def test_decoder_and_head_rechecks_a_replaced_head_and_keeps_module_modes(tiny_model_dir):
+    from agentrl.model import load_model
+    from agentrl.prefix_share import decoder_and_head
+
+    model, _ = load_model(tiny_model_dir)
+    model.train()
+    model.model.layers[0].eval()  # a submodule the user put in eval mode
+    assert decoder_and_head(model)[1] is model.lm_head
+    assert model.training and not model.model.layers[0].training and model.model.layers[1].training
+
+    class Scaled(torch.nn.Linear):
+        def forward(self, x):
+            return 2.0 * super().forward(x)
+
+    head = Scaled(model.lm_head.in_features, model.lm_head.out_features, bias=False)
+    head.weight = model.lm_head.weight
+    model.set_output_embeddings(head)  # same model object, new head: checked again
+    assert decoder_and_head(model) is None
+    plain = torch.nn.Linear(model.lm_head.in_features, model.lm_head.out_features, bias=False)
+    plain.weight = head.weight
+    model.set_output_embeddings(plain)
+    assert decoder_and_head(model)[1] is plain
+
+
+def test_retained_graph_backward_twice_and_no_double_backward():
+    head = _head(torch.randn(5, 3))
+    h = torch.randn(4, 3, requires_grad=True)
+    lp, _ = head_logprobs(h, head, torch.tensor([0, 1, 2, 3]))
+    lp.sum().backward(retain_graph=True)
+    first = h.grad.clone()
+    lp.sum().backward()
+    assert torch.allclose(h.grad, 2 * first)
+    lp, _ = head_logprobs(h, head, torch.tensor([0, 1, 2, 3]))
+    (gh,) = torch.autograd.grad(lp.sum(), h, create_graph=True)
+    with pytest.raises(RuntimeError):
+        gh.pow(2).sum().backward()
