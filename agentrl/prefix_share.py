@@ -155,7 +155,7 @@ def decoder_and_head(model: Any) -> tuple[Any, torch.nn.Linear] | None:
 def prefix_shared_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                            loss_mask: torch.Tensor, *, temperature: float = 1.0,
                            with_entropy: bool = False, entropy_grad: bool = False,
-                           share: bool = True, static: bool = True
+                           share: bool = True, static: bool = True, compiled: bool = False
                            ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`token_logprobs` at the positions the loss reads, each group's shared prefix run once.
 
@@ -171,6 +171,7 @@ def prefix_shared_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: 
         static: run the decoder as `agentrl.static_forward.forward_hidden` when the model
             supports it (float32 Qwen2/Llama without LoRA, with the fused head); False: always
             the transformers forward.
+        compiled: the static forward runs through `torch.compile` (`forward_hidden(compiled=)`).
 
     Returns:
         logp (B, T) float32 and entropy (B, T) or None: at every position where `loss_mask` is
@@ -219,7 +220,7 @@ def prefix_shared_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: 
             pre_mask[i, P - pr:] = 1
         pre_pos = (pre_mask.cumsum(-1) - 1).clamp(min=0)
     if use_share and fast:
-        hid, kv = forward_hidden(model, pre_ids, pre_pos, pre_mask)
+        hid, kv = forward_hidden(model, pre_ids, pre_pos, pre_mask, compiled=compiled)
         chunks.append((hid[:, -1:][g_idx], p[:, None]))  # predicts token p_b
     elif use_share:
         cache = _new_cache(model)
@@ -236,7 +237,8 @@ def prefix_shared_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: 
         cont = torch.where(valid, input_ids[rows].gather(1, cols.clamp(max=T - 1)), 0)
         mask = torch.cat([pre_mask[g_idx], valid.to(pre_mask.dtype)], dim=1)  # (R, P + Lc - 1)
         if fast:  # each row's prefix keys and values: an index (autograd sums the rows' grads)
-            out2, _ = forward_hidden(model, cont, cols, mask, [(k[g_idx], v[g_idx]) for k, v in kv])
+            out2, _ = forward_hidden(model, cont, cols, mask, [(k[g_idx], v[g_idx]) for k, v in kv],
+                                     compiled=compiled)
         else:
             cache.batch_select_indices(g_idx)  # differentiable: keys[g_idx], values[g_idx]
             out2 = run(input_ids=cont, attention_mask=mask, position_ids=cols, use_cache=True, **kw)
@@ -249,7 +251,7 @@ def prefix_shared_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: 
         if fast:  # position ids 0..width-1, as the transformers forward without position_ids
             out, _ = forward_hidden(model, input_ids[rows, :width],
                                     torch.arange(width, device=dev)[None].expand(len(rows), -1),
-                                    attention_mask[rows, :width])
+                                    attention_mask[rows, :width], compiled=compiled)
         else:
             out = run(input_ids=input_ids[rows, :width], attention_mask=attention_mask[rows, :width],
                       **keep)

@@ -34,6 +34,7 @@ D head dim.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -57,8 +58,14 @@ def _rope(model: Any, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return cos[0][positions], sin[0][positions]
 
 
+COMPILE_BACKEND = "inductor"
+"""`torch.compile` backend of `forward_hidden(..., compiled=True)` (tests use "eager")."""
+_COMPILED: dict[str, Any] = {}
+
+
 def forward_hidden(model: Any, ids: torch.Tensor, positions: torch.Tensor, key_mask: torch.Tensor,
-                   past: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+                   past: list[tuple[torch.Tensor, torch.Tensor]] | None = None, *,
+                   compiled: bool = False
                    ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
     """Final hidden states of `ids` after `past`, and this call's keys and values.
 
@@ -69,20 +76,42 @@ def forward_hidden(model: Any, ids: torch.Tensor, positions: torch.Tensor, key_m
         key_mask: (R, S + L) bool or 0/1: which past and current keys are real tokens.
         past: per layer (keys, values), each (R, K, S, D) (post-RoPE keys, as a cache holds
             them), or None (S = 0).
+        compiled: run the layers through `torch.compile(dynamic=True)` (inductor: fused C++
+            kernels for the forward and the backward; compiled once per process and shape
+            family, the first call of each takes tens of seconds, ~110 s on 2 busy cores for the
+            TRL benchmark's model). Same math; float32 rounding may differ from eager.
 
     Returns:
         `(hidden, kv)`: hidden (R, L, E) after the final norm; kv per layer the (R, K, L, D)
         keys and values of the L new tokens (with gradient), to be a later call's `past`.
     """
+    cos, sin = _rope(model, positions)
+    real = key_mask.bool()
+    if not compiled or _COMPILED.get("failed"):
+        return _layers(model, ids, cos, sin, real, past)
+    fn = _COMPILED.get(COMPILE_BACKEND)
+    if fn is None:
+        fn = _COMPILED[COMPILE_BACKEND] = torch.compile(_layers, dynamic=True, backend=COMPILE_BACKEND)
+    try:
+        return fn(model, ids, cos, sin, real, past)
+    except Exception as e:  # noqa: BLE001 - no compiler, an inductor bug, ...: run eagerly
+        _COMPILED["failed"] = f"{type(e).__name__}: {e}"
+        warnings.warn(f"train.compile: torch.compile of the learner forward failed, running it "
+                      f"eagerly from now on ({_COMPILED['failed'][:300]})", RuntimeWarning, stacklevel=2)
+        return _layers(model, ids, cos, sin, real, past)
+
+
+def _layers(model: Any, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, real: torch.Tensor,
+            past: list[tuple[torch.Tensor, torch.Tensor]] | None
+            ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """`forward_hidden` after the RoPE lookup: cos, sin (R, L, D); real (R, S + L) bool."""
     base = model.model
     R, L = ids.shape
     S = past[0][0].shape[2] if past else 0
-    real = key_mask.bool()
     allowed = torch.ones((L, S + L), dtype=torch.bool, device=ids.device).tril(S)  # causal
     blocked = ~(allowed[None] & real[:, None, :])  # (R, L, S + L)
     bias = torch.zeros(blocked.shape, dtype=torch.float32, device=ids.device)
     bias = bias.masked_fill_(blocked, torch.finfo(torch.float32).min)[:, None]  # (R, 1, L, S + L)
-    cos, sin = _rope(model, positions)
     cos, sin = cos[:, :, None], sin[:, :, None]  # (R, L, 1, D)
     h = F.embedding(ids, base.embed_tokens.weight)
     kv_out: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -90,7 +119,6 @@ def forward_hidden(model: Any, ids: torch.Tensor, positions: torch.Tensor, key_m
         at, mlp = layer.self_attn, layer.mlp
         d = at.head_dim
         n_q, n_kv = at.q_proj.weight.shape[0] // d, at.k_proj.weight.shape[0] // d
-        g = n_q // n_kv
         x = F.rms_norm(h, (h.shape[-1],), layer.input_layernorm.weight,
                        layer.input_layernorm.variance_epsilon)
         w = torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight])

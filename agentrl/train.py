@@ -394,7 +394,8 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
     learner = Learner(model, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay,
                       grad_clip=cfg.train.grad_clip, temperature=cfg.rollout.temperature,
                       micro_batch_size=cfg.train.micro_batch_size,
-                      prefix_share=cfg.train.prefix_share,
+                      prefix_share=cfg.train.prefix_share, compile=cfg.train.compile,
+                      skip_zero_advantage=cfg.train.skip_zero_advantage,
                       use_ref=needs_reference(algo, cfg.algo),
                       value_head=getattr(algo, "VALUE_HEAD", False))
     if ck is not None:

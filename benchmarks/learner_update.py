@@ -10,7 +10,9 @@ logprobs and gradients):
 - `share`: prefix sharing with the transformers forward and the model's logits gathered at the
   loss positions (`decoder_and_head` switched off);
 - `head`: + the fused lm_head/log-softmax/entropy from hidden states (`logprob_head`);
-- `static`: + the decoder as plain torch ops (`static_forward`), the library's default.
+- `static`: + the decoder as plain torch ops (`static_forward`), the library's default;
+- `compiled`: + that decoder through `torch.compile` (`train.compile=true`; its first update,
+  a warm-up one, compiles).
 
 The arms take turns on one learner (off, share, head, static, off, ...) after warm-up updates,
 so all see the same batch and the same machine load; medians of wall and CPU time per arm and
@@ -30,7 +32,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ARMS = ("off", "share", "head", "static")
+ARMS = ("off", "share", "head", "static", "compiled")
 
 
 def make_batch(model, tok, prompts: int, gens: int, max_tokens: int, seed: int):
@@ -109,9 +111,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     split, static_ok = ps.decoder_and_head, ps.static_forward_supported
 
     def set_arm(arm: str) -> None:
-        learner.prefix_share = arm != "off"
-        ps.decoder_and_head = split if arm in ("head", "static") else (lambda m: None)
-        ps.static_forward_supported = static_ok if arm == "static" else (lambda m: False)
+        learner.prefix_share, learner.compile = arm != "off", arm == "compiled"
+        ps.decoder_and_head = split if arm in ("head", "static", "compiled") else (lambda m: None)
+        ps.static_forward_supported = static_ok if arm in ("static", "compiled") else (lambda m: False)
 
     times: dict[str, list[tuple[float, float]]] = {arm: [] for arm in arms}
     try:

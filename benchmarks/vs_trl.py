@@ -62,11 +62,15 @@ def worker_env() -> dict[str, str]:
 
 def worker_cmd(variant: str, model: str, cfg: tuple[int, int, int], steps: int, lr: float,
                seed: int) -> list[str]:
-    """Command line of one worker: 'trl', 'ours' or 'ours+PATCH[+PATCH]'."""
+    """Command line of one worker: 'trl', 'ours', 'trl-compile', 'ours-compile' (each side with
+    its torch.compile option: GRPOConfig(torch_compile=True), train.compile=true) or
+    'ours+PATCH[+PATCH]'."""
     p, g, c = cfg
-    script = "vs_trl_trl.py" if variant == "trl" else "vs_trl_ours.py"
+    script = "vs_trl_trl.py" if variant.startswith("trl") else "vs_trl_ours.py"
     cmd = [sys.executable, str(HERE / script), "--model", model, "--prompts", str(p), "--gens", str(g),
            "--max-tokens", str(c), "--steps", str(steps), "--lr", str(lr), "--seed", str(seed), "--wait-go"]
+    if variant.endswith("-compile"):
+        cmd.append("--compile")
     if variant.startswith(("ours+", "ab+")):
         cmd += ["--patch", variant.split("+", 1)[1].replace("+", ",")]
     if variant.startswith("ab+"):
@@ -168,14 +172,23 @@ def summarize(runs: list[dict], warmup: int) -> dict:
     return out
 
 
+def baseline_of(variant: str, variants: dict) -> str | None:
+    """The TRL variant a variant is compared with: 'trl-compile' for our '-compile' variants when
+    it ran (each side with its torch.compile option), else 'trl' (None if TRL did not run)."""
+    if variant.startswith("ours") and variant.endswith("-compile") and "trl-compile" in variants:
+        return "trl-compile"
+    return "trl" if "trl" in variants else None
+
+
 def format_table(results: dict[str, dict[str, dict]]) -> str:
     """Markdown tables: one row per (config, variant), then our step split."""
     lines = ["| config | side | steps | median s/step (IQR) | CPU s/step | gen tokens/step | gen tokens/s "
              "| peak RSS MB | time agentrl/TRL | speedup (wall) | speedup (CPU) | framework overhead |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for cname, variants in results.items():
-        trl = variants.get("trl")
         for v, s in variants.items():
+            base = baseline_of(v, variants)
+            trl = variants[base] if base else None
             if trl:
                 ratio = s["median_step_s"] / trl["median_step_s"]
                 vs = f"{ratio:.2f} | {1 / ratio:.2f}x | {trl['median_cpu_s'] / s['median_cpu_s']:.2f}x"
@@ -204,7 +217,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--configs", default="base,large", help=f"comma list of {', '.join(CONFIGS)}")
     ap.add_argument("--variants", default="trl,ours",
-                    help="comma list: trl, ours, ours+PATCH[+PATCH] (PATCH in benchmarks/vs_trl_patches.py, "
+                    help="comma list: trl, ours, trl-compile, ours-compile (each side's torch.compile option; "
+                         "ours-compile is compared with trl-compile when both run), "
+                         "ours+PATCH[+PATCH] (PATCH in benchmarks/vs_trl_patches.py, "
                          "or all), ab+PATCH[+PATCH] (one process, patches off/on on alternate steps)")
     ap.add_argument("--rounds", type=int, default=2,
                     help="processes per variant and config (alternating); all are alive at once "
@@ -281,15 +296,15 @@ def main(argv: list[str] | None = None) -> dict:
         for v, s in results[c].items():
             if "paired_cpu_ratio" in s:
                 print(f"{c}: {v}: CPU time per step with/without, paired steps: {s['paired_cpu_ratio']:.3f}")
-        if "trl" in results[c]:
-            for v in results[c]:
-                if v == "trl":
-                    continue
-                s, t = results[c][v], results[c]["trl"]
-                print(f"{c}: {v} {s['median_step_s']:.3f} s/step vs TRL {t['median_step_s']:.3f} s/step "
-                      f"-> {t['median_step_s'] / s['median_step_s']:.2f}x faster by wall time, "
-                      f"{t['median_cpu_s'] / s['median_cpu_s']:.2f}x by CPU time (target >= 3x); "
-                      f"generated tokens/step {s['tokens_per_step']:.1f} vs {t['tokens_per_step']:.1f}")
+        for v in results[c]:
+            base = baseline_of(v, results[c])
+            if base is None or v == base or v.startswith("trl"):
+                continue
+            s, t = results[c][v], results[c][base]
+            print(f"{c}: {v} {s['median_step_s']:.3f} s/step vs {base} {t['median_step_s']:.3f} s/step "
+                  f"-> {t['median_step_s'] / s['median_step_s']:.2f}x faster by wall time, "
+                  f"{t['median_cpu_s'] / s['median_cpu_s']:.2f}x by CPU time (target >= 3x); "
+                  f"generated tokens/step {s['tokens_per_step']:.1f} vs {t['tokens_per_step']:.1f}")
     total = time.perf_counter() - t_start
     print(f"total wall time {total:.0f} s", flush=True)
     out = {"args": vars(a), "results": results, "raw": raw, "wall_s": total, "table": table}

@@ -37,6 +37,7 @@ def ours_overrides(a: argparse.Namespace, out: str) -> list[str]:
         f"train.micro_batch_size={a.prompts * a.gens}", "sft.steps=0", f"train.steps={a.steps}",
         "train.eval_tasks=1", "train.eval_samples=1", "train.log_rollouts_every=0",
         "train.save_every=0", "log.tensorboard=false", "quiet=true", f"out={out}", f"seed={a.seed}",
+        f"train.compile={str(a.compile).lower()}",
     ]
 
 
@@ -49,6 +50,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--compile", action="store_true", help="train.compile=true (torch.compile)")
     p.add_argument("--patch", default="", help="comma-separated proposed patches to apply (vs_trl_patches.py)")
     p.add_argument("--toggle", action="store_true",
                    help="A/B in one process: the patches are off on even steps, on on odd steps")

@@ -39,7 +39,7 @@ def trl_config_kwargs(a: argparse.Namespace, out: str) -> dict:
         beta=0.0, num_iterations=1, loss_type="dapo", epsilon=0.2, scale_rewards="group",
         max_grad_norm=1.0, weight_decay=0.0, use_vllm=False, report_to="none", bf16=False,
         fp16=False, use_cpu=True, gradient_checkpointing=False, logging_steps=1, save_strategy="no",
-        seed=a.seed, dataloader_num_workers=0, disable_tqdm=True,
+        seed=a.seed, dataloader_num_workers=0, disable_tqdm=True, torch_compile=a.compile,
     )
 
 
@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--compile", action="store_true",
+                   help="GRPOConfig(torch_compile=True): the Trainer compiles the model (inductor)")
     p.add_argument("--wait-go", action="store_true",
                    help="when set up (before the first step) print READY and wait for a line on stdin")
     a = p.parse_args(argv)

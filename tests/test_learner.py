@@ -400,3 +400,150 @@ def test_prefix_share_with_activation_checkpointing_runs_one_forward(tiny_model_
     _compare_prefix_share(model, rows, [6])
     monkeypatch.setattr(ps, "_checkpointing", lambda m: False)  # the check after the prefix
     _compare_prefix_share(model, rows, [2, 6])  # prefix forward, unfilled cache, then one forward
+
+
+def _shared_case():
+    rows, _ = _prefix_cases()["2_groups_x_3_rows"]
+    return _rows(rows)
+
+
+def test_compiled_static_forward_equals_eager(tiny_model_dir, monkeypatch):
+    """`train.compile` path: dynamo traces the static forward (backend "eager" here, so the test
+    stays fast; the inductor build is the slow test below) and gives the eager values."""
+    from agentrl import static_forward
+    from agentrl.prefix_share import prefix_shared_logprobs
+
+    monkeypatch.setattr(static_forward, "COMPILE_BACKEND", "eager")
+    monkeypatch.setattr(static_forward, "_COMPILED", {})
+    model, _ = load_model(tiny_model_dir)
+    model.train()
+    ids, am, lm = _shared_case()
+    ref, _ = prefix_shared_logprobs(model, ids, am, lm, temperature=0.7, with_entropy=True)
+    lp, _ = prefix_shared_logprobs(model, ids, am, lm, temperature=0.7, with_entropy=True, compiled=True)
+    assert "eager" in static_forward._COMPILED and "failed" not in static_forward._COMPILED
+    assert torch.allclose(lp, ref, atol=1e-6, rtol=0)
+    learner = Learner(model, lr=1e-3, compile=True)
+    assert learner.compile
+
+
+def test_compile_failure_falls_back_to_eager_with_a_warning(tiny_model_dir, monkeypatch):
+    from agentrl import static_forward
+    from agentrl.prefix_share import prefix_shared_logprobs
+
+    def broken(fn, **kw):  # what a machine without a C++ compiler gives at the first call
+        def call(*a, **k):
+            raise RuntimeError("InductorError: no working C++ compiler found")
+        return call
+
+    monkeypatch.setattr(static_forward, "_COMPILED", {})
+    monkeypatch.setattr(torch, "compile", broken)
+    model, _ = load_model(tiny_model_dir)
+    model.train()
+    ids, am, lm = _shared_case()
+    ref, _ = prefix_shared_logprobs(model, ids, am, lm)
+    with pytest.warns(RuntimeWarning, match="compile of the learner forward failed"):
+        lp, _ = prefix_shared_logprobs(model, ids, am, lm, compiled=True)
+    assert torch.equal(lp, ref) and "C++ compiler" in static_forward._COMPILED["failed"]
+    lp2, _ = prefix_shared_logprobs(model, ids, am, lm, compiled=True)  # eager from now on
+    assert torch.equal(lp2, ref)
+
+
+@pytest.mark.slow
+def test_inductor_compiled_update_equals_eager(tiny_model_dir, monkeypatch):
+    """A real inductor build (tens of seconds): two GRPO updates with `compile=True` give the
+    eager weights to float32 rounding."""
+    from agentrl import static_forward
+
+    monkeypatch.setattr(static_forward, "_COMPILED", {})
+    cfg = AlgoConfig(name="grpo")
+    algo = get_algorithm("grpo")
+    weights = []
+    for compiled in (False, True):
+        model, _ = load_model(tiny_model_dir)
+        learner = Learner(model, lr=1e-3, micro_batch_size=4, compile=compiled)
+        for step in range(2):
+            batch = _group_batch(step)
+            batch["advantages"], _ = algo.advantages(batch, cfg)
+            learner.update(batch, algo, cfg)
+        weights.append([p.detach().clone() for p in model.parameters()])
+    assert "failed" not in static_forward._COMPILED and "inductor" in static_forward._COMPILED
+    for a, b in zip(*weights):
+        assert torch.allclose(a, b, atol=1e-5, rtol=0)
+
+
+# -- rows with all-zero advantages (Learner(skip_zero_advantage=True)) ---------------------------
+def _equal_reward_batch(seed, rewards):
+    """GRPO batch of groups of 3 one-turn rows; rewards[k] are group k's three rewards."""
+    from agentrl.train import build_batch
+
+    g = torch.Generator().manual_seed(seed)
+    trajs = []
+    for k, group in enumerate(rewards):
+        prompt = torch.randint(3, 380, (5 + k,), generator=g).tolist()
+        for r in group:
+            t = Trajectory(group_id=k)
+            t.append_context(prompt)
+            n = int(torch.randint(2, 9, (1,), generator=g))
+            t.append_sampled(torch.randint(3, 380, (n,), generator=g).tolist(), [-3.0] * n, reward=r)
+            trajs.append(t)
+    return build_batch(trajs, pad_id=0)
+
+
+@pytest.mark.parametrize("name", ["grpo", "gspo", "rloo"])
+def test_skipping_zero_advantage_rows_gives_the_same_update(tiny_model_dir, monkeypatch, name):
+    """Groups 0 and 2 have equal rewards (advantage 0): with the skip their rows are not
+    forwarded, yet the loss, gradient and weights equal the full update's."""
+    from agentrl import prefix_share
+
+    cfg = AlgoConfig(name=name)
+    algo = get_algorithm(name)
+    batch0 = _equal_reward_batch(0, [(1.0, 1.0, 1.0), (0.0, 1.0, 0.0), (0.0, 0.0, 0.0), (1.0, 0.0, 0.0)])
+    out, rows_seen = [], []
+    forward = prefix_share.prefix_shared_logprobs
+    monkeypatch.setattr("agentrl.learner.prefix_shared_logprobs",
+                        lambda m, ids, *a, **k: rows_seen.append(ids.shape[0]) or forward(m, ids, *a, **k))
+    for skip in (False, True):
+        model, _ = load_model(tiny_model_dir)
+        learner = Learner(model, lr=1e-3, weight_decay=0.1, micro_batch_size=4, skip_zero_advantage=skip)
+        batch = dict(batch0)
+        batch["advantages"], _ = algo.advantages(batch, cfg)
+        rows_seen.clear()
+        m = learner.update(batch, algo, cfg)
+        grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+        out.append((m, grads, [p.detach().clone() for p in model.parameters()], sum(rows_seen)))
+    (m0, g0, w0, n0), (m1, g1, w1, n1) = out
+    assert (n0, n1) == (12, 6)  # the 6 rows of the equal-reward groups are not forwarded
+    assert m1["skipped_rows_frac"] == pytest.approx(0.5) and "skipped_rows_frac" not in m0
+    assert m1["loss"] == pytest.approx(m0["loss"], rel=1e-5, abs=1e-8)
+    assert float((g1 - g0).abs().max()) <= 1e-5 * float(g0.abs().max())
+    for a, b in zip(w0, w1):  # 1% of one AdamW step (see the prefix-share update test)
+        assert torch.allclose(a, b, atol=1e-5, rtol=0)
+
+
+def test_all_rows_idle_still_steps_the_optimizer_and_bonus_terms_disable_the_skip(tiny_model_dir):
+    algo = get_algorithm("grpo")
+    batch0 = _equal_reward_batch(1, [(1.0, 1.0, 1.0), (0.0, 0.0, 0.0)])
+    weights, metrics = [], []
+    for skip in (False, True):
+        model, _ = load_model(tiny_model_dir)
+        learner = Learner(model, lr=1e-3, weight_decay=0.1, skip_zero_advantage=skip)
+        batch = dict(batch0)
+        cfg = AlgoConfig(name="grpo")
+        batch["advantages"], _ = algo.advantages(batch, cfg)
+        assert not bool(batch["advantages"].any())
+        metrics.append(learner.update(batch, algo, cfg))
+        weights.append([p.detach().clone() for p in model.parameters()])
+    assert metrics[1]["skipped_rows_frac"] == pytest.approx(5 / 6) and metrics[1]["loss"] == 0.0
+    assert set(metrics[1]) == set(metrics[0]) | {"skipped_rows_frac"}  # one row gave the metrics
+    assert metrics[1]["grad_norm"] == 0.0 == metrics[0]["grad_norm"]
+    for a, b in zip(*weights):  # weight decay moved both the same way
+        assert torch.allclose(a, b, atol=1e-7, rtol=0)
+    assert not torch.equal(weights[1][0], load_model(tiny_model_dir)[0].model.embed_tokens.weight)
+    model, _ = load_model(tiny_model_dir)
+    learner = Learner(model, lr=1e-3)
+    for cfg in (AlgoConfig(name="grpo", entropy_coef=0.01), AlgoConfig(name="grpo", kl_coef=0.1)):
+        batch = dict(batch0)
+        batch["advantages"], _ = algo.advantages(batch, cfg)
+        if cfg.kl_coef:
+            batch["ref_logprobs"] = torch.zeros_like(batch["loss_mask"], dtype=torch.float32)
+        assert "skipped_rows_frac" not in learner.update(batch, algo, cfg)

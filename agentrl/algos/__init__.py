@@ -20,6 +20,10 @@ them, in this order each step: `build_batch` -> `prepare` -> reference logprobs 
   `kl_coef > 0` every algorithm gets them (`needs_reference`).
 - `VALUE_HEAD: bool` [False]: build `Learner(value_head=True)`; `loss` is then called with
   `values=` (B, T) V(s_t) with gradient (PPO).
+- `idle_zero_advantage_rows(cfg) -> bool` [False]: rows whose advantages are all 0 add nothing
+  to `loss` or its gradient under this config (a pure policy-gradient loss: no KL in the loss,
+  no entropy bonus), so the learner may leave them out of its forwards (GRPO, GSPO, RLOO,
+  REINFORCE++; `train.skip_zero_advantage`).
 - `prepare(batch, learner, cfg) -> (batch, metrics)` [identity]: no-grad forward passes an
   algorithm needs before its advantages (old logprobs for a KL in the reward, PPO's old values
   and bootstrap values) or a different batch (online DPO's preference pairs). It may set

@@ -64,3 +64,10 @@ def loss(logp: torch.Tensor, batch: dict[str, Any], cfg: Any, *, num_tokens: flo
     if entropy is not None and cfg.entropy_coef > 0:
         total = total - cfg.entropy_coef * aggregate(entropy, mask, "token-mean", num_tokens=num_tokens)
     return total, metrics
+
+
+def idle_zero_advantage_rows(cfg: Any) -> bool:
+    """True when a row whose advantages are all 0 adds nothing to this loss or its gradient:
+    no KL term in the loss (`kl_coef == 0`) and no entropy bonus; the learner then leaves such
+    rows out of its forwards (`Learner(skip_zero_advantage=True)`)."""
+    return cfg.kl_coef == 0 and cfg.entropy_coef == 0

@@ -72,3 +72,10 @@ def advantages(batch: dict[str, Any], cfg: Any) -> tuple[torch.Tensor, dict[str,
 
 #: clipped surrogate; the KL penalty is already in the reward
 loss = surrogate_loss_kl_in_reward
+
+
+def idle_zero_advantage_rows(cfg: Any) -> bool:
+    """True when a row whose advantages are all 0 adds nothing to this loss or its gradient:
+    the KL penalty is in the reward (so in the advantages), so only an entropy bonus would;
+    the learner then leaves such rows out of its forwards (`Learner(skip_zero_advantage=True)`)."""
+    return cfg.entropy_coef == 0
