@@ -318,7 +318,7 @@ class Learner:
                     fwd = mb[:1]
                 n_idle += len(mb) - len(fwd)
                 self.optimizer.zero_grad(set_to_none=True)
-                for micro in torch.split(fwd, micro_rows) if len(fwd) else ():
+                for micro in torch.split(fwd, micro_rows):
                     sub = _slice(batch, micro)
                     sub["max_len"] = batch["input_ids"].shape[1]
                     kw: dict[str, Any] = {}

@@ -110,7 +110,7 @@ def _new_cache(model: Any) -> Any:
     return new_cache(_base_model(model))
 
 
-_SPLIT: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+_SPLIT: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
 def decoder_and_head(model: Any) -> tuple[Any, torch.nn.Linear] | None:
@@ -188,7 +188,8 @@ def prefix_shared_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: 
     lengths = real.sum(-1)
     right_padded = bool(torch.equal(real, torch.arange(T, device=dev)[None] < lengths[:, None]))
 
-    chunks: list[tuple[torch.Tensor, torch.Tensor]] = []  # (logits (R, L, V) or hidden (R, L, E), cols (R, L))
+    # (logits (R, L, V), or hidden states (R, L, E) for the fused head; cols (R, L))
+    chunks: list[tuple[torch.Tensor, torch.Tensor]] = []
     p = has[rows].float().argmax(-1)  # first loss column of each forwarded row (>= 1 if any)
     len_r = lengths[rows]
     groups: list[int] = []

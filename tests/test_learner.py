@@ -189,7 +189,6 @@ def _compare_prefix_share(model, rows, sizes_expected, entropy_grad=True, static
     (where the model supports it) or as the transformers forward."""
     from agentrl import prefix_share
     from agentrl.prefix_share import prefix_shared_logprobs
-
     from agentrl.static_forward import static_forward_supported
 
     static_calls = []
@@ -304,6 +303,21 @@ def _group_batch(seed, groups=3, G=3):
     return build_batch(trajs, pad_id=0)
 
 
+def _two_grpo_updates(model_dir, cfg, **learner_kw):
+    """Two GRPO updates of `_group_batch` (micro-batches of 4 rows) from the saved weights:
+    (weights after, gradient of the first update, metrics of the last)."""
+    algo = get_algorithm("grpo")
+    model, _ = load_model(model_dir)
+    learner = Learner(model, lr=1e-3, micro_batch_size=4, **learner_kw)
+    for step in range(2):
+        batch = _group_batch(step)
+        batch["advantages"], _ = algo.advantages(batch, cfg)
+        m = learner.update(batch, algo, cfg)
+        if step == 0:
+            grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+    return [p.detach().clone() for p in model.parameters()], grads, m
+
+
 @pytest.mark.parametrize("entropy_coef", [0.01, 0.0], ids=["entropy_bonus", "fused_head"])
 def test_update_gives_the_same_weights_with_prefix_share_on_and_off(tiny_model_dir, entropy_coef):
     """Two GRPO updates (micro-batches of 4 rows split the groups of 3) from the same weights.
@@ -312,19 +326,8 @@ def test_update_gives_the_same_weights_with_prefix_share_on_and_off(tiny_model_d
     so on the few weights whose gradient nearly cancels (|g| ~ 1e-9 against eps = 1e-8) rounding
     moves the step by up to ~0.2% of lr: the weights agree to 1% of one step (lr = 1e-3)."""
     cfg = AlgoConfig(name="grpo", entropy_coef=entropy_coef)
-    algo = get_algorithm("grpo")
-    weights, grads, metrics = [], [], []
-    for share in (False, True):
-        model, _ = load_model(tiny_model_dir)
-        learner = Learner(model, lr=1e-3, micro_batch_size=4, prefix_share=share)
-        for step in range(2):
-            batch = _group_batch(step)
-            batch["advantages"], _ = algo.advantages(batch, cfg)
-            m = learner.update(batch, algo, cfg)
-            if step == 0:
-                grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
-        weights.append([p.detach().clone() for p in model.parameters()])
-        metrics.append(m)
+    weights, grads, metrics = zip(*(_two_grpo_updates(tiny_model_dir, cfg, prefix_share=share)
+                                    for share in (False, True)))
     assert float((grads[1] - grads[0]).abs().max()) <= 1e-4 * float(grads[0].abs().max())
     for a, b in zip(*weights):
         assert torch.allclose(a, b, atol=1e-5, rtol=0)
@@ -456,16 +459,7 @@ def test_inductor_compiled_update_equals_eager(tiny_model_dir, monkeypatch):
 
     monkeypatch.setattr(static_forward, "_COMPILED", {})
     cfg = AlgoConfig(name="grpo")
-    algo = get_algorithm("grpo")
-    weights = []
-    for compiled in (False, True):
-        model, _ = load_model(tiny_model_dir)
-        learner = Learner(model, lr=1e-3, micro_batch_size=4, compile=compiled)
-        for step in range(2):
-            batch = _group_batch(step)
-            batch["advantages"], _ = algo.advantages(batch, cfg)
-            learner.update(batch, algo, cfg)
-        weights.append([p.detach().clone() for p in model.parameters()])
+    weights = [_two_grpo_updates(tiny_model_dir, cfg, compile=c)[0] for c in (False, True)]
     assert "failed" not in static_forward._COMPILED and "inductor" in static_forward._COMPILED
     for a, b in zip(*weights):
         assert torch.allclose(a, b, atol=1e-5, rtol=0)

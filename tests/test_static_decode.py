@@ -257,7 +257,7 @@ def test_training_forward_equals_the_transformers_forward(model):
         (h * w).sum().backward()
         g_static = grads()
         refs = []
-        for r, (s, c) in enumerate(zip(src, cont)):  # each row alone, unpadded
+        for s, c in zip(src, cont):  # each row alone, unpadded
             full = torch.cat([pre[s], c])[None]
             refs.append(model.model(input_ids=full).last_hidden_state[0, len(pre[s]):])
         loss = sum((ref * w[r, : len(ref)]).sum() for r, ref in enumerate(refs))
