@@ -202,3 +202,23 @@ def test_apply_rejects_unknown_and_conflicting_patches():
         with pytest.raises(ValueError, match="already applied in the library"):
             patches.apply([name])
     assert math.isnan(vs_trl._med([]))
+
+
+def test_compile_variants_and_their_baselines():
+    from types import SimpleNamespace
+
+    import vs_trl_ours
+
+    cmd = vs_trl.worker_cmd("ours-compile", "M", (2, 4, 32), 3, 1e-3, 0)
+    assert cmd[1].endswith("vs_trl_ours.py") and "--compile" in cmd
+    cmd = vs_trl.worker_cmd("trl-compile", "M", (2, 4, 32), 3, 1e-3, 0)
+    assert cmd[1].endswith("vs_trl_trl.py") and "--compile" in cmd
+    assert "--compile" not in vs_trl.worker_cmd("ours", "M", (2, 4, 32), 3, 1e-3, 0)
+    both = {"trl": {}, "trl-compile": {}, "ours": {}, "ours-compile": {}}
+    assert vs_trl.baseline_of("ours-compile", both) == "trl-compile"
+    assert vs_trl.baseline_of("ours", both) == "trl"
+    assert vs_trl.baseline_of("ours-compile", {"trl": {}, "ours-compile": {}}) == "trl"
+    assert vs_trl.baseline_of("ours", {"ours": {}}) is None
+    args = SimpleNamespace(model="M", prompts=2, gens=4, max_tokens=32, lr=1e-3, steps=3, seed=0,
+                           compile=True)
+    assert "train.compile=true" in vs_trl_ours.ours_overrides(args, "/tmp/x")
