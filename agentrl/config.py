@@ -175,7 +175,7 @@ class AlgoConfig(_Section):
 class TrainConfig(_Section):
     """Section `train`: steps, optimizer, staleness bound, evaluation and checkpoints."""
 
-    steps: int = Field(default=200, ge=0)
+    steps: int = Field(default=300, ge=0)
     """Training steps (each: rollout -> advantages -> updates)."""
     lr: float = Field(default=3e-4, gt=0)
     """AdamW learning rate."""
