@@ -152,8 +152,8 @@ class Learner:
             keeps the plain forward. Same losses and gradients to float32 rounding.
         compile: run that static decoder forward through `torch.compile` (inductor; see
             `agentrl.static_forward.forward_hidden`): tens of seconds of compiling at the first
-            update, then a faster update for small models on CPU. Falls back to eager, with a
-            warning, if compiling fails.
+            update, then 0.85-0.88x of the eager update time for small models on CPU. Falls
+            back to eager, with a warning, if compiling fails.
         skip_zero_advantage: leave rows whose advantages are all 0 out of the update's forwards
             when the algorithm says they add nothing to its loss (`idle_zero_advantage_rows`:
             GRPO/GSPO without KL in the loss or entropy bonus, RLOO, REINFORCE++ without entropy
@@ -369,6 +369,26 @@ class Learner:
         if mism[1] > 0:
             out["logp_mismatch"] = mism[0] / mism[1]
         return out
+
+    def compile_note(self) -> str:
+        """One line on what `compile=True` will do for this learner ("" when it is off): that
+        the decoder forward compiles at the first update, or why compiling has no effect."""
+        if not self.compile:
+            return ""
+        from agentrl.rollout.engines.static_decode import unsupported_reason
+
+        if self.value_head is not None:
+            why = "the value head (PPO) keeps the plain transformers forward"
+        elif is_peft(self.model):
+            why = "LoRA/PEFT adapters keep the transformers forward"
+        elif not (self.prefix_share and self._share_ok):
+            why = "the prefix-shared forward is off or unsupported for this model"
+        else:
+            why = unsupported_reason(self.model, training=True) or ""
+        if why:
+            return f"train.compile has no effect: {why}"
+        return ("the learner's decoder forward is compiled at the first update (torch.compile; "
+                "about 1-2 min on 2 cores, then faster updates)")
 
     def _idle_rows(self, batch: dict[str, Any], algo: Any, cfg: Any) -> torch.Tensor | None:
         """(B,) bool: rows the update can leave out of its forwards, or None (skip nothing).

@@ -541,3 +541,24 @@ def test_all_rows_idle_still_steps_the_optimizer_and_bonus_terms_disable_the_ski
         if cfg.kl_coef:
             batch["ref_logprobs"] = torch.zeros_like(batch["loss_mask"], dtype=torch.float32)
         assert "skipped_rows_frac" not in learner.update(batch, algo, cfg)
+
+
+def test_compile_note_says_what_compile_will_do(tiny_model_dir):
+    model, _ = load_model(tiny_model_dir)
+    assert Learner(model, lr=1e-3).compile_note() == ""
+    assert "compiled at the first update" in Learner(model, lr=1e-3, compile=True).compile_note()
+    note = Learner(model, lr=1e-3, compile=True, value_head=True).compile_note()
+    assert note.startswith("train.compile has no effect") and "value head" in note
+    assert "no effect" in Learner(model, lr=1e-3, compile=True, prefix_share=False).compile_note()
+    bf16, _ = load_model(tiny_model_dir)
+    note = Learner(bf16.to(torch.bfloat16), lr=1e-3, compile=True).compile_note()
+    assert "no effect" in note and "float32" in note
+
+
+def test_compile_note_for_lora(tiny_model_dir):
+    pytest.importorskip("peft", reason="LoRA needs the lora extra (peft)")
+    from agentrl.lora import wrap_lora
+
+    base, _ = load_model(tiny_model_dir)
+    model = wrap_lora(base, r=4, alpha=8, target_modules="all-linear", base_path=tiny_model_dir)
+    assert "LoRA" in Learner(model, lr=1e-3, compile=True).compile_note()
