@@ -65,7 +65,7 @@ class _HeadLogprob(torch.autograd.Function):
             ent[s:s + CHUNK_ROWS] = lse - (p * z).sum(-1)
             probs.append(p)
         ctx.save_for_backward(hidden, weight, targets, *probs)
-        ctx.inv_t, ctx.has_bias = inv_t, bias is not None
+        ctx.inv_t = inv_t
         ctx.mark_non_differentiable(ent)
         return logp, ent
 
