@@ -126,8 +126,8 @@ def decoder_and_head(model: Any) -> tuple[Any, torch.nn.Linear] | None:
     base = _base_model(model)
     try:
         head, decoder = base.get_output_embeddings(), base.get_decoder()
-    except (AttributeError, NotImplementedError):
-        head = decoder = None
+    except (AttributeError, NotImplementedError):  # transformers' accessors for models that
+        head = decoder = None                      # have no decoder / output embedding
     seen = _SPLIT.get(model)
     if seen is not None and seen[0] is decoder and seen[1] is head:
         return seen[2]  # checked before, and lm_head / decoder are still the same modules

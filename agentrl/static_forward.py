@@ -41,7 +41,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from agentrl.rollout.engines.static_decode import unsupported_reason
+from agentrl.rollout.engines.static_decode import cat_bias, unsupported_reason
 
 
 def static_forward_supported(model: Any) -> bool:
@@ -123,10 +123,7 @@ def _layers(model: Any, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         x = F.rms_norm(h, (h.shape[-1],), layer.input_layernorm.weight,
                        layer.input_layernorm.variance_epsilon)
         w = torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight])
-        b = (None if at.q_proj.bias is None and at.k_proj.bias is None and at.v_proj.bias is None
-             else torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.weight.shape[0])
-                             for m in (at.q_proj, at.k_proj, at.v_proj)]))
-        qkv = F.linear(x, w, b)  # (R, L, (H + 2K) D)
+        qkv = F.linear(x, w, cat_bias([at.q_proj, at.k_proj, at.v_proj], detach=False))  # (R, L, (H + 2K) D)
         qk = qkv[..., : (n_q + n_kv) * d].view(R, L, n_q + n_kv, d)
         half = d // 2
         qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin  # RoPE

@@ -398,8 +398,9 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
                       skip_zero_advantage=cfg.train.skip_zero_advantage,
                       use_ref=needs_reference(algo, cfg.algo),
                       value_head=getattr(algo, "VALUE_HEAD", False))
-    if learner.compile_note():
-        say(f"[compile] {learner.compile_note()}")
+    note = learner.compile_note()
+    if note:
+        say(f"[compile] {note}")
     if ck is not None:
         extra = learner.load(ck)
         start_step, version = extra["step"], extra["policy_version"]

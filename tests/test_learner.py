@@ -266,6 +266,7 @@ def test_prefix_shared_logprobs_with_lora(tiny_model_dir):
     model.train()
     assert prefix_share_supported(model)
     assert decoder_and_head(model) is not None  # "all-linear" LoRA leaves lm_head a plain Linear
+    assert "LoRA" in Learner(model, lr=1e-3, compile=True).compile_note()  # no static forward
     cases = _prefix_cases()
     for case in ("2_groups_x_3_rows", "multi_turn"):
         for entropy_grad in (True, False):
@@ -553,12 +554,3 @@ def test_compile_note_says_what_compile_will_do(tiny_model_dir):
     bf16, _ = load_model(tiny_model_dir)
     note = Learner(bf16.to(torch.bfloat16), lr=1e-3, compile=True).compile_note()
     assert "no effect" in note and "float32" in note
-
-
-def test_compile_note_for_lora(tiny_model_dir):
-    pytest.importorskip("peft", reason="LoRA needs the lora extra (peft)")
-    from agentrl.lora import wrap_lora
-
-    base, _ = load_model(tiny_model_dir)
-    model = wrap_lora(base, r=4, alpha=8, target_modules="all-linear", base_path=tiny_model_dir)
-    assert "LoRA" in Learner(model, lr=1e-3, compile=True).compile_note()

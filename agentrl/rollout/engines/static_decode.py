@@ -145,11 +145,11 @@ class DecoderWeights:
             self.layers.append((
                 layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon,
                 _cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight]),
-                _cat_bias([at.q_proj, at.k_proj, at.v_proj]),
+                cat_bias([at.q_proj, at.k_proj, at.v_proj]),
                 at.q_proj.weight.shape[0] // d, at.k_proj.weight.shape[0] // d, d, float(at.scaling),
                 at.o_proj.weight, at.o_proj.bias,
                 layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon,
-                _cat([mlp.gate_proj.weight, mlp.up_proj.weight]), _cat_bias([mlp.gate_proj, mlp.up_proj]),
+                _cat([mlp.gate_proj.weight, mlp.up_proj.weight]), cat_bias([mlp.gate_proj, mlp.up_proj]),
                 mlp.down_proj.weight, mlp.down_proj.bias,
             ))
         if self.head_b is not None:
@@ -177,10 +177,13 @@ def _cat(ws: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([w.detach() for w in ws])
 
 
-def _cat_bias(mods: list[nn.Linear]) -> torch.Tensor | None:
+def cat_bias(mods: list[nn.Linear], *, detach: bool = True) -> torch.Tensor | None:
+    """The biases of `mods` concatenated, (sum of out_features,), zeros for a module without
+    one; None when none has a bias. `detach=False` keeps them in the autograd graph (the
+    learner's `agentrl.static_forward`); the decoder keeps detached copies."""
     if all(m.bias is None for m in mods):
         return None
-    return torch.cat([m.bias.detach() if m.bias is not None
+    return torch.cat([(m.bias.detach() if detach else m.bias) if m.bias is not None
                       else m.weight.new_zeros(m.weight.shape[0]) for m in mods])
 
 
