@@ -106,6 +106,8 @@ class RolloutConfig(_Section):
     """Times Ray restarts a dead rollout worker (its in-flight episodes are re-run)."""
     vllm_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Extra `vllm.LLM` arguments for engine=vllm (gpu_memory_utilization, max_model_len, ...)."""
+    compile: bool = False
+    """HF engine: run each decode step and its sampling as one torch.compile graph (inductor with its C++ wrapper; float32 Qwen2/Llama, the static decoder's models): 30 s to 1 min of compiling at the first generate (a `[compile]` line says so, or why it has no effect), then about 0.5x the eager time per token at batch 8 and 0.7-0.9x at batch 64 on the TRL benchmark's model (`benchmarks/decode_step.py --compile`). Same tokens up to float32 rounding. Falls back to eager with a warning if compiling fails."""
     mode: Literal["sync", "async"] = "sync"
     """`sync`: sample then train (on-policy); `async`: actor threads (`batches_in_flight`) sample ahead with bounded staleness."""
     sync_every: int = Field(default=1, ge=1)
@@ -190,7 +192,7 @@ class TrainConfig(_Section):
     skip_zero_advantage: bool = True
     """Leave rows whose advantages are all 0 (e.g. a GRPO group with equal rewards) out of the learner's forwards when the algorithm's loss gets nothing from them (GRPO/GSPO without KL in the loss or entropy bonus, RLOO, REINFORCE++ without entropy bonus); the loss is still normalised by every row's tokens, so the gradient is the same. Metrics from the forward (entropy, ratios, logp_mismatch) then cover the other rows; `loss/skipped_rows_frac` is logged (when every row of a minibatch is idle, its first row still runs for the metrics, so e.g. 7 of 8)."""
     compile: bool = False
-    """Compile the learner's decoder forward with torch.compile (inductor, C++ kernels; float32 Qwen2/Llama without LoRA or value head, with `prefix_share`): 30 s to 2 min of compiling at the first update (a `[compile]` line says so, or why it has no effect), then 0.85-0.88x the eager update time on the TRL benchmark's 8x8x64 batch (`benchmarks/learner_update.py --arms static,compiled`); no measurable gain on its 2x4x32 batch. Falls back to eager with a warning if compiling fails."""
+    """Compile the learner's decoder forward with torch.compile (inductor, C++ kernels; float32 Qwen2/Llama without LoRA or value head, with `prefix_share`): 30 s to 2 min of compiling at the first update (a `[compile]` line says so, or why it has no effect), then 0.78x (8x8x64 batch) and 0.83x (2x4x32) the eager update time on the TRL benchmark's model (`benchmarks/learner_update.py --arms static,compiled`). `rollout.compile` does the same for the HF engine's decode step. Falls back to eager with a warning if compiling fails."""
     torch_threads: int = Field(default=1, ge=1)
     """torch threads of the learner process."""
     save_every: int = Field(default=0, ge=0)

@@ -152,7 +152,7 @@ class Learner:
             keeps the plain forward. Same losses and gradients to float32 rounding.
         compile: run that static decoder forward through `torch.compile` (inductor; see
             `agentrl.static_forward.forward_hidden`): tens of seconds of compiling at the first
-            update, then 0.85-0.88x of the eager update time for small models on CPU. Falls
+            update, then 0.78-0.84x of the eager update time for small models on CPU. Falls
             back to eager, with a warning, if compiling fails.
         skip_zero_advantage: leave rows whose advantages are all 0 out of the update's forwards
             when the algorithm says they add nothing to its loss (`idle_zero_advantage_rows`:

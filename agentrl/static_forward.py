@@ -19,8 +19,9 @@ the float32 minimum added (not -inf), so a padding query that sees no real key g
 garbage, as in transformers' eager attention, and no NaN reaches the gradients.
 
 Measured on the TRL benchmark's model (`benchmarks/learner_update.py --arms head,static,compiled`,
-1 thread): 0.95-0.98x the update time of the transformers forward, 0.85-0.88x of that with
-`compiled=True` (`train.compile`), for the 2x4x32 and the 8x8x64 batch. Tried and slower
+1 thread): 0.95-0.98x the update time of the transformers forward, 0.78-0.84x of that with
+`compiled=True` (`train.compile`), for the 8x8x64 and the 2x4x32 batch (0.85-0.88x and no gain
+while every dim was compiled as dynamic; now only the rows and lengths are). Tried and slower
 there: attention as two batched matrix products (1.08x: the CPU flash kernel wins at 64 rows x
 87 keys) and one fused gate/up product (its 512-wide GEMM ran at half the speed of two 256-wide).
 
@@ -77,10 +78,11 @@ def forward_hidden(model: Any, ids: torch.Tensor, positions: torch.Tensor, key_m
         key_mask: (R, S + L) bool or 0/1: which past and current keys are real tokens.
         past: per layer (keys, values), each (R, K, S, D) (post-RoPE keys, as a cache holds
             them), or None (S = 0).
-        compiled: run the layers through `torch.compile(dynamic=True)` (inductor: fused C++
-            kernels for the forward and the backward; compiled once per process and shape
-            family, the first call of each takes tens of seconds, ~110 s on 2 busy cores for the
-            TRL benchmark's model). Same math; float32 rounding may differ from eager.
+        compiled: run the layers through `torch.compile` (inductor: fused C++ kernels for the
+            forward and the backward), with the rows, lengths and past lengths marked dynamic
+            and the weights' shapes static; compiled once per process and shape family (the
+            first call with and without `past`), each first call taking tens of seconds on 2
+            cores for the TRL benchmark's model. Same math; float32 rounding may differ.
 
     Returns:
         `(hidden, kv)`: hidden (R, L, E) after the final norm; kv per layer the (R, K, L, D)
@@ -92,7 +94,12 @@ def forward_hidden(model: Any, ids: torch.Tensor, positions: torch.Tensor, key_m
         return _layers(model, ids, cos, sin, real, past)
     fn = _COMPILED.get(COMPILE_BACKEND)
     if fn is None:
-        fn = _COMPILED[COMPILE_BACKEND] = torch.compile(_layers, dynamic=True, backend=COMPILE_BACKEND)
+        fn = _COMPILED[COMPILE_BACKEND] = torch.compile(_layers, dynamic=None, backend=COMPILE_BACKEND)
+    for t in (ids, cos, sin, real):  # rows and lengths vary; the weights' shapes stay static
+        _dyn(t, 0, 1)
+    for k, v in past or ():
+        _dyn(k, 0, 2)
+        _dyn(v, 0, 2)
     try:
         return fn(model, ids, cos, sin, real, past)
     except Exception as e:  # noqa: BLE001 - no compiler, an inductor bug, ...: run eagerly
@@ -100,6 +107,11 @@ def forward_hidden(model: Any, ids: torch.Tensor, positions: torch.Tensor, key_m
         warnings.warn(f"train.compile: torch.compile of the learner forward failed, running it "
                       f"eagerly from now on ({_COMPILED['failed'][:300]})", RuntimeWarning, stacklevel=2)
         return _layers(model, ids, cos, sin, real, past)
+
+
+def _dyn(t: torch.Tensor, *dims: int) -> None:
+    for d in dims:
+        torch._dynamo.maybe_mark_dynamic(t, d)
 
 
 def _layers(model: Any, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, real: torch.Tensor,

@@ -299,6 +299,18 @@ def _seed_everything(seed: int) -> None:
 
 
 # -- the loop -----------------------------------------------------------------------------------
+
+def rollout_compile_note(cfg: Config, engine: Any) -> str:
+    """One line on what `rollout.compile` does in this run ("" when it is off)."""
+    if not cfg.rollout.compile:
+        return ""
+    if cfg.rollout.engine != "hf":
+        return f"rollout.compile has no effect on engine {cfg.rollout.engine!r} (it compiles the hf engine)"
+    if hasattr(engine, "compile_note"):  # the in-process HFEngine
+        return engine.compile_note()
+    return ("each rollout worker's decode step is compiled at its first generate (torch.compile; "
+            "30 s to 1 min per worker)")
+
 def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
     """Train `cfg.algo.name` on `cfg.env.name`; returns the summary (also OUT/summary.json).
 
@@ -390,7 +402,8 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
         tok.save_pretrained(out / "rollout_model")
         engine: Any = RolloutPool(cfg, out / "rollout_model")  # current weights = version 0
     else:
-        engine = HFEngine(plain_copy(model).eval(), tok, torch_threads=cfg.rollout.torch_threads)
+        engine = HFEngine(plain_copy(model).eval(), tok, torch_threads=cfg.rollout.torch_threads,
+                          compile=cfg.rollout.compile)
     learner = Learner(model, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay,
                       grad_clip=cfg.train.grad_clip, temperature=cfg.rollout.temperature,
                       micro_batch_size=cfg.train.micro_batch_size,
@@ -398,9 +411,9 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
                       skip_zero_advantage=cfg.train.skip_zero_advantage,
                       use_ref=needs_reference(algo, cfg.algo),
                       value_head=getattr(algo, "VALUE_HEAD", False))
-    note = learner.compile_note()
-    if note:
-        say(f"[compile] {note}")
+    for note in (learner.compile_note(), rollout_compile_note(cfg, engine)):
+        if note:
+            say(f"[compile] {note}")
     if ck is not None:
         extra = learner.load(ck)
         start_step, version = extra["step"], extra["policy_version"]

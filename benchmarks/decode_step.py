@@ -2,6 +2,7 @@
 
     python benchmarks/decode_step.py                       # batch 8 and 64, the TRL benchmark's model
     python benchmarks/decode_step.py --batch 8,32 --repeats 9 --model DIR
+    python benchmarks/decode_step.py --compile   # + rollout.compile's compiled step and sampler
 
 Two figures per batch size B, each as the median over `--repeats` rounds that alternate the
 two paths (so both see the same machine load), in process CPU time and wall time:
@@ -12,6 +13,11 @@ two paths (so both see the same machine load), in process CPU time and wall time
 - generate: what a decode step costs inside `HFEngine.generate` (sampling and bookkeeping
   included): (time of a call with `--new` tokens - time with 1 token) / (`--new` - 1), seeded
   T = 1, no stop tokens.
+
+With `--compile`, a third table compares a decode step inside `generate` of the static decoder
+run eagerly and through `torch.compile` (`HFEngine(compile=True)`, `rollout.compile`; step and
+sampling in one graph), alternating the same way, after one untimed call per batch size that
+compiles (its seconds are printed).
 
 The model defaults to the TRL side-by-side benchmark's tiny Qwen2 (`vs_trl_model.py`: 417K
 parameters, 2 layers, 4 heads / 2 KV heads), built in a temporary directory.
@@ -98,6 +104,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--new", type=int, default=64, help="new tokens per row")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--compile", action="store_true", help="also time HFEngine(compile=True)")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     from agentrl.model import load_model
@@ -137,6 +144,35 @@ def main(argv: list[str] | None = None) -> dict:
                                        "ratio": (f[0] / s[0], f[1] / s[1])}
             print(f"{B:>5} {what:>8} | {s[0]:>9.3f} / {s[1]:>9.3f} | {f[0]:>7.3f} / {f[1]:>7.3f} | "
                   f"{f[0] / s[0]:>5.2f}x / {f[1] / s[1]:>5.2f}x")
+    if a.compile:
+        results.update(compiled_vs_eager(model, tok, a, engines["static"]))
+    return results
+
+
+def compiled_vs_eager(model, tok, a, eager) -> dict:
+    """Per decode step inside `generate`: eager static decoder vs `HFEngine(compile=True)`."""
+    from agentrl.rollout.engines.hf import HFEngine
+
+    comp = HFEngine(model, tok, compile=True)
+    print(f"{'batch':>5} {'what':>8} | {'eager ms (cpu/wall)':>21} | {'compiled ms':>17} | "
+          f"{'compiled/eager':>14}")
+    results = {}
+    for B in [int(b) for b in a.batch.split(",")]:
+        prompts = make_prompts(B, model.config.vocab_size)
+        t0 = time.perf_counter()
+        generate_times(comp, prompts, a.new)  # compiles (once per process; then reused)
+        print(f"{B:>5} compile: first calls took {time.perf_counter() - t0:.1f} s")
+        times: dict[str, list[tuple[float, float]]] = {"eager": [], "compiled": []}
+        for r in range(a.repeats + 1):
+            for name in (("eager", "compiled") if r % 2 else ("compiled", "eager")):
+                t = generate_times(comp if name == "compiled" else eager, prompts, a.new)
+                if r:
+                    times[name].append(t)
+        e, c = ((statistics.median(x[0] for x in times[n]) * 1e3, statistics.median(x[1] for x in times[n]) * 1e3)
+                for n in ("eager", "compiled"))
+        results[f"compiled_generate_b{B}"] = {"eager_ms": e, "compiled_ms": c, "ratio": (c[0] / e[0], c[1] / e[1])}
+        print(f"{B:>5} {'generate':>8} | {e[0]:>9.3f} / {e[1]:>9.3f} | {c[0]:>7.3f} / {c[1]:>7.3f} | "
+              f"{c[0] / e[0]:>5.2f}x / {c[1] / e[1]:>5.2f}x")
     return results
 
 

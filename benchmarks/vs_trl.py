@@ -63,7 +63,7 @@ def worker_env() -> dict[str, str]:
 def worker_cmd(variant: str, model: str, cfg: tuple[int, int, int], steps: int, lr: float,
                seed: int) -> list[str]:
     """Command line of one worker: 'trl', 'ours', 'trl-compile', 'ours-compile' (each side with
-    its torch.compile option: GRPOConfig(torch_compile=True), train.compile=true) or
+    its torch.compile option: GRPOConfig(torch_compile=True), train.compile=true and rollout.compile=true) or
     'ours+PATCH[+PATCH]'."""
     p, g, c = cfg
     script = "vs_trl_trl.py" if variant.startswith("trl") else "vs_trl_ours.py"

@@ -37,7 +37,7 @@ def ours_overrides(a: argparse.Namespace, out: str) -> list[str]:
         f"train.micro_batch_size={a.prompts * a.gens}", "sft.steps=0", f"train.steps={a.steps}",
         "train.eval_tasks=1", "train.eval_samples=1", "train.log_rollouts_every=0",
         "train.save_every=0", "log.tensorboard=false", "quiet=true", f"out={out}", f"seed={a.seed}",
-        f"train.compile={str(a.compile).lower()}",
+        f"train.compile={str(a.compile).lower()}", f"rollout.compile={str(a.compile).lower()}",
     ]
 
 
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--compile", action="store_true", help="train.compile=true (torch.compile)")
+    p.add_argument("--compile", action="store_true", help="train.compile=true and rollout.compile=true (torch.compile)")
     p.add_argument("--patch", default="", help="comma-separated proposed patches to apply (vs_trl_patches.py)")
     p.add_argument("--toggle", action="store_true",
                    help="A/B in one process: the patches are off on even steps, on on odd steps")
@@ -67,15 +67,20 @@ def main(argv: list[str] | None = None) -> dict:
     import agentrl.learner as learner_mod
     import agentrl.train as train_mod
     from agentrl.config import load_config
+    from agentrl.rollout.engines import static_decode
     from agentrl.rollout.engines.hf import HFEngine
-    from agentrl.rollout.engines.static_decode import StaticDecoder
 
     if a.toggle and (not a.patch or "all" in a.patch):
         p.error("--toggle needs --patch with the patches named (not all)")
     if a.patch:
         proposed.apply(a.patch.split(","))
-    # the engine's decode steps (static decode) are model compute too, as the prefill forwards
-    StaticDecoder.step = bt.timed(StaticDecoder.step, "gen_forward")
+    # The engine's decode steps (static decode) are model compute too, as the prefill forwards.
+    # Eager: the step's model part (`decode_logits`); compiled: the whole compiled call, whose
+    # graph also holds the sampler (a timer inside would break the graph).
+    if a.compile:
+        static_decode.StaticDecoder.step_sample = bt.timed(static_decode.StaticDecoder.step_sample, "gen_forward")
+    else:
+        static_decode.decode_logits = bt.timed(static_decode.decode_logits, "gen_forward")
     bt.install()
     tokens = {"n": 0}
     gen = HFEngine.generate

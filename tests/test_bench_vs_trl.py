@@ -221,4 +221,8 @@ def test_compile_variants_and_their_baselines():
     assert vs_trl.baseline_of("ours", {"ours": {}}) is None
     args = SimpleNamespace(model="M", prompts=2, gens=4, max_tokens=32, lr=1e-3, steps=3, seed=0,
                            compile=True)
-    assert "train.compile=true" in vs_trl_ours.ours_overrides(args, "/tmp/x")
+    overrides = vs_trl_ours.ours_overrides(args, "/tmp/x")
+    assert "train.compile=true" in overrides and "rollout.compile=true" in overrides
+    from agentrl.config import load_config
+
+    assert load_config(None, overrides).rollout.compile

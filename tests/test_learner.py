@@ -430,6 +430,34 @@ def test_compiled_static_forward_equals_eager(tiny_model_dir, monkeypatch):
     assert learner.compile
 
 
+def test_compiled_static_forward_keeps_its_graphs_across_shapes(tiny_model_dir, monkeypatch):
+    """Rows, lengths and past lengths are marked dynamic: another batch shape (other groups,
+    prompt and completion lengths) reuses the graphs of the first (one without and one with
+    `past`) instead of compiling again."""
+    from torch._dynamo.utils import counters
+
+    from agentrl import static_forward
+    from agentrl.prefix_share import prefix_shared_logprobs
+
+    monkeypatch.setattr(static_forward, "COMPILE_BACKEND", "eager")
+    monkeypatch.setattr(static_forward, "_COMPILED", {})
+    torch._dynamo.reset()
+    counters.clear()
+    model, _ = load_model(tiny_model_dir)
+    model.train()
+    g = torch.Generator().manual_seed(1)
+    for plen, comps in ((5, (6, 9, 3)), (11, (4, 7, 2, 12)), (3, (8, 5))):
+        prompt = torch.randint(3, 380, (plen,), generator=g).tolist()
+        rows = [(prompt + torch.randint(3, 380, (c,), generator=g).tolist(), [0] * plen + [1] * c)
+                for c in comps]
+        ids, am, lm = _rows(rows)
+        ref, _ = prefix_shared_logprobs(model, ids, am, lm)
+        lp, _ = prefix_shared_logprobs(model, ids, am, lm, compiled=True)
+        assert torch.allclose(lp, ref, atol=1e-6, rtol=0)
+        assert counters["stats"]["unique_graphs"] == 2
+    torch._dynamo.reset()
+
+
 def test_compile_failure_falls_back_to_eager_with_a_warning(tiny_model_dir, monkeypatch):
     from agentrl import static_forward
     from agentrl.prefix_share import prefix_shared_logprobs

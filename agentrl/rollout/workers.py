@@ -117,7 +117,8 @@ def make_engine(cfg: Config, model_path: str | Path) -> tuple[Engine, Any]:
         return engine, load_tokenizer(model_path)
     from agentrl.rollout.engines.hf import HFEngine
 
-    hf = HFEngine(str(model_path), torch_threads=cfg.rollout.torch_threads, dtype=dtype)
+    hf = HFEngine(str(model_path), torch_threads=cfg.rollout.torch_threads, dtype=dtype,
+                  compile=bool(_opt(cfg.rollout, "compile", False)))
     return hf, hf.tokenizer
 
 

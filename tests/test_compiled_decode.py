@@ -1,0 +1,141 @@
+"""`rollout.compile`: the static decode step and its sampler as one `torch.compile` graph.
+
+Fast tests trace with dynamo's "eager" backend (the graph, the guards and the dynamic-shape
+hints are dynamo's; the kernels are the eager ones), so they check what compiling changes in
+the engine (no data-dependent branch, symbolic column, dynamic batch and capacity, fallback)
+in seconds; the slow test builds the real inductor/C++ graph."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from agentrl.config import Config
+from agentrl.model import build_tiny_model
+from agentrl.rollout.engines import static_decode
+from agentrl.rollout.engines.base import SamplingParams
+from agentrl.rollout.engines.hf import HFEngine
+from agentrl.train import rollout_compile_note
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    import textwrap
+
+    texts = [open(textwrap.__file__, encoding="utf-8").read()]
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", texts, vocab_size=384,
+                            num_layers=2, hidden_size=64, intermediate_size=128)
+
+
+@pytest.fixture
+def fresh_compile(monkeypatch):
+    """A clean compile state for `static_decode`, restored afterwards."""
+    monkeypatch.setattr(static_decode, "_COMPILED", {})
+    monkeypatch.setattr(torch.compiler.config, "dynamic_sources", "")
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def eager_backend(fresh_compile, monkeypatch):
+    monkeypatch.setattr(static_decode, "COMPILE_BACKEND", "eager")
+
+
+def _prompts(engine, texts):
+    return [engine.tokenizer.encode(t, add_special_tokens=False) for t in texts]
+
+
+def _same(a, b, atol=1e-5):
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    assert [o.finish_reason for o in a] == [o.finish_reason for o in b]
+    for x, y in zip(a, b, strict=True):
+        assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.8, max_tokens=10, n=3, seed=5),
+    SamplingParams(temperature=1.0, top_p=0.7, max_tokens=10, n=2, seed=1),
+    SamplingParams(temperature=0.0, max_tokens=10),
+])
+def test_compiled_decode_gives_the_eager_completions(model_dir, eager_backend, params):
+    eager, comp = HFEngine(model_dir), HFEngine(model_dir, compile=True)
+    prompts = _prompts(eager, ["def f(x):", "import os\nprint(", "a"])
+    ref = eager.generate(prompts, params)
+    _same(comp.generate(prompts, params), ref)
+    assert "eager" in static_decode._COMPILED and "failed" not in static_decode._COMPILED
+
+
+def test_compiled_decode_with_rows_stopping_at_different_steps(model_dir, eager_backend):
+    # Stops on the 2 most frequent sampled tokens: rows end early, the batch is compacted
+    # (dynamic batch dim) and the rest keep decoding with the same results as eager.
+    eager, comp = HFEngine(model_dir), HFEngine(model_dir, compile=True)
+    prompts = _prompts(eager, ["x = ", "class A:", "for i in", "return", "def g(", "# a"])
+    free = eager.generate(prompts, SamplingParams(temperature=1.0, max_tokens=12, seed=3, n=2))
+    ids = torch.tensor([t for o in free for t in o.token_ids])
+    stops = torch.bincount(ids).topk(2).indices.tolist()
+    params = SamplingParams(temperature=1.0, max_tokens=12, seed=3, n=2, stop_token_ids=stops)
+    ref = eager.generate(prompts, params)
+    assert 2 <= sum(o.finish_reason == "stop" for o in ref) < len(ref)
+    _same(comp.generate(prompts, params), ref)
+
+
+def test_one_graph_for_every_batch_width_and_column(model_dir, eager_backend):
+    """The batch size, the cache capacity (prompt width + max tokens) and the column are
+    dynamic: calls with other prompts, n and max_tokens reuse the first graph."""
+    comp = HFEngine(model_dir, compile=True)
+    p = _prompts(comp, ["def f(x):", "import os", "a b c d e f g h i j", "if x:\n    return 1"])
+    comp.generate(p[:2], SamplingParams(temperature=1.0, max_tokens=6, n=3, seed=0))
+    assert counters["stats"]["unique_graphs"] == 1
+    comp.generate(p[2:], SamplingParams(temperature=1.0, max_tokens=9, n=2, seed=0))
+    comp.generate(p, SamplingParams(temperature=1.0, max_tokens=4, n=2, seed=1))
+    assert counters["stats"]["unique_graphs"] == 1
+    comp.generate(p[:2], SamplingParams(temperature=0.5, max_tokens=4, n=2, seed=1))  # a new setting
+    assert counters["stats"]["unique_graphs"] == 2
+    assert "L['decode_col']" in torch.compiler.config.dynamic_sources
+
+
+def test_compile_failure_falls_back_to_eager_with_a_warning(model_dir, fresh_compile, monkeypatch):
+    def broken(fn, **kw):  # what a machine without a C++ compiler gives at the first call
+        def call(*a, **k):
+            raise RuntimeError("InductorError: no working C++ compiler found")
+        return call
+
+    monkeypatch.setattr(torch, "compile", broken)
+    eager, comp = HFEngine(model_dir), HFEngine(model_dir, compile=True)
+    prompts = _prompts(eager, ["def f(x):", "a"])
+    params = SamplingParams(temperature=1.0, max_tokens=8, n=2, seed=2)
+    ref = eager.generate(prompts, params)
+    with pytest.warns(RuntimeWarning, match="compile of the decode step failed"):
+        out = comp.generate(prompts, params)
+    _same(out, ref, atol=0)
+    assert "C++ compiler" in static_decode._COMPILED["failed"]
+    _same(comp.generate(prompts, params), ref, atol=0)  # eager from now on, no second warning
+
+
+def test_compile_notes(model_dir):
+    assert HFEngine(model_dir).compile_note() == ""
+    assert "compiled at the first generate" in HFEngine(model_dir, compile=True).compile_note()
+    off = HFEngine(model_dir, compile=True, static_decode=False).compile_note()
+    assert off.startswith("rollout.compile has no effect") and "static_decode=False" in off
+    assert rollout_compile_note(Config(), None) == ""
+    vllm = Config.model_validate({"rollout": {"engine": "vllm", "compile": True}})
+    assert "no effect on engine 'vllm'" in rollout_compile_note(vllm, None)
+    ray = Config.model_validate({"rollout": {"num_workers": 2, "compile": True}})
+    assert "each rollout worker" in rollout_compile_note(ray, object())
+
+
+@pytest.mark.slow
+def test_inductor_compiled_decode_equals_eager(model_dir, fresh_compile):
+    """The real inductor build with its C++ wrapper (tens of seconds): same completions as
+    eager up to float32 rounding (which could flip a near-tie; none does here)."""
+    eager, comp = HFEngine(model_dir), HFEngine(model_dir, compile=True)
+    prompts = _prompts(eager, ["def f(x):", "import os\nprint(", "a", "class B:"])
+    params = SamplingParams(temperature=1.0, max_tokens=16, n=2, seed=7)
+    ref = eager.generate(prompts, params)
+    _same(comp.generate(prompts, params), ref, atol=1e-4)
+    assert "inductor" in static_decode._COMPILED and "failed" not in static_decode._COMPILED
