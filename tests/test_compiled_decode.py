@@ -82,6 +82,20 @@ def test_compiled_decode_with_rows_stopping_at_different_steps(model_dir, eager_
     ref = eager.generate(prompts, params)
     assert 2 <= sum(o.finish_reason == "stop" for o in ref) < len(ref)
     _same(comp.generate(prompts, params), ref)
+    # one graph: the batch shrank (dynamic), never to a single row (which would specialise)
+    assert counters["stats"]["unique_graphs"] == 1
+    # Two rows, the first stopping at its first token and the other running on: eager goes on
+    # with one row; compiled keeps both (no size-1 batch), with the same completions.
+    for seed in range(50):
+        free = eager.generate(prompts[:1], SamplingParams(temperature=1.0, max_tokens=12, seed=seed, n=2))
+        first = free[0].token_ids[0]
+        if first not in free[1].token_ids:
+            break
+    last = SamplingParams(temperature=1.0, max_tokens=12, seed=seed, n=2, stop_token_ids=[first])
+    ref = eager.generate(prompts[:1], last)
+    assert [len(o.token_ids) for o in ref] == [1, 12]
+    _same(comp.generate(prompts[:1], last), ref)
+    assert counters["stats"]["unique_graphs"] == 1
 
 
 def test_one_graph_for_every_batch_width_and_column(model_dir, eager_backend):

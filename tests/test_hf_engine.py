@@ -96,11 +96,13 @@ def test_top_p_keeps_the_crossing_token_and_reports_full_vocab_logprob():
 
 
 def test_zero_probability_tokens_are_never_sampled():
-    logits = torch.tensor([[0.0, -math.inf, 0.0, -math.inf]]).expand(5, 4)
-    u = torch.tensor([0.0, 0.49999, 0.5, 0.9999999, 1.0 - 2**-24])
+    logits = torch.tensor([[0.0, -math.inf, 0.0, -math.inf]]).expand(6, 4)
+    # The last draw is the largest `row_uniforms` gives (float64); in float32 it rounds to 1, so
+    # u * total == total, past every cdf entry: the cap below the total still picks id 2.
+    u = torch.tensor([0.0, 0.49999, 0.5, 0.9999999, 1.0 - 2**-24, 1.0 - 2**-53], dtype=torch.float64)
     tok, lp = sample_next(logits, 1.0, 1.0, u)
-    assert tok.tolist() == [0, 0, 2, 2, 2]
-    assert torch.allclose(lp, torch.full((5,), math.log(0.5)))
+    assert tok.tolist() == [0, 0, 2, 2, 2, 2]
+    assert torch.allclose(lp, torch.full((6,), math.log(0.5)))
 
 
 def test_sample_frequencies_follow_tempered_softmax():

@@ -329,7 +329,8 @@ class HFEngine:
                 steps = torch.arange(t, min(t + UNIFORM_BLOCK, max_new), device=dev)
                 block = row_uniforms(seeds[:, None], steps[None])  # (n_rows, steps)
             col = cast(torch.Tensor, block)[:, t % UNIFORM_BLOCK]
-            return col if every_row else col[rows]
+            # contiguous: a compiled step specialises on strides (the block's width varies)
+            return col.contiguous() if every_row else col[rows]
 
         sampled = sample_next(logits, params.temperature, params.top_p, draws(0))
         for t in range(max_new):
@@ -349,7 +350,9 @@ class HFEngine:
                     n_alive = int(alive.sum())
             if n_alive == 0 or t == max_new - 1:
                 break
-            if len(rows) - n_alive >= max(1, int(COMPACT_FRACTION * len(rows))):
+            # (Compiled: never down to one row, where torch.compile would build another graph.)
+            if len(rows) - n_alive >= max(1, int(COMPACT_FRACTION * len(rows))) and not (
+                    self.compile and dec is not None and n_alive < 2):
                 keep = alive.nonzero().squeeze(-1)
                 if dec is not None:
                     dec.select(keep)

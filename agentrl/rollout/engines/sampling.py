@@ -75,7 +75,8 @@ def sample_next(
     `uniform[b] * total` (`searchsorted` on the cumulative sum over the vocabulary, in id
     order; over probability-sorted tokens with top-p). This is several times faster than
     `torch.multinomial` on CPU, exact up to float32 rounding of the cumulative sum, and lets
-    the caller give each row its own random stream. A zero-probability token is never returned.
+    the caller give each row its own random stream. A zero-probability token is never returned
+    (the scaled draw is capped just below the total).
 
     Args:
         logits: (B, V) float32 next-token logits.
@@ -106,14 +107,14 @@ def sample_next(
     else:
         probs = e
     cdf = probs.cumsum(dim=-1)  # unnormalised: the draw is scaled by the total instead
-    u = uniform.to(cdf.dtype)[:, None] * cdf[:, -1:]
-    picks = torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.shape[-1] - 1)
-    # u * total can round up to total; never return a token the (filtered) distribution excludes.
-    ok = probs.gather(-1, picks) > 0
-    if torch.compiler.is_compiling() or not bool(ok.all()):  # compiled: no data-dependent branch
-        picks = torch.where(ok, picks, probs.argmax(dim=-1, keepdim=True))
+    top = cdf[:, -1:]
+    # u * total can round up to total: capping it at the largest float below the total makes the
+    # first cdf entry above it exist and exceed the entry before it, so the token picked has
+    # probability > 0 (no branch on the data, which `torch.compile` keeps in one graph).
+    u = torch.minimum(uniform.to(cdf.dtype)[:, None] * top, torch.nextafter(top, torch.zeros_like(top)))
+    picks = torch.searchsorted(cdf, u, right=True)
     tokens = (order.gather(-1, picks) if order is not None else picks).squeeze(-1)
     # log_softmax(z) at the token: z - max - log(sum exp(z - max))
-    total = cdf[:, -1] if order is None else e.sum(dim=-1)
+    total = top.squeeze(-1) if order is None else e.sum(dim=-1)
     logp = z.gather(-1, tokens[:, None]).squeeze(-1) - m.squeeze(-1) - total.log()
     return tokens, logp
