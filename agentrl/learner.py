@@ -405,7 +405,7 @@ class Learner:
             return None
         mask = batch["loss_mask"] != 0
         active = ((adv[:, None] if adv.dim() == 1 else adv) != 0) & mask
-        return ~active.any(-1)
+        return (~active.any(-1)).cpu()  # indexes the CPU row indices of `update` (batch on GPU too)
 
     # -- checkpoints ----------------------------------------------------------------------------
     def save(self, path: str | Path, tokenizer: Any, extra: dict[str, Any]) -> Path:

@@ -143,6 +143,15 @@ def test_compile_notes(model_dir):
     assert "each rollout worker" in rollout_compile_note(ray, object())
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_compiled_decode_on_cuda(model_dir, eager_backend):
+    eager, comp = HFEngine(model_dir, device="cuda"), HFEngine(model_dir, device="cuda", compile=True)
+    prompts = _prompts(eager, ["def f(x):", "import os\nprint(", "a"])
+    params = SamplingParams(temperature=1.0, max_tokens=12, n=3, seed=5)
+    _same(comp.generate(prompts, params), eager.generate(prompts, params))
+
+
 @pytest.mark.slow
 def test_inductor_compiled_decode_equals_eager(model_dir, fresh_compile):
     """The real inductor build with its C++ wrapper (tens of seconds): same completions as

@@ -543,6 +543,27 @@ def test_skipping_zero_advantage_rows_gives_the_same_update(tiny_model_dir, monk
         assert torch.allclose(a, b, atol=1e-5, rtol=0)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_update_on_cuda_equals_cpu(tiny_model_dir):
+    """A GRPO update with the batch and model on the GPU (skip of zero-advantage rows, prefix
+    sharing, fused head): the gradient of the CPU update to float32 rounding. (The skip's row
+    mask once lived on the batch's device and could not index the CPU row indices.)"""
+    cfg = AlgoConfig(name="grpo")
+    algo = get_algorithm("grpo")
+    batch0 = _equal_reward_batch(0, [(1.0, 1.0, 1.0), (0.0, 1.0, 0.0)])
+    batch0["advantages"], _ = algo.advantages(batch0, cfg)
+    grads = []
+    for dev in ("cpu", "cuda"):
+        model, _ = load_model(tiny_model_dir)
+        model.to(dev)
+        batch = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in batch0.items()}
+        m = Learner(model, lr=1e-3, micro_batch_size=4).update(batch, algo, cfg)
+        assert m["skipped_rows_frac"] == pytest.approx(0.5)
+        grads.append(torch.cat([p.grad.flatten().cpu() for p in model.parameters()]))
+    assert float((grads[1] - grads[0]).abs().max()) <= 1e-4 * float(grads[0].abs().max())
+
+
 def test_all_rows_idle_still_steps_the_optimizer_and_bonus_terms_disable_the_skip(tiny_model_dir):
     algo = get_algorithm("grpo")
     batch0 = _equal_reward_batch(1, [(1.0, 1.0, 1.0), (0.0, 0.0, 0.0)])
