@@ -13,11 +13,14 @@ One `generate` call turns prompt token ids into completions:
    models (`static_decode.unsupported_reason`) a step is `StaticDecoder.step`: the model's
    layers written as plain torch ops on a preallocated KV cache, about half the CPU time of a
    transformers forward for small models, same results to float32 rounding; otherwise (or with
-   `static_decode=False`) it is a transformers forward with the `DynamicCache`. A row ends at
+   `static_decode=False`) it is a transformers forward with the `DynamicCache`. With
+   `compile=True` the static step and the sampling run as one `torch.compile` graph
+   (`StaticDecoder.step_sample`; batch, capacity and column dynamic). A row ends at
    the first of `stop_token_ids` (kept, finish reason "stop") or at `max_tokens` ("length").
    Finished rows are dropped from the batch (cache rows index-selected) once at least a quarter
    of the batch has finished (measured: never dropping is ~1.6x slower when rows end early;
-   dropping at 1/4 or 1/2 are equal).
+   dropping at 1/4 or 1/2 are equal); compiled, never down to one row, whose size-1 batch
+   would compile another graph.
 
 Sampler logprobs (case L4): `log_softmax(logits / T)` over the full vocabulary at the sampled
 token, before top-p filtering, with T = 1 for greedy (temperature 0). This is what the learner
@@ -91,8 +94,8 @@ class HFEngine:
             always the transformers forward. `static_decode_reason` says why it is not used.
         compile: run each static decode step and its sampling as one `torch.compile` graph
             (`StaticDecoder.step_sample`; no effect without static decoding). The first
-            `generate` compiles (tens of seconds); later steps take about 0.5x the eager time
-            per token at batch 8 and 0.7-0.9x at batch 64 on the TRL benchmark's model.
+            `generate` compiles (tens of seconds); later steps take about 0.5-0.65x the eager time
+            per token at batch 8 and 0.8-0.9x at batch 64 on the TRL benchmark's model.
 
     Attributes:
         policy_version: version of the loaded weights (0 until `update_weights`).
