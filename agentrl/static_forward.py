@@ -81,7 +81,8 @@ def forward_hidden(model: Any, ids: torch.Tensor, positions: torch.Tensor, key_m
         compiled: run the layers through `torch.compile` (inductor: fused C++ kernels for the
             forward and the backward), with the rows, lengths and past lengths marked dynamic
             and the weights' shapes static; compiled once per process and shape family (the
-            first call with and without `past`), each first call taking tens of seconds on 2
+            first call with and without `past`, and once more each for a single row or group,
+            whose size-1 dim specialises), each first call taking tens of seconds on 2
             cores for the TRL benchmark's model. Same math; float32 rounding may differ.
 
     Returns:

@@ -308,6 +308,8 @@ def rollout_compile_note(cfg: Config, engine: Any) -> str:
         return f"rollout.compile has no effect on engine {cfg.rollout.engine!r} (it compiles the hf engine)"
     if hasattr(engine, "compile_note"):  # the in-process HFEngine
         return engine.compile_note()
+    if cfg.model.dtype != "float32":
+        return f"rollout.compile has no effect: the static decoder needs float32 weights (model.dtype={cfg.model.dtype})"
     return ("each rollout worker's decode step is compiled at its first generate (torch.compile; "
             "30 s to 1 min per worker)")
 

@@ -110,6 +110,11 @@ def test_one_graph_for_every_batch_width_and_column(model_dir, eager_backend):
     assert counters["stats"]["unique_graphs"] == 1
     comp.generate(p[:2], SamplingParams(temperature=0.5, max_tokens=4, n=2, seed=1))  # a new setting
     assert counters["stats"]["unique_graphs"] == 2
+    # A one-row call specialises once (size-1 batch); its draws keep stride 1 whatever the
+    # width of the last block of draws (33 tokens: a block of 32, then one of 1).
+    comp.generate(p[:1], SamplingParams(temperature=0.5, max_tokens=12, seed=0))
+    comp.generate(p[:1], SamplingParams(temperature=0.5, max_tokens=33, seed=0))
+    assert counters["stats"]["unique_graphs"] == 3
     assert "L['decode_col']" in torch.compiler.config.dynamic_sources
 
 
@@ -141,6 +146,23 @@ def test_compile_notes(model_dir):
     assert "no effect on engine 'vllm'" in rollout_compile_note(vllm, None)
     ray = Config.model_validate({"rollout": {"num_workers": 2, "compile": True}})
     assert "each rollout worker" in rollout_compile_note(ray, object())
+    bf16 = Config.model_validate({"rollout": {"num_workers": 2, "compile": True}, "model": {"dtype": "bfloat16"}})
+    assert "needs float32" in rollout_compile_note(bf16, object())
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_diverged_weights_raise_a_clear_error(model_dir, eager_backend, compile):
+    """NaN weights (a diverged policy) make every logit NaN: generate says so instead of an
+    index error, and compiling is not blamed (it stays on)."""
+    eng = HFEngine(model_dir, compile=compile)
+    with torch.no_grad():
+        for prm in eng.model.parameters():
+            prm.fill_(float("nan"))
+    prompts = _prompts(eng, ["def f(x):", "a"])
+    for params in (SamplingParams(temperature=1.0, max_tokens=5, n=2, seed=0), SamplingParams(temperature=0.0, max_tokens=5)):
+        with pytest.raises(FloatingPointError, match="non-finite logits"):
+            eng.generate(prompts, params)
+    assert "failed" not in static_decode._COMPILED
 
 
 @pytest.mark.gpu

@@ -105,6 +105,14 @@ def test_zero_probability_tokens_are_never_sampled():
     assert torch.allclose(lp, torch.full((6,), math.log(0.5)))
 
 
+def test_non_finite_logits_give_an_in_range_token_with_a_nan_logprob():
+    # NaN compares false, so the search runs off the end; the pick is clamped to the vocabulary
+    # and the NaN logprob tells the caller (HFEngine.generate raises on it).
+    logits = torch.tensor([[0.0, float("nan"), 1.0], [float("nan")] * 3, [-math.inf] * 3])
+    tok, lp = sample_next(logits, 1.0, 1.0, torch.tensor([0.3, 0.5, 0.9], dtype=torch.float64))
+    assert all(0 <= t < 3 for t in tok.tolist()) and torch.isnan(lp).all()
+
+
 def test_sample_frequencies_follow_tempered_softmax():
     gen = torch.Generator().manual_seed(0)
     logits = L4_LOGITS.expand(20000, 3)

@@ -330,10 +330,11 @@ class HFEngine:
                 return None
             if t % UNIFORM_BLOCK == 0:
                 steps = torch.arange(t, min(t + UNIFORM_BLOCK, max_new), device=dev)
-                block = row_uniforms(seeds[:, None], steps[None])  # (n_rows, steps)
-            col = cast(torch.Tensor, block)[:, t % UNIFORM_BLOCK]
-            # contiguous: a compiled step specialises on strides (the block's width varies)
-            return col.contiguous() if every_row else col[rows]
+                block = row_uniforms(seeds[None, :], steps[:, None])  # (steps, n_rows)
+            # A fresh tensor (stride 1, offset 0) either way: a compiled step guards on the
+            # strides and storage offset of its inputs, a one-row batch's too.
+            step_draws = cast(torch.Tensor, block)[t % UNIFORM_BLOCK]
+            return step_draws.clone() if every_row else step_draws[rows]
 
         sampled = sample_next(logits, params.temperature, params.top_p, draws(0))
         for t in range(max_new):
@@ -372,6 +373,12 @@ class HFEngine:
                 sampled = sample_next(logits, params.temperature, params.top_p, draws(t + 1))
             next_pos = next_pos + 1
 
+        kept = torch.arange(max_new, device=dev)[None] < out_len[:, None]
+        bad = (~torch.isfinite(out_logprobs) & kept).any(-1)
+        if bool(bad.any()):
+            raise FloatingPointError(
+                f"HFEngine.generate: the model gave non-finite logits (NaN or inf) in {int(bad.sum())} of "
+                f"{n_rows} rows; its weights have likely diverged (check the learner's loss and grad norm)")
         tok_lists = out_tokens.tolist()
         lp_lists = out_logprobs.tolist()
         lens = out_len.tolist()

@@ -112,7 +112,9 @@ def sample_next(
     # first cdf entry above it exist and exceed the entry before it, so the token picked has
     # probability > 0 (no branch on the data, which `torch.compile` keeps in one graph).
     u = torch.minimum(uniform.to(cdf.dtype)[:, None] * top, torch.nextafter(top, torch.zeros_like(top)))
-    picks = torch.searchsorted(cdf, u, right=True)
+    # The clamp only matters for non-finite logits (NaN compares false: the search runs off the
+    # end); the caller sees their NaN logprob instead of an index error.
+    picks = torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.shape[-1] - 1)
     tokens = (order.gather(-1, picks) if order is not None else picks).squeeze(-1)
     # log_softmax(z) at the token: z - max - log(sum exp(z - max))
     total = top.squeeze(-1) if order is None else e.sum(dim=-1)

@@ -262,8 +262,11 @@ class StaticDecoder:
 
         With `compiled=True` both run as one `torch.compile` graph (see `compile_note`):
         fused C++ kernels instead of ~100 dispatched torch ops per token. Compiled once per
-        process with dynamic batch size, column and capacity (and again per temperature /
-        top-p setting); if compiling fails it warns once and runs eagerly from then on.
+        process with dynamic batch size, column and capacity (a new temperature, top-p or
+        model, and a one-row batch, can add a graph; past dynamo's limit of 8 graphs it runs
+        eagerly, with torch's warning); if compiling fails it warns once and runs eagerly
+        from then on. Non-finite logits are not a compile failure: their NaN logprobs reach
+        the caller (`HFEngine.generate` raises on them).
         Same math as eager; float32 rounding may differ (a near-tie can flip a token).
         """
         if compiled and not _COMPILED.get("failed"):
