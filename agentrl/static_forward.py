@@ -42,7 +42,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from agentrl.rollout.engines.static_decode import cat_bias, unsupported_reason
+from agentrl.rollout.engines.static_decode import cat_bias, mark_dynamic, unsupported_reason
 
 
 def static_forward_supported(model: Any) -> bool:
@@ -97,10 +97,10 @@ def forward_hidden(model: Any, ids: torch.Tensor, positions: torch.Tensor, key_m
     if fn is None:
         fn = _COMPILED[COMPILE_BACKEND] = torch.compile(_layers, dynamic=None, backend=COMPILE_BACKEND)
     for t in (ids, cos, sin, real):  # rows and lengths vary; the weights' shapes stay static
-        _dyn(t, 0, 1)
+        mark_dynamic(t, 0, 1)
     for k, v in past or ():
-        _dyn(k, 0, 2)
-        _dyn(v, 0, 2)
+        mark_dynamic(k, 0, 2)
+        mark_dynamic(v, 0, 2)
     try:
         return fn(model, ids, cos, sin, real, past)
     except Exception as e:  # noqa: BLE001 - no compiler, an inductor bug, ...: run eagerly
@@ -108,11 +108,6 @@ def forward_hidden(model: Any, ids: torch.Tensor, positions: torch.Tensor, key_m
         warnings.warn(f"train.compile: torch.compile of the learner forward failed, running it "
                       f"eagerly from now on ({_COMPILED['failed'][:300]})", RuntimeWarning, stacklevel=2)
         return _layers(model, ids, cos, sin, real, past)
-
-
-def _dyn(t: torch.Tensor, *dims: int) -> None:
-    for d in dims:
-        torch._dynamo.maybe_mark_dynamic(t, d)
 
 
 def _layers(model: Any, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, real: torch.Tensor,

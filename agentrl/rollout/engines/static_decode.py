@@ -260,7 +260,7 @@ class StaticDecoder:
         """`step`, then `sampling.sample_next` on its logits: the next token of every row and
         its sampler logprob, both (B,) (int64, float32). Same arguments as the two.
 
-        With `compiled=True` both run as one `torch.compile` graph (see `compile_note`):
+        With `compiled=True` both run as one `torch.compile` graph (`HFEngine(compile=True)`):
         fused C++ kernels instead of ~100 dispatched torch ops per token. Compiled once per
         process with dynamic batch size, column and capacity (a new temperature, top-p or
         model, and a one-row batch, can add a graph; past dynamo's limit of 8 graphs it runs
@@ -273,8 +273,8 @@ class StaticDecoder:
             if not self._marked:  # new buffers (construction, `select`): hint their dynamic dims
                 self._mark_dynamic()
             try:
-                return _compiled_tick()(self, _dyn(tokens), _dyn(pos), col, temperature, top_p,
-                                        None if uniform is None else _dyn(uniform))
+                return _compiled_tick()(self, mark_dynamic(tokens), mark_dynamic(pos), col, temperature, top_p,
+                                        None if uniform is None else mark_dynamic(uniform))
             except Exception as e:  # noqa: BLE001 - no C++ compiler, an inductor bug, ...: run eagerly
                 _COMPILED["failed"] = f"{type(e).__name__}: {e}"
                 warnings.warn(f"rollout.compile: torch.compile of the decode step failed, running it "
@@ -284,10 +284,10 @@ class StaticDecoder:
     def _mark_dynamic(self) -> None:
         """Tell `torch.compile` that the batch and capacity dims of the buffers vary."""
         for t in self.k + self.v:
-            _dyn(t, 0, 2)
-        _dyn(self.bias, 0, 3)
-        _dyn(self.cos, 0)
-        _dyn(self.sin, 0)
+            mark_dynamic(t, 0, 2)
+        mark_dynamic(self.bias, 0, 3)
+        mark_dynamic(self.cos, 0)
+        mark_dynamic(self.sin, 0)
         self._marked = True
 
 
@@ -299,9 +299,10 @@ Python (`benchmarks/decode_step.py --compile`)."""
 _COMPILED: dict[str, Any] = {}
 
 
-def _dyn(t: torch.Tensor, *dims: int) -> torch.Tensor:
-    """`t` with `dims` (default 0) marked as varying for `torch.compile` (a hint, not a
-    constraint: a size-1 dim stays specialised)."""
+def mark_dynamic(t: torch.Tensor, *dims: int) -> torch.Tensor:
+    """`t` with `dims` (default 0) marked as varying for `torch.compile`
+    (`torch._dynamo.maybe_mark_dynamic`: a hint, not a constraint; a size-1 dim stays
+    specialised). Also used by the learner's compiled forward (`agentrl.static_forward`)."""
     for d in dims or (0,):
         torch._dynamo.maybe_mark_dynamic(t, d)
     return t
@@ -310,7 +311,7 @@ def _dyn(t: torch.Tensor, *dims: int) -> torch.Tensor:
 def _compiled_tick() -> Any:
     """`_tick` through `torch.compile`, built once per process and backend.
 
-    Dynamic dims: the batch (B) and cache capacity (C) of the tensors (`_dyn` hints) and the
+    Dynamic dims: the batch (B) and cache capacity (C) of the tensors (`mark_dynamic` hints) and the
     column argument `decode_col` (named in `torch.compiler.config.dynamic_sources`, so the
     first compile is already general in it). The weights' shapes stay static, which lets
     inductor emit fixed-size vectorised loops: about 0.5x eager time per token at batch 8,
