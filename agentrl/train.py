@@ -310,8 +310,8 @@ def rollout_compile_note(cfg: Config, engine: Any) -> str:
         return engine.compile_note()
     if cfg.model.dtype != "float32":
         return f"rollout.compile has no effect: the static decoder needs float32 weights (model.dtype={cfg.model.dtype})"
-    return ("each rollout worker's decode step is compiled at its first generate (torch.compile; "
-            "30 s to 1 min per worker)")
+    return ("each rollout worker compiles its decode step at its first generate if the model has a "
+            "static decoder (float32 Qwen2/Llama; torch.compile, 30 s to 1 min per worker)")
 
 def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
     """Train `cfg.algo.name` on `cfg.env.name`; returns the summary (also OUT/summary.json).

@@ -186,6 +186,8 @@ class HFEngine:
         Raises:
             ValueError: bad params (`check_params`), an empty prompt, or an id outside the
                 vocabulary.
+            FloatingPointError: the model gave non-finite logits (NaN or inf) for a returned
+                token (diverged weights).
         """
         check_params(params)
         for i, p in enumerate(prompts):
