@@ -36,13 +36,17 @@ D head dim.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from agentrl.rollout.engines.static_decode import cat_bias, mark_dynamic, unsupported_reason
+from agentrl.rollout.engines.static_decode import (
+    call_compiled,
+    cat_bias,
+    mark_dynamic,
+    unsupported_reason,
+)
 
 
 def static_forward_supported(model: Any) -> bool:
@@ -91,23 +95,17 @@ def forward_hidden(model: Any, ids: torch.Tensor, positions: torch.Tensor, key_m
     """
     cos, sin = _rope(model, positions)
     real = key_mask.bool()
-    if not compiled or _COMPILED.get("failed"):
+    if not compiled:
         return _layers(model, ids, cos, sin, real, past)
-    fn = _COMPILED.get(COMPILE_BACKEND)
-    if fn is None:
-        fn = _COMPILED[COMPILE_BACKEND] = torch.compile(_layers, dynamic=None, backend=COMPILE_BACKEND)
     for t in (ids, cos, sin, real):  # rows and lengths vary; the weights' shapes stay static
         mark_dynamic(t, 0, 1)
     for k, v in past or ():
         mark_dynamic(k, 0, 2)
         mark_dynamic(v, 0, 2)
-    try:
-        return fn(model, ids, cos, sin, real, past)
-    except Exception as e:  # noqa: BLE001 - no compiler, an inductor bug, ...: run eagerly
-        _COMPILED["failed"] = f"{type(e).__name__}: {e}"
-        warnings.warn(f"train.compile: torch.compile of the learner forward failed, running it "
-                      f"eagerly from now on ({_COMPILED['failed'][:300]})", RuntimeWarning, stacklevel=2)
-        return _layers(model, ids, cos, sin, real, past)
+    return call_compiled(_COMPILED, COMPILE_BACKEND,
+                         lambda: torch.compile(_layers, dynamic=None, backend=COMPILE_BACKEND),
+                         _layers, (model, ids, cos, sin, real, past),
+                         "train.compile: torch.compile of the learner forward")
 
 
 def _layers(model: Any, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, real: torch.Tensor,

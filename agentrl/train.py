@@ -298,8 +298,6 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-# -- the loop -----------------------------------------------------------------------------------
-
 def rollout_compile_note(cfg: Config, engine: Any) -> str:
     """One line on what `rollout.compile` does in this run ("" when it is off)."""
     if not cfg.rollout.compile:
@@ -313,6 +311,8 @@ def rollout_compile_note(cfg: Config, engine: Any) -> str:
     return ("each rollout worker compiles its decode step at its first generate if the model has a "
             "static decoder (float32 Qwen2/Llama; torch.compile, 30 s to 1 min per worker)")
 
+
+# -- the loop -----------------------------------------------------------------------------------
 def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
     """Train `cfg.algo.name` on `cfg.env.name`; returns the summary (also OUT/summary.json).
 

@@ -36,6 +36,7 @@ H = query heads, K = key/value heads (H % K == 0), D = head dim, E = hidden size
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -269,17 +270,14 @@ class StaticDecoder:
         the caller (`HFEngine.generate` raises on them).
         Same math as eager; float32 rounding may differ (a near-tie can flip a token).
         """
-        if compiled and not _COMPILED.get("failed"):
-            if not self._marked:  # new buffers (construction, `select`): hint their dynamic dims
-                self._mark_dynamic()
-            try:
-                return _compiled_tick()(self, mark_dynamic(tokens), mark_dynamic(pos), col, temperature, top_p,
-                                        None if uniform is None else mark_dynamic(uniform))
-            except Exception as e:  # noqa: BLE001 - no C++ compiler, an inductor bug, ...: run eagerly
-                _COMPILED["failed"] = f"{type(e).__name__}: {e}"
-                warnings.warn(f"rollout.compile: torch.compile of the decode step failed, running it "
-                              f"eagerly from now on ({_COMPILED['failed'][:300]})", RuntimeWarning, stacklevel=2)
-        return _tick(self, tokens, pos, col, temperature, top_p, uniform)
+        if not compiled:
+            return _tick(self, tokens, pos, col, temperature, top_p, uniform)
+        if not self._marked:  # new buffers (construction, `select`): hint their dynamic dims
+            self._mark_dynamic()
+        args = (self, mark_dynamic(tokens), mark_dynamic(pos), col, temperature, top_p,
+                None if uniform is None else mark_dynamic(uniform))
+        return call_compiled(_COMPILED, COMPILE_BACKEND, _build_tick, _tick, args,
+                             "rollout.compile: torch.compile of the decode step")
 
     def _mark_dynamic(self) -> None:
         """Tell `torch.compile` that the batch and capacity dims of the buffers vary."""
@@ -308,22 +306,41 @@ def mark_dynamic(t: torch.Tensor, *dims: int) -> torch.Tensor:
     return t
 
 
-def _compiled_tick() -> Any:
-    """`_tick` through `torch.compile`, built once per process and backend.
+def call_compiled(store: dict[str, Any], key: str, build: Callable[[], Callable[..., Any]],
+                  eager: Callable[..., Any], args: tuple[Any, ...], what: str) -> Any:
+    """`eager(*args)` computed by its `torch.compile` version, `build()`, made once into
+    `store[key]` (per process). If the compiled call raises (no C++ compiler, an inductor bug,
+    ...), `store["failed"]` records why, a `RuntimeWarning` starting with `what` says so once,
+    and `eager` runs, now and from then on. Used by the decode step (`rollout.compile`) and the
+    learner's forward (`train.compile`, `agentrl.static_forward`)."""
+    if store.get("failed"):
+        return eager(*args)
+    fn = store.get(key)
+    if fn is None:
+        fn = store[key] = build()
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001 - any failure of the compiled path: run eagerly
+        store["failed"] = f"{type(e).__name__}: {e}"
+        warnings.warn(f"{what} failed, running it eagerly from now on ({store['failed'][:300]})",
+                      RuntimeWarning, stacklevel=3)
+        return eager(*args)
 
-    Dynamic dims: the batch (B) and cache capacity (C) of the tensors (`mark_dynamic` hints) and the
-    column argument `decode_col` (named in `torch.compiler.config.dynamic_sources`, so the
+
+def _build_tick() -> Callable[..., Any]:
+    """`_tick` through `torch.compile` (`COMPILE_BACKEND`, `COMPILE_OPTIONS`).
+
+    Dynamic dims: the batch (B) and cache capacity (C) of the tensors (`mark_dynamic` hints) and
+    the column argument `decode_col` (named in `torch.compiler.config.dynamic_sources`, so the
     first compile is already general in it). The weights' shapes stay static, which lets
     inductor emit fixed-size vectorised loops: about 0.5x eager time per token at batch 8,
     against 0.8x with `dynamic=True` (every dim symbolic)."""
-    key = COMPILE_BACKEND
-    if key not in _COMPILED:
-        cfg = torch.compiler.config
-        sources = [s for s in (cfg.dynamic_sources or "").split(",") if s]
-        if "L['decode_col']" not in sources:
-            cfg.dynamic_sources = ",".join([*sources, "L['decode_col']"])
-        _COMPILED[key] = torch.compile(_tick, dynamic=None, backend=key, options=COMPILE_OPTIONS.get(key))
-    return _COMPILED[key]
+    cfg = torch.compiler.config
+    sources = [s for s in (cfg.dynamic_sources or "").split(",") if s]
+    if "L['decode_col']" not in sources:
+        cfg.dynamic_sources = ",".join([*sources, "L['decode_col']"])
+    return torch.compile(_tick, dynamic=None, backend=COMPILE_BACKEND,
+                         options=COMPILE_OPTIONS.get(COMPILE_BACKEND))
 
 
 def _tick(dec: StaticDecoder, tokens: torch.Tensor, pos: torch.Tensor, decode_col: int, temperature: float,
