@@ -199,10 +199,12 @@ class TrainConfig(_Section):
     """Checkpoint every N steps (0: only at the end)."""
     eval_every: int = Field(default=0, ge=0)
     """Evaluate on the held-out split every N steps (0: only before and after training)."""
-    eval_tasks: int = Field(default=64, ge=1)
-    """Held-out tasks used for evaluation during training."""
+    eval_tasks: int = Field(default=256, ge=1)
+    """Held-out tasks of the evaluation before, during and after training: the first N of the env's fixed held-out list (`agentrl.eval.tasks.list_tasks`), the same tasks `agentrl eval` runs by default."""
     eval_samples: int = Field(default=4, ge=1)
-    """Samples per held-out task for pass@1 during training."""
+    """Samples per held-out task (n of pass@k): the evaluation reports pass@1 and pass@n, each with its standard error over tasks."""
+    eval_batch_size: int = Field(default=64, ge=1)
+    """Episodes per generate call of the evaluation (the sampler's seeds are drawn per batch, so `agentrl eval` uses the same default to reproduce the figure exactly)."""
     max_staleness: int = Field(default=0, ge=0)
     """Drop trajectories sampled by a policy more than this many versions old."""
     log_rollouts_every: int = Field(default=5, ge=0)

@@ -148,8 +148,9 @@ def collect(engine: Any, renderer: ChatRenderer, envs: list[Any], seeds: list[in
 def evaluate(engine: Any, renderer: ChatRenderer, envs: list[Any], cfg: Config,
              pool: ThreadPoolExecutor, *, n_tasks: int, samples: int, temperature: float
              ) -> dict[str, float]:
-    """pass@1 and mean reward on held-out tasks `EVAL_SEED + i`, `samples` episodes each
-    (the small in-training evaluation; `agentrl eval` is the full harness)."""
+    """pass@1 and mean reward on the seeded tasks `EVAL_SEED + i` of `envs`' split, `samples`
+    episodes each: the warm start's stop check on *training* tasks. The held-out figure of a
+    run is `agentrl.eval.harness.evaluate_heldout` (the env's fixed held-out list)."""
     params = SamplingParams(temperature=temperature, top_p=cfg.rollout.top_p,
                             max_tokens=cfg.rollout.max_tokens, stop_token_ids=renderer.stop_ids)
     seeds = [EVAL_SEED + i for i in range(n_tasks)]
@@ -157,11 +158,21 @@ def evaluate(engine: Any, renderer: ChatRenderer, envs: list[Any], cfg: Config,
     per_call = len(envs) // samples
     for s in range(0, n_tasks, per_call):
         trajs += collect(engine, renderer, envs, seeds[s:s + per_call], samples, params, cfg, pool,
-                         group_base=0, sample_seed=cfg.seed + 777 + s, split="heldout")
+                         group_base=0, sample_seed=cfg.seed + 777 + s, split="train")
     succ = np.array([episode_success(t) for t in trajs], dtype=float)
     rets = np.array([extrinsic_return(t) for t in trajs], dtype=float)
     return {"pass@1": float(succ.mean()), "reward_mean": float(np.nanmean(rets)),
             "tokens_mean": float(np.mean([t.num_sampled for t in trajs]))}
+
+
+def format_eval(ev: dict[str, float], samples: int) -> str:
+    """`pass@1 0.203 ± 0.021, pass@4 0.412 ± 0.030` from evaluation metrics (± one standard
+    error over tasks)."""
+    parts = []
+    for k in sorted({1, samples}):
+        v, se = ev.get(f"pass@{k}", float("nan")), ev.get(f"pass@{k}_se", float("nan"))
+        parts.append(f"pass@{k} {v:.3f}" + (f" ± {se:.3f}" if se == se else ""))
+    return ", ".join(parts)
 
 
 DYNAMIC_SAMPLING_MAX_ROUNDS = 3
@@ -320,6 +331,7 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
         ValueError: a configuration that cannot run (e.g. unknown env), before any work.
     """
     from agentrl.algos import get_algorithm, needs_reference, resolve_config
+    from agentrl.eval.harness import evaluate_heldout, heldout_width, training_metrics
     from agentrl.learner import Learner, latest_checkpoint
     from agentrl.lora import load_checkpoint, merged_state_dict, plain_copy, wrap_lora
     from agentrl.model import load_model
@@ -424,7 +436,7 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
 
     G = cfg.algo.group_size
     n_eps = cfg.rollout.tasks_per_step * G
-    n_envs = cfg.train.eval_samples * 16  # fixed: evaluation batches do not depend on training's
+    n_envs = heldout_width(cfg)  # fixed: evaluation batches do not depend on training's
     rewards = None
     if cfg.env.wrappers:
         from agentrl.rewards import RewardWrappers
@@ -459,15 +471,17 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
                 return
             engine.update_weights(state_dict, v)
 
-    def run_eval() -> dict[str, float]:
-        """Evaluate the learner's current weights: in async mode the engine may still hold an
+    def run_eval(tag: str) -> dict[str, float]:
+        """Evaluate the learner's current weights on the held-out list (written to
+        OUT/eval/<tag>, as `agentrl eval` writes): in async mode the engine may still hold an
         older version (a push is applied only when an actor starts its next batch)."""
         t0 = time.perf_counter()
         with engine_lock:
             if held_version() < version:
                 engine.update_weights(merged_state_dict(model), version)
-            r = evaluate(engine, renderer, eval_envs, cfg, pool, n_tasks=cfg.train.eval_tasks,
-                         samples=cfg.train.eval_samples, temperature=cfg.rollout.temperature)
+            remote = (lambda sp, p, s: engine.run(sp, p, seed=s, split="heldout")) if hasattr(engine, "run") else None
+            r = training_metrics(evaluate_heldout(None if remote else engine, renderer, eval_envs, cfg,
+                                                  pool, rollout=remote, out_dir=out / "eval" / tag))
             r["policy_version"] = float(held_version())  # the weights evaluated
         r["seconds"] = time.perf_counter() - t0
         return r
@@ -494,9 +508,10 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
     before = json.loads((out / "eval_before.json").read_text()) if ck is not None and \
         (out / "eval_before.json").exists() else None
     if before is None:
-        before = run_eval()
+        say(f"[eval] held-out: {cfg.train.eval_tasks} tasks x {cfg.train.eval_samples} samples ...")
+        before = run_eval("before")
         (out / "eval_before.json").write_text(json.dumps(before))
-        say(f"[eval] before RL: pass@1 {before['pass@1']:.3f}, reward {before['reward_mean']:.3f}")
+        say(f"[eval] before RL: {format_eval(before, cfg.train.eval_samples)} ({before['seconds']:.0f} s)")
 
     # 2) the RL loop
     progress = None
@@ -569,7 +584,7 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
             m["perf/step_s"] = m["perf/rollout_s"] + m["perf/update_s"] + m["perf/sync_s"]
             m["perf/loop_s"] = time.perf_counter() - t_loop  # wall clock since the loop started
             if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0 and step + 1 < cfg.train.steps:
-                ev = run_eval()
+                ev = run_eval(f"step_{step + 1}")
                 m.update({f"eval/{k}": v for k, v in ev.items()})
             log.log(step + 1, m)
             if cfg.train.log_rollouts_every and (step + 1) % cfg.train.log_rollouts_every == 0:
@@ -596,7 +611,7 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
     final = out / "checkpoints" / f"step_{cfg.train.steps}"
     if latest_checkpoint(out) != final:  # not saved by the loop (or by the run resumed here)
         learner.save(final, tok, {"step": cfg.train.steps, "policy_version": version})
-    after = run_eval()
+    after = run_eval("after")
     log.log(cfg.train.steps, {f"eval/{k}": v for k, v in after.items()})
     log.close()
     for _, p_ in env_sets.items:
@@ -611,9 +626,11 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
                "stage_seconds": stage_seconds(out / "metrics.jsonl")}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     ratio = f"{a / b:.2f}x" if b > 0 else "n/a"
-    say(f"[eval] held-out pass@1 (T={cfg.rollout.temperature}, {cfg.train.eval_tasks} tasks x "
-        f"{cfg.train.eval_samples}): before RL {b:.3f} -> after RL {a:.3f} "
-        f"({ratio}, {a - b:+.3f} absolute)")
+    say(f"[eval] held-out (T={cfg.rollout.temperature}, {cfg.train.eval_tasks} tasks x "
+        f"{cfg.train.eval_samples}, ± standard error): before RL {format_eval(before, cfg.train.eval_samples)}"
+        f" -> after RL {format_eval(after, cfg.train.eval_samples)}")
+    say(f"[eval] held-out pass@1: before RL {b:.3f} -> after RL {a:.3f} ({ratio}, {a - b:+.3f} absolute); "
+        f"`agentrl eval {out}` reproduces the after-RL figure ({out / 'eval'})")
     say(f"[done] checkpoint: {final}; metrics: {out / 'metrics.jsonl'}")
     if console is not None:
         console.print(summary_panel(summary, out))

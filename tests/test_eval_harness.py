@@ -379,35 +379,49 @@ def test_tiny_model_on_three_humaneval_problems_writes_all_files(tiny_model_dir,
     assert "| pass@2 |" in md and "HumanEval/2" in md
 
 
-def test_evaluate_heldout_is_a_drop_in_for_train_evaluate(tiny_tokenizer):
-    """Same signature and keys as `agentrl.train.evaluate`; seeds EVAL_SEED + i, the trainer's
-    envs and pool reused. GuessEnv draws targets 0-9 from the seed; the policy answers right
-    exactly for even targets, so pass@1 is the fraction of even targets."""
-    import inspect
+def test_evaluate_heldout_runs_the_env_task_list_with_standard_errors(tiny_tokenizer):
+    """The trainer's held-out evaluation runs the env's fixed list (here `eval_tasks()`:
+    targets 4, 1, 7), `train.eval_samples` episodes each, and reports pass@1, pass@n and their
+    standard errors over tasks. The policy answers right exactly for even targets: per-task
+    pass@1 is [1, 0, 0], so pass@1 = 1/3 and its standard error std([1,0,0], ddof=1)/sqrt(3) =
+    0.57735/1.73205 = 1/3."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from agentrl import train
     from agentrl.config import load_config
-    from agentrl.eval.harness import evaluate_heldout
+    from agentrl.eval.harness import evaluate_heldout, heldout_width, training_metrics
 
-    assert list(inspect.signature(evaluate_heldout).parameters) == list(inspect.signature(train.evaluate).parameters)
-    cfg = load_config(None, ["rollout.max_tokens=8"], **{"env.name": "test_guess"})
-    envs = [make_env("test_guess") for _ in range(4)]
+    cfg = load_config(None, ["rollout.max_tokens=8", "train.eval_samples=2", "train.eval_batch_size=4"],
+                      **{"env.name": "test_listed_guess"})
+    assert heldout_width(cfg) == 4  # min(eval_batch_size, 3 tasks x 2 samples)
+    envs = [make_env("test_listed_guess") for _ in range(4)]
+
     def even_only(ids):
         target = int(re.search(r"say (-?\d+)", tiny_tokenizer.decode(ids)).group(1))
         return str(target) if target % 2 == 0 else "no"
 
     with ThreadPoolExecutor(2) as pool:
-        m = evaluate_heldout(ScriptedEngine(tiny_tokenizer, even_only), ChatRenderer(tiny_tokenizer),
-                             envs, cfg, pool, n_tasks=10, samples=2, temperature=1.0)
-    targets = [int(GuessEnv().reset(seed=train.EVAL_SEED + i)[1]["task_id"].split("/")[1]) for i in range(10)]
-    even = sum(t % 2 == 0 for t in targets)
-    assert 0 < even < 10  # both kinds occur with these seeds
-    assert m["pass@1"] == pytest.approx(even / 10)
-    # even: reward 1 at turn 1; odd: three wrong turns, -0.3
-    assert m["reward_mean"] == pytest.approx((even * 1.0 + (10 - even) * -0.3) / 10)
-    assert m["turns_mean"] == pytest.approx((even + 3 * (10 - even)) / 10)
-    assert {"pass@1", "reward_mean", "tokens_mean"} <= set(m)
+        s = evaluate_heldout(ScriptedEngine(tiny_tokenizer, even_only), ChatRenderer(tiny_tokenizer),
+                             envs, cfg, pool)
+    assert [t["task_id"] for t in s["tasks"]] == ["guess/4", "guess/1", "guess/7"]
+    assert s["meta"]["tasks_from"] == "env.eval_tasks()" and s["k"] == [1, 2]
+    m = training_metrics(s)
+    assert m["pass@1"] == pytest.approx(1 / 3) and m["pass@1_se"] == pytest.approx(1 / 3)
+    assert m["pass@2"] == pytest.approx(1 / 3)
+    # target 4: reward 1 at turn 1; 1 and 7: three wrong turns, -0.3
+    assert m["reward_mean"] == pytest.approx((1.0 - 0.3 - 0.3) / 3)
+
+
+def test_pass_at_k_standard_error_by_hand():
+    """pass@1 per task [1, 0.5, 0] (n=2, c=2/1/0): mean 0.5, std (ddof=1) 0.5, se 0.5/sqrt(3);
+    one task: no standard error."""
+    rows = [{"task_index": i, "task_id": str(i), "success": ok, "reward": float(ok), "turns": 1,
+             "tokens": 1, "total_tokens": 2, "finish_reasons": ["stop"], "end": "terminated",
+             "verdict": None, "errors": []}
+            for i, oks in enumerate([(1, 1), (1, 0), (0, 0)]) for ok in oks]
+    o = summarize(rows, [1, 2])["overall"]
+    assert o["pass@1"] == pytest.approx(0.5) and o["pass@1_se"] == pytest.approx(0.5 / 3 ** 0.5)
+    assert o["pass@2"] == pytest.approx(2 / 3)  # per task [1, 1, 0]
+    assert summarize(rows[:2], [1])["overall"]["pass@1_se"] is None
 
 
 @pytest.mark.slow
@@ -455,4 +469,6 @@ def test_eval_command_reference_with_a_model_tokenizer_and_default_model(tiny_mo
     s = eval_command(env="test_guess", model="default", max_tasks=2, max_tokens=4,
                      out=str(tmp_path / "base"), console=log)
     assert (tmp_path / "base" / "base_model" / "config.json").exists()
-    assert s["meta"]["model"] == str(tmp_path / "base" / "base_model") and s["overall"]["episodes"] == 2
+    # default samples: train.eval_samples (4), k = [1, 4], T = rollout.temperature
+    assert s["meta"]["model"] == str(tmp_path / "base" / "base_model") and s["overall"]["episodes"] == 8
+    assert s["k"] == [1, 4] and s["meta"]["temperature"] == 1.0

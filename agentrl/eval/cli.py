@@ -110,8 +110,8 @@ def eval_command(
     model: str | None = None,
     dataset: str | None = None,
     split: str | None = None,
-    samples: int = 1,
-    k: str | int | Sequence[int] = "1",
+    samples: int | None = None,
+    k: str | int | Sequence[int] | None = None,
     temperature: float | None = None,
     out: str | None = None,
     seed: int | None = None,
@@ -120,7 +120,7 @@ def eval_command(
     max_turns: int | None = None,
     workers: int | None = None,
     *,
-    batch_size: int = 64,
+    batch_size: int | None = None,
     env_threads: int | None = None,
     max_tokens: int | None = None,
     max_episode_tokens: int | None = None,
@@ -138,22 +138,27 @@ def eval_command(
         dataset: task file for envs that take one (`env.dataset`).
         split: task split for envs that take one (`train`, `heldout`, `all`); default `all`
             when `dataset` is given (a benchmark file is evaluated whole), else `heldout`.
-        samples: episodes per task (N).
-        k: pass@k values, e.g. `"1,5,10"` (each <= samples).
+        samples: episodes per task (N); default the config's `train.eval_samples` (4), or 1
+            for the (deterministic) `reference` policy.
+        k: pass@k values, e.g. `"1,5,10"` (each <= samples); default 1 and `samples`.
         temperature: sampling temperature (0 = greedy); default 0 when samples == 1, else the
             config's `rollout.temperature`.
         out: output directory (default `eval_runs/<env>_<model>_<time>`).
         seed: sampler seed (default the config's `seed`); the same seed reproduces a run.
         compare: two evaluation directories: print and return `report.compare(A, B)` instead.
         max_tasks: evaluate at most this many tasks (the first ones of the env's task list);
-            for envs without a task list, the number of seeded tasks `EVAL_SEED + i`
-            (default the config's `train.eval_tasks`).
+            for envs without a task list, the number of seeded tasks `EVAL_SEED + i`. Default:
+            every task of `dataset` when one is given, else the config's `train.eval_tasks`
+            (256): with the other defaults, the run's own held-out evaluation
+            (`agentrl.eval.harness.heldout_settings`), so `agentrl eval RUN` reproduces the
+            figure the run printed.
         max_turns: extra turn limit per episode (`env.max_turns`).
         workers: Ray rollout workers (`agentrl.rollout.workers.RolloutPool`), each with its own
             engine and envs, sharing every batch; 0 or None: in this process (default
             `rollout.num_workers`). Not with `reference` (the scripted policy runs here). Envs
             made by Ray workers must be registered on import (built-in, or `pkg.module:Class`).
-        batch_size: episodes per batch (one generate call per turn for the whole batch).
+        batch_size: episodes per batch (one generate call per turn for the whole batch); default
+            the config's `train.eval_batch_size` (the sampler seeds are drawn per batch).
         env_threads: threads stepping envs (sandbox runs) in parallel (default
             `rollout.env_threads`).
         max_tokens: tokens per turn (default `rollout.max_tokens`).
@@ -185,11 +190,8 @@ def eval_command(
         return result
     if not model:
         raise ValueError("model: give a model directory, a checkpoint, a training output dir, or 'reference'")
-    ks = parse_k(k)
-    from agentrl.eval.harness import check_k
-
-    check_k(ks, samples)
-
+    if k is not None:
+        parse_k(k)  # a malformed k fails before any work
     from agentrl.config import ConfigError, load_config
 
     name = model.split(":", 1)[0].lower()
@@ -207,6 +209,13 @@ def eval_command(
         raise ValueError(str(e)) from None
     if scripted and workers:
         raise ValueError("workers: the reference policy runs in this process; use workers=0")
+    from agentrl.eval.harness import check_k
+
+    samples = samples or (1 if scripted else cfg.train.eval_samples)  # the reference is deterministic
+    ks = check_k(parse_k(k) if k is not None else [1, samples], samples)
+    batch_size = batch_size or cfg.train.eval_batch_size
+    if max_tasks is None and not dataset:
+        max_tasks = cfg.train.eval_tasks  # the run's own held-out list
     use_pool = not scripted and cfg.rollout.num_workers > 0
 
     # heavy imports only now (arguments and config are valid)

@@ -304,26 +304,61 @@ def _progress(console: Any, total: int) -> tuple[Any, Any] | None:
 
 
 def training_metrics(summary: dict[str, Any]) -> dict[str, float]:
-    """The flat metrics `agentrl.train.evaluate` returns (logged under `eval/`): `pass@1`,
-    `reward_mean`, `tokens_mean`, plus `pass@k` for the other k, `turns_mean`, `errors`.
-    None values become NaN."""
+    """The flat metrics of an evaluation logged under `eval/`: `pass@k` and `pass@k_se` for
+    each k, `reward_mean`, `tokens_mean`, `turns_mean`, `errors`. None values become NaN."""
     o = summary["overall"]
-    keys = [f"pass@{k}" for k in summary["k"]] + ["reward_mean", "tokens_mean", "turns_mean", "errors"]
+    keys = [m for k in summary["k"] for m in (f"pass@{k}", f"pass@{k}_se")]
+    keys += ["reward_mean", "tokens_mean", "turns_mean", "errors"]
     return {k: float("nan") if o.get(k) is None else float(o[k]) for k in keys}
 
 
-def evaluate_heldout(engine: Engine, renderer: ChatRenderer, envs: list[Any], cfg: Any,
-                     pool: ThreadPoolExecutor, *, n_tasks: int, samples: int, temperature: float
-                     ) -> dict[str, float]:
-    """Drop-in body of `agentrl.train.evaluate` (same signature): `samples` episodes of each
-    held-out task `EVAL_SEED + i` (i < n_tasks) through `run_eval`, reusing the trainer's
-    `envs` and thread pool, writing nothing. Returns `training_metrics` (`pass@1`,
-    `reward_mean` (extrinsic), `tokens_mean`, `turns_mean`, `errors`)."""
-    from agentrl.train import EVAL_SEED
+def heldout_settings(cfg: Any) -> dict[str, Any]:
+    """The settings of the held-out evaluation of a run with config `cfg`, shared by the
+    trainer's evaluation (`evaluate_heldout`) and `agentrl eval`'s defaults, so that both give
+    the same number for the same checkpoint: `samples` (`train.eval_samples`), `k_list`
+    (1 and `samples`), `temperature` (`rollout.temperature`), `top_p`, `max_tokens`,
+    `max_episode_tokens`, `seed` (the run's `seed`) and `batch_size` (`train.eval_batch_size`;
+    the sampler seed is drawn per batch)."""
+    n = int(cfg.train.eval_samples)
+    return {"samples": n, "k_list": sorted({1, n}), "temperature": float(cfg.rollout.temperature),
+            "top_p": cfg.rollout.top_p, "max_tokens": cfg.rollout.max_tokens,
+            "max_episode_tokens": cfg.rollout.max_episode_tokens, "seed": int(cfg.seed),
+            "batch_size": int(cfg.train.eval_batch_size)}
 
-    summary = run_eval(engine, renderer, lambda: None, [{"seed": EVAL_SEED + i} for i in range(n_tasks)],
-                       samples=samples, k_list=[1], temperature=temperature, top_p=cfg.rollout.top_p,
-                       max_tokens=cfg.rollout.max_tokens, seed=cfg.seed + 777,
-                       max_episode_tokens=cfg.rollout.max_episode_tokens,
-                       batch_size=len(envs), envs=envs, executor=pool)
-    return training_metrics(summary)
+
+def heldout_width(cfg: Any, n_tasks: int | None = None) -> int:
+    """Envs the held-out evaluation runs at once: `min(train.eval_batch_size, episodes)`."""
+    episodes = (n_tasks or cfg.train.eval_tasks) * cfg.train.eval_samples
+    return min(int(cfg.train.eval_batch_size), int(episodes))
+
+
+def evaluate_heldout(engine: Engine | None, renderer: ChatRenderer, envs: list[Any], cfg: Any,
+                     pool: ThreadPoolExecutor | None, *, rollout: Callable[..., list[Trajectory]] | None = None,
+                     out_dir: str | Path | None = None) -> dict[str, Any]:
+    """The held-out evaluation of a run: the first `train.eval_tasks` tasks of the env's fixed
+    held-out list (`agentrl.eval.tasks.list_tasks` on `envs[0]`, which must be made on the
+    held-out split), `train.eval_samples` episodes each, with `heldout_settings(cfg)`. Runs
+    before, during and after training; `agentrl eval RUN` runs the same tasks with the same
+    settings, so it reproduces the figure exactly for the same checkpoint.
+
+    Args:
+        engine: the policy (None when `rollout` is given).
+        renderer: the engine's `ChatRenderer`.
+        envs: at least `heldout_width(cfg)` held-out envs (reused, never made here).
+        cfg: the run's `Config`.
+        pool: threads stepping the envs.
+        rollout: `(specs, params, seed) -> trajectories` to run batches elsewhere (Ray workers).
+        out_dir: write `results.jsonl`, `summary.json`, `summary.md` there (None: nothing).
+
+    Returns:
+        The summary of `run_eval` (`overall["pass@1"]`, `overall["pass@1_se"]`, ...).
+
+    Raises:
+        ValueError: too few `envs`, or an env without tasks.
+    """
+    from agentrl.eval.tasks import list_tasks
+
+    tasks, source = list_tasks(envs[0], cfg.train.eval_tasks, default_n=cfg.train.eval_tasks)
+    return run_eval(engine, renderer, lambda: None, tasks, envs=envs, executor=pool, rollout=rollout,
+                    out_dir=out_dir, meta={"env": cfg.env.name, "split": "heldout", "tasks_from": source},
+                    **heldout_settings(cfg))

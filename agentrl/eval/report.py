@@ -8,7 +8,9 @@ file (`summarize(read_results(dir), k_list)`). No torch import.
 Metric definitions (overall and per task):
 - `pass@k`: per task, the unbiased estimator `pass_at_k(n, c, k)` with n episodes and c
   successes; overall, the mean over tasks with n >= k (`excluded@k` counts the others, case
-  E5; the value is None when every task is excluded).
+  E5; the value is None when every task is excluded). `pass@k_se`: its standard error over
+  tasks, `std(per-task pass@k, ddof=1) / sqrt(tasks)` (the spread a different draw of tasks of
+  the same family would give; None with fewer than two tasks).
 - `success_rate`: successes / episodes (= pass@1 when every task has the same n).
 - `reward_mean`, `reward_std`: mean and population std (ddof = 0) of the episode's extrinsic
   reward (`agentrl.train.extrinsic_return`) over episodes whose reward is a number; episodes
@@ -122,6 +124,7 @@ def summarize(rows: Sequence[dict[str, Any]], k_list: Sequence[int],
     for k in ks:
         vals, excluded = pass_at_k_many([t["n"] for t in tasks], [t["c"] for t in tasks], k)
         overall[f"pass@{k}"] = float(vals.mean()) if vals.size else None
+        overall[f"pass@{k}_se"] = float(vals.std(ddof=1) / math.sqrt(vals.size)) if vals.size > 1 else None
         overall[f"excluded@{k}"] = excluded
     overall.update(_episode_stats(rows))
     examples = list(dict.fromkeys(e for r in rows for e in r.get("errors", [])))
@@ -148,7 +151,7 @@ def _fmt(x: Any) -> str:
 def overall_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     """(metric, formatted value) pairs of the overall summary, in display order."""
     o = summary["overall"]
-    keys = [f"pass@{k}" for k in summary["k"]]
+    keys = [m for k in summary["k"] for m in (f"pass@{k}", f"pass@{k}_se")]
     keys += [k for k in ("tasks", "episodes", "success_rate", "reward_mean", "reward_std",
                          "turns_mean", "tokens_mean", "total_tokens_mean", "finish_reasons",
                          "end_reasons", "verdicts", "errors", "env_errors", "nan_rewards")]

@@ -1,0 +1,140 @@
+"""The main job (`agentrl train --env code_sandbox --algo grpo`, its defaults) on seeds 0, 1, 2:
+held-out pass@1 and pass@k before and after RL, with standard errors, and wall seconds end to
+end. Writes `benchmarks/results/main_job_seeds.json` and, with `--write-readme`, the figures
+block of README.md (between `<!-- main_job_seeds:begin -->` and `<!-- main_job_seeds:end -->`),
+stamped with the commit and the date; README.md quotes nothing else about the main job.
+
+    python benchmarks/main_job_seeds.py                       # seeds 0 1 2, one run at a time
+    python benchmarks/main_job_seeds.py --write-readme        # ... and rewrite the README block
+    python benchmarks/main_job_seeds.py --seeds 0 --tag lr1e-3 train.lr=1e-3   # an ablation arm
+
+Each run is `python -m agentrl.cli train` in a subprocess, as a user runs it (its own torch
+threads, sandbox pool and Ray-free in-process engine); `--jobs 2` runs two at once (their wall
+times are then not the 2-core figure and the block says so). Extra `key=value` arguments are
+config overrides applied to every seed (for the ablation table of docs/learning.md).
+
+Targets of the main job (issue: "the main job must learn, reproducibly"): on every seed held-out
+pass@1 rises by >= 1.5x and >= +0.10, the median ratio is >= 2x, pass@k does not fall, and each
+run takes <= 15 min end to end on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+BEGIN, END = "<!-- main_job_seeds:begin -->", "<!-- main_job_seeds:end -->"
+
+
+def run_seed(seed: int, out: Path, overrides: list[str]) -> dict:
+    """One main-job run on `seed` in a subprocess; returns its figures."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [sys.executable, "-m", "agentrl.cli", "train", "--env", "code_sandbox", "--algo", "grpo",
+           "--out", str(out), "--quiet", f"seed={seed}", *overrides]
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    (out.parent / f"{out.name}.log").write_text(r.stdout + r.stderr)
+    if r.returncode != 0:
+        raise RuntimeError(f"seed {seed} failed (rc {r.returncode}):\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+    s = json.loads((out / "summary.json").read_text())
+    b, a = s["eval_before"], s["eval_after"]
+    k = max(int(key.split("@")[1].split("_")[0]) for key in a if key.startswith("pass@"))
+    return {"seed": seed, "wall_s": wall, "sft_steps": s.get("sft_steps"), "rl_s": s.get("rl_s"),
+            "before": {m: b.get(m) for m in ("pass@1", "pass@1_se", f"pass@{k}", f"pass@{k}_se")},
+            "after": {m: a.get(m) for m in ("pass@1", "pass@1_se", f"pass@{k}", f"pass@{k}_se")},
+            "k": k, "ratio": a["pass@1"] / b["pass@1"] if b["pass@1"] > 0 else None,
+            "gain": a["pass@1"] - b["pass@1"], "passk_gain": a[f"pass@{k}"] - b[f"pass@{k}"],
+            "eval_seconds": [b.get("seconds"), a.get("seconds")]}
+
+
+def verdict(rows: list[dict]) -> dict:
+    """The issue's targets checked on `rows` (one per seed)."""
+    ratios = [r["ratio"] or 0.0 for r in rows]
+    return {"every_seed_1.5x_and_+0.10": all(x >= 1.5 and r["gain"] >= 0.10 for x, r in zip(ratios, rows)),
+            "median_ratio": statistics.median(ratios), "median_ratio_>=2x": statistics.median(ratios) >= 2.0,
+            "passk_never_falls": all(r["passk_gain"] >= 0 for r in rows),
+            "max_wall_s": max(r["wall_s"] for r in rows),
+            "every_run_<=15min": all(r["wall_s"] <= 900 for r in rows)}
+
+
+def commit() -> str:
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    h = git("rev-parse", "--short", "HEAD") or "unknown"
+    return h + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def readme_block(res: dict) -> str:
+    k = res["rows"][0]["k"]
+    lines = [BEGIN, "",
+             f"Measured by `python benchmarks/main_job_seeds.py --write-readme` on commit `{res['commit']}`, "
+             f"{res['date']} ({res['jobs']} run{'s' if res['jobs'] > 1 else ''} at a time on {os.cpu_count()} cores"
+             + (", so wall times are not the one-run figure" if res["jobs"] > 1 else "") + "); "
+             f"held-out: {res['eval_tasks']} tasks x {k} samples at T=1, ± one standard error over tasks:", "",
+             f"| seed | pass@1 before | pass@1 after | ratio | gain | pass@{k} before | pass@{k} after | wall |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in res["rows"]:
+        b, a = r["before"], r["after"]
+        lines.append(f"| {r['seed']} | {b['pass@1']:.3f} ± {b['pass@1_se']:.3f} | {a['pass@1']:.3f} ± {a['pass@1_se']:.3f} "
+                     f"| {r['ratio']:.2f}x | {r['gain']:+.3f} | {b[f'pass@{k}']:.3f} | {a[f'pass@{k}']:.3f} "
+                     f"| {r['wall_s'] / 60:.1f} min |")
+    v = res["verdict"]
+    lines += ["", f"Median ratio {v['median_ratio']:.2f}x; every seed >= 1.5x and +0.10: "
+              f"{'yes' if v['every_seed_1.5x_and_+0.10'] else 'no'}; pass@{k} never falls: "
+              f"{'yes' if v['passk_never_falls'] else 'no'}; longest run {v['max_wall_s'] / 60:.1f} min.", "", END]
+    return "\n".join(lines)
+
+
+def write_readme(block: str) -> None:
+    path = ROOT / "README.md"
+    text = path.read_text()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"README.md has no {BEGIN} ... {END} block to rewrite")
+    a, b = text.index(BEGIN), text.index(END) + len(END)
+    path.write_text(text[:a] + block + text[b:])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--jobs", type=int, default=1, help="runs at once (1: the 2-core wall-time figure)")
+    ap.add_argument("--out", default="/tmp/agentrl_main_job_seeds", help="where the runs go")
+    ap.add_argument("--tag", default="default", help="name of this arm in the results file")
+    ap.add_argument("--write-readme", action="store_true", help="rewrite README.md's figures block")
+    ap.add_argument("overrides", nargs="*", help="config overrides key=value for every seed")
+    args = ap.parse_args()
+    base = Path(args.out) / args.tag
+    base.mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(args.jobs) as ex:
+        rows = list(ex.map(lambda s: run_seed(s, base / f"seed{s}", args.overrides), args.seeds))
+    from agentrl.config import load_config
+
+    cfg = load_config(None, args.overrides)
+    res = {"tag": args.tag, "overrides": args.overrides, "commit": commit(),
+           "date": time.strftime("%Y-%m-%d"), "jobs": args.jobs, "eval_tasks": cfg.train.eval_tasks,
+           "rows": rows, "verdict": verdict(rows)}
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / "main_job_seeds.json"
+    allres = json.loads(path.read_text()) if path.exists() else {}
+    allres[args.tag] = res
+    path.write_text(json.dumps(allres, indent=1))
+    print(readme_block(res))
+    if args.write_readme:
+        if args.tag != "default" or args.overrides or args.seeds != [0, 1, 2]:
+            raise SystemExit("--write-readme: only the default job on seeds 0 1 2 goes in the README")
+        write_readme(readme_block(res))
+
+
+if __name__ == "__main__":
+    main()
