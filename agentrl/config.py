@@ -188,7 +188,7 @@ class TrainConfig(_Section):
     micro_batch_size: int = Field(default=16, ge=1)
     """Sequences per forward/backward; gradients accumulate to the full minibatch."""
     prefix_share: bool = True
-    """Learner forward runs each group's shared prompt once and lm_head/log-softmax/entropy only at trained tokens (one fused function from the hidden states when the entropy needs no gradient; float32 Qwen2/Llama without LoRA run the decoder as plain torch ops, `agentrl/static_forward.py`). Same gradients to float32 rounding; PPO's value head keeps the plain forward. False: plain transformers forward."""
+    """Learner forward runs each group's shared prompt once and lm_head/log-softmax/entropy only at trained tokens (one fused function from the hidden states when the entropy needs no gradient; float32 Qwen2/Llama without LoRA run the decoder as plain torch ops, `agentrl/models/static_forward.py`). Same gradients to float32 rounding; PPO's value head keeps the plain forward. False: plain transformers forward."""
     skip_zero_advantage: bool = True
     """Leave rows whose advantages are all 0 (e.g. a GRPO group with equal rewards) out of the learner's forwards when the algorithm's loss gets nothing from them (GRPO/GSPO without KL in the loss or entropy bonus, RLOO, REINFORCE++ without entropy bonus); the loss is still normalised by every row's tokens, so the gradient is the same. Metrics from the forward (entropy, ratios, logp_mismatch) then cover the other rows; `loss/skipped_rows_frac` is logged (when every row of a minibatch is idle, its first row still runs for the metrics, so e.g. 7 of 8)."""
     compile: bool = False

@@ -18,12 +18,15 @@ from __future__ import annotations
 import importlib
 import inspect
 import string
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 from gymnasium.envs.registration import load_env_creator
+
+if TYPE_CHECKING:
+    from agentrl.config import Config
 
 Message = dict[str, Any]
 
@@ -221,3 +224,36 @@ def register_builtin_envs() -> None:
                  description="help with benign requests, refuse harmful ones; a safety classifier judges harm")
     register_env("agentrl/Toy-v0", "agentrl_envs.toy:ToyEnv", short_name="toy",
                  description="trivially learnable toy: say the target word (for tests and demos)")
+
+
+# -- from a config -------------------------------------------------------------------------------
+def _env_accepts(name: str, kwarg: str) -> bool:
+    """Does the entry point of env `name` take the keyword `kwarg` (e.g. `split`)?"""
+    spec = gym.spec(resolve_env_id(name))
+    ep = spec.entry_point
+    if isinstance(ep, str):
+        mod, _, attr = ep.partition(":")
+        ep = getattr(importlib.import_module(mod), attr)
+    try:
+        return kwarg in inspect.signature(ep).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def build_env(cfg: Config, split: str | None = None, rewards: Any = None) -> Any:
+    """Make one env from the config (dataset, split, kwargs, turn limit) with the reward
+    wrappers of `cfg.env.wrappers` stacked on it. `rewards` (a `RewardWrappers`) lets many env
+    copies share one judge client, curiosity memory and Lagrange multiplier."""
+    kw = dict(cfg.env.kwargs)
+    if cfg.env.dataset is not None:
+        kw["dataset"] = cfg.env.dataset
+    if split is not None and _env_accepts(cfg.env.name, "split"):
+        kw["split"] = split
+    env = make_env(cfg.env.name, max_turns=cfg.env.max_turns, env_kwargs=kw)
+    if cfg.env.wrappers:
+        if rewards is None:
+            from agentrl.rewards import RewardWrappers  # imported only when a wrapper is asked for
+
+            rewards = RewardWrappers(cfg.env.wrappers, cfg.env.wrapper_kwargs)
+        env = rewards.wrap(env)
+    return env

@@ -6,7 +6,7 @@ policy that has not changed gives a PPO ratio of exactly 1 (case L4).
 
 The training forward of `Learner.update` runs each group's shared prompt once and computes
 lm_head and log-softmax only where the loss reads (`agentrl.prefix_share`, `agentrl.logprob_head`,
-`agentrl.static_forward`; `Learner(prefix_share=True)`);
+`agentrl.models.static_forward`; `Learner(prefix_share=True)`);
 the optimizer is the fused AdamW kernel where torch has one for the parameters.
 """
 
@@ -146,12 +146,12 @@ class Learner:
         prefix_share: the training forward of `update` uses `prefix_shared_logprobs` (each
             group's shared prompt forwarded once; lm_head, log-softmax and entropy only at
             loss positions, fused into `agentrl.logprob_head.head_logprobs` when the entropy
-            needs no gradient; the decoder as `agentrl.static_forward` for float32 Qwen2/Llama
+            needs no gradient; the decoder as `agentrl.models.static_forward` for float32 Qwen2/Llama
             without LoRA) when the model supports it (`prefix_share_supported`: transformers
             decoder-only models, LoRA/PEFT-wrapped too). Not with a value head (PPO), which
             keeps the plain forward. Same losses and gradients to float32 rounding.
         compile: run that static decoder forward through `torch.compile` (inductor; see
-            `agentrl.static_forward.forward_hidden`): tens of seconds of compiling at the first
+            `agentrl.models.static_forward.forward_hidden`): tens of seconds of compiling at the first
             update, then 0.78-0.84x of the eager update time for small models on CPU. Falls
             back to eager, with a warning, if compiling fails.
         skip_zero_advantage: leave rows whose advantages are all 0 out of the update's forwards
@@ -375,7 +375,7 @@ class Learner:
         the decoder forward compiles at the first update, or why compiling has no effect."""
         if not self.compile:
             return ""
-        from agentrl.rollout.engines.static_decode import unsupported_reason
+        from agentrl.models.static_decode import unsupported_reason
 
         if self.value_head is not None:
             why = "the value head (PPO) keeps the plain transformers forward"

@@ -42,7 +42,7 @@ import torch
 from agentrl.logprob_head import head_logprobs
 from agentrl.lora import is_peft
 from agentrl.model import cache_kwarg, new_cache
-from agentrl.static_forward import forward_hidden, static_forward_supported
+from agentrl.models.static_forward import forward_hidden, static_forward_supported
 
 
 def _base_model(model: Any) -> Any:
@@ -168,7 +168,7 @@ def prefix_shared_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: 
         with_entropy: also return the entropy of the tempered distribution (nats).
         entropy_grad: keep the entropy in the autograd graph (an entropy bonus).
         share: False always takes the single-forward path (logits from the first loss column).
-        static: run the decoder as `agentrl.static_forward.forward_hidden` when the model
+        static: run the decoder as `agentrl.models.static_forward.forward_hidden` when the model
             supports it (float32 Qwen2/Llama without LoRA, with the fused head); False: always
             the transformers forward.
         compiled: the static forward runs through `torch.compile` (`forward_hidden(compiled=)`).

@@ -8,13 +8,23 @@ called right after `reset` (code_sandbox returns the task's reference solution).
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
+from agentrl.config import Config
+from agentrl.episodes import EVAL_SEED, episode_success, extrinsic_return
 from agentrl.learner import token_logprobs
 from agentrl.rollout.chat import ChatRenderer
+from agentrl.rollout.collect import collect
+from agentrl.rollout.engines.base import SamplingParams
+from agentrl.run import build_env
 from agentrl.trajectory import Trajectory, collate
 
 
@@ -84,3 +94,75 @@ def sft_train(model: Any, examples: list[Trajectory], *, steps: int, lr: float, 
         if stop is not None and (step + 1) % check_every == 0 and stop(step + 1):
             break
     return losses
+
+
+def evaluate(engine: Any, renderer: ChatRenderer, envs: list[Any], cfg: Config,
+             pool: ThreadPoolExecutor, *, n_tasks: int, samples: int, temperature: float
+             ) -> dict[str, float]:
+    """pass@1 and mean reward on the seeded tasks `EVAL_SEED + i` of `envs`' split, `samples`
+    episodes each: the warm start's stop check on *training* tasks. The held-out figure of a
+    run is `agentrl.eval.harness.evaluate_heldout` (the env's fixed held-out list)."""
+    params = SamplingParams(temperature=temperature, top_p=cfg.rollout.top_p,
+                            max_tokens=cfg.rollout.max_tokens, stop_token_ids=renderer.stop_ids)
+    seeds = [EVAL_SEED + i for i in range(n_tasks)]
+    trajs: list[Trajectory] = []
+    per_call = len(envs) // samples
+    for s in range(0, n_tasks, per_call):
+        trajs += collect(engine, renderer, envs, seeds[s:s + per_call], samples, params, cfg, pool,
+                         group_base=0, sample_seed=cfg.seed + 777 + s, split="train")
+    succ = np.array([episode_success(t) for t in trajs], dtype=float)
+    rets = np.array([extrinsic_return(t) for t in trajs], dtype=float)
+    return {"pass@1": float(succ.mean()), "reward_mean": float(np.nanmean(rets)),
+            "tokens_mean": float(np.mean([t.num_sampled for t in trajs]))}
+
+
+def warm_start(cfg: Config, model: Any, tok: Any, renderer: ChatRenderer, pad_id: int, out: Path,
+               say: Callable[[str], None]) -> dict[str, Any]:
+    """The warm start of a run (`cfg.sft`): `sft_train` on `sft_examples` of training tasks,
+    stopped early once pass@1 on training tasks (never the held-out split) reaches
+    `sft.stop_pass_rate` (checked every `sft.check_every` steps from `sft.min_steps` on).
+    Trains `model` in place, writes OUT/sft_metrics.jsonl and saves OUT/sft_model.
+
+    Returns:
+        `sft_loss_first`, `sft_loss_last` (nats per answer token), `sft_steps`, `sft_seconds`,
+        `sft_train_pass@1` (the last stop check's, None without one).
+
+    Raises:
+        ValueError: the env offers no reference answers (`sft_examples`).
+    """
+    from agentrl.lora import plain_copy
+    from agentrl.rollout.engines.hf import HFEngine
+
+    t0 = time.perf_counter()
+    examples = sft_examples(build_env(cfg, "train"), renderer, max(2000, cfg.sft.batch_size),
+                            seed=cfg.seed * 7919 + 1)
+    slog = (out / "sft_metrics.jsonl").open("w")
+    checks: list[tuple[int, float]] = []
+
+    def stop(done: int) -> bool:  # pass@1 on training tasks (never the held-out split)
+        if cfg.sft.stop_pass_rate is None or done < cfg.sft.min_steps:
+            return False
+        eng = HFEngine(plain_copy(model).eval(), tok, torch_threads=cfg.rollout.torch_threads)
+        envs_ = [build_env(cfg, "train") for _ in range(2 * cfg.sft.check_tasks)]
+        with ThreadPoolExecutor(cfg.rollout.env_threads) as p_:
+            r = evaluate(eng, renderer, envs_, cfg, p_, n_tasks=cfg.sft.check_tasks, samples=2,
+                         temperature=cfg.rollout.temperature)
+        model.train()
+        checks.append((done, r["pass@1"]))
+        slog.write(json.dumps({"step": done, "sft/train_pass@1": r["pass@1"]}) + "\n")
+        return r["pass@1"] >= cfg.sft.stop_pass_rate
+
+    losses = sft_train(model, examples, steps=cfg.sft.steps, lr=cfg.sft.lr,
+                       batch_size=cfg.sft.batch_size, pad_id=pad_id, seed=cfg.seed,
+                       log=lambda s, loss: slog.write(json.dumps({"step": s, "sft/loss": loss}) + "\n"),
+                       stop=stop, check_every=cfg.sft.check_every)
+    slog.close()
+    seconds = time.perf_counter() - t0
+    info = {"sft_loss_first": losses[0], "sft_loss_last": losses[-1],
+            "sft_steps": len(losses), "sft_seconds": seconds,
+            "sft_train_pass@1": checks[-1][1] if checks else None}
+    say(f"[sft] {len(losses)} steps: loss {losses[0]:.3f} -> {losses[-1]:.3f} "
+        f"({seconds:.0f} s)" + (f", train pass@1 {checks[-1][1]:.3f}" if checks else ""))
+    model.save_pretrained(out / "sft_model")
+    tok.save_pretrained(out / "sft_model")
+    return info

@@ -54,7 +54,7 @@ def make_prompts(batch: int, vocab: int, seed: int = 0) -> list[list[int]]:
 
 def step_times(engine, prompts: list[list[int]], new: int, static: bool) -> tuple[float, float]:
     """(CPU s, wall s) per decode step of the model alone, after one prefill of `prompts`."""
-    from agentrl.rollout.engines.static_decode import StaticDecoder
+    from agentrl.models.static_decode import StaticDecoder
 
     dev = engine.device
     width = max(len(p) for p in prompts)

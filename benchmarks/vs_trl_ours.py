@@ -65,9 +65,10 @@ def main(argv: list[str] | None = None) -> dict:
     import vs_trl_patches as proposed
 
     import agentrl.learner as learner_mod
+    import agentrl.metrics_log as metrics_log
     import agentrl.train as train_mod
     from agentrl.config import load_config
-    from agentrl.rollout.engines import static_decode
+    from agentrl.models import static_decode
     from agentrl.rollout.engines.hf import HFEngine
 
     if a.toggle and (not a.patch or "all" in a.patch):
@@ -136,7 +137,7 @@ def main(argv: list[str] | None = None) -> dict:
     HFEngine.update_weights = sync_clocked
 
     train_mod.evaluate = evaluate_untimed
-    log = train_mod.MetricsLog.log
+    log = metrics_log.MetricsLog.log
 
     def log_step(self, step, metrics):
         if "perf/step_s" in metrics:
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> dict:
             base["snap"], base["tok"] = now, tokens["n"]
         return log(self, step, metrics)
 
-    train_mod.MetricsLog.log = log_step
+    metrics_log.MetricsLog.log = log_step
     with tempfile.TemporaryDirectory(prefix="bench_ours_") as out:
         cfg = load_config(overrides=ours_overrides(a, out))
         t0 = time.perf_counter()

@@ -6,7 +6,7 @@ process (`"all"`: every one); `ENABLED[name] = False` turns an installed patch o
 process can alternate with and without it.
 
 The engine-side patches measured here before are in the library too: `fast_decode` is
-`agentrl/rollout/engines/static_decode.py` (`StaticDecoder`), used by `HFEngine` by default
+`agentrl/models/static_decode.py` (`StaticDecoder`), used by `HFEngine` by default
 (`HFEngine(..., static_decode=False)` is the transformers decode; `benchmarks/decode_step.py`
 times both), and `fast_sync` is `HFEngine.update_weights` (direct `Tensor.copy_` after the
 checks, without the cached plan the patch kept).
@@ -27,7 +27,7 @@ PATCHES: tuple[str, ...] = ()
 APPLIED = {"prefix_share": "agentrl/prefix_share.py, Learner(prefix_share=True)",
            "logits_from_loss": "agentrl/prefix_share.py (subsumed by prefix_share)",
            "fused_adamw": "agentrl.learner.make_adamw",
-           "fast_decode": "agentrl/rollout/engines/static_decode.py, HFEngine(static_decode=True)",
+           "fast_decode": "agentrl/models/static_decode.py, HFEngine(static_decode=True)",
            "fast_sync": "agentrl.rollout.engines.hf.HFEngine.update_weights"}
 """Patches proposed here before and now in the library (name -> where)."""
 

@@ -33,7 +33,7 @@ TOY = ["env.name=toy", "model.hidden_size=32", "model.num_layers=1", "model.num_
 def toy_model(tmp_path_factory) -> str:
     """The embedded tiny model for the toy env, built once (tokenizer from the env's texts)."""
     from agentrl.config import load_config
-    from agentrl.train import default_model_dir
+    from agentrl.run import default_model_dir
 
     return default_model_dir(load_config(None, TOY), tmp_path_factory.mktemp("toy_base"))
 

@@ -119,7 +119,7 @@ def test_static_decoder_matches_transformers_decode(tiny):
 
 
 def test_static_decoder_refuses_unsupported_models(tiny):
-    from agentrl.rollout.engines.static_decode import static_decoder_supported
+    from agentrl.models.static_decode import static_decoder_supported
 
     _, model, _ = tiny
     assert static_decoder_supported(model)

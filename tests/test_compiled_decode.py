@@ -13,10 +13,10 @@ from torch._dynamo.utils import counters
 
 from agentrl.config import Config
 from agentrl.model import build_tiny_model
-from agentrl.rollout.engines import static_decode
+from agentrl.models import static_decode
 from agentrl.rollout.engines.base import SamplingParams
 from agentrl.rollout.engines.hf import HFEngine
-from agentrl.train import rollout_compile_note
+from agentrl.run import rollout_compile_note
 
 torch.set_num_threads(1)
 

@@ -188,8 +188,8 @@ def _compare_prefix_share(model, rows, sizes_expected, entropy_grad=True, static
     loss has no entropy term; then `static` runs the decoder as `static_forward.forward_hidden`
     (where the model supports it) or as the transformers forward."""
     from agentrl import prefix_share
+    from agentrl.models.static_forward import static_forward_supported
     from agentrl.prefix_share import prefix_shared_logprobs
-    from agentrl.static_forward import static_forward_supported
 
     static_calls = []
 
@@ -239,8 +239,8 @@ def _compare_prefix_share(model, rows, sizes_expected, entropy_grad=True, static
 @pytest.mark.parametrize("path", ["entropy_grad", "fused_head", "fused_head_static"])
 @pytest.mark.parametrize("case", list(_prefix_cases()))
 def test_prefix_shared_logprobs_equal_the_plain_forward(tiny_model_dir, case, path):
+    from agentrl.models.static_forward import static_forward_supported
     from agentrl.prefix_share import decoder_and_head, prefix_share_supported
-    from agentrl.static_forward import static_forward_supported
 
     model, _ = load_model(tiny_model_dir)
     model.train()
@@ -414,7 +414,7 @@ def _shared_case():
 def test_compiled_static_forward_equals_eager(tiny_model_dir, monkeypatch):
     """`train.compile` path: dynamo traces the static forward (backend "eager" here, so the test
     stays fast; the inductor build is the slow test below) and gives the eager values."""
-    from agentrl import static_forward
+    from agentrl.models import static_forward
     from agentrl.prefix_share import prefix_shared_logprobs
 
     monkeypatch.setattr(static_forward, "COMPILE_BACKEND", "eager")
@@ -436,7 +436,7 @@ def test_compiled_static_forward_keeps_its_graphs_across_shapes(tiny_model_dir, 
     `past`) instead of compiling again."""
     from torch._dynamo.utils import counters
 
-    from agentrl import static_forward
+    from agentrl.models import static_forward
     from agentrl.prefix_share import prefix_shared_logprobs
 
     monkeypatch.setattr(static_forward, "COMPILE_BACKEND", "eager")
@@ -459,7 +459,7 @@ def test_compiled_static_forward_keeps_its_graphs_across_shapes(tiny_model_dir, 
 
 
 def test_compile_failure_falls_back_to_eager_with_a_warning(tiny_model_dir, monkeypatch):
-    from agentrl import static_forward
+    from agentrl.models import static_forward
     from agentrl.prefix_share import prefix_shared_logprobs
 
     def broken(fn, **kw):  # what a machine without a C++ compiler gives at the first call
@@ -484,7 +484,7 @@ def test_compile_failure_falls_back_to_eager_with_a_warning(tiny_model_dir, monk
 def test_inductor_compiled_update_equals_eager(tiny_model_dir, monkeypatch):
     """A real inductor build (tens of seconds): two GRPO updates with `compile=True` give the
     eager weights to float32 rounding."""
-    from agentrl import static_forward
+    from agentrl.models import static_forward
 
     monkeypatch.setattr(static_forward, "_COMPILED", {})
     cfg = AlgoConfig(name="grpo")

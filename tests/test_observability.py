@@ -16,9 +16,10 @@ from typer.testing import CliRunner
 
 from agentrl.cli import app
 from agentrl.config import ConfigError, load_config
+from agentrl.metrics_log import MetricsLog
 from agentrl.show import CLOSE, OPEN, load_episode, render_episode, show_episode
 from agentrl.summary import read_metrics, stage_seconds
-from agentrl.train import MetricsLog, train
+from agentrl.train import train
 from agentrl.trajectory import Trajectory
 
 TINY = ["env.name=toy", "sft.steps=0", "rollout.tasks_per_step=2", "algo.group_size=2",

@@ -1,4 +1,4 @@
-"""`StaticDecoder` (agentrl/rollout/engines/static_decode.py) against the transformers decode
+"""`StaticDecoder` (agentrl/models/static_decode.py) against the transformers decode
 path of `HFEngine`: same tokens and logprobs (greedy and seeded sampling, padding, n > 1 with a
 shared prefill, rows stopping at different steps, chunking), for the tiny default model
 (Qwen2, GQA, tied embeddings) and for models with the other variants (no GQA, untied output
@@ -11,14 +11,14 @@ import pytest
 import torch
 from torch import nn
 
-from agentrl.rollout.engines.base import SamplingParams
-from agentrl.rollout.engines.hf import HFEngine
-from agentrl.rollout.engines.static_decode import (
+from agentrl.models.static_decode import (
     DecoderWeights,
     StaticDecoder,
     static_decoder_supported,
     unsupported_reason,
 )
+from agentrl.rollout.engines.base import SamplingParams
+from agentrl.rollout.engines.hf import HFEngine
 
 torch.set_num_threads(1)
 
@@ -216,12 +216,12 @@ def test_unsupported_models_fall_back_to_transformers(change, reason):
     assert engine._decoder_weights is None
 
 
-# -- the learner's training forward (agentrl/static_forward.py) ---------------------------------
+# -- the learner's training forward (agentrl/models/static_forward.py) ---------------------------------
 def test_training_forward_equals_the_transformers_forward(model):
     """`forward_hidden` on left-padded prefixes, then continuations on the prefixes' keys and
     values (rows index their prefix, as in prefix sharing): the hidden states equal the
     transformers forward of the whole rows, and so do the gradients of a loss on them."""
-    from agentrl.static_forward import forward_hidden, static_forward_supported
+    from agentrl.models.static_forward import forward_hidden, static_forward_supported
 
     model.train()
     try:

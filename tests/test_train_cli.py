@@ -82,8 +82,8 @@ def test_training_heldout_figure_equals_agentrl_eval(tmp_path):
         assert [r["task_id"] for r in ours] == [r["task_id"] for r in theirs]
     # the held-out tasks are never trained on: RL batches and warm-start examples are train-split
     from agentrl.rollout.chat import ChatRenderer
+    from agentrl.run import build_env
     from agentrl.sft import sft_examples
-    from agentrl.train import build_env
     from agentrl_envs.code_tasks import key_split
 
     def split_of(task_id):  # built-in ids are gen/<key>/<function name>

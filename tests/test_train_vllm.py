@@ -142,7 +142,7 @@ def test_greedy_tokens_equal_hf_after_the_weight_pushes(run):
     from agentrl.rollout.engines.base import SamplingParams
     from agentrl.rollout.engines.hf import HFEngine
     from agentrl.rollout.engines.vllm import VLLMEngine
-    from agentrl.train import build_env
+    from agentrl.run import build_env
 
     out, _, pool = run
     engine = pool._local.engine

@@ -1,5 +1,5 @@
 """`agentrl eval`: the command behind the CLI (plain function; `agentrl/cli.py` wires it into
-typer). Builds the env exactly as training does (`agentrl.train.build_env` from a `Config`),
+typer). Builds the env exactly as training does (`agentrl.run.build_env` from a `Config`),
 lists the tasks, loads the policy and runs `agentrl.eval.harness.run_eval`; or compares two
 evaluation directories.
 
@@ -225,10 +225,10 @@ def eval_command(
     from agentrl.eval.harness import run_eval
     from agentrl.eval.tasks import list_tasks
     from agentrl.rollout.chat import ChatRenderer
-    from agentrl.train import _quiet_libraries, build_env
+    from agentrl.run import build_env, quiet_libraries
 
     resolve_env_id(cfg.env.name)  # ValueError naming the registered envs
-    _quiet_libraries()
+    quiet_libraries()
     torch.set_num_threads(cfg.rollout.torch_threads)
     split_arg = split or ("all" if dataset else "heldout")
 
@@ -237,7 +237,7 @@ def eval_command(
 
     out_dir = out or _default_out(cfg.env.name, model)
     if builtin:
-        from agentrl.train import default_model_dir
+        from agentrl.run import default_model_dir
 
         model_dir = Path(default_model_dir(cfg, Path(out_dir)))
     probe = make_env()

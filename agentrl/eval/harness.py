@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from agentrl.episodes import episode_success, extrinsic_return
 from agentrl.eval.report import print_summary, summarize, summary_markdown
 from agentrl.rollout.agent_loop import EpisodeSpec, run_episodes
 from agentrl.rollout.chat import ChatRenderer
@@ -67,8 +68,8 @@ def episode_row(tr: Trajectory, task_index: int, sample: int, reset_kwargs: dict
     """One `results.jsonl` row for an episode.
 
     Fields: `task_index`, `task_id` (the env's reset `info["task_id"]`, else `task_label`),
-    `sample` (0..N-1), `reset_kwargs`, `success` (`agentrl.train.episode_success`), `reward`
-    (extrinsic return, `agentrl.train.extrinsic_return`; None when NaN), `return` (sum of all
+    `sample` (0..N-1), `reset_kwargs`, `success` (`agentrl.episodes.episode_success`), `reward`
+    (extrinsic return, `agentrl.episodes.extrinsic_return`; None when NaN), `return` (sum of all
     turn rewards, bonuses included; None when NaN), `verdict` (last turn's `info["verdict"]` or
     None), `turns`, `tokens` (sampled tokens), `total_tokens` (all tokens), `finish_reasons`
     (sampler finish reason per turn), `end` (see `agentrl.eval.report`), `errors` (the
@@ -77,8 +78,6 @@ def episode_row(tr: Trajectory, task_index: int, sample: int, reset_kwargs: dict
     `turn_rewards`, `turn_verdicts`, `seconds` (generate + env time attributed to the episode),
     `policy_version`, `messages` (the full transcript).
     """
-    from agentrl.train import episode_success, extrinsic_return
-
     errors = [e for e in tr.info.get("errors", []) if e is not None]
     if not tr.turns and tr.info.get("error") is not None:
         errors.append(str(tr.info["error"]))

@@ -159,7 +159,7 @@ class RolloutWorker:
         cfg: the run's config (`rollout.*` for the engine, threads and limits; `env.*` for envs).
         model_path: local Hugging Face model directory the engine starts from (version 0).
         worker_id: index of this worker (recorded in `Trajectory.info["rollout_worker"]`).
-        env_factory: `split -> env`; default `agentrl.train.build_env(cfg, split, rewards)`
+        env_factory: `split -> env`; default `agentrl.envs.build_env(cfg, split, rewards)`
             with one `RewardWrappers` per worker (state such as a curiosity memory or a safety
             multiplier is shared by the worker's envs, not across workers).
     """
@@ -189,7 +189,7 @@ class RolloutWorker:
     def _make_env(self, split: str) -> Any:
         if self._env_factory is not None:
             return self._env_factory(split)
-        from agentrl.train import build_env
+        from agentrl.envs import build_env
 
         if self.cfg.env.wrappers and self._rewards is None:
             from agentrl.rewards import RewardWrappers

@@ -468,37 +468,3 @@ def start_docker(tmpfs_mb: int) -> Channel:
 
 
 STARTERS = {"bwrap": start_bwrap, "docker": start_docker, "subprocess": start_subprocess}
-
-
-@functools.cache
-def probe(name: str) -> str | None:
-    """None if backend ``name`` works here, else the reason it does not (cached)."""
-    if name == "bwrap" and shutil.which("bwrap") is None:
-        return "bwrap is not installed (apt-get install bubblewrap)"
-    if name == "docker":
-        try:
-            import docker
-
-            docker.from_env(timeout=3).ping()
-        except Exception as e:  # noqa: BLE001 - any failure means 'not available'
-            return f"no reachable docker engine ({type(e).__name__})"
-    # Imported here: worker imports this module.
-    from .worker import Worker
-
-    try:
-        w = Worker(name, tmpfs_mb=16)
-        try:
-            res = w.run({"mode": "code", "code": "print(6*7)", "setup": "", "tests": [],
-                         "tokens": ["t"], "stdin": "",
-                         "limits": {"wall_s": 10.0, "cpu_s": 10.0, "memory_mb": 512,
-                                    "max_procs": 8, "file_size_mb": 1, "output_bytes": 4096}},
-                        timeout=30.0)
-        finally:
-            w.close()
-    except Exception as e:  # noqa: BLE001
-        return f"probe failed: {type(e).__name__}: {e}"
-    import base64
-
-    if base64.b64decode(res.get("stdout", "")) != b"42\n":
-        return f"probe produced unexpected output: {res!r:.300}"
-    return None

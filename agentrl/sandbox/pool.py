@@ -9,8 +9,9 @@ import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from .backends import BACKENDS, BackendError, probe, warn_unisolated
+from .backends import BACKENDS, BackendError, warn_unisolated
 from .judge import judge, make_job
+from .probe import probe
 from .result import Limits, SandboxResult
 from .worker import GRACE_S, Worker
 

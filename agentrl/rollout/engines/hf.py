@@ -47,9 +47,9 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from agentrl.model import cache_kwarg, new_cache
+from agentrl.models.sampling import UNIFORM_BLOCK, row_uniforms, sample_next
+from agentrl.models.static_decode import DecoderWeights, StaticDecoder, unsupported_reason
 from agentrl.rollout.engines.base import Completion, SamplingParams, row_seeds
-from agentrl.rollout.engines.sampling import UNIFORM_BLOCK, row_uniforms, sample_next
-from agentrl.rollout.engines.static_decode import DecoderWeights, StaticDecoder, unsupported_reason
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from agentrl.rollout.engines.sampling import sample_next
+from agentrl.models.sampling import sample_next
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
 STATIC_ROPE_TYPES = ("default", "linear", "llama3")
@@ -53,7 +53,7 @@ STATIC_ROPE_TYPES = ("default", "linear", "llama3")
 def unsupported_reason(model: Any, *, training: bool = False) -> str | None:
     """Why `StaticDecoder` cannot run `model` exactly, or None when it can (see module doc).
 
-    With `training=True`, the same for the learner's `agentrl.static_forward`: the model may
+    With `training=True`, the same for the learner's `agentrl.models.static_forward`: the model may
     be in training mode, but its attention dropout must be 0 (the forward has no dropout)."""
     cfg = getattr(model, "config", None)
     if cfg is None:
@@ -184,7 +184,7 @@ def _cat(ws: list[torch.Tensor]) -> torch.Tensor:
 def cat_bias(mods: list[nn.Linear], *, detach: bool = True) -> torch.Tensor | None:
     """The biases of `mods` concatenated, (sum of out_features,), zeros for a module without
     one; None when none has a bias. `detach=False` keeps them in the autograd graph (the
-    learner's `agentrl.static_forward`); the decoder keeps detached copies."""
+    learner's `agentrl.models.static_forward`); the decoder keeps detached copies."""
     if all(m.bias is None for m in mods):
         return None
     return torch.cat([(m.bias.detach() if detach else m.bias) if m.bias is not None
@@ -300,7 +300,7 @@ _COMPILED: dict[str, Any] = {}
 def mark_dynamic(t: torch.Tensor, *dims: int) -> torch.Tensor:
     """`t` with `dims` (default 0) marked as varying for `torch.compile`
     (`torch._dynamo.maybe_mark_dynamic`: a hint, not a constraint; a size-1 dim stays
-    specialised). Also used by the learner's compiled forward (`agentrl.static_forward`)."""
+    specialised). Also used by the learner's compiled forward (`agentrl.models.static_forward`)."""
     for d in dims or (0,):
         torch._dynamo.maybe_mark_dynamic(t, d)
     return t
@@ -312,7 +312,7 @@ def call_compiled(store: dict[str, Any], key: str, build: Callable[[], Callable[
     `store[key]` (per process). If the compiled call raises (no C++ compiler, an inductor bug,
     ...), `store["failed"]` records why, a `RuntimeWarning` starting with `what` says so once,
     and `eager` runs, now and from then on. Used by the decode step (`rollout.compile`) and the
-    learner's forward (`train.compile`, `agentrl.static_forward`)."""
+    learner's forward (`train.compile`, `agentrl.models.static_forward`)."""
     if store.get("failed"):
         return eager(*args)
     fn = store.get(key)

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from agentrl.rollout.engines.static_decode import (
+from agentrl.models.static_decode import (
     call_compiled,
     cat_bias,
     mark_dynamic,

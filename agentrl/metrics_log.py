@@ -1,0 +1,76 @@
+"""Per-step metrics of a run: OUT/metrics.jsonl, TensorBoard (OUT/tb) and Weights & Biases."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+
+class MetricsLog:
+    """Appends one JSON object per step to OUT/metrics.jsonl, and the finite numbers to
+    TensorBoard (OUT/tb, when installed) and Weights & Biases (when `wandb_project` is given).
+
+    A run starting at `start_step` (0, or the checkpoint's step on resume) first drops rows of
+    later steps (logged by an interrupted run after its checkpoint, a torn last line included),
+    and TensorBoard purges events from step `start_step + 1` on: every step is logged once.
+    """
+
+    def __init__(self, out: Path, tensorboard: bool = True, *, start_step: int = 0,
+                 wandb_project: str | None = None, run_config: dict[str, Any] | None = None):
+        self.path = out / "metrics.jsonl"
+        rows = self.path.read_text().splitlines() if self.path.exists() else []
+        self.path.write_text("".join(r + "\n" for r in rows if _row_step(r) <= start_step))
+        self.tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(out / "tb"), purge_step=start_step + 1)
+            except Exception:  # noqa: BLE001 - TensorBoard is optional
+                self.tb = None
+        self.wandb = _wandb_run(out, wandb_project, run_config, start_step) if wandb_project else None
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        row = {"step": step, **{k: (v if isinstance(v, (int, float)) and math.isfinite(v) else None)
+                                if isinstance(v, (int, float)) else v for k, v in metrics.items()}}
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.tb is not None:
+            for k, v in metrics.items():
+                if isinstance(v, (int, float)) and math.isfinite(v):
+                    self.tb.add_scalar(k, v, step)
+            self.tb.flush()
+        if self.wandb is not None:
+            self.wandb.log({k: v for k, v in metrics.items()
+                            if isinstance(v, (int, float)) and math.isfinite(v)}, step=step)
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def _row_step(line: str) -> float:
+    """The step of a metrics.jsonl line (inf for a torn or foreign line, so it is dropped)."""
+    try:
+        return float(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return math.inf
+
+
+def _wandb_run(out: Path, project: str, run_config: dict[str, Any] | None, start_step: int) -> Any:
+    """Start a W&B run in OUT (on resume, `start_step` > 0, continue the run whose id is kept in
+    OUT/wandb_id.txt). `WANDB_MODE=offline` writes it under OUT/wandb without network."""
+    import secrets
+
+    import wandb
+
+    id_file = out / "wandb_id.txt"
+    resumed = start_step > 0 and id_file.exists()
+    run_id = id_file.read_text().strip() if resumed else secrets.token_hex(4)
+    id_file.write_text(run_id)
+    return wandb.init(project=project, dir=str(out), name=out.resolve().name, id=run_id,
+                      resume="allow", config=run_config)
