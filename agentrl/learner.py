@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import os
 import random
 import shutil
@@ -173,7 +172,7 @@ class Learner:
 
     def __init__(self, model: Any, *, lr: float, weight_decay: float = 0.0, grad_clip: float = 1.0,
                  temperature: float = 1.0, micro_batch_size: int = 16, use_ref: bool = False,
-                 total_steps: int | None = None, value_head: bool = False,
+                 value_head: bool = False,
                  prefix_share: bool = True, compile: bool = False, skip_zero_advantage: bool = True):
         self.model = model
         self.model.train()
@@ -483,6 +482,3 @@ def latest_checkpoint(out_dir: str | Path) -> Path | None:
             and (p / "agentrl_state.json").exists()]
     return max(done, key=lambda p: int(p.name.split("_")[1]), default=None)
 
-
-def is_finite(x: float) -> bool:
-    return not (math.isnan(x) or math.isinf(x))

@@ -219,13 +219,6 @@ class CodeSandboxEnv(TextEnv):
                 self._tasks[split] = select_split(self._all, split, self.heldout_fraction)
         return self._tasks[split]
 
-    def reference_solution(self, task: CodeTask | None = None) -> str:
-        """The reference solution (a complete program) of `task` or of the current task."""
-        task = task or self.task
-        if task is None:
-            raise RuntimeError("no task: call reset() first")
-        return task.solution
-
     def reference_answer(self) -> str | None:
         """The current task's reference solution as an answer (for the supervised warm start),
         or None when the task has none."""

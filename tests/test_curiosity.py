@@ -21,11 +21,20 @@ from agentrl.rewards import (
     hashing_embedding,
     ngram_buckets,
 )
-from agentrl.rewards.curiosity import count_bonuses
 
 torch.set_num_threads(1)
 
 BIG = 1 << 20  # table size without collisions for these few n-grams
+
+
+def count_bonuses(responses, **memory_kwargs):
+    """Count-based bonuses of episodes of responses run through one fresh `CuriosityMemory`."""
+    mem = CuriosityMemory("count", **memory_kwargs)
+    out = []
+    for episode in responses:
+        epi = mem.new_episode()
+        out.append([mem.bonus(r, epi)[0] for r in episode])
+    return out
 
 
 def _checked(env):

@@ -58,18 +58,6 @@ VALUE_HEAD = True
 DEFAULTS = {"update_epochs": 2, "minibatches": 2}
 """Several optimizer steps per batch (PPO's sample reuse) when the user set neither field."""
 
-KL_IN_REWARD = True
-"""Default placement of the KL penalty (TRL / OpenRLHF PPO put it in the reward)."""
-KL_TARGET = 6.0
-"""Default adaptive-KL target, nats per sequence (TRL's `target`, after Ziegler et al.)."""
-KL_HORIZON = 10_000
-"""Default adaptive-KL horizon, in sequences (TRL's `horizon`)."""
-
-
-def _opt(cfg: Any, name: str, default: Any) -> Any:
-    return getattr(cfg, name, default)
-
-
 def adaptive_kl_coef(coef: float, current_kl: float, target: float, horizon: float,
                      n_steps: int) -> float:
     """One update of the adaptive KL controller (Ziegler et al. 2019, sec. 2.2; TRL's
@@ -97,7 +85,7 @@ def adaptive_kl_coef(coef: float, current_kl: float, target: float, horizon: flo
 
 
 def _kl_in_reward(cfg: Any) -> bool:
-    return cfg.kl_coef > 0 and bool(_opt(cfg, "kl_in_reward", KL_IN_REWARD))
+    return cfg.kl_coef > 0 and bool(cfg.kl_in_reward)
 
 
 def prepare(batch: dict[str, Any], learner: Any, cfg: Any) -> tuple[dict[str, Any], dict]:
@@ -119,11 +107,11 @@ def prepare(batch: dict[str, Any], learner: Any, cfg: Any) -> tuple[dict[str, An
         beta = float(learner.algo_state.get("kl_coef", cfg.kl_coef))
         batch["kl_coef"] = beta
         seq_kl = sequence_kl(batch)
-        target = _opt(cfg, "kl_target", KL_TARGET)
+        target = cfg.kl_target
         if target is not None:
             n = int((batch["loss_mask"] != 0).any(dim=1).sum())
             learner.algo_state["kl_coef"] = adaptive_kl_coef(
-                beta, seq_kl, target, _opt(cfg, "kl_horizon", KL_HORIZON), n)
+                beta, seq_kl, target, cfg.kl_horizon, n)
         metrics.update(kl_coef=beta, kl=seq_kl)
     return batch, metrics
 

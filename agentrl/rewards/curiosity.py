@@ -32,7 +32,6 @@ import hashlib
 import math
 import re
 import threading
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -314,22 +313,3 @@ class CuriosityBonus(gym.Wrapper, gym.utils.RecordConstructorArgs):
         out["curiosity"] = parts
         total = float(reward) + bonus if not math.isnan(float(reward)) else math.nan
         return obs, total, terminated, truncated, out
-
-
-def count_bonuses(responses: Sequence[Sequence[str]], **memory_kwargs: Any) -> list[list[float]]:
-    """Count-based bonuses of episodes of responses run through one fresh memory, in order
-    (a convenience for analysis and tests).
-
-    Args:
-        responses: episodes, each a list of response texts.
-        **memory_kwargs: `CuriosityMemory` settings (method is "count").
-
-    Returns:
-        Bonuses with the same nesting.
-    """
-    mem = CuriosityMemory("count", **memory_kwargs)
-    out = []
-    for episode in responses:
-        epi = mem.new_episode()
-        out.append([mem.bonus(r, epi)[0] for r in episode])
-    return out

@@ -23,7 +23,6 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -316,12 +315,6 @@ class JudgeClient:
                              attempts=attempts, latency_s=time.perf_counter() - t0)
         self._cache_put(key, result)
         return result
-
-    def judge_many(self, items: Sequence[tuple[Sequence[Message], str]]) -> list[JudgeResult]:
-        """Judge `(messages, answer)` pairs concurrently (at most `max_concurrency` in flight);
-        results in input order."""
-        with ThreadPoolExecutor(max_workers=self.max_concurrency) as pool:
-            return list(pool.map(lambda it: self.judge(it[0], it[1]), items))
 
     def compare(self, messages: Sequence[Message], answer_a: str, answer_b: str, *,
                 swap: bool = True) -> PairResult:

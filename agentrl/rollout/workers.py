@@ -38,23 +38,13 @@ from agentrl.rollout.engines.base import Engine, SamplingParams
 from agentrl.rollout.source import Leases, LockedEngine
 from agentrl.trajectory import Trajectory
 
-DEFAULT_WORKER_CPUS = 1.0
-"""CPUs Ray reserves per worker when the config has no `rollout.worker_cpus`."""
-DEFAULT_MAX_RESTARTS = 3
-"""Actor restarts Ray allows per worker when the config has no `rollout.max_restarts`."""
-
-
-def _opt(section: Any, name: str, default: Any) -> Any:
-    """`section.name`, or `default` for a config field that this version does not have yet."""
-    return getattr(section, name, default)
-
 
 def worker_concurrency(cfg: Config) -> int:
     """Calls a worker actor runs at once: 1 in sync mode (Ray's default actor); in async mode
     `batches_in_flight` runs + 2 (a weight push, and an evaluation, refill or `ready` probe)."""
-    if _opt(cfg.rollout, "mode", "sync") != "async":
+    if cfg.rollout.mode != "async":
         return 1
-    return int(_opt(cfg.rollout, "batches_in_flight", 1)) + 2
+    return int(cfg.rollout.batches_in_flight) + 2
 
 
 def ensure_ray(address: str | None = None, *, num_cpus: int | None = None, **init_kwargs: Any) -> None:
@@ -98,7 +88,7 @@ def make_engine(cfg: Config, model_path: str | Path) -> tuple[Engine, Any]:
     Returns:
         `(engine, tokenizer)`. `hf`: `HFEngine` with `cfg.rollout.torch_threads` threads and
         `cfg.model.dtype`. `vllm`: `VLLMEngine` with `cfg.model.dtype`, seed `cfg.seed` and the
-        keywords of `rollout.vllm_kwargs` (when the config has that field).
+        keywords of `rollout.vllm_kwargs`.
 
     Raises:
         ImportError: `vllm` asked for but not installed (the message says how to install it).
@@ -113,12 +103,12 @@ def make_engine(cfg: Config, model_path: str | Path) -> tuple[Engine, Any]:
         from agentrl.rollout.engines.vllm import VLLMEngine
 
         engine = VLLMEngine(str(model_path), dtype=cfg.model.dtype, seed=cfg.seed,
-                            **dict(_opt(cfg.rollout, "vllm_kwargs", {})))
+                            **dict(cfg.rollout.vllm_kwargs))
         return engine, load_tokenizer(model_path)
     from agentrl.rollout.engines.hf import HFEngine
 
     hf = HFEngine(str(model_path), torch_threads=cfg.rollout.torch_threads, dtype=dtype,
-                  compile=bool(_opt(cfg.rollout, "compile", False)))
+                  compile=bool(cfg.rollout.compile))
     return hf, hf.tokenizer
 
 
@@ -326,12 +316,12 @@ class RolloutPool:
             return
         import ray
 
-        ensure_ray(_opt(cfg.rollout, "ray_address", None))
+        ensure_ray(cfg.rollout.ray_address)
         actor = ray.remote(RolloutWorker).options(
             max_concurrency=worker_concurrency(cfg),  # batches in flight (async mode)
-            num_cpus=_opt(cfg.rollout, "worker_cpus", DEFAULT_WORKER_CPUS),
-            num_gpus=_opt(cfg.rollout, "worker_gpus", 0),
-            max_restarts=_opt(cfg.rollout, "max_restarts", DEFAULT_MAX_RESTARTS),
+            num_cpus=cfg.rollout.worker_cpus,
+            num_gpus=cfg.rollout.worker_gpus,
+            max_restarts=cfg.rollout.max_restarts,
             max_task_retries=0,  # the pool re-issues a dead worker's shard itself
             runtime_env=runtime_env,
         )
