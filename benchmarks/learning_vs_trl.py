@@ -1,6 +1,6 @@
 """Learning, not speed: TRL's GRPOTrainer vs agentrl on the main job, same wall-clock budget.
 
-    pip install -e '.[bench]'                      # TRL (trl>=1.16) and matplotlib
+    pip install -e '.[bench,log]'                  # TRL (trl>=1.16); matplotlib (log extra) for the PNG
     python benchmarks/learning_vs_trl.py           # 420 s of training per side, a checkpoint every 60 s
     python benchmarks/learning_vs_trl.py --budget-s 40 --every-s 20 --eval-tasks 16   # smoke run
     python benchmarks/learning_vs_trl.py --reuse   # re-evaluate / re-plot the runs already in --work
@@ -378,13 +378,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "rewards": reward_check(cfg, results["trl"].get("recorded", [])),
               "task_seeds": seed_check(cfg, results)}
     pc, rc = checks["prompt_ids"], checks["rewards"]
-    print(f"[check] prompt ids: {pc['checked'] - pc['different']}/{pc['checked']} TRL prompts equal agentrl's "
-          f"ChatRenderer.prompt_ids", flush=True)
-    print(f"[check] rewards: {rc['checked'] - rc['different']}/{rc['checked']} TRL rewards equal the env's step "
-          f"reward ({rc['passing']} passing)", flush=True)
+    check_lines = [f"prompt ids: {pc['checked'] - pc['different']}/{pc['checked']} TRL prompts equal agentrl's "
+                   "`ChatRenderer.prompt_ids`",
+                   f"rewards: {rc['checked'] - rc['different']}/{rc['checked']} TRL rewards (its first steps' "
+                   f"answers, {rc['passing']} passing) equal the env's `step` reward"]
     for side, s in checks["task_seeds"].items():
-        print(f"[check] task seeds, {side}: {s['steps'] - s['different']}/{s['steps']} steps on agentrl's "
-              f"per-step seeds", flush=True)
+        check_lines.append(f"task seeds, {LABEL[side]}: {s['steps'] - s['different']}/{s['steps']} steps on "
+                           "agentrl's per-step seeds")
+    for side, r in results.items():
+        if r.get("ran_out_of_rows"):
+            check_lines.append(f"WARNING: {LABEL[side]} used all {r['max_steps']} prepared steps before the "
+                               "budget (raise --max-steps)")
+    for line in check_lines:
+        print(f"[check] {line}", flush=True)
     v = verdict(curves)
     settings = settings_table(cfg, results["trl"], results["ours"], checks)
     table = curves_table(curves)
@@ -401,7 +407,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"trl {versions.get('trl')}, transformers {versions.get('transformers')}, torch {versions.get('torch')}; "
               f"{os.cpu_count()} cores; written by benchmarks/learning_vs_trl.py on {time.strftime('%Y-%m-%d %H:%M')}.")
     md = "\n\n".join(["# Learning: agentrl vs TRL GRPOTrainer (main job)", header, "## Settings", settings,
-                      "## Held-out pass@1", table, speed_line, "## Verdict", vt]) + "\n"
+                      "## Held-out pass@1", table, speed_line, "## Checks",
+                      "\n".join(f"- {ln}" for ln in check_lines), "## Verdict", vt]) + "\n"
     out = {"args": vars(a), "settings_table": settings, "table": table, "verdict": v, "verdict_text": vt,
            "curves": curves, "checks": checks, "speed": speed, "versions": versions, "header": header,
            "runs": {s: {k: val for k, val in r.items() if k not in ("recorded", "step_seeds", "config")}
