@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-ROW_KEYS = ("prompt", "row", "step", "seed")
 
 
 def run_config(warm: str | Path, overrides: list[str] | None = None) -> Any:
