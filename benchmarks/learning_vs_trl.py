@@ -147,7 +147,7 @@ def reward_check(cfg: Any, recorded: list[dict[str, Any]]) -> dict[str, Any]:
     """TRL's rewards of recorded answers vs the env's own `step` on the same answer and task."""
     from learning_vs_trl_common import env_reward
 
-    from agentrl.train import build_env
+    from agentrl.run import build_env
 
     env = build_env(cfg, "train")
     diff = [r for r in recorded if env_reward(env, r["seed"], r["text"]) != r["reward"]]

@@ -41,7 +41,7 @@ def task_rows(cfg: Any, steps: int) -> tuple[list[dict[str, Any]], dict[int, Any
 
     Each row: `prompt` (the env's opening messages, system + user, as a conversational prompt),
     `row` (index), `step`, `seed`. Returns `(rows, {row: CodeTask})`."""
-    from agentrl.train import build_env
+    from agentrl.run import build_env
 
     env = build_env(cfg, "train")
     rows, tasks = [], {}
@@ -62,7 +62,7 @@ class CodeReward:
         cfg: the run config (the env's kwargs: reward mode, limits, sandbox backend)."""
 
     def __init__(self, cfg: Any):
-        from agentrl.train import build_env
+        from agentrl.run import build_env
 
         env = build_env(cfg, "train").unwrapped
         self.limits, self.backend, self.mode = env.limits, env.backend, env.reward_mode
@@ -89,7 +89,7 @@ class CodeReward:
 def warm_sandbox(cfg: Any) -> float:
     """Start the process-wide sandbox pool before the clock starts (both sides): the reference
     solution of one training task through `CodeReward`; returns its reward (1.0)."""
-    from agentrl.train import build_env
+    from agentrl.run import build_env
 
     env = build_env(cfg, "train")
     env.reset(seed=0)

@@ -26,7 +26,7 @@ from learning_vs_trl_common import (  # noqa: E402
 )
 
 from agentrl.config import load_config  # noqa: E402
-from agentrl.train import build_env  # noqa: E402
+from agentrl.run import build_env  # noqa: E402
 
 
 @pytest.fixture(scope="module")
