@@ -181,6 +181,12 @@ class TrainConfig(_Section):
     """Training steps (each: rollout -> advantages -> updates)."""
     lr: float = Field(default=3e-4, gt=0)
     """AdamW learning rate."""
+    lr_warmup_steps: int = Field(default=0, ge=0)
+    """Optimizer steps of linear learning-rate warm-up (from lr/(N+1) to lr)."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning rate after the warm-up: constant, or decaying (linearly, or on a half cosine) to `lr * lr_min_ratio` at the run's last optimizer step (`agentrl.schedules.lr_multiplier`)."""
+    lr_min_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Final learning rate of the decaying schedules, as a fraction of `lr`."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     grad_clip: float = Field(default=1.0, gt=0)

@@ -17,6 +17,7 @@ import json
 import os
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +162,9 @@ class Learner:
             the forward (entropy, ratios, `logp_mismatch`) then cover the other rows (when
             every row of a minibatch is idle, its first row still runs, for the metrics);
             `skipped_rows_frac` reports the fraction left out.
+        lr_schedule: the factor on `lr` at each optimizer step (`agentrl.schedules.lr_multiplier`
+            with the run's settings); None: constant. Stepped once per optimizer step, saved and
+            restored with checkpoints.
 
     Attributes:
         algo_state: small state an algorithm keeps across steps (e.g. PPO's adaptive KL
@@ -173,7 +177,8 @@ class Learner:
     def __init__(self, model: Any, *, lr: float, weight_decay: float = 0.0, grad_clip: float = 1.0,
                  temperature: float = 1.0, micro_batch_size: int = 16, use_ref: bool = False,
                  value_head: bool = False,
-                 prefix_share: bool = True, compile: bool = False, skip_zero_advantage: bool = True):
+                 prefix_share: bool = True, compile: bool = False, skip_zero_advantage: bool = True,
+                 lr_schedule: Callable[[int], float] | None = None):
         self.model = model
         self.model.train()
         self.grad_clip = grad_clip
@@ -191,7 +196,7 @@ class Learner:
         self.skip_zero_advantage = skip_zero_advantage
         self._share_ok = prefix_share_supported(model)
         self.optimizer, self.fused = make_adamw(self._params(), lr=lr, weight_decay=weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_schedule or (lambda _: 1.0))
         self.ref_model = None
         self.lora = is_peft(model)  # LoRA: the reference is the base with adapters disabled
         if use_ref and not self.lora:

@@ -136,6 +136,20 @@ class Loop:
     version: int = 0
 
 
+def lr_schedule(cfg: Config) -> Callable[[int], float]:
+    """The run's learning-rate factor per optimizer step (`agentrl.schedules.lr_multiplier`):
+    `train.lr_warmup_steps` of warm-up, then `train.lr_schedule` decaying to
+    `train.lr_min_ratio` at the run's last optimizer step (`train.steps` x
+    `algo.update_epochs` x `algo.minibatches`)."""
+    from functools import partial
+
+    from agentrl.schedules import lr_multiplier
+
+    total = cfg.train.steps * cfg.algo.update_epochs * cfg.algo.minibatches
+    return partial(lr_multiplier, warmup=cfg.train.lr_warmup_steps, total=total,
+                   schedule=cfg.train.lr_schedule, min_ratio=cfg.train.lr_min_ratio)
+
+
 def set_up(cfg: Config) -> tuple[Config, Any, Path]:
     """Threads, seeds and the algorithm of the run; writes OUT/config.json.
 
@@ -192,7 +206,7 @@ def build_loop(cfg: Config, algo: Any, out: Path, model: Any, tok: Any, renderer
                       prefix_share=cfg.train.prefix_share, compile=cfg.train.compile,
                       skip_zero_advantage=cfg.train.skip_zero_advantage,
                       use_ref=needs_reference(algo, cfg.algo),
-                      value_head=getattr(algo, "VALUE_HEAD", False))
+                      value_head=getattr(algo, "VALUE_HEAD", False), lr_schedule=lr_schedule(cfg))
     for note in (learner.compile_note(), rollout_compile_note(cfg, engine)):
         if note:
             say(f"[compile] {note}")
@@ -360,6 +374,7 @@ def update(lp: Loop, trajs: list[Trajectory], step: int, m: dict[str, float]) ->
     upd = learner.update(batch, algo, cfg.algo, epochs=cfg.algo.update_epochs,
                          minibatches=cfg.algo.minibatches, seed=cfg.seed + step)
     m.update({f"loss/{k}": v for k, v in upd.items()})
+    m["loss/lr"] = float(learner.optimizer.param_groups[0]["lr"])  # the lr of the next step
     m["perf/update_s"] = time.perf_counter() - t0
     return trajs
 

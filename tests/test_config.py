@@ -59,3 +59,15 @@ def test_cli_rejects_bad_config_fast():
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "train.bogus: unknown key" in r.stdout + r.stderr
+
+
+def test_docs_config_md_is_the_generated_reference():
+    """docs/config.md is `agentrl config --reference`: regenerate it after changing a field
+    (`agentrl config --reference > docs/config.md`)."""
+    from pathlib import Path
+
+    from agentrl.config import config_reference
+
+    doc = Path(__file__).resolve().parent.parent / "docs" / "config.md"
+    assert doc.read_text().strip() == config_reference().strip(), \
+        "docs/config.md is stale: run `agentrl config --reference > docs/config.md`"
