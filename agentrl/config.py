@@ -177,7 +177,7 @@ class AlgoConfig(_Section):
 class TrainConfig(_Section):
     """Section `train`: steps, optimizer, staleness bound, evaluation and checkpoints."""
 
-    steps: int = Field(default=300, ge=0)
+    steps: int = Field(default=360, ge=0)
     """Training steps (each: rollout -> advantages -> updates)."""
     lr: float = Field(default=3e-4, gt=0)
     """AdamW learning rate."""
@@ -225,12 +225,16 @@ class SFTConfig(_Section):
     stop_pass_rate: float | None = Field(default=0.2, ge=0.0, le=1.0)
     """End the warm start once pass@1 (rollout temperature) on training tasks reaches this, so
     RL starts with room to improve (None: run all steps). Checked every `check_every` steps."""
-    check_every: int = Field(default=10, ge=1)
+    check_every: int = Field(default=20, ge=1)
     """Warm-start steps between pass-rate checks."""
     min_steps: int = Field(default=150, ge=0)
     """Warm-start steps before the first pass-rate check."""
-    check_tasks: int = Field(default=32, ge=1)
-    """Training tasks (x 2 samples) per pass-rate check."""
+    stop_pass_at_k: float | None = Field(default=0.55, ge=0.0, le=1.0)
+    """Also require pass@k (k = `check_samples`) on training tasks to reach this before ending the warm start: the share of tasks on which a group of samples finds a solution, which is what GRPO can reinforce (None: no such condition)."""
+    check_tasks: int = Field(default=64, ge=1)
+    """Training tasks per pass-rate check."""
+    check_samples: int = Field(default=4, ge=1)
+    """Samples per task of a pass-rate check (the k of `stop_pass_at_k`)."""
     lr: float = Field(default=2e-3, gt=0)
     """Warm-start learning rate."""
     batch_size: int = Field(default=32, ge=1)

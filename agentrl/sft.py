@@ -99,9 +99,12 @@ def sft_train(model: Any, examples: list[Trajectory], *, steps: int, lr: float, 
 def evaluate(engine: Any, renderer: ChatRenderer, envs: list[Any], cfg: Config,
              pool: ThreadPoolExecutor, *, n_tasks: int, samples: int, temperature: float
              ) -> dict[str, float]:
-    """pass@1 and mean reward on the seeded tasks `EVAL_SEED + i` of `envs`' split, `samples`
-    episodes each: the warm start's stop check on *training* tasks. The held-out figure of a
-    run is `agentrl.eval.harness.evaluate_heldout` (the env's fixed held-out list)."""
+    """pass@1, pass@`samples` and mean reward on the seeded tasks `EVAL_SEED + i` of `envs`'
+    split, `samples` episodes each: the warm start's stop check on *training* tasks. The
+    held-out figure of a run is `agentrl.eval.harness.evaluate_heldout` (the env's fixed
+    held-out list)."""
+    from agentrl.eval.metrics import pass_at_k_many
+
     params = SamplingParams(temperature=temperature, top_p=cfg.rollout.top_p,
                             max_tokens=cfg.rollout.max_tokens, stop_token_ids=renderer.stop_ids)
     seeds = [EVAL_SEED + i for i in range(n_tasks)]
@@ -112,15 +115,20 @@ def evaluate(engine: Any, renderer: ChatRenderer, envs: list[Any], cfg: Config,
                          group_base=0, sample_seed=cfg.seed + 777 + s, split="train")
     succ = np.array([episode_success(t) for t in trajs], dtype=float)
     rets = np.array([extrinsic_return(t) for t in trajs], dtype=float)
-    return {"pass@1": float(succ.mean()), "reward_mean": float(np.nanmean(rets)),
+    per_task = succ.reshape(-1, samples).sum(axis=1)  # collect is group-major
+    at_k, _ = pass_at_k_many([samples] * len(per_task), per_task.astype(int).tolist(), samples)
+    return {"pass@1": float(succ.mean()), f"pass@{samples}": float(at_k.mean()),
+            "reward_mean": float(np.nanmean(rets)),
             "tokens_mean": float(np.mean([t.num_sampled for t in trajs]))}
 
 
 def warm_start(cfg: Config, model: Any, tok: Any, renderer: ChatRenderer, pad_id: int, out: Path,
                say: Callable[[str], None]) -> dict[str, Any]:
     """The warm start of a run (`cfg.sft`): `sft_train` on `sft_examples` of training tasks,
-    stopped early once pass@1 on training tasks (never the held-out split) reaches
-    `sft.stop_pass_rate` (checked every `sft.check_every` steps from `sft.min_steps` on).
+    stopped early once, on training tasks (never the held-out split), pass@1 reaches
+    `sft.stop_pass_rate` and pass@k (k = `sft.check_samples`) reaches `sft.stop_pass_at_k`
+    (each when set; checked every `sft.check_every` steps from `sft.min_steps` on, on
+    `sft.check_tasks` tasks x k samples).
     Trains `model` in place, writes OUT/sft_metrics.jsonl and saves OUT/sft_model.
 
     Returns:
@@ -139,18 +147,26 @@ def warm_start(cfg: Config, model: Any, tok: Any, renderer: ChatRenderer, pad_id
     slog = (out / "sft_metrics.jsonl").open("w")
     checks: list[tuple[int, float]] = []
 
-    def stop(done: int) -> bool:  # pass@1 on training tasks (never the held-out split)
-        if cfg.sft.stop_pass_rate is None or done < cfg.sft.min_steps:
+    sc = cfg.sft
+    k = sc.check_samples
+
+    def stop(done: int) -> bool:  # pass@1 / pass@k on training tasks (never the held-out split)
+        if (sc.stop_pass_rate is None and sc.stop_pass_at_k is None) or done < sc.min_steps:
             return False
         eng = HFEngine(plain_copy(model).eval(), tok, torch_threads=cfg.rollout.torch_threads)
-        envs_ = [build_env(cfg, "train") for _ in range(2 * cfg.sft.check_tasks)]
+        envs_ = [build_env(cfg, "train") for _ in range(k * sc.check_tasks)]
         with ThreadPoolExecutor(cfg.rollout.env_threads) as p_:
-            r = evaluate(eng, renderer, envs_, cfg, p_, n_tasks=cfg.sft.check_tasks, samples=2,
+            r = evaluate(eng, renderer, envs_, cfg, p_, n_tasks=sc.check_tasks, samples=k,
                          temperature=cfg.rollout.temperature)
         model.train()
         checks.append((done, r["pass@1"]))
-        slog.write(json.dumps({"step": done, "sft/train_pass@1": r["pass@1"]}) + "\n")
-        return r["pass@1"] >= cfg.sft.stop_pass_rate
+        row = {"step": done, "sft/train_pass@1": r["pass@1"]}
+        if k > 1:
+            row[f"sft/train_pass@{k}"] = r[f"pass@{k}"]
+        slog.write(json.dumps(row) + "\n")
+        slog.flush()
+        return ((sc.stop_pass_rate is None or r["pass@1"] >= sc.stop_pass_rate)
+                and (sc.stop_pass_at_k is None or r[f"pass@{k}"] >= sc.stop_pass_at_k))
 
     losses = sft_train(model, examples, steps=cfg.sft.steps, lr=cfg.sft.lr,
                        batch_size=cfg.sft.batch_size, pad_id=pad_id, seed=cfg.seed,

@@ -7,6 +7,7 @@ stamped with the commit and the date; README.md quotes nothing else about the ma
     python benchmarks/main_job_seeds.py                       # seeds 0 1 2, one run at a time
     python benchmarks/main_job_seeds.py --write-readme        # ... and rewrite the README block
     python benchmarks/main_job_seeds.py --seeds 0 --tag lr1e-3 train.lr=1e-3   # an ablation arm
+    python benchmarks/main_job_seeds.py --readme-only         # rewrite the block from the last results
 
 Each run is `python -m agentrl.cli train` in a subprocess, as a user runs it (its own torch
 threads, sandbox pool and Ray-free in-process engine); `--jobs 2` runs two at once (their wall
@@ -112,8 +113,16 @@ def main() -> None:
     ap.add_argument("--out", default="/tmp/agentrl_main_job_seeds", help="where the runs go")
     ap.add_argument("--tag", default="default", help="name of this arm in the results file")
     ap.add_argument("--write-readme", action="store_true", help="rewrite README.md's figures block")
+    ap.add_argument("--readme-only", action="store_true",
+                    help="rewrite README.md's block from benchmarks/results/main_job_seeds.json (tag default), run nothing")
     ap.add_argument("overrides", nargs="*", help="config overrides key=value for every seed")
     args = ap.parse_args()
+    if args.readme_only:
+        res = json.loads((RESULTS / "main_job_seeds.json").read_text())["default"]
+        if res["overrides"] or [r["seed"] for r in res["rows"]] != [0, 1, 2]:
+            raise SystemExit("the stored default result is not the default job on seeds 0 1 2")
+        write_readme(readme_block(res))
+        return
     base = Path(args.out) / args.tag
     base.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(args.jobs) as ex:
