@@ -451,7 +451,7 @@ def report(lp: Loop, before: dict[str, float], after: dict[str, float], final: P
         f"{cfg.train.eval_samples}, ± standard error): before RL {format_eval(before, cfg.train.eval_samples)}"
         f" -> after RL {format_eval(after, cfg.train.eval_samples)}")
     say(f"[eval] held-out pass@1: before RL {b:.3f} -> after RL {a:.3f} ({ratio}, {a - b:+.3f} absolute); "
-        f"`agentrl eval {out}` reproduces the after-RL figure ({out / 'eval'})")
+        f"`agentrl eval --model {out}` reproduces the after-RL figure ({out / 'eval'})")
     say(f"[done] checkpoint: {final}; metrics: {out / 'metrics.jsonl'}")
     if console is not None:
         console.print(summary_panel(summary, out))
