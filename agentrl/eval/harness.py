@@ -337,7 +337,7 @@ def evaluate_heldout(engine: Engine | None, renderer: ChatRenderer, envs: list[A
     """The held-out evaluation of a run: the first `train.eval_tasks` tasks of the env's fixed
     held-out list (`agentrl.eval.tasks.list_tasks` on `envs[0]`, which must be made on the
     held-out split), `train.eval_samples` episodes each, with `heldout_settings(cfg)`. Runs
-    before, during and after training; `agentrl eval RUN` runs the same tasks with the same
+    before, during and after training; `agentrl eval --model RUN` runs the same tasks with the same
     settings, so it reproduces the figure exactly for the same checkpoint.
 
     Args:
