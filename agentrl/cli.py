@@ -59,9 +59,18 @@ def train(
         resolve_env_id(cfg.env.name)
     except (ValueError, ImportError, AttributeError) as e:
         _fail(f"config error: env.name: {e}")
+    from agentrl.learner import NonFiniteGradientError, resolve_device
+
+    try:
+        resolve_device(cfg.train.device)
+    except ValueError as e:
+        _fail(f"config error: {e}")
     from agentrl.train import train as run_train
 
-    run_train(cfg, console=console)
+    try:
+        run_train(cfg, console=console)
+    except NonFiniteGradientError as e:
+        _fail(f"stopped: {e}")
 
 
 @app.command("eval")

@@ -201,6 +201,14 @@ class TrainConfig(_Section):
     """Compile the learner's decoder forward with torch.compile (inductor, C++ kernels; float32 Qwen2/Llama without LoRA or value head, with `prefix_share`): 30 s to 2 min of compiling at the first update (a `[compile]` line says so, or why it has no effect), then 0.78x (8x8x64 batch) and 0.83x (2x4x32) the eager update time on the TRL benchmark's model (`benchmarks/learner_update.py --arms static,compiled`). `rollout.compile` does the same for the HF engine's decode step. Falls back to eager with a warning if compiling fails."""
     torch_threads: int = Field(default=1, ge=1)
     """torch threads of the learner process."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the learner's policy, value head, reference model and update batches live: `auto` (CUDA when available, else CPU), `cpu`, or `cuda` (fails at start-up without a CUDA device). The in-process rollout engine keeps its own copy on the CPU; the weights pushed to it are copied across."""
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """Compute precision of the learner's forwards: `fp32`, or `bf16` (`torch.autocast` with bfloat16; the weights, gradients and AdamW state stay float32, and logprobs, values and the loss are computed in float32 from upcast logits). bf16 is for GPUs (bf16 tensor cores: faster matmuls, half the activation memory). On CPUs it works but is slow without bf16 instructions (AVX-512 BF16 / AMX): 6x the fp32 update time with `prefix_share` and 10x without on this project's AMD EPYC (AVX2; embedded model, 32 rows of about 200 tokens). Its logprobs differ from the fp32 sampler's by bf16 rounding (about 1e-3 nats on the tiny test model; `loss/logp_mismatch` shows it, `algo.tis_cap` corrects for it). The static float32 decoder (`prefix_share`'s fast path, and so `compile`) is then off (a `[learner]` line says so)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward (transformers' `gradient_checkpointing_enable`, non-reentrant) to save memory at about one extra forward's time: the same gradient. The prefix-shared forward then runs without sharing the prompt (transformers drops the cache)."""
+    max_nonfinite_steps: int = Field(default=3, ge=1)
+    """An optimizer step whose global gradient norm is NaN or infinite is skipped (weights, optimizer state and learning-rate schedule unchanged; counted as `loss/skipped_nonfinite` and logged); this many skipped steps in a row stop the run with an error naming the step."""
     save_every: int = Field(default=0, ge=0)
     """Checkpoint every N steps (0: only at the end)."""
     eval_every: int = Field(default=0, ge=0)

@@ -8,12 +8,23 @@ The training forward of `Learner.update` runs each group's shared prompt once an
 lm_head and log-softmax only where the loss reads (`agentrl.prefix_share`, `agentrl.logprob_head`,
 `agentrl.models.static_forward`; `Learner(prefix_share=True)`);
 the optimizer is the fused AdamW kernel where torch has one for the parameters.
+
+Devices and precision (`Learner(device=, precision=, gradient_checkpointing=)`, config
+`train.device`, `train.precision`, `train.gradient_checkpointing`): the policy, value head and
+reference model live on one device and every batch is moved there inside `logprobs` /
+`update` (results come back on the batch's own device); `bf16` runs the forwards under
+`torch.autocast` with float32 master weights and optimizer state, and the log-probabilities,
+values and losses in float32 (logits upcast before the log-softmax). Dropout is off in every
+forward (`disable_dropout`), and an optimizer step whose gradient norm is not finite is skipped
+(`loss/skipped_nonfinite`; `max_nonfinite_steps` in a row raise `NonFiniteGradientError`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import math
 import os
 import random
 import shutil
@@ -48,7 +59,8 @@ def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Te
         same way (entropy of the distribution that produced token t).
     """
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
-    return _logp_entropy(logits, input_ids, temperature, with_entropy, entropy_grad)
+    with full_precision(logits):
+        return _logp_entropy(logits, input_ids, temperature, with_entropy, entropy_grad)
 
 
 def token_logprobs_values(model: Any, value_head: torch.nn.Module, input_ids: torch.Tensor,
@@ -64,9 +76,94 @@ def token_logprobs_values(model: Any, value_head: torch.nn.Module, input_ids: to
         was sampled is `values_after[:, t-1]` (see `values_before`).
     """
     out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
-    logp, ent = _logp_entropy(out.logits, input_ids, temperature, with_entropy, entropy_grad)
-    h = out.hidden_states[-1].float()
-    return logp, ent, value_head(h).squeeze(-1)
+    with full_precision(out.logits):  # under bf16 autocast: logprobs and values in float32
+        logp, ent = _logp_entropy(out.logits, input_ids, temperature, with_entropy, entropy_grad)
+        h = out.hidden_states[-1].float()
+        return logp, ent, value_head(h).squeeze(-1)
+
+
+def full_precision(t: torch.Tensor) -> contextlib.AbstractContextManager[Any]:
+    """A region where autocast is off on `t`'s device (a no-op context when it is off already):
+    the log-softmax, entropy and value head of a bf16 forward run on float32 inputs in float32."""
+    dev = t.device.type
+    if torch.is_autocast_enabled(dev):
+        return torch.autocast(dev, enabled=False)
+    return contextlib.nullcontext()
+
+
+PRECISIONS = ("fp32", "bf16")
+"""`Learner(precision=)` / `train.precision` values."""
+
+
+def resolve_device(name: str | torch.device | None, *, key: str = "train.device") -> torch.device:
+    """The learner's device for `auto` (CUDA when available, else CPU), `cpu`, `cuda` or
+    `cuda:N`.
+
+    Raises:
+        ValueError: naming `key`, for CUDA asked for where none is available, or an unknown name.
+    """
+    if isinstance(name, torch.device):
+        name = str(name)
+    name = (name or "auto").lower()
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"{key}={name}: not a device; allowed: auto, cpu, cuda") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"{key}={name}: allowed: auto, cpu, cuda")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{key}={name}: no CUDA device is available (torch.cuda.is_available() "
+                         f"is False); use {key}=auto or {key}=cpu")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"{key}={name}: only {torch.cuda.device_count()} CUDA device(s)")
+    return dev
+
+
+def disable_dropout(model: torch.nn.Module) -> int:
+    """Turn dropout off in `model` whatever its config says, keeping its training mode (which
+    gradient checkpointing needs): every `nn.Dropout*` module gets p = 0 and every float
+    attribute named `*dropout` of a module (`attention_dropout` of Qwen2/Llama attention, read
+    in training mode) is set to 0.0. The config is left as it is (checkpoints keep it).
+
+    Log-probabilities and values must be a function of the weights: with dropout, two forwards
+    of the same policy differ, so the PPO ratio of an unchanged policy is not 1 and the
+    reference KL is noise. Returns how many modules or attributes were changed."""
+    n = 0
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd):
+            if m.p != 0.0:
+                m.p, n = 0.0, n + 1
+            continue
+        for k, v in list(vars(m).items()):
+            if k.endswith("dropout") and isinstance(v, float) and v != 0.0:
+                setattr(m, k, 0.0)
+                n += 1
+    return n
+
+
+def enable_checkpointing(model: Any) -> None:
+    """Transformers' own activation (gradient) checkpointing of every decoder layer,
+    non-reentrant (`activation_checkpointing_enable`, named `gradient_checkpointing_enable`
+    before transformers 5.2x; a PEFT wrapper's base model)."""
+    base = model.get_base_model() if is_peft(model) else model
+    kw = {"use_reentrant": False}
+    if hasattr(base, "activation_checkpointing_enable"):
+        base.activation_checkpointing_enable(activation_checkpointing_kwargs=kw)
+    else:  # pragma: no cover - older transformers
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
+
+
+class NonFiniteGradientError(FloatingPointError):
+    """`max_nonfinite_steps` optimizer steps in a row had a NaN or infinite gradient norm."""
+
+
+def _to(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """A shallow copy of `batch` with every tensor on `device` (the same tensors when they are
+    there already)."""
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v
+            for k, v in batch.items()}
 
 
 def values_before(values_after: torch.Tensor) -> torch.Tensor:
@@ -165,6 +262,23 @@ class Learner:
         lr_schedule: the factor on `lr` at each optimizer step (`agentrl.schedules.lr_multiplier`
             with the run's settings); None: constant. Stepped once per optimizer step, saved and
             restored with checkpoints.
+        device: where the policy, value head, reference model and every batch tensor of the
+            update live (`resolve_device`: `auto`, `cpu`, `cuda`); the model is moved there
+            at construction, batches inside `logprobs` / `logprobs_and_values` / `update`, whose
+            tensors come back on the batch's own device. None: the model's device, as given.
+        precision: `fp32`, or `bf16`: the forwards (policy and reference) run under
+            `torch.autocast(device_type, dtype=torch.bfloat16)`; the weights, gradients and
+            AdamW state stay float32, and logprobs, entropies, values and the loss are
+            computed in float32 (logits upcast before the log-softmax). The hand-written static
+            decoder (and so `compile`) is float32-only: under bf16 the prefix-shared forward
+            runs the transformers decoder (`fast_path_notes` says so).
+        gradient_checkpointing: transformers' checkpointing (`enable_checkpointing`, non-reentrant):
+            activations are recomputed in the backward, for memory. The same gradient; the
+            prefix-shared forward then runs without sharing (transformers drops the cache).
+        max_nonfinite_steps: an optimizer step whose global gradient norm is NaN or infinite is
+            skipped (no parameter, optimizer-state or scheduler change; counted in the update's
+            `skipped_nonfinite`); this many skips in a row raise `NonFiniteGradientError`
+            (None: never).
 
     Attributes:
         algo_state: small state an algorithm keeps across steps (e.g. PPO's adaptive KL
@@ -172,22 +286,38 @@ class Learner:
         prefix_share: the switch above (may be changed between updates).
         fused: the optimizer is `torch.optim.AdamW(fused=True)` (False where torch has no fused
             kernel for these parameters' device and dtype: the default implementation).
+        device: the learner's `torch.device`.
+        nonfinite_streak: optimizer steps skipped in a row for a non-finite gradient norm.
     """
 
     def __init__(self, model: Any, *, lr: float, weight_decay: float = 0.0, grad_clip: float = 1.0,
                  temperature: float = 1.0, micro_batch_size: int = 16, use_ref: bool = False,
                  value_head: bool = False,
                  prefix_share: bool = True, compile: bool = False, skip_zero_advantage: bool = True,
-                 lr_schedule: Callable[[int], float] | None = None):
+                 lr_schedule: Callable[[int], float] | None = None,
+                 device: str | torch.device | None = None, precision: str = "fp32",
+                 gradient_checkpointing: bool = False, max_nonfinite_steps: int | None = None):
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision={precision!r}; allowed: {', '.join(PRECISIONS)}")
+        if device is not None:
+            model.to(resolve_device(device))
         self.model = model
+        self.device = next(model.parameters()).device
         self.model.train()
+        disable_dropout(self.model)  # logprobs and values are a function of the weights
+        self.precision = precision
+        self.gradient_checkpointing = gradient_checkpointing
+        if gradient_checkpointing:
+            enable_checkpointing(model)
+        self.max_nonfinite_steps = max_nonfinite_steps
+        self.nonfinite_streak = 0
         self.grad_clip = grad_clip
         self.temperature = temperature
         self.micro_batch_size = micro_batch_size
         self.value_head: torch.nn.Module | None = None
         if value_head:
             hidden = model.config.hidden_size
-            self.value_head = torch.nn.Linear(hidden, 1).to(next(model.parameters()).device)
+            self.value_head = torch.nn.Linear(hidden, 1).to(self.device)
             torch.nn.init.zeros_(self.value_head.weight)
             torch.nn.init.zeros_(self.value_head.bias)
         self.algo_state: dict[str, Any] = {}
@@ -205,6 +335,19 @@ class Learner:
                 p.requires_grad_(False)
         self.optimizer_steps = 0
 
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The context of the learner's forwards: bf16 autocast on the learner's device, or
+        nothing (fp32)."""
+        if self.precision == "bf16":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    @property
+    def static_ok(self) -> bool:
+        """The prefix-shared forward may run the hand-written static decoder (and `compile` it):
+        float32 compute only (under bf16 autocast the transformers decoder runs instead)."""
+        return self.precision == "fp32"
+
     def _params(self) -> list[torch.nn.Parameter]:
         """The trained parameters: the policy's (those requiring grad) and the value head's."""
         heads = list(self.value_head.parameters()) if self.value_head is not None else []
@@ -218,15 +361,18 @@ class Learner:
             with self.model.disable_adapter():
                 return self.logprobs(batch)
         model = self.ref_model if ref else self.model
+        home = batch["loss_mask"].device
+        batch = _to(batch, self.device)
         out = torch.zeros_like(batch["loss_mask"])
         B = batch["input_ids"].shape[0]
         for s in range(0, B, self.micro_batch_size):
-            idx = torch.arange(s, min(B, s + self.micro_batch_size))
+            idx = torch.arange(s, min(B, s + self.micro_batch_size), device=self.device)
             sub = _slice(batch, idx)
-            lp, _ = token_logprobs(model, sub["input_ids"], sub["attention_mask"],
-                                   temperature=self.temperature)
+            with self.autocast():
+                lp, _ = token_logprobs(model, sub["input_ids"], sub["attention_mask"],
+                                       temperature=self.temperature)
             out[idx, : lp.shape[1]] = lp
-        return out
+        return out.to(home)
 
     @torch.no_grad()
     def logprobs_and_values(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor,
@@ -244,21 +390,24 @@ class Learner:
         """
         if self.value_head is None:
             raise ValueError("logprobs_and_values needs Learner(value_head=True)")
+        home = batch["loss_mask"].device
+        batch = _to(batch, self.device)
         mask = batch["loss_mask"]
         logp, values, after = torch.zeros_like(mask), torch.zeros_like(mask), torch.zeros_like(mask)
         B = batch["input_ids"].shape[0]
         for s in range(0, B, self.micro_batch_size):
-            idx = torch.arange(s, min(B, s + self.micro_batch_size))
+            idx = torch.arange(s, min(B, s + self.micro_batch_size), device=self.device)
             sub = _slice(batch, idx)
-            lp, _, va = token_logprobs_values(self.model, self.value_head, sub["input_ids"],
-                                              sub["attention_mask"], temperature=self.temperature)
+            with self.autocast():
+                lp, _, va = token_logprobs_values(self.model, self.value_head, sub["input_ids"],
+                                                  sub["attention_mask"], temperature=self.temperature)
             logp[idx, : lp.shape[1]] = lp
             values[idx, : lp.shape[1]] = values_before(va)
             after[idx, : lp.shape[1]] = va
         pos = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
         last = torch.where(mask != 0, pos, -1).max(dim=1).values  # last agent token, -1: none
         last_values = torch.where(last >= 0, after.gather(1, last.clamp(min=0)[:, None])[:, 0], 0.0)
-        return logp, values, last_values
+        return logp.to(home), values.to(home), last_values.to(home)
 
     # -- the update -----------------------------------------------------------------------------
     def update(self, batch: dict[str, Any], algo: Any, cfg: Any, *, epochs: int = 1,
@@ -283,7 +432,11 @@ class Learner:
 
         Returns:
             metrics averaged over optimizer steps (`loss/*`, `grad_norm`, ...); {} for an
-            empty batch (no optimizer step).
+            empty batch (no optimizer step). `grad_norm` is the mean over the steps taken;
+            `skipped_nonfinite` counts the steps skipped for a NaN/inf gradient norm.
+
+        Raises:
+            NonFiniteGradientError: `max_nonfinite_steps` skipped steps in a row.
         """
         from agentrl.algos.losses import tis_weights
 
@@ -306,9 +459,10 @@ class Learner:
                     float(mask.sum())]
         micro_rows = max(unit, self.micro_batch_size // unit * unit)
         idle = self._idle_rows(batch, algo, cfg)  # (B,) bool or None
+        batch = _to(batch, self.device)  # the caller's batch keeps its tensors where they are
         gen = torch.Generator().manual_seed(seed)
         sums: dict[str, float] = {}
-        n_steps = n_idle = 0
+        n_steps = n_idle = n_skipped = 0
         for _ in range(epochs):
             n_units = B // unit
             perm = torch.randperm(n_units, generator=gen) if minibatches > 1 else torch.arange(n_units)
@@ -327,20 +481,21 @@ class Learner:
                     sub["max_len"] = batch["input_ids"].shape[1]
                     kw: dict[str, Any] = {}
                     ent_grad = getattr(cfg, "entropy_coef", 0) > 0
-                    if self.value_head is not None:
-                        logp, ent, v_after = token_logprobs_values(
-                            self.model, self.value_head, sub["input_ids"], sub["attention_mask"],
-                            temperature=self.temperature, with_entropy=True, entropy_grad=ent_grad)
-                        kw["values"] = values_before(v_after)
-                    elif self.prefix_share and self._share_ok:  # logp, ent: 0 off loss positions
-                        logp, ent = prefix_shared_logprobs(
-                            self.model, sub["input_ids"], sub["attention_mask"], sub["loss_mask"],
-                            temperature=self.temperature, with_entropy=True, entropy_grad=ent_grad,
-                            compiled=self.compile)
-                    else:
-                        logp, ent = token_logprobs(self.model, sub["input_ids"], sub["attention_mask"],
-                                                   temperature=self.temperature, with_entropy=True,
-                                                   entropy_grad=ent_grad)
+                    with self.autocast():  # bf16: the forward; logp, values, loss in float32
+                        if self.value_head is not None:
+                            logp, ent, v_after = token_logprobs_values(
+                                self.model, self.value_head, sub["input_ids"], sub["attention_mask"],
+                                temperature=self.temperature, with_entropy=True, entropy_grad=ent_grad)
+                            kw["values"] = values_before(v_after)
+                        elif self.prefix_share and self._share_ok:  # logp, ent: 0 off loss positions
+                            logp, ent = prefix_shared_logprobs(
+                                self.model, sub["input_ids"], sub["attention_mask"], sub["loss_mask"],
+                                temperature=self.temperature, with_entropy=True, entropy_grad=ent_grad,
+                                static=self.static_ok, compiled=self.compile and self.static_ok)
+                        else:
+                            logp, ent = token_logprobs(self.model, sub["input_ids"],
+                                                       sub["attention_mask"], temperature=self.temperature,
+                                                       with_entropy=True, entropy_grad=ent_grad)
                     if single:
                         sub["old_logprobs"] = logp.detach()
                         if "sampler_logprobs" in sub:
@@ -361,13 +516,31 @@ class Learner:
                     for p in self._params():
                         if p.grad is None:
                             p.grad = torch.zeros_like(p)
-                gn = torch.nn.utils.clip_grad_norm_(self._params(), self.grad_clip)
-                sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(gn)
+                gn = float(torch.nn.utils.clip_grad_norm_(self._params(), self.grad_clip))
+                n_steps += 1
+                if not math.isfinite(gn):  # NaN/inf: no step (weights, AdamW state, lr as before)
+                    self.optimizer.zero_grad(set_to_none=True)
+                    n_skipped += 1
+                    self.nonfinite_streak += 1
+                    if self.max_nonfinite_steps is not None and \
+                            self.nonfinite_streak >= self.max_nonfinite_steps:
+                        raise NonFiniteGradientError(
+                            f"{self.nonfinite_streak} optimizer steps in a row had a non-finite "
+                            f"gradient norm ({gn}), the last after optimizer step "
+                            f"{self.optimizer_steps}; stopping (train.max_nonfinite_steps="
+                            f"{self.max_nonfinite_steps}). Look for NaN/inf rewards, advantages or "
+                            "logprobs, or lower train.lr")
+                    continue
+                self.nonfinite_streak = 0
+                sums["grad_norm"] = sums.get("grad_norm", 0.0) + gn
                 self.optimizer.step()
                 self.scheduler.step()
                 self.optimizer_steps += 1
-                n_steps += 1
         out = {k: v / max(n_steps, 1) for k, v in sums.items()}
+        if n_steps:  # the mean gradient norm of the steps taken (NaN: none was)
+            out["grad_norm"] = (sums["grad_norm"] / (n_steps - n_skipped) if n_skipped < n_steps
+                                else math.nan)
+            out["skipped_nonfinite"] = float(n_skipped)
         if idle is not None and n_steps:
             out["skipped_rows_frac"] = n_idle / max(1, B * epochs)
         if mism[1] > 0:
@@ -387,12 +560,36 @@ class Learner:
             why = "LoRA/PEFT adapters keep the transformers forward"
         elif not (self.prefix_share and self._share_ok):
             why = "the prefix-shared forward is off or unsupported for this model"
+        elif not self.static_ok:
+            why = (f"train.precision={self.precision} runs the transformers decoder under autocast "
+                   "(the static decoder it compiles is float32 only)")
+        elif self.gradient_checkpointing:
+            why = "gradient checkpointing keeps the transformers forward"
         else:
             why = unsupported_reason(self.model, training=True) or ""
         if why:
             return f"train.compile has no effect: {why}"
         return ("the learner's decoder forward is compiled at the first update (torch.compile; "
                 "about 1-2 min on 2 cores, then faster updates)")
+
+    def fast_path_notes(self) -> list[str]:
+        """One line for each fast path of the training forward that this learner's settings
+        turn off (falling back to the transformers forward, which gives the right numbers):
+        the static float32 decoder under bf16, prompt sharing and the static decoder under
+        gradient checkpointing. [] when nothing is turned off."""
+        from agentrl.models.static_forward import static_forward_supported
+
+        shared = self.prefix_share and self._share_ok and self.value_head is None
+        notes = []
+        if shared and not self.static_ok and static_forward_supported(self.model):
+            notes.append(f"train.precision={self.precision}: the learner's prefix-shared forward runs "
+                         "the transformers decoder under autocast (the static decoder, "
+                         "agentrl/models/static_forward.py, is float32 only)")
+        if shared and self.gradient_checkpointing:
+            notes.append("train.gradient_checkpointing: the learner's prefix-shared forward runs one "
+                         "forward per micro-batch, without sharing the prompt (transformers drops the "
+                         "cache while checkpointing) and without the static decoder")
+        return notes
 
     def _idle_rows(self, batch: dict[str, Any], algo: Any, cfg: Any) -> torch.Tensor | None:
         """(B,) bool: rows the update can leave out of its forwards, or None (skip nothing).
@@ -455,10 +652,10 @@ class Learner:
             if not (path / "value_head.pt").exists():
                 raise ValueError(f"{path}: checkpoint has no value head (value_head.pt); it was "
                                  "not written by a learner with a value head (PPO)")
-            self.value_head.load_state_dict(torch.load(path / "value_head.pt"))
+            self.value_head.load_state_dict(torch.load(path / "value_head.pt", map_location="cpu"))
         if (path / "algo_state.pt").exists():
             self.algo_state = torch.load(path / "algo_state.pt", weights_only=False)
-        st = torch.load(path / "trainer_state.pt", weights_only=False)
+        st = torch.load(path / "trainer_state.pt", weights_only=False, map_location="cpu")
         self.optimizer.load_state_dict(st["optimizer"])
         for g in self.optimizer.param_groups:  # this learner's kernel, whichever wrote the state
             g["fused"], g["foreach"] = (True, None) if self.fused else (None, g.get("foreach"))
@@ -474,7 +671,7 @@ class Learner:
         if st.get("cuda_rng") is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(st["cuda_rng"])
         if self.ref_model is not None and (path / "ref_model.pt").exists():
-            self.ref_model.load_state_dict(torch.load(path / "ref_model.pt"))
+            self.ref_model.load_state_dict(torch.load(path / "ref_model.pt", map_location="cpu"))
         return json.loads((path / "agentrl_state.json").read_text())
 
 

@@ -157,10 +157,13 @@ def set_up(cfg: Config) -> tuple[Config, Any, Path]:
         `(cfg with the algorithm's resolved settings, algorithm module, OUT)`.
 
     Raises:
-        ValueError: an unknown env, or dynamic sampling with `group_size < 2`.
+        ValueError: an unknown env, dynamic sampling with `group_size < 2`, or
+            `train.device=cuda` without a CUDA device.
     """
     from agentrl.algos import get_algorithm, resolve_config
+    from agentrl.learner import resolve_device
 
+    resolve_device(cfg.train.device)  # fail early: train.device=cuda without a CUDA device
     quiet_libraries()
     torch.set_num_threads(cfg.train.torch_threads)
     seed_everything(cfg.seed)
@@ -206,10 +209,15 @@ def build_loop(cfg: Config, algo: Any, out: Path, model: Any, tok: Any, renderer
                       prefix_share=cfg.train.prefix_share, compile=cfg.train.compile,
                       skip_zero_advantage=cfg.train.skip_zero_advantage,
                       use_ref=needs_reference(algo, cfg.algo),
-                      value_head=getattr(algo, "VALUE_HEAD", False), lr_schedule=lr_schedule(cfg))
+                      value_head=getattr(algo, "VALUE_HEAD", False), lr_schedule=lr_schedule(cfg),
+                      device=cfg.train.device, precision=cfg.train.precision,
+                      gradient_checkpointing=cfg.train.gradient_checkpointing,
+                      max_nonfinite_steps=cfg.train.max_nonfinite_steps)
     for note in (learner.compile_note(), rollout_compile_note(cfg, engine)):
         if note:
             say(f"[compile] {note}")
+    for note in learner.fast_path_notes():
+        say(f"[learner] {note}")
     start_step, version = 0, 0
     if ck is not None:
         extra = learner.load(ck)
@@ -371,8 +379,17 @@ def update(lp: Loop, trajs: list[Trajectory], step: int, m: dict[str, float]) ->
         batch["ref_logprobs"] = learner.logprobs(batch, ref=True)
     batch["advantages"], gstats = algo.advantages(batch, cfg.algo)
     m.update({f"rollout/{k}": float(v) for k, v in gstats.items()})
-    upd = learner.update(batch, algo, cfg.algo, epochs=cfg.algo.update_epochs,
-                         minibatches=cfg.algo.minibatches, seed=cfg.seed + step)
+    from agentrl.learner import NonFiniteGradientError
+
+    try:
+        upd = learner.update(batch, algo, cfg.algo, epochs=cfg.algo.update_epochs,
+                             minibatches=cfg.algo.minibatches, seed=cfg.seed + step)
+    except NonFiniteGradientError as e:
+        raise NonFiniteGradientError(f"step {step + 1}: {e}") from None
+    if upd.get("skipped_nonfinite"):
+        lp.say(f"[warning] step {step + 1}: {upd['skipped_nonfinite']:.0f} optimizer step(s) skipped: "
+               f"non-finite gradient norm (loss/skipped_nonfinite; {learner.nonfinite_streak} in a row, "
+               f"the run stops at train.max_nonfinite_steps={cfg.train.max_nonfinite_steps})")
     m.update({f"loss/{k}": v for k, v in upd.items()})
     m["loss/lr"] = float(learner.optimizer.param_groups[0]["lr"])  # the lr of the next step
     m["perf/update_s"] = time.perf_counter() - t0
