@@ -540,7 +540,8 @@ def main():
             __import__(name)
         except Exception:  # noqa: BLE001 - optional modules
             pass
-    _send(ctl_out, {"ready": True, "pid": os.getpid(), "uid": os.getuid(), "python": sys.version})
+    _send(ctl_out, {"ready": True, "pid": os.getpid(), "uid": os.getuid(), "python": sys.version,
+                     "prefix": sys.prefix})
     while True:
         job = _recv(ctl_in)
         if job is None:
