@@ -59,6 +59,8 @@ class SandboxResult:
     stdout, stderr: captured output (decoded UTF-8, at most ``Limits.output_bytes`` in total).
     wall_s, cpu_s: wall-clock and CPU seconds of the run (CPU summed over its processes).
     backend: which backend ran it.  error: short reason when the verdict is not ``pass``.
+    unisolated: True when the code ran without isolation (the explicitly named ``subprocess``
+      backend): it could read and write the trainer's files and reach the network.
     """
 
     verdict: str
@@ -71,6 +73,7 @@ class SandboxResult:
     cpu_s: float = 0.0
     backend: str = ""
     error: str | None = None
+    unisolated: bool = False
 
     @property
     def pass_fraction(self) -> float:
