@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from agentrl.sandbox import SandboxPool, pool as pool_mod
+from agentrl.sandbox import SandboxPool
+from agentrl.sandbox import pool as pool_mod
 from agentrl.sandbox.backends import BackendError, _traversable_parents
 
 bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
