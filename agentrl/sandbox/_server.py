@@ -431,7 +431,10 @@ def _restore_modules(snap, _missing=_MISSING):
 def _rep(line):
     """Write one report line (bounded, escaped to a single line) to the report fd."""
     try:
-        _write(REPORT_FD, (line.replace("\\", "\\\\").replace("\n", "\\n")[:4000] + "\n").encode())
+        # backslashreplace: a message with lone surrogates must still be reported
+        line = line.encode("utf-8", "backslashreplace").decode("utf-8")
+        text = line.replace("\\", "\\\\").replace("\n", "\\n")[:4000] + "\n"
+        _write(REPORT_FD, text.encode())
     except _BaseException:
         pass
 
@@ -503,6 +506,9 @@ def _harness(job, finish):
         finish()
     try:
         code_c = _compile(job["code"], "<solution>", "exec")
+    except MemoryError as e:  # too big to compile within the memory limit: not a syntax error
+        _rep("R " + _describe(e))
+        finish()
     except _BaseException as e:
         _rep("S " + _describe(e))
         finish()
@@ -599,9 +605,9 @@ def _child(job, fds, limits, nproc_base):
         cpu = max(1, int(-(-limits["cpu_s"] // 1)))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limits["file_size_mb"] * mb,) * 2)
-        resource.setrlimit(resource.RLIMIT_AS, (limits["memory_mb"] * mb,) * 2)
-        nproc = limits["max_procs"] + nproc_base
+        resource.setrlimit(resource.RLIMIT_FSIZE, (int(limits["file_size_mb"] * mb),) * 2)
+        resource.setrlimit(resource.RLIMIT_AS, (int(limits["memory_mb"] * mb),) * 2)
+        nproc = int(limits["max_procs"]) + nproc_base
         resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
         sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
         sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), errors="backslashreplace")
@@ -721,7 +727,7 @@ def run_job(job):
         if left <= 0:
             timeout = True
             break
-        for fd, _ in poller.poll(max(1, int(left * 1000))):
+        for fd, _ in poller.poll(max(1, min(int(left * 1000), 1 << 30))):
             if fd == pidfd:
                 _, status = os.waitpid(pid, 0)
                 poller.unregister(pidfd)

@@ -28,6 +28,8 @@ def make_job(mode: str, code: str, tests: list[str], setup: str, stdin: str,
     """The JSON job for the server.  ``tokens[0]`` marks 'solution ran', ``tokens[1+i]`` test i."""
     if mode not in ("tests", "code"):
         raise ValueError(f"mode must be 'tests' or 'code', got {mode!r}")
+    code, setup = source_text(code, "code"), source_text(setup, "setup")
+    tests = [source_text(t, "tests[]") for t in tests]
     rewritten = [rewrite_test(t) for t in tests]
     imports = sorted({name for r in rewritten for name in r.imports})
     return {
@@ -38,6 +40,17 @@ def make_job(mode: str, code: str, tests: list[str], setup: str, stdin: str,
         # runner-only (never sent): the original tests and their expectations
         "_tests": list(tests), "_rewritten": rewritten,
     }
+
+
+def source_text(src: str | bytes, what: str) -> str:
+    """Python source as text: bytes are decoded as UTF-8 (undecodable bytes become U+FFFD, which
+    then fails to compile like any bad character) and a leading UTF-8 BOM is dropped.  Raises
+    TypeError for anything else."""
+    if isinstance(src, (bytes, bytearray)):
+        src = bytes(src).decode("utf-8", "replace")
+    if not isinstance(src, str):
+        raise TypeError(f"{what} must be str or bytes, got {type(src).__name__}")
+    return src[1:] if src.startswith("\ufeff") else src
 
 
 def decode_plain(v: Any) -> Any:
