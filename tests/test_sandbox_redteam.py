@@ -164,3 +164,11 @@ def test_decode_plain_is_strict():
     for bad in ({"x": 1}, {"t": 1}, {"a": 1, "b": 2}, {"b": "!!"}):
         with pytest.raises(ValueError):
             decode_plain(bad)
+
+
+@pytest.mark.xfail(strict=True, reason="known gap (docs/sandbox.md): a harness-aware solution "
+                   "forges tests without runner-held expectations (token read via gc)")
+def test_known_gap_token_forgery_on_tests_without_sites(pool):
+    code = ATTACKS["secret_via_gc"].replace("{entry}", "f")
+    r = pool.run_tests(code, ["assert f(2) == 2 * 2"])  # computed expectation: stays inside
+    assert r.verdict != "pass"
