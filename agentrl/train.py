@@ -356,6 +356,9 @@ def rollout_metrics(lp: Loop, trajs: list[Trajectory], m: dict[str, float]) -> l
     m["rollout/turns"] = float(np.mean([len(t.turns) for t in trajs]))
     m["rollout/truncated_frac"] = float(np.mean([t.truncated for t in trajs]))
     m["env/errors"] = float(sum(len(t.info.get("errors", [])) for t in trajs))
+    # env steps whose code ran WITHOUT a sandbox (code_sandbox with backend='subprocess')
+    m["sandbox/unisolated"] = float(sum(bool((turn.info or {}).get("unisolated"))
+                                        for t in trajs for turn in t.turns))
     m["rollout/nan_rewards"] = float(np.isnan(rets).sum())
     m.update(reward_component_means(trajs))
     return trajs

@@ -295,7 +295,8 @@ class CodeSandboxEnv(TextEnv):
     def step(self, action: str):
         """Run one attempt. Returns (feedback messages or [], reward, terminated, truncated,
         info) with info `verdict`, `passed`, `total`, `error`, `wall_s`, `task_id`, `turn`,
-        `success`.
+        `success`, `backend` and `unisolated` (True when the code ran without a sandbox: the
+        explicitly named `subprocess` backend; the trainer counts these as `sandbox/unisolated`).
 
         Raises:
             RuntimeError: `step` before `reset`.
@@ -328,7 +329,8 @@ class CodeSandboxEnv(TextEnv):
                 "passed": result.passed if result else 0,
                 "total": result.total if result else len(task.tests),
                 "error": reason, "wall_s": result.wall_s if result else 0.0,
-                "backend": result.backend if result else None, "success": success}
+                "backend": result.backend if result else None, "success": success,
+                "unisolated": bool(result.unisolated) if result else False}
         # A pass ends the task. Failing the last allowed attempt is a truncation (a turn limit
         # was hit), except in single-attempt mode (max_turns == 1), where the one answer is the
         # whole task: it is graded and the episode terminates (nothing to bootstrap from).

@@ -23,7 +23,9 @@ def raw(report: str = "", *, stdout: str = "", exit_code=0, sig=None, timeout=Fa
 
 
 def job(n_tests: int = 2, mode: str = "tests") -> dict:
-    j = make_job(mode, "def f(x): return x", ["assert f(1) == 1"] * n_tests, "", "",
+    # a test without runner-held expectations (`assert f(1) == 1` would be one: its pass also
+    # needs an `E` report, tested in test_sandbox_redteam.py): only the tokens decide here
+    j = make_job(mode, "def f(x): return x", ["r = f(1)\nassert r == 1"] * n_tests, "", "",
                  Limits(wall_s=2.0, cpu_s=2.0))
     return j
 

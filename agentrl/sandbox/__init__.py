@@ -1,8 +1,10 @@
 """Hermetic execution of untrusted Python: ``run_tests`` for judging, ``run_code`` for tools.
 
-Backends (``auto`` picks the first that works): ``bwrap`` (bubblewrap namespaces, the default),
-``docker`` (through the ``docker`` SDK when an engine is reachable), ``subprocess`` (rlimits
-only, not isolated; logs a warning).  Every run happens in a fresh child forked by a warm
+Backends (``auto`` picks the first *isolated* one that works, else raises): ``bwrap``
+(bubblewrap namespaces, the default), ``docker`` (through the ``docker`` SDK when an engine is
+reachable), ``subprocess`` (rlimits only, not isolated: only when named, logs a warning, and its
+results are marked ``unisolated``).  Tests are rewritten so that verdicts never trust objects
+the solution built (docs/sandbox.md, "Reward hacking").  Every run happens in a fresh child forked by a warm
 server inside the sandbox; see docs/sandbox.md for the security model and known gaps.
 """
 
@@ -21,8 +23,8 @@ def run_tests(code: str, tests: list[str], *, setup: str = "", names: list[str] 
               limits: Limits | None = None, backend: str = "auto") -> SandboxResult:
     """Run ``setup``, then the solution ``code``, then each test snippet, in a fresh sandbox.
 
-    code: the solution's Python source (executed as module ``solution``; an
-      ``if __name__ == "__main__":`` block does not run).
+    code: the solution's Python source, ``str`` or UTF-8 ``bytes`` (executed as module
+      ``solution``; an ``if __name__ == "__main__":`` block does not run).
     tests: Python sources, each executed after the solution in a copy of its namespace with
       pristine builtins, e.g. ``'assert f(2) == 4'`` or a HumanEval ``def check(candidate):
       ...`` followed by ``check(f)``.  A test passes iff the harness itself reports that its
@@ -34,7 +36,8 @@ def run_tests(code: str, tests: list[str], *, setup: str = "", names: list[str] 
 
     Returns a SandboxResult.  Never raises for anything the solution does; an infrastructure
     failure gives verdict ``sandbox_error``.  Raises ValueError for bad arguments (unknown or
-    unavailable backend, ``names`` of the wrong length, non-positive limits).
+    unavailable backend, ``names`` of the wrong length), TypeError for a source that is not
+    str/bytes, and BackendError when ``auto`` finds no isolated backend.
     """
     return default_pool(backend).run_tests(code, tests, setup=setup, names=names, limits=limits)
 

@@ -23,16 +23,22 @@ objects, so that the next run starts clean.  It never executes solution code its
 
 import base64
 import builtins
+import collections
 import ctypes
+import functools
 import io
+import itertools
 import json
 import os
+import re
 import resource
 import select
 import signal
 import struct
 import sys
 import time
+import types
+import warnings
 
 # References the harness needs after untrusted code has run (a solution that monkeypatches
 # ``os.write`` or ``builtins.exec`` must not change how results are reported).
@@ -47,11 +53,17 @@ _isinstance = builtins.isinstance
 _BaseException = BaseException
 _SystemExit = SystemExit
 _dict = dict
+_list = list
 _range = range
 _settrace = sys.settrace
 _setprofile = sys.setprofile
 _BUILTINS = dict(builtins.__dict__)
 _builtins_dict = builtins.__dict__
+_AssertionError = AssertionError
+_callable = builtins.callable
+_sys_modules = sys.modules
+_json_dumps = json.dumps
+_b64 = base64.b64encode
 
 REPORT_FD = 3
 # sys.setrecursionlimit() is capped at this: CPython 3.11+ keeps Python frames on the heap, so
@@ -218,13 +230,211 @@ def _remove_sysv_ipc():
                     getattr(libc, fn)(int(parts[1]), ipc_rmid, None)
 
 
+# ---------------------------------------------------------------- plain data (trusted helpers)
+#
+# Tests are rewritten by the runner (agentrl/sandbox/rewrite.py) to call these helpers instead
+# of comparing, asserting or negating directly.  They accept *exact* built-in types only
+# (``type(x) is int``, never isinstance), so no method of an object the solution made is ever
+# called to decide a comparison.  Everything they use is bound here, at server start, before
+# any solution code exists.
+
+# re.Match: a C type whose truth is always True and whose == is identity (MBPP's regex tasks
+# return it), kept as is; encoded for the runner as an opaque always-true token
+_ATOMS = frozenset({int, float, complex, str, bytes, bool, type(None), range, type(Ellipsis),
+                    re.Match})
+_SEQS = frozenset({list, tuple})
+_SETS = frozenset({set, frozenset})
+# dict and the stdlib's C-level (or dict-method-only) subclasses; read through dict's own items
+_DICTS = frozenset({dict, collections.OrderedDict, collections.defaultdict, collections.Counter})
+_dict_items = dict.items
+_type_type = type
+# results of a solution function that pass through unconverted: lazy iterables whose items are
+# checked wherever they are compared
+_LAZY = frozenset({types.GeneratorType, map, filter, zip, enumerate, reversed,
+                   type(iter([])), type(iter(())), type(iter("")), type(iter(range(0)))})
+_CMP = {"==": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a, b: a < b,
+        "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b,
+        "in": lambda a, b: a in b, "not in": lambda a, b: a not in b,
+        "is": lambda a, b: a is b, "is not": lambda a, b: a is not b}
+MAX_DEPTH = 200
+
+
+def _not_plain(x):
+    try:
+        name = _type(x).__name__
+    except _BaseException:
+        name = "?"
+    return _AssertionError(f"not plain data: a value of type {name} (only exact built-in "
+                           "types are compared)")
+
+
+_LEAVES = _ATOMS | {type}  # a `type` object compares by identity
+_CONTAINERS = _SEQS | _SETS
+_dict_keys = dict.keys
+_dict_values = dict.values
+_set = set
+_map = map
+_chain = itertools.chain.from_iterable
+
+
+def _check(x, depth=0, _t=_type, _leaves=_LEAVES):
+    """Raise AssertionError unless ``x`` is plain data (exact built-in types, recursively).
+
+    Containers of leaves (and containers of containers of leaves) are checked with C-level
+    passes (``set(map(type, ...))``): outputs of millions of tuples cost about a second.
+    """
+    t = _t(x)
+    if t in _leaves:
+        return
+    if depth > MAX_DEPTH:
+        raise _AssertionError("not plain data: nested too deeply")
+    if t in _CONTAINERS:
+        kinds = _set(_map(_t, x))
+        if kinds <= _leaves or (kinds <= _CONTAINERS and _set(_map(_t, _chain(x))) <= _leaves):
+            return
+        for v in x:
+            if _t(v) not in _leaves:
+                _check(v, depth + 1)
+    elif t in _DICTS:
+        if _set(_map(_t, _dict_keys(x))) <= _leaves and _set(_map(_t, _dict_values(x))) <= _leaves:
+            return
+        for k, v in _dict_items(x):
+            _check(k, depth + 1)
+            _check(v, depth + 1)
+    else:
+        raise _not_plain(x)
+
+
+def _enc(x, depth=0, _t=_type):
+    """Plain data -> JSON-able value with tags for what JSON lacks (decoded by the runner)."""
+    t = _t(x)
+    if t in (int, str, bool, float) or x is None:
+        return x
+    if depth > MAX_DEPTH:
+        raise _AssertionError("not plain data: nested too deeply")
+    if t is list:
+        return [_enc(v, depth + 1) for v in x]
+    if t is tuple:
+        return {"t": [_enc(v, depth + 1) for v in x]}
+    if t is set or t is frozenset:
+        return {"s" if t is set else "f": [_enc(v, depth + 1) for v in x]}
+    if t in _DICTS:
+        return {"d": [[_enc(k, depth + 1), _enc(v, depth + 1)] for k, v in _dict_items(x)]}
+    if t is bytes:
+        return {"b": _b64(x).decode()}
+    if t is complex:
+        return {"c": [x.real, x.imag]}
+    if t is range:
+        return {"r": [x.start, x.stop, x.step]}
+    if t is re.Match:
+        return {"m": 1}
+    raise _not_plain(x)
+
+
+# The last result a wrapped solution function returned, already checked: comparing it right
+# away (EvalPlus: ``out == exp``) need not walk it again.  Only solution code could change it in
+# between, and any call into the solution replaces this entry first.
+_CHECKED = [None]
+
+
+def _h_cmp(op, a, b, _cmp=_CMP, _check=_check, _checked=_CHECKED):
+    if op != "is" and op != "is not":
+        if a is not _checked[0]:
+            _check(a)
+        if b is not _checked[0]:
+            _check(b)
+    return _cmp[op](a, b)
+
+
+def _h_chain(ops, *values, _cmp=_CMP, _check=_check):
+    for i, op in enumerate(ops):
+        a, b = values[i], values[i + 1]
+        if op != "is" and op != "is not":
+            _check(a)
+            _check(b)
+        if not _cmp[op](a, b):
+            return False
+    return True
+
+
+def _h_truth(x, _check=_check):
+    _check(x)
+    return True if x else False
+
+
+def _wrap(fn, _check=_check, _lazy=_LAZY, _t=_type, _checked=_CHECKED):
+    """``fn`` as tests see it: its results must be plain data (or lazy built-in iterables).
+
+    Checked, not copied (outputs can be gigabytes, e.g. MBPP+ Mbpp/255): comparisons and
+    asserts check their operands again when they use them.
+    """
+
+    def candidate(*args, **kwargs):
+        _checked[0] = None
+        r = fn(*args, **kwargs)
+        if _t(r) not in _lazy:
+            _check(r)
+            _checked[0] = r
+        return r
+
+    try:
+        candidate.__name__ = candidate.__qualname__ = _str(fn.__name__)
+        candidate.__doc__ = _str(fn.__doc__) if fn.__doc__ is not None else None
+    except _BaseException:
+        pass
+    return candidate
+
+
+def _bake(code, helpers, _t=_type, _code_type=types.CodeType):
+    """``code`` with the helper placeholders among its constants (recursively) replaced by the
+    helper functions: rebinding any *name* in the test's globals cannot reach them."""
+    consts = []
+    for c in code.co_consts:
+        if _t(c) is _code_type:
+            c = _bake(c, helpers)
+        elif _t(c) is _str and c in helpers:
+            c = helpers[c]
+        consts.append(c)
+    return code.replace(co_consts=tuple(consts))
+
+
+def _snapshot_modules(names):
+    """[(name, module, copy of its dict)] for the modules named in ``names`` (and submodules)."""
+    tops = {n.split(".")[0] for n in names}
+    out = []
+    for name, mod in list(_sys_modules.items()):
+        if _type(mod) is types.ModuleType and name.split(".")[0] in tops:
+            out.append((name, mod, dict(mod.__dict__)))
+    return out
+
+
+_MISSING = object()
+
+
+def _restore_modules(snap, _missing=_MISSING):
+    """Undo changes of the solution to the snapshot's module attributes and sys.modules."""
+    for name, mod, saved in snap:
+        try:
+            if _sys_modules.get(name) is not mod:
+                _sys_modules[name] = mod
+            d = mod.__dict__
+            for k, v in saved.items():
+                if d.get(k, _missing) is not v:
+                    d[k] = v
+        except _BaseException:
+            pass
+
+
 # ---------------------------------------------------------------- the child: harness
 
 
 def _rep(line):
     """Write one report line (bounded, escaped to a single line) to the report fd."""
     try:
-        _write(REPORT_FD, (line.replace("\\", "\\\\").replace("\n", "\\n")[:4000] + "\n").encode())
+        # backslashreplace: a message with lone surrogates must still be reported
+        line = line.encode("utf-8", "backslashreplace").decode("utf-8")
+        text = line.replace("\\", "\\\\").replace("\n", "\\n")[:4000] + "\n"
+        _write(REPORT_FD, text.encode())
     except _BaseException:
         pass
 
@@ -240,7 +450,8 @@ def _describe(exc, source=None, filename=None):
     except _BaseException:
         msg = "<unprintable>"
     text = f"{name}: {msg}" if msg else name
-    if source is not None:
+    if filename is not None:
+        # the runner turns '@L<n>' into the original source line (tests are rewritten)
         try:
             lineno, tb = None, exc.__traceback__
             while tb is not None:
@@ -248,11 +459,24 @@ def _describe(exc, source=None, filename=None):
                     lineno = tb.tb_lineno
                 tb = tb.tb_next
             if lineno is not None:
-                line = source.splitlines()[lineno - 1].strip()
-                text += f" (at `{line[:200]}`)"
+                text += f" @L{lineno}"
         except _BaseException:
             pass
     return text
+
+
+def _rep_expect(i, k, value, cap=1 << 18):
+    """Report the plain-data value of expectation site ``k`` of test ``i`` (runner compares)."""
+    try:
+        body = _json_dumps(_enc(value), separators=(",", ":"))
+    except _BaseException as e:
+        body = "!" + _describe(e)
+    if _len(body) > cap:
+        body = "!value too large to report"
+    try:
+        _write(REPORT_FD, (f"E {i} {k} " + body.replace("\\", "\\\\") + "\n").encode())
+    except _BaseException:
+        pass
 
 
 def _restore_builtins():
@@ -282,20 +506,39 @@ def _harness(job, finish):
         finish()
     try:
         code_c = _compile(job["code"], "<solution>", "exec")
+    except MemoryError as e:  # too big to compile within the memory limit: not a syntax error
+        _rep("R " + _describe(e))
+        finish()
     except _BaseException as e:
         _rep("S " + _describe(e))
         finish()
+    helpers = {"\x00agentrl:agentrl_cmp": _h_cmp, "\x00agentrl:agentrl_chain": _h_chain,
+               "\x00agentrl:agentrl_truth": _h_truth}
     compiled = []
+    saved_filters = warnings.filters[:]
+    warnings.simplefilter("ignore")  # "'str' object is not callable": the helper placeholders
     for i, src in enumerate(tests):
         try:
-            compiled.append(_compile(src, f"<test {i}>", "exec"))
+            c = _compile(src, f"<test {i}>", "exec")
+            expect = functools.partial(_rep_expect, i)
+            compiled.append(_bake(c, {**helpers, "\x00agentrl:agentrl_expect": expect}))
         except _BaseException as e:
             compiled.append(_describe(e))
+    warnings.filters[:] = saved_filters
+    getattr(warnings, "_filters_mutated", lambda: None)()
+    imports = job.get("imports") or []
+    for name in imports:  # what tests import is loaded (and snapshotted) before the solution
+        try:
+            __import__(name)
+        except _BaseException:
+            pass
+    modules = _snapshot_modules(imports) if imports else ()
     code_token = tokens[0]
     test_tokens = tokens[1:]
     del job, tokens
     try:
         _exec(setup_c, ns)
+        before = _dict(ns)
         _exec(code_c, ns)
     except _SystemExit as e:
         if mode != "code" or e.code not in (None, 0):
@@ -305,15 +548,25 @@ def _harness(job, finish):
         _rep("R " + _describe(e, None))
         finish()
     _rep("C " + code_token)
+    # what tests see of the solution: its functions return plain-data copies of their results
+    wrapped = {}
+    if mode == "tests":
+        for key, value in _list(ns.items()):
+            if before.get(key, ns) is not value and _callable(value) \
+                    and not _isinstance(value, _type_type):
+                wrapped[key] = _wrap(value)
     for i in _range(_len(tests)):
         _settrace(None)
         _setprofile(None)
         _restore_builtins()
+        _restore_modules(modules)
+        _CHECKED[0] = None
         _rep(f"T {i}")
         if _isinstance(compiled[i], _str):
             _rep(f"F {i} SyntaxError in test: {compiled[i]}")
             continue
         test_ns = _dict(ns)
+        test_ns.update(wrapped)
         test_ns["__builtins__"] = _dict(_BUILTINS)
         try:
             _exec(compiled[i], test_ns)
@@ -352,9 +605,9 @@ def _child(job, fds, limits, nproc_base):
         cpu = max(1, int(-(-limits["cpu_s"] // 1)))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limits["file_size_mb"] * mb,) * 2)
-        resource.setrlimit(resource.RLIMIT_AS, (limits["memory_mb"] * mb,) * 2)
-        nproc = limits["max_procs"] + nproc_base
+        resource.setrlimit(resource.RLIMIT_FSIZE, (int(limits["file_size_mb"] * mb),) * 2)
+        resource.setrlimit(resource.RLIMIT_AS, (int(limits["memory_mb"] * mb),) * 2)
+        nproc = int(limits["max_procs"]) + nproc_base
         resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
         sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
         sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), errors="backslashreplace")
@@ -474,7 +727,7 @@ def run_job(job):
         if left <= 0:
             timeout = True
             break
-        for fd, _ in poller.poll(max(1, int(left * 1000))):
+        for fd, _ in poller.poll(max(1, min(int(left * 1000), 1 << 30))):
             if fd == pidfd:
                 _, status = os.waitpid(pid, 0)
                 poller.unregister(pidfd)
@@ -540,7 +793,8 @@ def main():
             __import__(name)
         except Exception:  # noqa: BLE001 - optional modules
             pass
-    _send(ctl_out, {"ready": True, "pid": os.getpid(), "uid": os.getuid(), "python": sys.version})
+    _send(ctl_out, {"ready": True, "pid": os.getpid(), "uid": os.getuid(), "python": sys.version,
+                     "prefix": sys.prefix})
     while True:
         job = _recv(ctl_in)
         if job is None:

@@ -246,6 +246,22 @@ def _system_binds() -> list[str]:
     return args
 
 
+def _traversable_parents(path: str) -> list[str]:
+    """bwrap arguments that create every ancestor of ``path`` (below ``/``) with mode 0755.
+
+    bwrap creates the mount point's missing parents with the *source's* modes, so a prefix under
+    a 0700 home (pyenv in ``/root``) would be unreachable for the sandbox's unprivileged uid:
+    the loader then silently falls back to the system's libpython and stdlib (another
+    interpreter version).  Only these empty directories are made traversable; nothing else of
+    the home is visible.
+    """
+    parts = Path(path).parts[1:-1]
+    out: list[str] = []
+    for i in range(len(parts)):
+        out += ["--perms", "0755", "--dir", "/" + "/".join(parts[: i + 1])]
+    return out
+
+
 def bwrap_argv(*, root: bool, userns_fd: int | None, tmpfs_mb: int) -> list[str]:
     """The full bwrap command line for one worker (see the module docstring)."""
     exe, prefix = real_python()
@@ -266,7 +282,7 @@ def bwrap_argv(*, root: bool, userns_fd: int | None, tmpfs_mb: int) -> list[str]
         binds.add(os.path.dirname(exe))
     for path in sorted(binds):
         if path != "/usr" and not path.startswith("/usr/"):
-            args += ["--ro-bind", path, path]
+            args += _traversable_parents(path) + ["--ro-bind", path, path]
     args += ["--proc", "/proc", "--dev", "/dev",
              "--perms", "1777", "--size", str(tmpfs_mb << 20), "--tmpfs", "/tmp",
              "--remount-ro", "/", "--chdir", "/tmp",

@@ -1,18 +1,26 @@
 """Building jobs for the server and turning its raw observations into a SandboxResult.
 
-The only evidence of a passing test is a report line ``P <i> <token>`` carrying that test's
-per-run random token (``secrets.token_hex``), which the harness writes after ``exec`` of the
-test returned normally.  Exit codes, stdout and every other report line can be forged by the
-solution and are used only to explain failures, never to grant a pass.
+A test passes only if (1) the report has a line ``P <i> <token>`` carrying that test's per-run
+random token (``secrets.token_hex``), which the harness writes after ``exec`` of the test
+returned normally, and (2) every expectation site the runner holds for it (``rewrite.py``:
+``assert f(x) == <literal>`` and the like) was reported (``E <i> <k> <json>``) at least once and
+every reported value equals the expectation, compared here, outside the sandbox.  (2) cannot be
+forged without producing the right values, whatever the solution does inside its process: the
+expected values never enter the sandbox.  Exit codes, stdout and every other report line can be
+forged by the solution and are used only to explain failures, never to grant a pass.
 """
 
 from __future__ import annotations
 
 import base64
+import json
+import re
 import secrets
 import signal
+from typing import Any
 
 from .result import Limits, SandboxResult, TestOutcome
+from .rewrite import Site, rewrite_test
 
 
 def make_job(mode: str, code: str, tests: list[str], setup: str, stdin: str,
@@ -20,11 +28,92 @@ def make_job(mode: str, code: str, tests: list[str], setup: str, stdin: str,
     """The JSON job for the server.  ``tokens[0]`` marks 'solution ran', ``tokens[1+i]`` test i."""
     if mode not in ("tests", "code"):
         raise ValueError(f"mode must be 'tests' or 'code', got {mode!r}")
+    code, setup = source_text(code, "code"), source_text(setup, "setup")
+    tests = [source_text(t, "tests[]") for t in tests]
+    rewritten = [rewrite_test(t) for t in tests]
+    imports = sorted({name for r in rewritten for name in r.imports})
     return {
-        "mode": mode, "code": code, "tests": list(tests), "setup": setup, "stdin": stdin,
+        "mode": mode, "code": code, "tests": [r.source for r in rewritten], "setup": setup,
+        "stdin": stdin, "imports": imports,
         "tokens": [secrets.token_hex(16) for _ in range(len(tests) + 1)],
         "limits": limits.to_dict(),
+        # runner-only (never sent): the original tests and their expectations
+        "_tests": list(tests), "_rewritten": rewritten,
     }
+
+
+def source_text(src: str | bytes, what: str) -> str:
+    """Python source as text: bytes are decoded as UTF-8 (undecodable bytes become U+FFFD, which
+    then fails to compile like any bad character) and a leading UTF-8 BOM is dropped.  Raises
+    TypeError for anything else."""
+    if isinstance(src, (bytes, bytearray)):
+        src = bytes(src).decode("utf-8", "replace")
+    if not isinstance(src, str):
+        raise TypeError(f"{what} must be str or bytes, got {type(src).__name__}")
+    return src[1:] if src.startswith("\ufeff") else src
+
+
+def decode_plain(v: Any) -> Any:
+    """The harness's tagged JSON (``_server._enc``) -> plain Python data; ValueError if malformed."""
+    if v is None or type(v) in (int, float, str, bool):
+        return v
+    if type(v) is list:
+        return [decode_plain(x) for x in v]
+    if type(v) is dict and len(v) == 1:
+        (tag, x), = v.items()
+        if tag == "t" and type(x) is list:
+            return tuple(decode_plain(i) for i in x)
+        if tag in ("s", "f") and type(x) is list:
+            items = [decode_plain(i) for i in x]
+            return set(items) if tag == "s" else frozenset(items)
+        if tag == "d" and type(x) is list:
+            return {decode_plain(k): decode_plain(val) for k, val in x}
+        if tag == "b" and type(x) is str:
+            return base64.b64decode(x, validate=True)
+        if tag == "c" and type(x) is list and len(x) == 2:
+            return complex(float(x[0]), float(x[1]))
+        if tag == "r" and type(x) is list and len(x) == 3:
+            return range(int(x[0]), int(x[1]), int(x[2]))
+        if tag == "m":
+            return _Match()
+    raise ValueError("malformed plain-data encoding")
+
+
+class _Match:
+    """Stands for a re.Match the harness reported: truthy, equal only to itself (as Match)."""
+
+    def __bool__(self) -> bool:
+        return True
+
+
+def site_holds(site: Site, body: str) -> bool:
+    """Does the reported value ``body`` (tagged JSON) satisfy ``site``?  Never raises."""
+    if body.startswith("!"):
+        return False
+    try:
+        value = decode_plain(json.loads(body))
+        if site.mode == "eq":
+            return bool(value == site.expected)
+        return bool(value) == (site.mode == "truthy")
+    except Exception:  # noqa: BLE001 - malformed, too deep, unhashable...: not satisfied
+        return False
+
+
+_AT_LINE = re.compile(r" @L(\d+)$")
+
+
+def _locate(msg: str, job: dict, i: int | None) -> str:
+    """Turn the harness's ' @L<n>' (line n of rewritten test i) into the original line."""
+    m = _AT_LINE.search(msg)
+    if m is None:
+        return msg
+    msg = msg[:m.start()]
+    try:
+        rw = job["_rewritten"][i]
+        line = job["_tests"][i].splitlines()[rw.line_map.get(int(m.group(1)), 0) - 1].strip()
+        return msg + f" (at `{line[:200]}`)" if line else msg
+    except (KeyError, IndexError, TypeError):
+        return msg
 
 
 def _unescape(s: str) -> str:
@@ -77,10 +166,12 @@ def judge(job: dict, raw: dict, names: list[str] | None, backend: str) -> Sandbo
     started: list[int] = []
     module_error = syntax_error = child_error = None
     done = False
+    rewritten = job.get("_rewritten") or [None] * total
+    sites_seen: dict[int, set[int]] = {}
     for kind, rest in parse_report(base64.b64decode(raw["report"])):
         if kind == "C" and rest == tokens[0]:
             code_done = True
-        elif kind in ("P", "F", "T"):
+        elif kind in ("P", "F", "T", "E"):
             idx, _, tail = rest.partition(" ")
             if not idx.isdigit() or int(idx) >= total:
                 continue
@@ -88,9 +179,20 @@ def judge(job: dict, raw: dict, names: list[str] | None, backend: str) -> Sandbo
             if kind == "P" and tail == tokens[1 + i]:
                 passed_idx.add(i)
             elif kind == "F":
-                errors.setdefault(i, tail)
+                errors.setdefault(i, _locate(tail, job, i))
             elif kind == "T":
                 started.append(i)
+            elif kind == "E" and rewritten[i] is not None:
+                k, _, body = tail.partition(" ")
+                sites = rewritten[i].sites
+                if not k.isdigit() or int(k) >= len(sites):
+                    continue
+                sites_seen.setdefault(i, set()).add(int(k))
+                site = sites[int(k)]
+                if not site_holds(site, body):
+                    why = body[1:200] if body.startswith("!") else (site.msg or "")[:500]
+                    errors.setdefault(i, f"AssertionError{': ' + why if why else ''} "
+                                         f"(at `{site.line}`)")
         elif kind == "R" and module_error is None:
             module_error = rest
         elif kind == "S" and syntax_error is None:
@@ -99,6 +201,13 @@ def judge(job: dict, raw: dict, names: list[str] | None, backend: str) -> Sandbo
             child_error = rest
         elif kind == "D":
             done = True
+    for i in list(passed_idx):  # the harness's pass only counts with every site satisfied
+        sites = rewritten[i].sites if rewritten[i] is not None else ()
+        missing = [k for k in range(len(sites)) if k not in sites_seen.get(i, ())]
+        if i in errors or missing:
+            passed_idx.discard(i)
+            if missing:
+                errors.setdefault(i, f"AssertionError: not reached (at `{sites[missing[0]].line}`)")
     stdout = base64.b64decode(raw["stdout"]).decode("utf-8", errors="replace")
     stderr = base64.b64decode(raw["stderr"]).decode("utf-8", errors="replace")
     sig, exit_code = raw.get("signal"), raw.get("exit_code")

@@ -23,15 +23,29 @@ def available_backends() -> list[str]:
     return [name for name in BACKENDS if probe(name) is None]
 
 
+#: Backends ``auto`` may choose: only isolated ones (``subprocess`` runs only when named).
+ISOLATED_BACKENDS = tuple(b for b in BACKENDS if b != "subprocess")
+
+
 def resolve_backend(backend: str) -> str:
-    """'auto' -> the first available backend; a named one must be available (ValueError)."""
+    """'auto' -> the first available *isolated* backend; a named one must be available.
+
+    Raises BackendError when ``auto`` finds no isolated backend (it never falls back to the
+    unisolated ``subprocess`` backend), ValueError for an unknown or unavailable named one.
+    """
     if backend == "auto":
-        for name in BACKENDS:
+        reasons = []
+        for name in ISOLATED_BACKENDS:
             reason = probe(name)
             if reason is None:
                 return name
+            reasons.append(f"{name}: {reason}")
             log.info("sandbox backend %s unavailable: %s", name, reason)
-        raise BackendError("no sandbox backend works here")
+        raise BackendError(
+            "no isolated sandbox backend works here (" + "; ".join(reasons) + "). Install "
+            "bubblewrap (apt-get install bubblewrap; it needs unprivileged user namespaces), or "
+            "use Docker (pip install docker and a reachable engine). To run untrusted code "
+            "WITHOUT isolation anyway, name backend='subprocess' explicitly.")
     if backend not in BACKENDS:
         raise ValueError(f"unknown sandbox backend {backend!r}; choose from {['auto', *BACKENDS]}")
     reason = probe(backend)
@@ -44,7 +58,8 @@ def _sandbox_error(error: str, backend: str, total: int) -> SandboxResult:
     from .result import TestOutcome
 
     tests = [TestOutcome(f"test_{i}", False, "not run") for i in range(total)]
-    return SandboxResult("sandbox_error", 0, total, tests, "", "", 0.0, 0.0, backend, error)
+    return SandboxResult("sandbox_error", 0, total, tests, "", "", 0.0, 0.0, backend, error,
+                         unisolated=backend == "subprocess")
 
 
 class SandboxPool:
@@ -105,7 +120,9 @@ class SandboxPool:
                     last_error = str(e)
                     log.warning("sandbox worker failed (attempt %d): %s", attempt + 1, e)
                     continue
-                return judge(job, raw, names, self.backend)
+                res = judge(job, raw, names, self.backend)
+                res.unisolated = self.backend == "subprocess"
+                return res
             return _sandbox_error(last_error, self.backend, len(job["tests"]))
         finally:
             self._idle.put(worker)

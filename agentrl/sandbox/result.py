@@ -10,6 +10,12 @@ VERDICTS = (
 )
 
 
+#: Largest accepted value per limit: beyond these, timers and rlimits overflow (a year of
+#: seconds; 2**40 MiB, bytes or processes are far beyond any machine).
+_LIMIT_MAX = {"wall_s": 3.2e7, "cpu_s": 3.2e7, "memory_mb": 2 ** 40, "max_procs": 2 ** 31 - 1,
+              "file_size_mb": 2 ** 40, "output_bytes": 2 ** 40}
+
+
 @dataclass
 class Limits:
     """Resource limits of one run, all enforced from outside the solution.
@@ -30,9 +36,12 @@ class Limits:
     output_bytes: int = 1 << 20
 
     def __post_init__(self):
-        for name in ("wall_s", "cpu_s", "memory_mb", "max_procs", "file_size_mb", "output_bytes"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"Limits.{name} must be > 0, got {getattr(self, name)!r}")
+        for name, top in _LIMIT_MAX.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"Limits.{name} must be a number, got {value!r}")
+            if not 0 < value <= top:  # also rejects NaN and infinity
+                raise ValueError(f"Limits.{name} must be > 0 and <= {top:g}, got {value!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -59,6 +68,8 @@ class SandboxResult:
     stdout, stderr: captured output (decoded UTF-8, at most ``Limits.output_bytes`` in total).
     wall_s, cpu_s: wall-clock and CPU seconds of the run (CPU summed over its processes).
     backend: which backend ran it.  error: short reason when the verdict is not ``pass``.
+    unisolated: True when the code ran without isolation (the explicitly named ``subprocess``
+      backend): it could read and write the trainer's files and reach the network.
     """
 
     verdict: str
@@ -71,6 +82,7 @@ class SandboxResult:
     cpu_s: float = 0.0
     backend: str = ""
     error: str | None = None
+    unisolated: bool = False
 
     @property
     def pass_fraction(self) -> float:

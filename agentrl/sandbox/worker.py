@@ -8,6 +8,7 @@ job; callers see :class:`~agentrl.sandbox.backends.BackendError` only if that al
 from __future__ import annotations
 
 import logging
+import sys
 
 from .backends import STARTERS, BackendError, Channel
 
@@ -37,6 +38,12 @@ class Worker:
             hello = ch.recv(START_TIMEOUT_S, 1 << 16)
             if not hello.get("ready"):
                 raise BackendError(f"unexpected greeting {hello!r:.200}")
+            if self.backend != "docker" and hello.get("python") != sys.version:
+                # e.g. the real binary loaded another installation's libpython because the
+                # sandbox could not read its own prefix: refuse rather than judge with it
+                raise BackendError(f"sandbox runs Python {hello.get('python')!r} "
+                                   f"(prefix {hello.get('prefix')!r}), not this interpreter "
+                                   f"{sys.version!r} ({sys.prefix!r})")
         except (BackendError, TimeoutError) as e:
             err = ""
             f = ch.stderr_file
@@ -67,7 +74,9 @@ class Worker:
         lim = job["limits"]
         max_bytes = 4 * (2 * lim["output_bytes"] + (1 << 20)) // 3 + (1 << 16)
         try:
-            self._ch.send(job)
+            # keys starting with '_' stay with the runner (the expected values of rewritten
+            # tests must never enter the sandbox)
+            self._ch.send({k: v for k, v in job.items() if not k.startswith("_")})
             res = self._ch.recv(timeout, max_bytes)
         except (BackendError, TimeoutError):
             self.close(graceful=False)
