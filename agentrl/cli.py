@@ -67,10 +67,14 @@ def train(
         _fail(f"config error: {e}")
     from agentrl.train import train as run_train
 
+    from agentrl.sandbox.backends import BackendError
+
     try:
         run_train(cfg, console=console)
     except NonFiniteGradientError as e:
         _fail(f"stopped: {e}")
+    except BackendError as e:  # no isolated sandbox on this machine: say how to get one
+        _fail(f"sandbox: {e}")
 
 
 @app.command("eval")

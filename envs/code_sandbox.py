@@ -166,6 +166,8 @@ class CodeSandboxEnv(TextEnv):
     Raises:
         ValueError: a bad argument, naming it and the allowed values.
         FileNotFoundError: `dataset` is not a file (nor `humaneval`).
+        agentrl.sandbox.BackendError: `backend="auto"` (without a `pool`) and no isolated
+            sandbox works on this machine (the message says how to get one).
     """
 
     def __init__(self, dataset: str | None = None, split: str = "train", reward: str = "binary",
@@ -193,6 +195,10 @@ class CodeSandboxEnv(TextEnv):
         self.feedback_chars = int(feedback_chars)
         self.system_prompt = SYSTEM_PROMPT if system_prompt is None else system_prompt
         self.backend = backend
+        if pool is None:  # no isolated sandbox here: fail now (at start-up), not as 0-reward steps
+            from agentrl.sandbox.pool import resolve_backend
+
+            resolve_backend(backend)
         self._pool = pool
         self.dataset = dataset
         self.heldout_fraction = heldout_fraction

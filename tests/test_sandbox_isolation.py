@@ -75,3 +75,17 @@ def test_sandbox_runs_the_trainers_own_interpreter():
     assert version == sys.version
     assert prefix == os.path.realpath(sys.base_prefix)
     assert os.path.realpath(stdlib) == os.path.realpath(os.path.dirname(os.__file__))
+
+
+def test_code_env_without_an_isolated_backend_fails_at_construction(monkeypatch):
+    """With no isolated backend, `CodeSandboxEnv()` (backend auto) raises BackendError when it
+    is made, i.e. at a run's start-up, instead of turning every step into a 0-reward
+    sandbox_error; naming `backend="subprocess"` still works."""
+    import agentrl.sandbox.pool as pool_mod
+    from agentrl.sandbox.backends import BackendError
+    from agentrl_envs.code_sandbox import CodeSandboxEnv
+
+    monkeypatch.setattr(pool_mod, "probe", lambda name: None if name == "subprocess" else f"{name}: missing")
+    with pytest.raises(BackendError, match="apt-get install bubblewrap"):
+        CodeSandboxEnv()
+    assert CodeSandboxEnv(backend="subprocess").backend == "subprocess"
