@@ -65,9 +65,8 @@ def train(
         resolve_device(cfg.train.device)
     except ValueError as e:
         _fail(f"config error: {e}")
-    from agentrl.train import train as run_train
-
     from agentrl.sandbox.backends import BackendError
+    from agentrl.train import train as run_train
 
     try:
         run_train(cfg, console=console)
