@@ -24,6 +24,7 @@ source are mapped back to the original for error messages (``line_map``).
 from __future__ import annotations
 
 import ast
+import threading
 import functools
 from dataclasses import dataclass, field
 from typing import Any
@@ -147,12 +148,25 @@ def _imports(tree: ast.AST) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
+_AST_LOCK = threading.Lock()
+"""Serialises the runner's `ast` work: CPython 3.11 before 3.11.8 keeps the AST converter's
+recursion-depth counter per interpreter, so `ast.parse` in two threads at once (env threads
+stepping sandbox runs) can raise `SystemError: AST constructor recursion depth mismatch`
+(CPython gh-106905), which surfaced as a sandbox_error on an honest solution."""
+
+
 @functools.lru_cache(maxsize=8192)
 def rewrite_test(source: str) -> Rewritten:
-    """The sandbox-side source of test ``source`` and its runner-side expectations (cached).
+    """The sandbox-side source of test ``source`` and its runner-side expectations (cached;
+    one rewrite at a time, `_AST_LOCK`).
 
     A source that does not parse is returned unchanged (the harness reports its SyntaxError).
     """
+    with _AST_LOCK:
+        return _rewrite_test(source)
+
+
+def _rewrite_test(source: str) -> Rewritten:
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
