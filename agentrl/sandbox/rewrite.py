@@ -24,8 +24,8 @@ source are mapped back to the original for error messages (``line_map``).
 from __future__ import annotations
 
 import ast
-import threading
 import functools
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
