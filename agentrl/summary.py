@@ -32,12 +32,17 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 
 def stage_seconds(metrics_path: str | Path) -> dict[str, float]:
     """Total seconds per stage over a run: `perf/<stage>_s` summed over steps (`rollout`,
-    `update`, `sync`, `env` (part of rollout), `step` = rollout + update + sync), and `eval`
-    from in-training evaluations (`eval/seconds`)."""
+    `update`, `sync`, `env` (part of rollout), `step` = rollout + update + sync), `loop` (the
+    last `perf/loop_s`: it is already a running total, wall seconds since the loop started,
+    so it is never summed), and `eval` from in-training evaluations (`eval/seconds`)."""
     totals: dict[str, float] = {}
     for row in read_metrics(metrics_path):
+        if isinstance(row.get("perf/loop_s"), (int, float)):
+            totals["loop"] = float(row["perf/loop_s"])
         for k, v in row.items():
             if not isinstance(v, (int, float)) or isinstance(v, bool):
+                continue
+            if k == "perf/loop_s":
                 continue
             if k.startswith("perf/") and k.endswith("_s"):
                 name = k[len("perf/"):-2]

@@ -78,6 +78,10 @@ def test_stage_seconds_sums_perf_keys(tmp_path):
     # 1.5 + 2.0 = 3.5; 0.5 + 0.25 = 0.75; eval 3.0; the torn last line is skipped
     assert stage_seconds(tmp_path / "metrics.jsonl") == {"rollout": 3.5, "update": 0.75, "eval": 3.0}
     assert stage_seconds(tmp_path / "missing.jsonl") == {}
+    # perf/loop_s is a running total (wall seconds since the loop began): the last one, not a sum
+    rows = [{"step": 1, "perf/loop_s": 1.75, "perf/step_s": 1.75}, {"step": 2, "perf/loop_s": 3.30, "perf/step_s": 1.5}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert stage_seconds(tmp_path / "metrics.jsonl") == {"loop": 3.30, "step": 3.25}
 
 
 def test_metrics_log_on_resume_keeps_steps_up_to_the_checkpoint(tmp_path):
