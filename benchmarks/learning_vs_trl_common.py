@@ -21,6 +21,21 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 
 
+def worker_args(argv: list[str] | None = None) -> Any:
+    """The command line both training workers take: `--warm DIR --out DIR --budget-s S
+    --every-s S --max-steps N` (seconds of training wall clock; N caps the steps, and on the
+    TRL side the dataset rows prepared, x tasks_per_step)."""
+    import argparse
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--warm", required=True, help="the warm-start run dir (config.json, sft_model/)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--budget-s", type=float, default=420)
+    p.add_argument("--every-s", type=float, default=60)
+    p.add_argument("--max-steps", type=int, default=1000, help="most steps (TRL: rows prepared, x tasks_per_step)")
+    return p.parse_args(argv)
+
+
 def run_config(warm: str | Path, overrides: list[str] | None = None) -> Any:
     """The warm-start run's config (`WARM/config.json`: the main job's defaults) with
     `overrides` on top."""

@@ -16,7 +16,6 @@ Prints `RESULT {json}` as its last line (also OUT/result.json).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -39,13 +38,10 @@ def ours_overrides(warm: Path, out: Path, max_steps: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser()
-    p.add_argument("--warm", required=True, help="the warm-start run dir (config.json, sft_model/)")
-    p.add_argument("--out", required=True)
-    p.add_argument("--budget-s", type=float, default=420)
-    p.add_argument("--every-s", type=float, default=60)
-    p.add_argument("--max-steps", type=int, default=1000)
-    a = p.parse_args(argv)
+    sys.path.insert(0, str(HERE))
+    from learning_vs_trl_common import worker_args
+
+    a = worker_args(argv)
     t_proc = time.perf_counter()
     sys.path.insert(0, str(HERE))
     import torch

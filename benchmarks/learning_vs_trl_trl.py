@@ -15,7 +15,6 @@ Prints `RESULT {json}` as its last line (also OUT/result.json).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -57,13 +56,10 @@ def trl_config_kwargs(cfg, out: str, max_steps: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser()
-    p.add_argument("--warm", required=True, help="the warm-start run dir (config.json, sft_model/)")
-    p.add_argument("--out", required=True)
-    p.add_argument("--budget-s", type=float, default=420)
-    p.add_argument("--every-s", type=float, default=60)
-    p.add_argument("--max-steps", type=int, default=1000, help="rows prepared (x tasks_per_step)")
-    a = p.parse_args(argv)
+    sys.path.insert(0, str(HERE))
+    from learning_vs_trl_common import worker_args
+
+    a = worker_args(argv)
     t_proc = time.perf_counter()
     sys.path.insert(0, str(HERE))
     import vs_trl_timers as bt

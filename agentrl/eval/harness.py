@@ -325,9 +325,10 @@ def heldout_settings(cfg: Any) -> dict[str, Any]:
             "batch_size": int(cfg.train.eval_batch_size)}
 
 
-def heldout_width(cfg: Any, n_tasks: int | None = None) -> int:
-    """Envs the held-out evaluation runs at once: `min(train.eval_batch_size, episodes)`."""
-    episodes = (n_tasks or cfg.train.eval_tasks) * cfg.train.eval_samples
+def heldout_width(cfg: Any) -> int:
+    """Envs the held-out evaluation runs at once: `min(train.eval_batch_size, episodes)` with
+    `train.eval_tasks x train.eval_samples` episodes."""
+    episodes = cfg.train.eval_tasks * cfg.train.eval_samples
     return min(int(cfg.train.eval_batch_size), int(episodes))
 
 
