@@ -200,7 +200,13 @@ class TrainConfig(_Section):
     compile: bool = False
     """Compile the learner's decoder forward with torch.compile (inductor, C++ kernels; float32 Qwen2/Llama without LoRA or value head, with `prefix_share`): 30 s to 2 min of compiling at the first update (a `[compile]` line says so, or why it has no effect), then 0.78x (8x8x64 batch) and 0.83x (2x4x32) the eager update time on the TRL benchmark's model (`benchmarks/learner_update.py --arms static,compiled`). `rollout.compile` does the same for the HF engine's decode step. Falls back to eager with a warning if compiling fails."""
     torch_threads: int = Field(default=1, ge=1)
-    """torch threads of the learner process."""
+    """torch threads of the learner process (of each learner rank with `learner_workers`)."""
+    learner_workers: int = Field(default=0, ge=0)
+    """0: the learner runs in the driver process (a breakpoint works). N >= 1: N learner ranks, each a Ray actor and one `torch.distributed` rank (gloo on CPU, NCCL on CUDA), the policy, value head and reference model sharded with FSDP2 (`fully_shard` per decoder layer, then the root), each rank training on its share of every minibatch with the loss normalised over the whole minibatch; same update as 0 to float32 rounding (docs/scale_out.md). Ranks run the plain transformers forward (no prompt sharing, static decoder or `compile`). Checkpoints are sharded (`torch.distributed.checkpoint`, DIR/dcp) plus a consolidated Hugging Face export, and resume with any number of ranks, 0 included."""
+    learner_cpus: float = Field(default=1.0, gt=0)
+    """CPUs reserved per learner rank (its Ray placement-group bundle)."""
+    learner_gpus: float = Field(default=0.0, ge=0)
+    """GPUs reserved per learner rank (1 with `train.device=cuda`: one GPU per rank)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where the learner's policy, value head, reference model and update batches live: `auto` (CUDA when available, else CPU), `cpu`, or `cuda` (fails at start-up without a CUDA device). The in-process rollout engine keeps its own copy on the CPU; the weights pushed to it are copied across."""
     precision: Literal["fp32", "bf16"] = "fp32"

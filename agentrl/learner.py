@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from agentrl.dist import DataParallel, total_norm
 from agentrl.lora import is_peft
 from agentrl.prefix_share import prefix_share_supported, prefix_shared_logprobs
 
@@ -75,11 +76,34 @@ def token_logprobs_values(model: Any, value_head: torch.nn.Module, input_ids: to
         after token t (context `input_ids[:, :t+1]`). The value of the state in which token t
         was sampled is `values_after[:, t-1]` (see `values_before`).
     """
-    out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+    out, h = _forward_last_hidden(model, input_ids, attention_mask)
     with full_precision(out.logits):  # under bf16 autocast: logprobs and values in float32
         logp, ent = _logp_entropy(out.logits, input_ids, temperature, with_entropy, entropy_grad)
-        h = out.hidden_states[-1].float()
-        return logp, ent, value_head(h).squeeze(-1)
+        return logp, ent, value_head(h.float()).squeeze(-1)
+
+
+def _forward_last_hidden(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor
+                         ) -> tuple[Any, torch.Tensor]:
+    """The model's output and its decoder's last hidden state (B, T, H), after the final norm,
+    from a forward hook on the decoder (`get_decoder()`). Not `output_hidden_states`: the
+    transformers output recorder keys its hooks by model class, and FSDP2 swaps the classes
+    of sharded modules (the hidden states then come back None)."""
+    base = model.get_base_model() if is_peft(model) else model
+    decoder = base.get_decoder() if hasattr(base, "get_decoder") else None
+    if decoder is None or decoder is base:
+        out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+        return out, out.hidden_states[-1]
+    seen: list[torch.Tensor] = []
+
+    def keep(_m: Any, _a: Any, o: Any) -> None:
+        seen.append(o.last_hidden_state if hasattr(o, "last_hidden_state") else o[0])
+
+    hook = decoder.register_forward_hook(keep)
+    try:
+        out = model(input_ids=input_ids, attention_mask=attention_mask)
+    finally:
+        hook.remove()
+    return out, seen[-1]
 
 
 def full_precision(t: torch.Tensor) -> contextlib.AbstractContextManager[Any]:
@@ -90,6 +114,13 @@ def full_precision(t: torch.Tensor) -> contextlib.AbstractContextManager[Any]:
         return torch.autocast(dev, enabled=False)
     return contextlib.nullcontext()
 
+
+SUMMED_METRICS = frozenset({"loss", "pg_loss", "vf_loss", "kl"})
+"""Loss metrics that are a micro-batch's share of its minibatch's value (normalised by the
+minibatch's counts, as the losses are): `Learner.update` adds them up over micro-batches (and
+ranks), then averages them over optimizer steps. Other metrics are micro-batch means, averaged
+weighted by agent tokens (then over steps); `*_min` and `*_max` metrics are the minimum and
+maximum over the whole update."""
 
 PRECISIONS = ("fp32", "bf16")
 """`Learner(precision=)` / `train.precision` values."""
@@ -296,7 +327,8 @@ class Learner:
                  prefix_share: bool = True, compile: bool = False, skip_zero_advantage: bool = True,
                  lr_schedule: Callable[[int], float] | None = None,
                  device: str | torch.device | None = None, precision: str = "fp32",
-                 gradient_checkpointing: bool = False, max_nonfinite_steps: int | None = None):
+                 gradient_checkpointing: bool = False, max_nonfinite_steps: int | None = None,
+                 dp: DataParallel | None = None):
         if precision not in PRECISIONS:
             raise ValueError(f"precision={precision!r}; allowed: {', '.join(PRECISIONS)}")
         if device is not None:
@@ -321,18 +353,25 @@ class Learner:
             torch.nn.init.zeros_(self.value_head.weight)
             torch.nn.init.zeros_(self.value_head.bias)
         self.algo_state: dict[str, Any] = {}
-        self.prefix_share = prefix_share
-        self.compile = compile
+        self.dp = dp
+        self.prefix_share = prefix_share and dp is None  # ranks: the plain transformers forward
+        self.compile = compile and dp is None
         self.skip_zero_advantage = skip_zero_advantage
         self._share_ok = prefix_share_supported(model)
-        self.optimizer, self.fused = make_adamw(self._params(), lr=lr, weight_decay=weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_schedule or (lambda _: 1.0))
         self.ref_model = None
         self.lora = is_peft(model)  # LoRA: the reference is the base with adapters disabled
         if use_ref and not self.lora:
             self.ref_model = copy.deepcopy(model).eval()
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
+        if dp is not None:  # FSDP2: parameters become DTensor shards before the optimizer sees them
+            from agentrl.dist import shard
+
+            for m in (self.model, self.ref_model, self.value_head):
+                if m is not None:
+                    shard(m, device=self.device)
+        self.optimizer, self.fused = make_adamw(self._params(), lr=lr, weight_decay=weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_schedule or (lambda _: 1.0))
         self.optimizer_steps = 0
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -341,6 +380,18 @@ class Learner:
         if self.precision == "bf16":
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
+
+    @property
+    def lr(self) -> float:
+        """The learning rate of the next optimizer step."""
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def state_dict_for_engines(self) -> dict[str, torch.Tensor]:
+        """The policy's weights under the plain model's names, LoRA merged
+        (`agentrl.lora.merged_state_dict`), for `update_weights` of the engines."""
+        from agentrl.lora import merged_state_dict
+
+        return merged_state_dict(self.model)
 
     @property
     def static_ok(self) -> bool:
@@ -364,15 +415,30 @@ class Learner:
         home = batch["loss_mask"].device
         batch = _to(batch, self.device)
         out = torch.zeros_like(batch["loss_mask"])
-        B = batch["input_ids"].shape[0]
-        for s in range(0, B, self.micro_batch_size):
-            idx = torch.arange(s, min(B, s + self.micro_batch_size), device=self.device)
+        for idx, real in self._row_chunks(batch["input_ids"].shape[0]):
             sub = _slice(batch, idx)
             with self.autocast():
                 lp, _ = token_logprobs(model, sub["input_ids"], sub["attention_mask"],
                                        temperature=self.temperature)
-            out[idx, : lp.shape[1]] = lp
+            if real:
+                out[idx, : lp.shape[1]] = lp
+        if self.dp is not None:  # every rank filled its rows, the others are 0
+            self.dp.all_sum(out)
         return out.to(home)
+
+    def _row_chunks(self, B: int) -> list[tuple[torch.Tensor, bool]]:
+        """Micro-batches of rows for a no-grad pass over a (B, ...) batch: (row indices on the
+        learner's device, real). In-process every row, in chunks of `micro_batch_size`; on a
+        rank its dealt rows (`DataParallel.my_units`), padded with dummy chunks (row 0, real
+        False: run for the collectives, discarded) to the same count on every rank."""
+        rows = torch.arange(B)
+        if self.dp is not None:
+            rows = self.dp.my_units(rows)
+        chunks = [(c.to(self.device), True) for c in torch.split(rows, self.micro_batch_size) if len(c)]
+        if self.dp is not None and B:
+            n = self.dp.micro_count(B, self.micro_batch_size)
+            chunks += [(torch.zeros(1, dtype=torch.long, device=self.device), False)] * (n - len(chunks))
+        return chunks
 
     @torch.no_grad()
     def logprobs_and_values(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor,
@@ -394,16 +460,18 @@ class Learner:
         batch = _to(batch, self.device)
         mask = batch["loss_mask"]
         logp, values, after = torch.zeros_like(mask), torch.zeros_like(mask), torch.zeros_like(mask)
-        B = batch["input_ids"].shape[0]
-        for s in range(0, B, self.micro_batch_size):
-            idx = torch.arange(s, min(B, s + self.micro_batch_size), device=self.device)
+        for idx, real in self._row_chunks(batch["input_ids"].shape[0]):
             sub = _slice(batch, idx)
             with self.autocast():
                 lp, _, va = token_logprobs_values(self.model, self.value_head, sub["input_ids"],
                                                   sub["attention_mask"], temperature=self.temperature)
-            logp[idx, : lp.shape[1]] = lp
-            values[idx, : lp.shape[1]] = values_before(va)
-            after[idx, : lp.shape[1]] = va
+            if real:
+                logp[idx, : lp.shape[1]] = lp
+                values[idx, : lp.shape[1]] = values_before(va)
+                after[idx, : lp.shape[1]] = va
+        if self.dp is not None:
+            for t in (logp, values, after):
+                self.dp.all_sum(t)
         pos = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
         last = torch.where(mask != 0, pos, -1).max(dim=1).values  # last agent token, -1: none
         last_values = torch.where(last >= 0, after.gather(1, last.clamp(min=0)[:, None])[:, 0], 0.0)
@@ -431,7 +499,8 @@ class Learner:
         With a value head the loss gets `values=` (B, T) V(s_t) with gradient.
 
         Returns:
-            metrics averaged over optimizer steps (`loss/*`, `grad_norm`, ...); {} for an
+            metrics averaged over optimizer steps (`loss/*`, `grad_norm`, ...; how micro-batches
+            and ranks combine: `SUMMED_METRICS`); {} for an
             empty batch (no optimizer step). `grad_norm` is the mean over the steps taken;
             `skipped_nonfinite` counts the steps skipped for a NaN/inf gradient norm.
 
@@ -461,8 +530,12 @@ class Learner:
         idle = self._idle_rows(batch, algo, cfg)  # (B,) bool or None
         batch = _to(batch, self.device)  # the caller's batch keeps its tensors where they are
         gen = torch.Generator().manual_seed(seed)
-        sums: dict[str, float] = {}
+        sums: dict[str, float] = {}  # additive over micro-batches (and, on ranks, over ranks)
+        lows: dict[str, float] = {}  # `*_min` metrics: the minimum over micro-batches
+        highs: dict[str, float] = {}  # `*_max` metrics: the maximum
+        gn_sum = 0.0  # global gradient norms of the steps taken
         n_steps = n_idle = n_skipped = 0
+        world = self.dp.world if self.dp is not None else 1
         for _ in range(epochs):
             n_units = B // unit
             perm = torch.randperm(n_units, generator=gen) if minibatches > 1 else torch.arange(n_units)
@@ -475,8 +548,9 @@ class Learner:
                 if len(fwd) == 0:  # all idle: one row still runs, so the loss metrics exist
                     fwd = mb[:1]
                 n_idle += len(mb) - len(fwd)
+                fwd_tokens = float(batch["loss_mask"][fwd].sum())
                 self.optimizer.zero_grad(set_to_none=True)
-                for micro in torch.split(fwd, micro_rows):
+                for micro, real in self._micro_batches(fwd, unit, micro_rows):
                     sub = _slice(batch, micro)
                     sub["max_len"] = batch["input_ids"].shape[1]
                     kw: dict[str, Any] = {}
@@ -498,25 +572,34 @@ class Learner:
                                                        with_entropy=True, entropy_grad=ent_grad)
                     if single:
                         sub["old_logprobs"] = logp.detach()
-                        if "sampler_logprobs" in sub:
-                            mism[0] += float(((logp.detach() - sub["sampler_logprobs"]).abs()
-                                              * sub["loss_mask"]).sum())
-                            mism[1] += float(sub["loss_mask"].sum())
                     loss, m = algo.loss(logp, sub, cfg, num_tokens=max(num_tokens, 1.0),
                                         num_seqs=len(mb), entropy=ent, **kw)
-                    loss.backward()
-                    w = len(micro) / len(fwd)  # weight of per-micro-batch means
+                    # ranks: FSDP averages the gradient over ranks, the loss is a share of the sum
+                    (loss * (world if real else 0.0)).backward()
+                    if not real:  # a dummy micro-batch (collectives only): no metrics
+                        continue
+                    if single and "sampler_logprobs" in sub:
+                        mism[0] += float(((logp.detach() - sub["sampler_logprobs"]).abs()
+                                          * sub["loss_mask"]).sum())
+                        mism[1] += float(sub["loss_mask"].sum())
                     mask = sub["loss_mask"]
+                    # weight of a micro-batch's means: its share of the forwarded agent tokens
+                    w = float(mask.sum()) / fwd_tokens if fwd_tokens > 0 else len(micro) / len(fwd)
                     m["entropy"] = float((ent.detach() * mask).sum() / mask.sum().clamp(min=1))
+                    m["loss"] = float(loss.detach())
                     for k, v in m.items():
-                        sums[k] = sums.get(k, 0.0) + float(v) * w
-                    # the loss is already normalised by the minibatch's counts: micro losses add up
-                    sums["loss"] = sums.get("loss", 0.0) + float(loss.detach())
+                        v = float(v)
+                        if k.endswith("_min"):
+                            lows[k] = min(lows.get(k, math.inf), v)
+                        elif k.endswith("_max"):
+                            highs[k] = max(highs.get(k, -math.inf), v)
+                        else:  # shares of the minibatch's loss terms add up; means are weighted
+                            sums[k] = sums.get(k, 0.0) + v * (1.0 if k in SUMMED_METRICS else w)
                 if len(fwd) < len(mb):  # idle rows' gradient is exactly 0: AdamW still steps
                     for p in self._params():
                         if p.grad is None:
                             p.grad = torch.zeros_like(p)
-                gn = float(torch.nn.utils.clip_grad_norm_(self._params(), self.grad_clip))
+                gn = total_norm(torch.nn.utils.clip_grad_norm_(self._params(), self.grad_clip))
                 n_steps += 1
                 if not math.isfinite(gn):  # NaN/inf: no step (weights, AdamW state, lr as before)
                     self.optimizer.zero_grad(set_to_none=True)
@@ -532,20 +615,40 @@ class Learner:
                             "logprobs, or lower train.lr")
                     continue
                 self.nonfinite_streak = 0
-                sums["grad_norm"] = sums.get("grad_norm", 0.0) + gn
+                gn_sum += gn
                 self.optimizer.step()
                 self.scheduler.step()
                 self.optimizer_steps += 1
+        if self.dp is not None:  # every rank's micro-batch sums (a rank may have had none)
+            tot = self.dp.reduce_floats({**sums, "__mism_abs": mism[0], "__mism_n": mism[1]})
+            mism = [tot.pop("__mism_abs", 0.0), tot.pop("__mism_n", 0.0)]
+            sums = tot
+            lows, highs = self.dp.reduce_floats(lows, "min"), self.dp.reduce_floats(highs, "max")
         out = {k: v / max(n_steps, 1) for k, v in sums.items()}
+        out.update(lows)
+        out.update(highs)
         if n_steps:  # the mean gradient norm of the steps taken (NaN: none was)
-            out["grad_norm"] = (sums["grad_norm"] / (n_steps - n_skipped) if n_skipped < n_steps
-                                else math.nan)
+            out["grad_norm"] = gn_sum / (n_steps - n_skipped) if n_skipped < n_steps else math.nan
             out["skipped_nonfinite"] = float(n_skipped)
         if idle is not None and n_steps:
             out["skipped_rows_frac"] = n_idle / max(1, B * epochs)
         if mism[1] > 0:
             out["logp_mismatch"] = mism[0] / mism[1]
         return out
+
+    def _micro_batches(self, fwd: torch.Tensor, unit: int, micro_rows: int
+                       ) -> list[tuple[torch.Tensor, bool]]:
+        """The micro-batches (row indices, real) of a minibatch's forward rows `fwd` (whole
+        units of `unit` rows, `micro_rows` rows per micro-batch). In-process: `fwd` in
+        chunks. On a rank: its dealt units, chunked, then dummy micro-batches (the first unit,
+        real False: backward with weight 0) up to the count every rank runs."""
+        if self.dp is None:
+            return [(m, True) for m in torch.split(fwd, micro_rows)]
+        units = fwd.view(-1, unit)
+        mine = self.dp.my_units(units).flatten()
+        chunks = [(m, True) for m in torch.split(mine, micro_rows) if len(m)]
+        n = self.dp.micro_count(len(units), micro_rows // unit)
+        return chunks + [(fwd[:unit], False)] * (n - len(chunks))
 
     def compile_note(self) -> str:
         """One line on what `compile=True` will do for this learner ("" when it is off): that
@@ -656,6 +759,9 @@ class Learner:
         if (path / "algo_state.pt").exists():
             self.algo_state = torch.load(path / "algo_state.pt", weights_only=False)
         st = torch.load(path / "trainer_state.pt", weights_only=False, map_location="cpu")
+        if "optimizer" not in st:  # written by learner ranks (train.learner_workers >= 1)
+            self._load_sharded(path)
+            st["optimizer"] = self.optimizer.state_dict()
         self.optimizer.load_state_dict(st["optimizer"])
         for g in self.optimizer.param_groups:  # this learner's kernel, whichever wrote the state
             g["fused"], g["foreach"] = (True, None) if self.fused else (None, g.get("foreach"))
@@ -673,6 +779,36 @@ class Learner:
         if self.ref_model is not None and (path / "ref_model.pt").exists():
             self.ref_model.load_state_dict(torch.load(path / "ref_model.pt", map_location="cpu"))
         return json.loads((path / "agentrl_state.json").read_text())
+
+    def _load_sharded(self, path: Path) -> None:
+        """Model, value-head, optimizer and reference state from the DCP checkpoint of learner
+        ranks (`path`/dcp, `agentrl.learner_rank.LearnerRank.save`), into this unsharded
+        in-process learner (DCP without a process group). The RNG states stay as `load` sets
+        them (the driver's)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import (
+            get_model_state_dict,
+            get_state_dict,
+            set_model_state_dict,
+            set_state_dict,
+        )
+
+        if not (path / "dcp").is_dir():
+            raise ValueError(f"{path}: no optimizer state (trainer_state.pt has none and there is "
+                             "no dcp/ directory of learner ranks)")
+        mods: dict[str, torch.nn.Module] = {"policy": self.model}
+        if self.value_head is not None:
+            mods["value_head"] = self.value_head
+        container = torch.nn.ModuleDict(mods)
+        msd, osd = get_state_dict(container, self.optimizer)
+        state: dict[str, Any] = {"model": msd, "optim": osd}
+        if self.ref_model is not None:
+            state["ref"] = get_model_state_dict(self.ref_model)
+        dcp.load(state, checkpoint_id=str(path / "dcp"), no_dist=True)
+        set_state_dict(container, self.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+        if self.ref_model is not None:
+            set_model_state_dict(self.ref_model, state["ref"])
 
 
 def latest_checkpoint(out_dir: str | Path) -> Path | None:

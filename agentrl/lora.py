@@ -92,6 +92,30 @@ def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
     return out
 
 
+def merge_lora_state(state: dict[str, torch.Tensor], inner: Any) -> dict[str, torch.Tensor]:
+    """`merged_state_dict` from a full state dict of a PEFT model's base (`inner`, the
+    `get_base_model()` module, whose LoRA layers give the scalings): every LoRA layer's weight
+    becomes `W + scaling * B @ A` (transposed for `fan_in_fan_out` layers), the adapter tensors
+    are dropped and `.base_layer.` leaves the names. For gathered weights of a sharded model
+    (`agentrl.learner_rank`), where the module's own tensors are shards."""
+    from peft.tuners.lora import LoraLayer
+
+    out = {k.replace(".base_layer.", "."): v for k, v in state.items() if ".lora_" not in k}
+    for name, layer in inner.named_modules():
+        if not isinstance(layer, LoraLayer):
+            continue
+        w = state[f"{name}.base_layer.weight"]
+        for a in layer.active_adapters:
+            if a not in layer.lora_A:
+                continue
+            delta = state[f"{name}.lora_B.{a}.weight"] @ state[f"{name}.lora_A.{a}.weight"]
+            if getattr(layer, "fan_in_fan_out", False):
+                delta = delta.T
+            w = w + (delta * layer.scaling[a]).to(w.dtype)
+        out[f"{name}.weight"] = w
+    return out
+
+
 def plain_copy(model: Any) -> Any:
     """A plain transformers model with the policy's (merged) weights, for the engine."""
     if not is_peft(model):

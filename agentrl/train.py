@@ -1,4 +1,5 @@
-"""The training loop, read top to bottom in `train`, each stage a function:
+"""The training loop, read top to bottom in `train` (then `_evaluate_train_evaluate`), each
+stage a function:
 
     set up -> the policy (resume, a given path, or the embedded model) -> warm start (SFT)
     -> the engine, learner and env sets -> evaluate
@@ -6,7 +7,8 @@
                    -> checkpoint
     evaluate -> summary
 
-Everything runs in this process when `rollout.num_workers=0` (a breakpoint works anywhere).
+Everything runs in this process when `rollout.num_workers=0` and `train.learner_workers=0` (a
+breakpoint works anywhere); the learner is `agentrl.learner_group.make_learner`'s.
 The pieces of a run are built by `agentrl.run`; the warm start is `agentrl.sft.warm_start`.
 """
 
@@ -198,21 +200,11 @@ def build_loop(cfg: Config, algo: Any, out: Path, model: Any, tok: Any, renderer
                ck: Path | None, say: Callable[[str], None]) -> Loop:
     """The engine (current weights), the learner (loaded from `ck` on resume), the env sets
     with their shared reward wrappers, the held-out envs and the metrics log."""
-    from agentrl.algos import needs_reference
-    from agentrl.learner import Learner
+    from agentrl.learner_group import make_learner
     from agentrl.lora import merged_state_dict
 
     engine = make_engine(cfg, model, tok, out)
-    learner = Learner(model, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay,
-                      grad_clip=cfg.train.grad_clip, temperature=cfg.rollout.temperature,
-                      micro_batch_size=cfg.train.micro_batch_size,
-                      prefix_share=cfg.train.prefix_share, compile=cfg.train.compile,
-                      skip_zero_advantage=cfg.train.skip_zero_advantage,
-                      use_ref=needs_reference(algo, cfg.algo),
-                      value_head=getattr(algo, "VALUE_HEAD", False), lr_schedule=lr_schedule(cfg),
-                      device=cfg.train.device, precision=cfg.train.precision,
-                      gradient_checkpointing=cfg.train.gradient_checkpointing,
-                      max_nonfinite_steps=cfg.train.max_nonfinite_steps)
+    learner = make_learner(cfg, algo, model, lr_schedule(cfg))
     for note in (learner.compile_note(), rollout_compile_note(cfg, engine)):
         if note:
             say(f"[compile] {note}")
@@ -268,13 +260,12 @@ def evaluate(lp: Loop, tag: str) -> dict[str, float]:
     OUT/eval/<tag>, as `agentrl eval` writes): in async mode the engine may still hold an
     older version (a push is applied only when an actor starts its next batch)."""
     from agentrl.eval.harness import evaluate_heldout, training_metrics
-    from agentrl.lora import merged_state_dict
 
     t0 = time.perf_counter()
     engine = lp.engine
     with lp.lock:
         if held_version(lp) < lp.version:
-            engine.update_weights(merged_state_dict(lp.model), lp.version)
+            engine.update_weights(lp.learner.state_dict_for_engines(), lp.version)
         remote = (lambda sp, p, s: engine.run(sp, p, seed=s, split="heldout")) if hasattr(engine, "run") else None
         r = training_metrics(evaluate_heldout(None if remote else engine, lp.renderer, lp.eval_envs, lp.cfg,
                                               lp.pool, rollout=remote, out_dir=lp.out / "eval" / tag))
@@ -394,20 +385,23 @@ def update(lp: Loop, trajs: list[Trajectory], step: int, m: dict[str, float]) ->
                f"non-finite gradient norm (loss/skipped_nonfinite; {learner.nonfinite_streak} in a row, "
                f"the run stops at train.max_nonfinite_steps={cfg.train.max_nonfinite_steps})")
     m.update({f"loss/{k}": v for k, v in upd.items()})
-    m["loss/lr"] = float(learner.optimizer.param_groups[0]["lr"])  # the lr of the next step
+    m["loss/lr"] = learner.lr  # the lr of the next step
     m["perf/update_s"] = time.perf_counter() - t0
+    m["perf/update_tokens"] = float(batch["attention_mask"].sum())  # tokens the update forwarded
     return trajs
 
 
 def sync(lp: Loop, source: Any, step: int, m: dict[str, float]) -> None:
     """Bump the policy version and push the new weights to the engine (every step in sync
-    mode, every `rollout.sync_every` steps in async mode)."""
-    from agentrl.lora import merged_state_dict
+    mode, every `rollout.sync_every` steps in async mode); `perf/sync_s` seconds (gathering
+    from learner ranks included) and `perf/sync_mb` MiB per push."""
 
     t0 = time.perf_counter()
     lp.version += 1
     if lp.cfg.rollout.mode == "sync" or (step + 1 - lp.start_step) % lp.cfg.rollout.sync_every == 0:
-        source.push_weights(merged_state_dict(lp.model), lp.version)
+        sd = lp.learner.state_dict_for_engines()
+        source.push_weights(sd, lp.version)
+        m["perf/sync_mb"] = sum(v.numel() * v.element_size() for v in sd.values()) / 2**20
     m["perf/sync_s"] = time.perf_counter() - t0
 
 
@@ -485,7 +479,6 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
     Raises:
         ValueError: a configuration that cannot run (e.g. unknown env), before any work.
     """
-    from agentrl.learner import latest_checkpoint
     from agentrl.lora import wrap_lora
     from agentrl.sft import warm_start
 
@@ -507,6 +500,20 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
                           target_modules=cfg.model.lora_target_modules, seed=cfg.seed,
                           base_path=out / "sft_model" if sft_info else path)
     lp = build_loop(cfg, algo, out, model, tok, renderer, ck, say)
+    try:
+        return _evaluate_train_evaluate(lp, ck, sft_info, timings, console)
+    finally:  # learner ranks (Ray actors) are stopped whatever happened
+        if hasattr(lp.learner, "shutdown"):
+            lp.learner.shutdown()
+
+
+def _evaluate_train_evaluate(lp: Loop, ck: Path | None, sft_info: dict[str, Any],
+                             timings: dict[str, float], console: Any) -> dict[str, Any]:
+    """The rest of `train`: evaluate, the RL loop, the final checkpoint, evaluation and the
+    summary."""
+    from agentrl.learner import latest_checkpoint
+
+    cfg, out, say = lp.cfg, lp.out, lp.say
     before = evaluate_before(lp, resumed=ck is not None)
 
     # 2) the RL loop

@@ -1,13 +1,13 @@
 """Learning, not speed: TRL's GRPOTrainer vs agentrl on the main job, same wall-clock budget.
 
     pip install -e '.[bench,log]'                  # TRL (trl>=1.16); matplotlib (log extra) for the PNG
-    python benchmarks/learning_vs_trl.py           # 420 s of training per side, a checkpoint every 60 s
+    python benchmarks/learning_vs_trl.py           # 360 s of training per side, a checkpoint every 30 s
     python benchmarks/learning_vs_trl.py --budget-s 40 --every-s 20 --eval-tasks 16   # smoke run
     python benchmarks/learning_vs_trl.py --reuse   # re-evaluate / re-plot the runs already in --work
 
-About 40 minutes with the defaults on 2 cores: the warm start (~4 min, once; reused from
-`--work` afterwards), 2 x (420 s + set-up), then about 17 evaluations of 256 tasks x 4
-samples (~40 s each). Nothing else should run on the machine meanwhile (the figure is wall time).
+About 25 minutes with the defaults on 2 cores (1506 s measured): the warm start (~3 min, once;
+reused from `--work` afterwards), 2 x (360 s + set-up), then 25 evaluations of 256 tasks x 4
+samples (~25 s each). Nothing else should run on the machine meanwhile (the figure is wall time).
 
 What it does (benchmarks/README.md has the settings table):
 
@@ -314,8 +314,8 @@ def plot(curves: dict[str, list[dict[str, Any]]], v: dict[str, Any], path: Path,
 # -- main ---------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--budget-s", type=float, default=420, help="training wall seconds per side")
-    ap.add_argument("--every-s", type=float, default=60, help="checkpoint interval, training wall seconds")
+    ap.add_argument("--budget-s", type=float, default=360, help="training wall seconds per side")
+    ap.add_argument("--every-s", type=float, default=30, help="checkpoint interval, training wall seconds")
     ap.add_argument("--eval-tasks", type=int, default=None,
                     help="held-out tasks per evaluation (default: the run's train.eval_tasks, 256)")
     ap.add_argument("--eval-samples", type=int, default=None,

@@ -1,0 +1,112 @@
+"""Data parallelism for the learner: which rows a rank trains on, FSDP2 sharding, and the
+few collectives the update needs (gloo on CPU, NCCL on CUDA; `torch.distributed`).
+
+A `DataParallel` is handed to `agentrl.learner.Learner(dp=...)` by a learner rank
+(`agentrl.learner_rank`). Every rank receives the whole batch; within each minibatch the rows
+(units of rows for DPO pairs) that the forward needs are dealt round-robin, unit k to rank
+k mod world, and every rank runs the same number of micro-batches (a rank with fewer rows runs
+a weight-0 dummy micro-batch, so the FSDP all-gathers and reduce-scatters match). The loss is
+normalised by the counts of the whole minibatch (tokens, sequences), never per rank (case L2
+across ranks): each rank's loss is its share of the global token-mean, and FSDP's gradient
+reduce-scatter averages over ranks, so the loss is multiplied by `world` before `backward`
+to make the reduced gradient the sum of the shares, i.e. the single-process gradient.
+
+Sharding follows torchtitan's `parallelize`: `fully_shard` on every decoder layer (the
+model's `_no_split_modules` classes), then on the root.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class DataParallel:
+    """This process's place in the learner's process group: `rank` of `world` ranks."""
+
+    rank: int
+    world: int
+
+    def my_units(self, units: torch.Tensor) -> torch.Tensor:
+        """(n,) unit indices -> this rank's: units k with k mod world == rank, in order."""
+        return units[self.rank :: self.world]
+
+    def micro_count(self, n_units: int, micro_units: int) -> int:
+        """Micro-batches every rank runs for `n_units` units dealt round-robin, `micro_units`
+        per micro-batch: those of rank 0, which gets the most (`ceil(ceil(n / world) / m)`)."""
+        per_rank = -(-n_units // self.world)
+        return -(-per_rank // max(1, micro_units))
+
+    def all_sum(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum of `t` over the ranks (in place; returned), on CPU for gloo."""
+        dev = t.device
+        x = t if dist.get_backend() != "gloo" else t.cpu()
+        dist.all_reduce(x, op=dist.ReduceOp.SUM)
+        if x is not t:
+            t.copy_(x.to(dev))
+        return t
+
+    def reduce_floats(self, values: dict[str, float], op: str = "sum") -> dict[str, float]:
+        """Each key's sum (`op="sum"`), minimum or maximum over the ranks. Ranks may pass
+        different keys: the union is reduced, a key a rank lacks counting as the identity of
+        `op` there (0, +inf, -inf)."""
+        keys: list[list[str]] = [[] for _ in range(self.world)]
+        dist.all_gather_object(keys, sorted(values))
+        names = sorted({k for ks in keys for k in ks})
+        if not names:
+            return {}
+        fill = {"sum": 0.0, "min": math.inf, "max": -math.inf}[op]
+        t = torch.tensor([float(values.get(k, fill)) for k in names], dtype=torch.float64)
+        if op == "sum":
+            self.all_sum(t)
+        else:
+            dist.all_reduce(t, op=dist.ReduceOp.MIN if op == "min" else dist.ReduceOp.MAX)
+        return dict(zip(names, t.tolist()))
+
+
+def total_norm(norm: Any) -> float:
+    """The float of a gradient norm returned by `clip_grad_norm_` (a DTensor for sharded
+    parameters: its full value, the global norm over every rank's shards)."""
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    return float(norm)
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's decoder layers: modules whose class is in `_no_split_modules` of the
+    (PEFT-unwrapped) transformers model, e.g. `Qwen2DecoderLayer`; [] when it names none."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    names = set(getattr(base, "_no_split_modules", None) or [])
+    return [m for m in model.modules() if type(m).__name__ in names]
+
+
+def shard(module: torch.nn.Module, *, device: torch.device | None = None) -> torch.nn.Module:
+    """FSDP2 `fully_shard` of every decoder layer, then of the root, over the default process
+    group (the module's parameters become DTensors sharded on dim 0). Returns the module."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    dev = device or next(module.parameters()).device
+    mesh = init_device_mesh(dev.type, (dist.get_world_size(),))
+    for layer in decoder_layers(module):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(module, mesh=mesh)
+    return module
+
+
+def full_state_dict(module: torch.nn.Module, *, keep: bool) -> dict[str, torch.Tensor]:
+    """The module's state dict with every sharded tensor gathered, one tensor at a time (each
+    rank must call it: the gathers are collectives); the full tensors are kept, on CPU, only
+    where `keep` (rank 0), so no rank holds more than one full copy. {} where not `keep`."""
+    out: dict[str, torch.Tensor] = {}
+    for k, v in module.state_dict().items():
+        full = v.full_tensor() if hasattr(v, "full_tensor") else v
+        if keep:
+            out[k] = full.detach().to("cpu", copy=True)
+        del full
+    return out

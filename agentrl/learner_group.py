@@ -1,0 +1,266 @@
+"""The learner as seen by the training loop: one object, in-process or N ranks.
+
+    make_learner(cfg, model, ...) ─ train.learner_workers = 0 ─▶ Learner (this process)
+                                  └ N >= 1 ─▶ LearnerGroup ── Ray placement group, N bundles
+                                               │   (train.learner_cpus / learner_gpus each)
+                                               ├─ LearnerRank 0 ─┐ torch.distributed
+                                               └─ LearnerRank N-1┘ (gloo / NCCL), FSDP2
+
+Both answer the same calls: `update(batch, algo, cfg, ...) -> metrics`, `logprobs(batch,
+ref=)`, `logprobs_and_values(batch)`, `state_dict_for_engines()`, `save(dir, tok, extra)`,
+`load(dir)`, `lr`, `algo_state`, `nonfinite_streak`. The group sends each call to every rank
+(the batch once, through the object store) and returns rank 0's answer; the loop does not
+know how many ranks there are.
+
+Checkpoints of a group (`save`): the consolidated Hugging Face export of the policy (the
+driver's copy of the model with the gathered weights: `save_pretrained`, safetensors; LoRA:
+the adapters), the tokenizer, the sharded state of every rank under DIR/dcp (model,
+optimizer, value head, reference; `torch.distributed.checkpoint`), and
+DIR/trainer_state.pt (scheduler, step counter, the driver's RNG), DIR/algo_state.pt and
+DIR/agentrl_state.json. It resumes with any `learner_workers` (DCP reshards), 0 included.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from agentrl.learner import Learner
+
+PLACEMENT_TIMEOUT_S = 60.0
+"""Seconds to wait for the learner ranks' placement group before failing with what is free."""
+
+
+def learner_kwargs(cfg: Any, algo: Any, lr_schedule: Any) -> dict[str, Any]:
+    """The `agentrl.learner.Learner` keywords of a run (`train.*`, the algorithm's needs)."""
+    from agentrl.algos import needs_reference
+
+    return dict(lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, grad_clip=cfg.train.grad_clip,
+                temperature=cfg.rollout.temperature, micro_batch_size=cfg.train.micro_batch_size,
+                prefix_share=cfg.train.prefix_share, compile=cfg.train.compile,
+                skip_zero_advantage=cfg.train.skip_zero_advantage,
+                use_ref=needs_reference(algo, cfg.algo), value_head=getattr(algo, "VALUE_HEAD", False),
+                lr_schedule=lr_schedule, device=cfg.train.device, precision=cfg.train.precision,
+                gradient_checkpointing=cfg.train.gradient_checkpointing,
+                max_nonfinite_steps=cfg.train.max_nonfinite_steps)
+
+
+def make_learner(cfg: Any, algo: Any, model: Any, lr_schedule: Any) -> Learner | LearnerGroup:
+    """`Learner` in this process (`train.learner_workers=0`) or a `LearnerGroup` of
+    `train.learner_workers` ranks, both on `model` (the driver's policy)."""
+    kw = learner_kwargs(cfg, algo, lr_schedule)
+    if cfg.train.learner_workers == 0:
+        return Learner(model, **kw)
+    return LearnerGroup(model, kw, algo_name=cfg.algo.name, workers=cfg.train.learner_workers,
+                        cpus=cfg.train.learner_cpus, gpus=cfg.train.learner_gpus,
+                        torch_threads=cfg.train.torch_threads, seed=cfg.seed,
+                        ray_address=cfg.rollout.ray_address)
+
+
+def _unwrap(e: BaseException) -> BaseException:
+    """The exception a rank raised, out of Ray's `RayTaskError` wrapper."""
+    cause = getattr(e, "cause", None)
+    return cause if isinstance(cause, BaseException) else e
+
+
+class LearnerGroup:
+    """`workers` learner ranks as Ray actors in a placement group, one `torch.distributed`
+    rank each; the driver's side of `agentrl.learner_rank.LearnerRank`.
+
+    Args:
+        model: the policy (the driver keeps it as the export copy; each rank gets a copy
+            through the object store and shards it).
+        kwargs: `Learner` keywords (`learner_kwargs`); `device=cuda` puts each rank on its
+            bundle's GPU (`gpus` >= 1).
+        algo_name: the algorithm whose `loss` the ranks run.
+        workers, cpus, gpus: ranks, and CPUs / GPUs reserved per rank (placement-group bundles,
+            packed on as few nodes as possible).
+        torch_threads: torch threads per rank.
+        seed: the ranks' torch / numpy / random seed before the model is sharded.
+        ray_address: join this Ray cluster (None: a local one, or the one already up).
+
+    Raises:
+        ValueError: `workers < 1`.
+    """
+
+    def __init__(self, model: Any, kwargs: dict[str, Any], *, algo_name: str, workers: int,
+                 cpus: float = 1.0, gpus: float = 0.0, torch_threads: int = 1, seed: int = 0,
+                 ray_address: str | None = None) -> None:
+        import ray
+        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from agentrl.cluster import ensure_ray
+        from agentrl.learner_rank import LearnerRank
+
+        if workers < 1:
+            raise ValueError(f"train.learner_workers={workers}: a group needs at least 1 rank")
+        ensure_ray(ray_address)
+        self.model = model  # the driver's copy: the consolidated export is written from it
+        self.algo_name = algo_name
+        self.algo_state: dict[str, Any] = {}
+        self.optimizer_steps = 0
+        self.nonfinite_streak = 0
+        self.value_head = object() if kwargs.get("value_head") else None  # (a flag, as on Learner)
+        bundle: dict[str, float] = {"CPU": float(cpus)}
+        if gpus:
+            bundle["GPU"] = float(gpus)
+        self.pg = placement_group([dict(bundle) for _ in range(workers)], strategy="PACK")
+        try:
+            ray.get(self.pg.ready(), timeout=PLACEMENT_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            remove_placement_group(self.pg)
+            raise RuntimeError(
+                f"train.learner_workers={workers}: {workers} bundles of {bundle} could not be placed "
+                f"in {PLACEMENT_TIMEOUT_S:.0f} s; the Ray cluster has {ray.available_resources()} free. "
+                "Lower train.learner_cpus / train.learner_gpus (fractions are allowed), "
+                "rollout.worker_cpus, or the number of workers") from None
+        actor = ray.remote(LearnerRank)
+        self.ranks = [
+            actor.options(num_cpus=cpus, num_gpus=gpus, max_concurrency=1,
+                          runtime_env={"env_vars": {"OMP_NUM_THREADS": str(torch_threads)}},
+                          scheduling_strategy=PlacementGroupSchedulingStrategy(
+                              placement_group=self.pg, placement_group_bundle_index=r)
+                          ).remote(r, workers, torch_threads)
+            for r in range(workers)]
+        master = ray.get(self.ranks[0].address.remote())
+        ref = ray.put(model)
+        setups = self._all("setup", master, ref, kwargs, seed)
+        self.shard_params = [s["params"] for s in setups]  # parameters held by each rank
+        self._lr = setups[0]["lr"]
+
+    # -- plumbing -----------------------------------------------------------------------------
+    def _all(self, method: str, *args: Any) -> list[Any]:
+        """Call `method` on every rank at once (a collective); their answers in rank order.
+        A rank's exception is raised as itself (NonFiniteGradientError, ValueError, ...)."""
+        import ray
+
+        try:
+            return ray.get([getattr(r, method).remote(*args) for r in self.ranks])
+        except ray.exceptions.RayTaskError as e:
+            raise _unwrap(e) from None
+
+    def _first(self, method: str, *args: Any) -> Any:
+        return self._all(method, *args)[0]
+
+    @property
+    def world(self) -> int:
+        """Number of ranks."""
+        return len(self.ranks)
+
+    # -- the learner interface ----------------------------------------------------------------
+    def update(self, batch: dict[str, Any], algo: Any, cfg: Any, *, epochs: int = 1,
+               minibatches: int = 1, seed: int = 0, on_policy_shortcut: bool = True) -> dict[str, float]:
+        """`Learner.update` over the ranks (see there); the batch goes once to the object
+        store. Raises `NonFiniteGradientError` as the in-process learner does."""
+        import ray
+
+        ref = ray.put(batch)
+        out = self._first("update", ref, self.algo_name, cfg, epochs, minibatches, seed,
+                          on_policy_shortcut)
+        self.optimizer_steps = out["optimizer_steps"]
+        self.nonfinite_streak = out["nonfinite_streak"]
+        self._lr = out["lr"]
+        return out["metrics"]
+
+    def logprobs(self, batch: dict[str, Any], *, ref: bool = False) -> torch.Tensor:
+        """(B, T) logprobs of the policy (or the reference), without gradient."""
+        import ray
+
+        return self._first("logprobs", ray.put(batch), ref)
+
+    def logprobs_and_values(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`Learner.logprobs_and_values` over the ranks: logp (B, T), values (B, T), last (B,)."""
+        import ray
+
+        return self._first("logprobs_and_values", ray.put(batch))
+
+    @property
+    def lr(self) -> float:
+        """The learning rate of the next optimizer step."""
+        return self._lr
+
+    def state_dict_for_engines(self) -> dict[str, torch.Tensor]:
+        """The policy's full weights (plain model names, LoRA merged) on CPU, gathered one
+        tensor at a time on the ranks and returned by rank 0."""
+        return self._first("state_dict_for_engines")
+
+    def compile_note(self) -> str:
+        """Learner ranks run the plain transformers forward: nothing is compiled."""
+        return ""
+
+    def fast_path_notes(self) -> list[str]:
+        """What the ranks do differently from the in-process learner."""
+        return [f"train.learner_workers={self.world}: {self.world} FSDP2 rank(s) run the plain "
+                "transformers forward (no prompt sharing, static decoder or torch.compile)"]
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def save(self, path: str | Path, tokenizer: Any, extra: dict[str, Any]) -> Path:
+        """Write a checkpoint atomically (a temp dir renamed into place; module doc): the
+        consolidated export, the ranks' DCP shards, scheduler / step / RNG, `algo_state`,
+        `extra` (step, policy version)."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        full = self._first("export_state")
+        export = copy.deepcopy(self.model)
+        export.load_state_dict(full["policy"])
+        export.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if "value_head" in full:
+            torch.save(full["value_head"], tmp / "value_head.pt")
+        self._all("save", str(tmp))
+        torch.save({**self._first("trainer_state"), "learner_workers": self.world, "torch_rng": torch.get_rng_state(),
+                    "numpy_rng": np.random.get_state(), "python_rng": random.getstate()},
+                   tmp / "trainer_state.pt")
+        torch.save(self.algo_state, tmp / "algo_state.pt")
+        (tmp / "agentrl_state.json").write_text(json.dumps(extra, indent=1))
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(tmp, path)
+        return path
+
+    def load(self, path: str | Path) -> dict[str, Any]:
+        """Restore a checkpoint written by a group of any size (DCP reshards); returns
+        `extra`.
+
+        Raises:
+            ValueError: the checkpoint was written by the in-process learner
+                (`train.learner_workers=0`: no sharded state; resume it with 0 workers).
+        """
+        path = Path(path)
+        if not (path / "dcp").is_dir():
+            raise ValueError(f"{path} was written by the in-process learner (train.learner_workers=0): "
+                             "it has no sharded state (dcp/) for learner ranks; resume it with "
+                             "train.learner_workers=0")
+        st = torch.load(path / "trainer_state.pt", weights_only=False, map_location="cpu")
+        self._all("load", str(path), st["scheduler"], st["optimizer_steps"])
+        self.optimizer_steps = int(st["optimizer_steps"])
+        self._lr = float(st["scheduler"]["_last_lr"][0])  # LambdaLR's state: the next step's lr
+        torch.set_rng_state(st["torch_rng"])
+        np.random.set_state(st["numpy_rng"])
+        random.setstate(st["python_rng"])
+        if (path / "algo_state.pt").exists():
+            self.algo_state = torch.load(path / "algo_state.pt", weights_only=False)
+        return json.loads((path / "agentrl_state.json").read_text())
+
+    def shutdown(self) -> None:
+        """Stop the ranks and free the placement group."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        try:
+            self._all("shutdown")
+        except Exception:  # noqa: BLE001 - a dead rank: kill below
+            pass
+        for r in self.ranks:
+            ray.kill(r)
+        remove_placement_group(self.pg)
