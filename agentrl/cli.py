@@ -39,10 +39,11 @@ def train(
     wrap: Annotated[Optional[list[str]], typer.Option(help="Reward wrapper to stack (repeatable): judge, safety, curiosity.")] = None,
     ray_address: Annotated[Optional[str], typer.Option(help="Ray cluster to join (rollout.ray_address).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the earlier run in --out (its files only).")] = False,
 ) -> None:
     """Train an agent: `agentrl train --env code_sandbox --algo grpo`."""
-    if resume and not Path(resume).is_dir():
-        _fail(f"--resume: {resume} is not a run directory")
+    if resume and not (Path(resume).is_dir() and (Path(resume) / "config.json").is_file()):
+        _fail(f"--resume: {resume} is not a run directory (no config.json)")
     saved = Path(resume) / "config.json" if resume else None
     base = json.loads(saved.read_text()) if saved is not None and saved.exists() else None
     try:  # resume: the run's saved config, then this command's options on top
@@ -50,7 +51,7 @@ def train(
             "env.name": env, "algo.name": algo, "train.steps": steps, "out": out, "seed": seed,
             "resume": resume, "env.dataset": dataset, "model.path": model,
             "env.wrappers": list(wrap) if wrap else None, "quiet": quiet or None,
-            "rollout.ray_address": ray_address})
+            "rollout.ray_address": ray_address, "overwrite": overwrite or None})
     except ConfigError as e:
         _fail(str(e))
     from agentrl.envs import resolve_env_id
@@ -66,12 +67,18 @@ def train(
     except ValueError as e:
         _fail(f"config error: {e}")
     from agentrl.sandbox.backends import BackendError
+    from agentrl.train import OutError, ResumeError, RunInterrupted
     from agentrl.train import train as run_train
 
     try:
         run_train(cfg, console=console)
+    except RunInterrupted as e:
+        console.print(f"[yellow]{escape(str(e))}[/yellow]")
+        raise typer.Exit(130) from None
     except NonFiniteGradientError as e:
         _fail(f"stopped: {e}")
+    except (OutError, ResumeError) as e:
+        _fail(str(e))
     except BackendError as e:  # no isolated sandbox on this machine: say how to get one
         _fail(f"sandbox: {e}")
 

@@ -215,8 +215,10 @@ class TrainConfig(_Section):
     """Recompute activations in the backward (transformers' `gradient_checkpointing_enable`, non-reentrant) to save memory at about one extra forward's time: the same gradient. The prefix-shared forward then runs without sharing the prompt (transformers drops the cache)."""
     max_nonfinite_steps: int = Field(default=3, ge=1)
     """An optimizer step whose global gradient norm is NaN or infinite is skipped (weights, optimizer state and learning-rate schedule unchanged; counted as `loss/skipped_nonfinite` and logged); this many skipped steps in a row stop the run with an error naming the step."""
-    save_every: int = Field(default=0, ge=0)
-    """Checkpoint every N steps (0: only at the end)."""
+    save_every: int = Field(default=20, ge=0)
+    """Checkpoint every N steps (0: only at the end, and on Ctrl-C / SIGTERM, which always save the last completed step). The default keeps a rolling checkpoint: about 12 MB and 0.1 s per save for the embedded model (weights, AdamW state, reference), 3x the weights in bytes in general (docs/observability.md)."""
+    keep_checkpoints: int = Field(default=2, ge=0)
+    """Keep the newest N checkpoints of the run and delete older ones after each save (0: keep all). `--resume` falls back to an older one when the newest fails its manifest, so keep at least 2."""
     eval_every: int = Field(default=0, ge=0)
     """Evaluate on the held-out split every N steps (0: only before and after training)."""
     eval_tasks: int = Field(default=256, ge=1)
@@ -288,7 +290,9 @@ class Config(_Section):
     out: str = "runs/latest"
     """Output directory (metrics.jsonl, checkpoints/, rollouts/)."""
     resume: str | None = None
-    """Resume from this output directory's latest checkpoint."""
+    """Resume from this output directory's newest intact checkpoint (an error when it has none)."""
+    overwrite: bool = False
+    """A new run into an `out` that is not empty refuses to start unless this is set; then the earlier run's files (and only agentrl's: config.json, metrics, checkpoints, base_model, sft_model, ...) are removed first."""
     quiet: bool = False
     """No progress bar (CI)."""
 

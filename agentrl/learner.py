@@ -25,7 +25,6 @@ import contextlib
 import copy
 import json
 import math
-import os
 import random
 import shutil
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from agentrl.checkpoints import seal
 from agentrl.dist import DataParallel, total_norm
 from agentrl.lora import is_peft
 from agentrl.prefix_share import prefix_share_supported, prefix_shared_logprobs
@@ -713,7 +713,8 @@ class Learner:
 
     # -- checkpoints ----------------------------------------------------------------------------
     def save(self, path: str | Path, tokenizer: Any, extra: dict[str, Any]) -> Path:
-        """Write a checkpoint atomically (a temp dir renamed into place): the policy as a Hugging
+        """Write a checkpoint atomically (a temp dir, fsynced, with a SHA-256 manifest, renamed
+        into place: `agentrl.checkpoints.seal`): the policy as a Hugging
         Face model directory (loads with `AutoModelForCausalLM.from_pretrained`; LoRA: the
         adapters, see `agentrl.lora.load_checkpoint`), optimizer and
         scheduler state, RNG states, the value head (`value_head.pt`, PPO) and `algo_state`
@@ -738,9 +739,7 @@ class Learner:
             torch.save(self.value_head.state_dict(), tmp / "value_head.pt")
         torch.save(self.algo_state, tmp / "algo_state.pt")
         (tmp / "agentrl_state.json").write_text(json.dumps(extra, indent=1))
-        shutil.rmtree(path, ignore_errors=True)
-        os.replace(tmp, path)
-        return path
+        return seal(tmp, path)
 
     def load(self, path: str | Path) -> dict[str, Any]:
         """Restore optimizer, scheduler, RNG and reference state from `save`'s directory (the
@@ -811,12 +810,9 @@ class Learner:
             set_model_state_dict(self.ref_model, state["ref"])
 
 
-def latest_checkpoint(out_dir: str | Path) -> Path | None:
-    """The newest complete `OUT/checkpoints/step_N` (temp dirs of an interrupted save are skipped)."""
-    ck = Path(out_dir) / "checkpoints"
-    if not ck.is_dir():
-        return None
-    done = [p for p in ck.iterdir() if p.name.startswith("step_") and not p.name.endswith(".tmp")
-            and (p / "agentrl_state.json").exists()]
-    return max(done, key=lambda p: int(p.name.split("_")[1]), default=None)
+def latest_checkpoint(out_dir: str | Path, on_skip: Callable[[Path, str], None] | None = None) -> Path | None:
+    """The newest intact `OUT/checkpoints/step_N` (`agentrl.checkpoints.latest_checkpoint`:
+    interrupted saves and checkpoints that fail their manifest are skipped)."""
+    from agentrl.checkpoints import latest_checkpoint as newest
 
+    return newest(out_dir, on_skip)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import random
 import shutil
 from pathlib import Path
@@ -33,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from agentrl.checkpoints import seal
 from agentrl.learner import Learner
 
 PLACEMENT_TIMEOUT_S = 60.0
@@ -224,9 +224,7 @@ class LearnerGroup:
                    tmp / "trainer_state.pt")
         torch.save(self.algo_state, tmp / "algo_state.pt")
         (tmp / "agentrl_state.json").write_text(json.dumps(extra, indent=1))
-        shutil.rmtree(path, ignore_errors=True)
-        os.replace(tmp, path)
-        return path
+        return seal(tmp, path)
 
     def load(self, path: str | Path) -> dict[str, Any]:
         """Restore a checkpoint written by a group of any size (DCP reshards); returns

@@ -161,6 +161,7 @@ def set_up(cfg: Config) -> tuple[Config, Any, Path]:
     Raises:
         ValueError: an unknown env, dynamic sampling with `group_size < 2`, or
             `train.device=cuda` without a CUDA device.
+        OutError: a new run's `out` is not empty (without `overwrite`), a file, or not writable.
     """
     from agentrl.algos import get_algorithm, resolve_config
     from agentrl.learner import resolve_device
@@ -176,23 +177,84 @@ def set_up(cfg: Config) -> tuple[Config, Any, Path]:
         raise ValueError("algo.dynamic_sampling needs algo.group_size >= 2 (singleton groups "
                          "carry no signal and would all be dropped)")
     out = Path(cfg.resume or cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(cfg.model_dump_json(indent=1))
+    if not cfg.resume:
+        from agentrl.checkpoints import check_out
+
+        try:
+            check_out(out, overwrite=cfg.overwrite)
+        except ValueError as e:
+            raise OutError(str(e)) from None
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(cfg.model_dump_json(indent=1))
+    except OSError as e:
+        raise OutError(f"out: cannot write to {out}: {e.strerror or e}") from None
     return cfg, algo, out
 
 
+class OutError(ValueError):
+    """`out` cannot take a new run (not empty, a file): the message says what to do."""
+
+
+class ResumeError(ValueError):
+    """`--resume` found no intact checkpoint to continue from."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C / SIGTERM stopped the run after saving its last completed step."""
+
+
+class StopRequest:
+    """Ctrl-C (SIGINT) and SIGTERM during the RL loop: the first asks the loop to stop after
+    the step in progress (it saves a checkpoint and raises `RunInterrupted`); a second one
+    interrupts at once (`KeyboardInterrupt`, no save). Handlers are installed only in the main
+    thread and restored by `uninstall`."""
+
+    def __init__(self) -> None:
+        self.signal: str | None = None
+        self._old: dict[int, Any] = {}
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        if self.signal is not None:
+            raise KeyboardInterrupt
+        import signal as sig
+
+        self.signal = sig.Signals(signum).name
+
+    def install(self) -> None:
+        """Take over SIGINT and SIGTERM (no-op outside the main thread)."""
+        import signal as sig
+
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for s_ in (sig.SIGINT, sig.SIGTERM):
+            self._old[s_] = sig.signal(s_, self._handle)
+
+    def uninstall(self) -> None:
+        """Restore the previous handlers."""
+        import signal as sig
+
+        for s_, h in self._old.items():
+            sig.signal(s_, h)
+        self._old.clear()
+
+
 def resume_checkpoint(cfg: Config, out: Path, say: Callable[[str], None]) -> Path | None:
-    """The checkpoint to resume from (`cfg.resume`: OUT's latest), or None; a fresh run moves
-    an earlier run's checkpoints in OUT aside (never resumes into them)."""
+    """The checkpoint to resume from with `cfg.resume` (OUT's newest intact one; newer ones
+    that fail their manifest are skipped, each named), or None for a new run.
+
+    Raises:
+        ResumeError: `cfg.resume` is set and OUT has no intact checkpoint.
+    """
     from agentrl.learner import latest_checkpoint
 
-    ck = latest_checkpoint(out) if cfg.resume else None
-    if cfg.resume and ck is None:
-        say(f"[resume] no checkpoint in {out}; starting from scratch")
-    if ck is None and latest_checkpoint(out) is not None:  # never resume into an earlier run's
-        old = out / f"checkpoints.old-{time.strftime('%Y%m%d-%H%M%S')}"
-        (out / "checkpoints").rename(old)
-        say(f"[out] checkpoints of an earlier run in {out} moved to {old}")
+    if not cfg.resume:
+        return None
+    ck = latest_checkpoint(out, on_skip=lambda p, why: say(f"[resume] skipping {p}: {why}"))
+    if ck is None:
+        raise ResumeError(f"--resume {out}: no intact checkpoint to resume from (the run stopped "
+                          "before its first save, or every checkpoint failed its manifest); start it "
+                          f"again with --out {out} --overwrite")
     return ck
 
 
@@ -420,9 +482,13 @@ def log_step(lp: Loop, step: int, m: dict[str, float], trajs: list[Trajectory]) 
 
 
 def checkpoint(lp: Loop, step: int) -> Path:
-    """Save the learner after `step` steps to OUT/checkpoints/step_<step>."""
+    """Save the learner after `step` steps to OUT/checkpoints/step_<step>, then delete all but
+    the newest `train.keep_checkpoints`."""
+    from agentrl.checkpoints import prune
+
     path = lp.out / "checkpoints" / f"step_{step}"
     lp.learner.save(path, lp.tok, {"step": step, "policy_version": lp.version})
+    prune(lp.out, lp.cfg.train.keep_checkpoints)
     return path
 
 
@@ -514,13 +580,18 @@ def _evaluate_train_evaluate(lp: Loop, ck: Path | None, sft_info: dict[str, Any]
     from agentrl.learner import latest_checkpoint
 
     cfg, out, say = lp.cfg, lp.out, lp.say
+    if ck is not None and lp.start_step >= cfg.train.steps and (out / "summary.json").exists():
+        say(f"[resume] {out} finished all {cfg.train.steps} steps already; nothing to do")
+        return json.loads((out / "summary.json").read_text())
     before = evaluate_before(lp, resumed=ck is not None)
 
     # 2) the RL loop
     bar = progress_bar(cfg, console, lp.start_step)
     source = make_source(lp)
     t_loop = time.perf_counter()
+    stop = StopRequest()
     try:  # on any exception (Ctrl-C too) the actor threads are stopped before it propagates
+        stop.install()
         for step in range(lp.start_step, cfg.train.steps):
             m: dict[str, float] = {}
             t0 = time.perf_counter()
@@ -541,7 +612,14 @@ def _evaluate_train_evaluate(lp: Loop, ck: Path | None, sft_info: dict[str, Any]
                 bar[0].update(bar[1], advance=1, info=line)
             elif not cfg.quiet:
                 say(f"[step {step + 1}/{cfg.train.steps}] {line}")
+            if stop.signal is not None:  # Ctrl-C / SIGTERM: keep the step just finished
+                path = out / "checkpoints" / f"step_{step + 1}"
+                if not (cfg.train.save_every and (step + 1) % cfg.train.save_every == 0):
+                    checkpoint(lp, step + 1)
+                raise RunInterrupted(f"[stopped] {stop.signal} after step {step + 1}/{cfg.train.steps}; "
+                                     f"checkpoint {path}; continue with: agentrl train --resume {out}")
     finally:
+        stop.uninstall()
         source.close()
     if bar is not None:
         bar[0].stop()

@@ -34,7 +34,7 @@ def ours_overrides(warm: Path, out: Path, max_steps: int) -> list[str]:
     return [f"model.path={warm / 'sft_model'}", "sft.steps=0", f"train.steps={max_steps}",
             "train.eval_tasks=1", "train.eval_samples=1", "train.eval_every=0", "train.save_every=0",
             "train.log_rollouts_every=0", "log.tensorboard=false", "log.wandb=false", "quiet=true",
-            f"out={out / 'run'}", "resume=null"]
+            f"out={out / 'run'}", "resume=null", "overwrite=true"]
 
 
 def main(argv: list[str] | None = None) -> dict:

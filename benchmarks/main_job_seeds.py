@@ -40,7 +40,7 @@ def run_seed(seed: int, out: Path, overrides: list[str]) -> dict:
     """One main-job run on `seed` in a subprocess; returns its figures."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     cmd = [sys.executable, "-m", "agentrl.cli", "train", "--env", "code_sandbox", "--algo", "grpo",
-           "--out", str(out), "--quiet", f"seed={seed}", *overrides]
+           "--out", str(out), "--overwrite", "--quiet", f"seed={seed}", *overrides]
     t0 = time.perf_counter()
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0

@@ -32,7 +32,7 @@ from agentrl.summary import read_metrics
 ARGS = ["env.name=toy", "sft.steps=0", "rollout.tasks_per_step=2", "algo.group_size=2",
         "train.eval_tasks=2", "train.eval_samples=1", "train.steps=6", "train.log_rollouts_every=1",
         "rollout.max_tokens=24", "env.kwargs={words: [x, the, def, return]}",
-        "algo.kl_coef=0.05", "algo.entropy_coef=0.01", "train.eval_every=2", "quiet=true"]
+        "algo.kl_coef=0.05", "algo.entropy_coef=0.01", "train.eval_every=2", "train.keep_checkpoints=0", "quiet=true"]
 
 
 def _weights(ck: Path) -> dict[str, torch.Tensor]:
@@ -116,16 +116,23 @@ def test_g3_resume_from_step_3_equals_the_uninterrupted_run(uninterrupted, tiny_
         assert mb[s]["loss/loss"] == ma[s]["loss/loss"] and mb[s]["loss/kl"] == ma[s]["loss/kl"]
 
 
-def test_a_fresh_run_never_resumes_into_an_earlier_runs_checkpoints(uninterrupted, tmp_path,
-                                                                    tiny_model_dir):
+def test_a_new_run_into_an_earlier_runs_folder_refuses_and_overwrite_starts_clean(uninterrupted, tmp_path,
+                                                                                   tiny_model_dir):
+    from agentrl.train import OutError
+
     out = tmp_path / "C"
-    shutil.copytree(uninterrupted / "checkpoints", out / "checkpoints")
+    shutil.copytree(uninterrupted, out)
+    rows = (out / "metrics.jsonl").read_text()
     cfg = load_config(None, ARGS + ["train.steps=1", "train.eval_every=0", f"model.path={tiny_model_dir}",
                                     f"out={out}"])
-    train_mod.train(cfg)
+    with pytest.raises(OutError, match="--resume .*--overwrite"):
+        train_mod.train(cfg)
+    assert (out / "metrics.jsonl").read_text() == rows  # nothing of the earlier run was touched
+    assert (out / "checkpoints/step_6").is_dir()
+    train_mod.train(cfg.model_copy(update={"overwrite": True}))
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_1"]
-    [old] = list(out.glob("checkpoints.old-*"))
-    assert (old / "step_6").is_dir()
+    assert _step_rows(out) == [1]  # the earlier run's rows are gone, not mixed in
+    assert sorted(p.name for p in (out / "rollouts").iterdir()) == ["step_1.jsonl"]
 
 
 @pytest.mark.slow

@@ -1,0 +1,155 @@
+"""Run folders and checkpoint integrity.
+
+- A new run never writes into a folder that holds anything (`check_out`): an earlier run is
+  continued with `--resume OUT` or replaced with `--overwrite` (which removes agentrl's own
+  artefacts only, and refuses when anything else is there).
+- A checkpoint is written into a temporary folder, each file fsynced, a `manifest.json` of
+  SHA-256 digests added, then renamed into place (`seal`); `intact` re-hashes it, and
+  `latest_checkpoint` returns the newest intact `OUT/checkpoints/step_N`, naming the ones it
+  skipped (a flipped byte, a truncated file, a missing file).
+- `prune` keeps the newest `keep` checkpoints (`train.keep_checkpoints`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+MANIFEST = "manifest.json"
+
+RUN_ARTEFACTS = ("config.json", "metrics.jsonl", "sft_metrics.jsonl", "summary.json", "eval_before.json",
+                 "checkpoints", "rollouts", "eval", "tb", "base_model", "sft_model", "rollout_model")
+"""What `agentrl train` writes in OUT (`--overwrite` removes these; `checkpoints.old-*` too)."""
+
+
+def _is_artefact(p: Path) -> bool:
+    return p.name in RUN_ARTEFACTS or p.name.startswith("checkpoints.old-") or p.name.endswith(".tmp")
+
+
+def check_out(out: Path, *, overwrite: bool) -> list[str]:
+    """Make `out` ready for a new run (not a resume): it must be absent or empty; with
+    `overwrite`, agentrl's artefacts in it are removed first. Returns the names removed.
+
+    Raises:
+        ValueError: `out` is an existing file; it holds an earlier run or other files (without
+            `overwrite`: the message says `--resume` / `--overwrite`); with `overwrite`, it holds
+            files agentrl did not write (nothing is removed then).
+    """
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"out: {out} is a file, not a folder")
+    if not out.exists():
+        return []
+    items = sorted(out.iterdir())
+    if not items:
+        return []
+    foreign = [p.name for p in items if not _is_artefact(p)]
+    if not overwrite:
+        what = "an earlier run" if (out / "config.json").exists() else "files"
+        raise ValueError(f"out: {out} already holds {what} ({', '.join(p.name for p in items[:6])}"
+                         f"{', ...' if len(items) > 6 else ''}); continue it with --resume {out}, replace "
+                         "it with --overwrite, or choose another --out")
+    if foreign:
+        raise ValueError(f"out: {out} holds files agentrl did not write ({', '.join(foreign[:6])}); "
+                         "--overwrite removes only a run's own files: choose another --out")
+    for p in items:
+        if p.is_dir():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+    return [p.name for p in items]
+
+
+def _digest(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
+
+
+def seal(tmp: Path, final: Path) -> Path:
+    """Finish a checkpoint written in `tmp`: fsync every file, write `manifest.json` (SHA-256
+    and size of each file, relative paths), fsync it and the folder, replace `final` with it
+    (rename) and fsync the parent. Returns `final`."""
+    manifest = {}
+    for p in _files(tmp):
+        with p.open("rb") as f:
+            os.fsync(f.fileno())
+        manifest[str(p.relative_to(tmp))] = {"sha256": _digest(p), "bytes": p.stat().st_size}
+    m = tmp / MANIFEST
+    m.write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    with m.open("rb") as f:
+        os.fsync(f.fileno())
+    _fsync_dir(tmp)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    _fsync_dir(final.parent)
+    return final
+
+
+def _fsync_dir(d: Path) -> None:
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def intact(ck: Path) -> str | None:
+    """None when checkpoint `ck` matches its manifest (or has none: written before manifests),
+    else why not (a missing or unreadable manifest entry, a size or digest mismatch)."""
+    m = ck / MANIFEST
+    if not m.exists():
+        return None
+    try:
+        manifest = json.loads(m.read_text())
+    except (OSError, ValueError) as e:
+        return f"unreadable {MANIFEST}: {e}"
+    for rel, want in manifest.items():
+        p = ck / rel
+        if not p.is_file():
+            return f"{rel} is missing"
+        if p.stat().st_size != want["bytes"]:
+            return f"{rel} has {p.stat().st_size} bytes, the manifest says {want['bytes']}"
+        if _digest(p) != want["sha256"]:
+            return f"{rel} does not match its SHA-256 in {MANIFEST}"
+    return None
+
+
+def checkpoints(out: Path) -> list[Path]:
+    """The complete `OUT/checkpoints/step_N` folders (interrupted saves, `*.tmp`, left out),
+    oldest first."""
+    ck = Path(out) / "checkpoints"
+    if not ck.is_dir():
+        return []
+    done = [p for p in ck.iterdir() if p.name.startswith("step_") and not p.name.endswith(".tmp")
+            and p.name[5:].isdigit() and (p / "agentrl_state.json").exists()]
+    return sorted(done, key=lambda p: int(p.name[5:]))
+
+
+def latest_checkpoint(out: str | Path, on_skip: Callable[[Path, str], None] | None = None) -> Path | None:
+    """The newest intact checkpoint of run folder `out` (None: none); each newer one that
+    fails `intact` is skipped and reported to `on_skip(path, reason)`."""
+    for ck in reversed(checkpoints(Path(out))):
+        why = intact(ck)
+        if why is None:
+            return ck
+        if on_skip is not None:
+            on_skip(ck, why)
+    return None
+
+
+def prune(out: Path, keep: int) -> list[Path]:
+    """Delete all but the newest `keep` checkpoints of `out` (0: keep all); returns those
+    deleted."""
+    if keep <= 0:
+        return []
+    old = checkpoints(out)[:-keep]
+    for p in old:
+        shutil.rmtree(p, ignore_errors=True)
+    return old
