@@ -216,7 +216,7 @@ class TrainConfig(_Section):
     max_nonfinite_steps: int = Field(default=3, ge=1)
     """An optimizer step whose global gradient norm is NaN or infinite is skipped (weights, optimizer state and learning-rate schedule unchanged; counted as `loss/skipped_nonfinite` and logged); this many skipped steps in a row stop the run with an error naming the step."""
     save_every: int = Field(default=20, ge=0)
-    """Checkpoint every N steps (0: only at the end, and on Ctrl-C / SIGTERM, which always save the last completed step). The default keeps a rolling checkpoint: about 12 MB and 0.1 s per save for the embedded model (weights, AdamW state, reference), 3x the weights in bytes in general (docs/observability.md)."""
+    """Checkpoint every N steps (0: only at the end, and on Ctrl-C / SIGTERM, which always save the last completed step). The default keeps a rolling checkpoint: about 10 MiB and 0.4-0.6 s per save (fsync and SHA-256 included) for the embedded model (weights and AdamW state; the reference adds its weights), 3x the weights in bytes in general; about 2% of the main job's wall time (docs/observability.md)."""
     keep_checkpoints: int = Field(default=2, ge=0)
     """Keep the newest N checkpoints of the run and delete older ones after each save (0: keep all). `--resume` falls back to an older one when the newest fails its manifest, so keep at least 2."""
     eval_every: int = Field(default=0, ge=0)
