@@ -66,6 +66,7 @@ def train(
         resolve_device(cfg.train.device)
     except ValueError as e:
         _fail(f"config error: {e}")
+    from agentrl.learner_group import PlacementError
     from agentrl.sandbox.backends import BackendError
     from agentrl.train import OutError, ResumeError, RunInterrupted
     from agentrl.train import train as run_train
@@ -77,7 +78,7 @@ def train(
         raise typer.Exit(130) from None
     except NonFiniteGradientError as e:
         _fail(f"stopped: {e}")
-    except (OutError, ResumeError) as e:
+    except (OutError, ResumeError, PlacementError) as e:
         _fail(str(e))
     except BackendError as e:  # no isolated sandbox on this machine: say how to get one
         _fail(f"sandbox: {e}")
@@ -92,7 +93,7 @@ def eval_cmd(
     split: Annotated[Optional[str], typer.Option(help="train | heldout | all (default: all with --dataset, else heldout).")] = None,
     samples: Annotated[Optional[int], typer.Option(min=1, help="Episodes per task (n; default train.eval_samples, 4).")] = None,
     k: Annotated[Optional[str], typer.Option(help="pass@k values, comma-separated, each <= samples (default 1 and samples).")] = None,
-    temperature: Annotated[Optional[float], typer.Option(min=0.0, help="0 = greedy (default with --samples 1, else rollout.temperature).")] = None,
+    temperature: Annotated[Optional[float], typer.Option(min=0.0, help="0 = greedy. Default: rollout.temperature of the run's config; greedy for a bare model with --samples 1.")] = None,
     out: Annotated[Optional[str], typer.Option(help="Output dir (default eval_runs/<env>_<model>_<time>).")] = None,
     seed: Annotated[Optional[int], typer.Option(help="Sampler seed (reproducible).")] = None,
     compare: Annotated[Optional[tuple[str, str]], typer.Option(help="--compare A B: difference per metric and per task.")] = None,

@@ -39,6 +39,14 @@ PLACEMENT_TIMEOUT_S = 60.0
 """Seconds to wait for the learner ranks' placement group before failing with what is free."""
 
 
+SHUTDOWN_TIMEOUT_S = 10.0
+"""Seconds `LearnerGroup.shutdown` waits for the ranks to leave their process group."""
+
+
+class PlacementError(RuntimeError):
+    """The learner ranks' placement group could not be placed (too few CPUs / GPUs free)."""
+
+
 def learner_kwargs(cfg: Any, algo: Any, lr_schedule: Any) -> dict[str, Any]:
     """The `agentrl.learner.Learner` keywords of a run (`train.*`, the algorithm's needs)."""
     from agentrl.algos import needs_reference
@@ -118,7 +126,7 @@ class LearnerGroup:
             ray.get(self.pg.ready(), timeout=PLACEMENT_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
             remove_placement_group(self.pg)
-            raise RuntimeError(
+            raise PlacementError(
                 f"train.learner_workers={workers}: {workers} bundles of {bundle} could not be placed "
                 f"in {PLACEMENT_TIMEOUT_S:.0f} s; the Ray cluster has {ray.available_resources()} free. "
                 "Lower train.learner_cpus / train.learner_gpus (fractions are allowed), "
@@ -255,10 +263,13 @@ class LearnerGroup:
         import ray
         from ray.util.placement_group import remove_placement_group
 
-        try:
-            self._all("shutdown")
-        except Exception:  # noqa: BLE001 - a dead rank: kill below
+        try:  # bounded: after a signal to the whole process group Ray itself may be gone
+            ray.get([r.shutdown.remote() for r in self.ranks], timeout=SHUTDOWN_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - a dead rank or cluster: kill below
             pass
-        for r in self.ranks:
-            ray.kill(r)
-        remove_placement_group(self.pg)
+        try:
+            for r in self.ranks:
+                ray.kill(r)
+            remove_placement_group(self.pg)
+        except Exception:  # noqa: BLE001 - the cluster is down: nothing left to free
+            pass

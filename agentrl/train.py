@@ -255,6 +255,10 @@ def resume_checkpoint(cfg: Config, out: Path, say: Callable[[str], None]) -> Pat
         raise ResumeError(f"--resume {out}: no intact checkpoint to resume from (the run stopped "
                           "before its first save, or every checkpoint failed its manifest); start it "
                           f"again with --out {out} --overwrite")
+    if cfg.train.learner_workers > 0 and not (ck / "dcp").is_dir():
+        raise ResumeError(f"--resume {out}: {ck} was written by the in-process learner "
+                          "(train.learner_workers=0) and has no sharded state (dcp/) for learner ranks; "
+                          "resume it with train.learner_workers=0")
     return ck
 
 
@@ -554,6 +558,10 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
 
     # 1) the policy: resume, a given path, or the embedded default (+ warm start)
     ck = resume_checkpoint(cfg, out, say)
+    if ck is not None and json.loads((ck / "agentrl_state.json").read_text())["step"] >= cfg.train.steps \
+            and (out / "summary.json").exists():
+        say(f"[resume] {out} finished all {cfg.train.steps} steps already; nothing to do")
+        return json.loads((out / "summary.json").read_text())
     model, tok, path = load_policy(cfg, out, ck)
     renderer = ChatRenderer(tok)
     sft_info: dict[str, Any] = {}
@@ -580,9 +588,6 @@ def _evaluate_train_evaluate(lp: Loop, ck: Path | None, sft_info: dict[str, Any]
     from agentrl.learner import latest_checkpoint
 
     cfg, out, say = lp.cfg, lp.out, lp.say
-    if ck is not None and lp.start_step >= cfg.train.steps and (out / "summary.json").exists():
-        say(f"[resume] {out} finished all {cfg.train.steps} steps already; nothing to do")
-        return json.loads((out / "summary.json").read_text())
     before = evaluate_before(lp, resumed=ck is not None)
 
     # 2) the RL loop

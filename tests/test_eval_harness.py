@@ -267,7 +267,7 @@ def test_eval_command_hf_dir_and_checkpoints(tiny_model_dir, tmp_path):
     s2 = eval_command(model=str(run), samples=1, out=str(tmp_path / "ck"), max_tasks=2, max_tokens=4,
                       console=Console(file=open(tmp_path / "log.txt", "w")))
     assert s2["meta"]["env"] == "test_guess" and s2["meta"]["model"].endswith("step_10")
-    assert s2["meta"]["temperature"] == 0.0  # one sample: greedy by default
+    assert s2["meta"]["temperature"] == 1.0  # a run's config: its temperature, as the run evaluated
 
 
 def test_eval_command_errors(tmp_path):

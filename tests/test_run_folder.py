@@ -168,3 +168,24 @@ def test_sigterm_saves_the_last_step_and_the_run_resumes(tmp_path, tiny_model_di
                         "train.steps=" + str(done + 2)], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert [r_["step"] for r_ in read_metrics(out) if "rollout/reward_mean" in r_] == list(range(1, done + 3))
+
+
+def test_resuming_an_in_process_checkpoint_with_ranks_fails_before_ray_starts(run4, tmp_path, tiny_model_dir):
+    import shutil
+
+    out = tmp_path / "inproc"
+    shutil.copytree(run4, out)
+    with pytest.raises(train_mod.ResumeError, match="in-process learner"):
+        train_mod.resume_checkpoint(_cfg(tiny_model_dir, out, f"resume={out}", "train.learner_workers=2"),
+                                    out, print)
+
+
+def test_eval_of_a_run_with_one_sample_uses_the_runs_temperature(run4, tmp_path):
+    """`agentrl eval --model RUN` reproduces the run's figure: with train.eval_samples=1 it
+    samples at the run's T (not greedy, the default for a bare model with one sample)."""
+    from agentrl.eval.cli import eval_command
+
+    s = eval_command(model=str(run4), out=str(tmp_path / "ev"))
+    assert s["meta"]["temperature"] == 1.0
+    run = json.loads((run4 / "summary.json").read_text())
+    assert s["overall"]["pass@1"] == pytest.approx(run["eval_after"]["pass@1"])

@@ -141,8 +141,9 @@ def eval_command(
         samples: episodes per task (N); default the config's `train.eval_samples` (4), or 1
             for the (deterministic) `reference` policy.
         k: pass@k values, e.g. `"1,5,10"` (each <= samples); default 1 and `samples`.
-        temperature: sampling temperature (0 = greedy); default 0 when samples == 1, else the
-            config's `rollout.temperature`.
+        temperature: sampling temperature (0 = greedy); default the config's
+            `rollout.temperature` (a run's own, so its figures reproduce), except greedy for a
+            bare model directory (no run config, no `config`) with one sample.
         out: output directory (default `eval_runs/<env>_<model>_<time>`).
         seed: sampler seed (default the config's `seed`); the same seed reproduces a run.
         compare: two evaluation directories: print and return `report.compare(A, B)` instead.
@@ -242,7 +243,10 @@ def eval_command(
         model_dir = Path(default_model_dir(cfg, Path(out_dir)))
     probe = make_env()
     tasks, task_source = list_tasks(probe, max_tasks, default_n=cfg.train.eval_tasks)
-    temp = temperature if temperature is not None else (0.0 if samples == 1 else cfg.rollout.temperature)
+    # a run's config (its own or -c): its sampling temperature, as the run evaluated; a bare
+    # model with one sample: greedy
+    temp = temperature if temperature is not None else (
+        cfg.rollout.temperature if base is not None or samples > 1 else 0.0)
     mt, met = cfg.rollout.max_tokens, cfg.rollout.max_episode_tokens
     rollout = pool = None
 
