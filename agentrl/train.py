@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +117,9 @@ class Loop:
     """What the stages of one run share. `engine` is the rollout engine (an in-process engine
     behind `LockedEngine`, or a `RolloutPool`), entered under `lock` by evaluation, refills and
     weight updates; `env_sets` leases each batch in flight its own train envs and thread pool;
-    `eval_envs` + `pool` run the held-out evaluation; `version` is the learner's policy version."""
+    `eval_envs` + `pool` run the held-out evaluation; `new_env(split)` makes one env with the
+    run's shared reward wrappers (to replace one whose call timed out); `version` is the
+    learner's policy version."""
 
     cfg: Config
     out: Path
@@ -134,6 +137,7 @@ class Loop:
     pool: ThreadPoolExecutor
     params: SamplingParams
     log: MetricsLog
+    new_env: Callable[[str], Any]
     start_step: int = 0
     version: int = 0
 
@@ -218,7 +222,8 @@ def build_loop(cfg: Config, algo: Any, out: Path, model: Any, tok: Any, renderer
         say(f"[resume] from {ck} at step {start_step} (policy version {version})")
     n_eps = cfg.rollout.tasks_per_step * cfg.algo.group_size
     rewards = reward_wrappers(cfg)
-    envs = [build_env(cfg, "train", rewards) for _ in range(n_eps)]
+    new_env = partial(build_env, cfg, rewards=rewards)  # new_env(split)
+    envs = [new_env("train") for _ in range(n_eps)]
     eval_envs = heldout_envs(cfg, rewards)
     pool = ThreadPoolExecutor(max_workers=cfg.rollout.env_threads)
     log = MetricsLog(out, cfg.log.tensorboard, start_step=start_step, run_config=cfg.model_dump(),
@@ -232,13 +237,13 @@ def build_loop(cfg: Config, algo: Any, out: Path, model: Any, tok: Any, renderer
     lock = threading.RLock()
     if not hasattr(engine, "run"):
         engine = LockedEngine(engine, lock)
-    env_sets = Leases(lambda: ([build_env(cfg, "train", rewards) for _ in range(n_eps)],
+    env_sets = Leases(lambda: ([new_env("train") for _ in range(n_eps)],
                                ThreadPoolExecutor(max_workers=cfg.rollout.env_threads)), [(envs, pool)])
     if cfg.rollout.mode == "async" and not hasattr(engine, "run"):
         env_sets.fill(cfg.rollout.batches_in_flight)  # built now, in a fixed order
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else renderer.end_of_turn_id
     return Loop(cfg, out, say, algo, model, tok, renderer, pad_id, learner, engine, lock, env_sets,
-                eval_envs, pool, params, log, start_step, version)
+                eval_envs, pool, params, log, new_env, start_step, version)
 
 
 def held_version(lp: Loop) -> int:
@@ -268,7 +273,8 @@ def evaluate(lp: Loop, tag: str) -> dict[str, float]:
             engine.update_weights(lp.learner.state_dict_for_engines(), lp.version)
         remote = (lambda sp, p, s: engine.run(sp, p, seed=s, split="heldout")) if hasattr(engine, "run") else None
         r = training_metrics(evaluate_heldout(None if remote else engine, lp.renderer, lp.eval_envs, lp.cfg,
-                                              lp.pool, rollout=remote, out_dir=lp.out / "eval" / tag))
+                                              lp.pool, rollout=remote, out_dir=lp.out / "eval" / tag,
+                                              make_env=partial(lp.new_env, "heldout")))
         r["policy_version"] = float(held_version(lp))  # the weights evaluated
     r["seconds"] = time.perf_counter() - t0
     return r
@@ -300,7 +306,7 @@ def run_batch(lp: Loop, step: int) -> list[Trajectory]:
     with lp.env_sets.lease() as (envs_, pool_):  # several batches may be in flight
         return collect(lp.engine, lp.renderer, envs_, task_seeds(cfg, step), cfg.algo.group_size,
                        lp.params, cfg, pool_, group_base=step * cfg.rollout.tasks_per_step,
-                       sample_seed=cfg.seed * 100_003 + step)
+                       sample_seed=cfg.seed * 100_003 + step, make_env=partial(lp.new_env, "train"))
 
 
 def refill(lp: Loop, step: int, r: int) -> list[Trajectory]:
@@ -310,7 +316,7 @@ def refill(lp: Loop, step: int, r: int) -> list[Trajectory]:
         return collect(lp.engine, lp.renderer, envs_, task_seeds(cfg, step, r), cfg.algo.group_size,
                        lp.params, cfg, pool_,
                        group_base=(step + r * cfg.train.steps) * cfg.rollout.tasks_per_step,
-                       sample_seed=(cfg.seed * 100_003 + step) * 31 + r)
+                       sample_seed=(cfg.seed * 100_003 + step) * 31 + r, make_env=partial(lp.new_env, "train"))
 
 
 def make_source(lp: Loop) -> Any:
@@ -347,6 +353,7 @@ def rollout_metrics(lp: Loop, trajs: list[Trajectory], m: dict[str, float]) -> l
     m["rollout/turns"] = float(np.mean([len(t.turns) for t in trajs]))
     m["rollout/truncated_frac"] = float(np.mean([t.truncated for t in trajs]))
     m["env/errors"] = float(sum(len(t.info.get("errors", [])) for t in trajs))
+    m["env/timeouts"] = float(sum(bool(t.info.get("env_timeout")) for t in trajs))  # resets + steps
     # env steps whose code ran WITHOUT a sandbox (code_sandbox with backend='subprocess')
     m["sandbox/unisolated"] = float(sum(bool((turn.info or {}).get("unisolated"))
                                         for t in trajs for turn in t.turns))
