@@ -336,8 +336,11 @@ def make_source(lp: Loop) -> Any:
 
 
 def rollout_metrics(lp: Loop, trajs: list[Trajectory], m: dict[str, float]) -> list[Trajectory]:
-    """Record the batch's rollout metrics in `m`; returns the trajectories fresh enough to train
-    on (at most `train.max_staleness` versions behind the learner)."""
+    """Record the batch's rollout metrics in `m`, over every fresh episode sampled for the step
+    (before dynamic sampling drops groups): `rollout/reward_mean` and `rollout/reward_std` over
+    the non-NaN episode returns (NaN when there are none), `env/errors`, `env/timeouts`, ...
+    Returns the trajectories fresh enough to train on (at most `train.max_staleness` versions
+    behind the learner)."""
     m["perf/env_s"] = float(sum(t.timings.get("env", 0.0) for t in trajs))
     stale = [lp.version - t.policy_version for t in trajs]
     m["rollout/staleness_max"] = float(max(stale))
@@ -346,8 +349,9 @@ def rollout_metrics(lp: Loop, trajs: list[Trajectory], m: dict[str, float]) -> l
     trajs = [t for t, s in zip(trajs, stale) if s <= lp.cfg.train.max_staleness]
     m["rollout/dropped_stale"] = float(len(stale) - len(trajs))
     rets = np.array([t.episode_return for t in trajs], dtype=float)
-    m["rollout/reward_mean"] = float(np.nanmean(rets)) if len(rets) else float("nan")
-    m["rollout/reward_std"] = float(np.nanstd(rets)) if len(rets) else float("nan")
+    valid = rets[~np.isnan(rets)]
+    m["rollout/reward_mean"] = float(valid.mean()) if len(valid) else float("nan")
+    m["rollout/reward_std"] = float(valid.std()) if len(valid) else float("nan")
     m["rollout/pass_rate"] = float(np.mean([episode_success(t) for t in trajs]))
     m["rollout/response_len"] = float(np.mean([t.num_sampled for t in trajs]))
     m["rollout/turns"] = float(np.mean([len(t.turns) for t in trajs]))
@@ -364,7 +368,9 @@ def rollout_metrics(lp: Loop, trajs: list[Trajectory], m: dict[str, float]) -> l
 
 def update(lp: Loop, trajs: list[Trajectory], step: int, m: dict[str, float]) -> list[Trajectory]:
     """Dynamic sampling (DAPO), the batch, algorithm passes, advantages and the learner's
-    update; records their metrics in `m` and returns the trajectories trained on."""
+    update; records their metrics in `m` (the algorithm's `advantages` statistics as `adv/...`,
+    e.g. `adv/reward_mean` over the groups trained on; its `prepare` ones as `rollout/...`;
+    the learner's as `loss/...`) and returns the trajectories trained on."""
     from agentrl.algos import needs_reference
 
     cfg, algo, learner = lp.cfg, lp.algo, lp.learner
@@ -379,7 +385,9 @@ def update(lp: Loop, trajs: list[Trajectory], step: int, m: dict[str, float]) ->
     if needs_reference(algo, cfg.algo) and "ref_logprobs" not in batch:
         batch["ref_logprobs"] = learner.logprobs(batch, ref=True)
     batch["advantages"], gstats = algo.advantages(batch, cfg.algo)
-    m.update({f"rollout/{k}": float(v) for k, v in gstats.items()})
+    # what the advantages were computed from (the kept groups' valid returns, under dynamic
+    # sampling): their own names, never over the raw rollout statistics above
+    m.update({f"adv/{k}": float(v) for k, v in gstats.items()})
     from agentrl.learner import NonFiniteGradientError
 
     try:
