@@ -39,6 +39,10 @@ class EnvConfig(_Section):
     """Reward wrappers stacked on the env, innermost first: judge, classifier, safety, curiosity."""
     wrapper_kwargs: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Per-wrapper options, e.g. `{judge: {url: ...}, safety: {method: lagrangian}, curiosity: {coef: 0.1}}`."""
+    step_timeout_s: float | None = Field(default=60.0, gt=0)
+    """Most seconds one `env.step` may run (null: no limit). A step over it ends its episode as a failed step (reward 0 as for an env that raised, `info["error"]`, counted in `env/timeouts`); the other episodes go on, and the env instance is replaced by a fresh one (the stuck call is left on its own thread, never reused)."""
+    reset_timeout_s: float | None = Field(default=60.0, gt=0)
+    """Most seconds one `env.reset` may run (null: no limit); a reset over it gives an empty, recorded episode (as a reset that raised), counted in `env/timeouts`, and a fresh env instance."""
 
 
 class ModelConfig(_Section):

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +117,9 @@ class Loop:
     """What the stages of one run share. `engine` is the rollout engine (an in-process engine
     behind `LockedEngine`, or a `RolloutPool`), entered under `lock` by evaluation, refills and
     weight updates; `env_sets` leases each batch in flight its own train envs and thread pool;
-    `eval_envs` + `pool` run the held-out evaluation; `version` is the learner's policy version."""
+    `eval_envs` + `pool` run the held-out evaluation; `new_env(split)` makes one env with the
+    run's shared reward wrappers (to replace one whose call timed out); `version` is the
+    learner's policy version."""
 
     cfg: Config
     out: Path
@@ -134,6 +137,7 @@ class Loop:
     pool: ThreadPoolExecutor
     params: SamplingParams
     log: MetricsLog
+    new_env: Callable[[str], Any]
     start_step: int = 0
     version: int = 0
 
@@ -284,7 +288,8 @@ def build_loop(cfg: Config, algo: Any, out: Path, model: Any, tok: Any, renderer
         say(f"[resume] from {ck} at step {start_step} (policy version {version})")
     n_eps = cfg.rollout.tasks_per_step * cfg.algo.group_size
     rewards = reward_wrappers(cfg)
-    envs = [build_env(cfg, "train", rewards) for _ in range(n_eps)]
+    new_env = partial(build_env, cfg, rewards=rewards)  # new_env(split)
+    envs = [new_env("train") for _ in range(n_eps)]
     eval_envs = heldout_envs(cfg, rewards)
     pool = ThreadPoolExecutor(max_workers=cfg.rollout.env_threads)
     log = MetricsLog(out, cfg.log.tensorboard, start_step=start_step, run_config=cfg.model_dump(),
@@ -298,13 +303,13 @@ def build_loop(cfg: Config, algo: Any, out: Path, model: Any, tok: Any, renderer
     lock = threading.RLock()
     if not hasattr(engine, "run"):
         engine = LockedEngine(engine, lock)
-    env_sets = Leases(lambda: ([build_env(cfg, "train", rewards) for _ in range(n_eps)],
+    env_sets = Leases(lambda: ([new_env("train") for _ in range(n_eps)],
                                ThreadPoolExecutor(max_workers=cfg.rollout.env_threads)), [(envs, pool)])
     if cfg.rollout.mode == "async" and not hasattr(engine, "run"):
         env_sets.fill(cfg.rollout.batches_in_flight)  # built now, in a fixed order
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else renderer.end_of_turn_id
     return Loop(cfg, out, say, algo, model, tok, renderer, pad_id, learner, engine, lock, env_sets,
-                eval_envs, pool, params, log, start_step, version)
+                eval_envs, pool, params, log, new_env, start_step, version)
 
 
 def held_version(lp: Loop) -> int:
@@ -334,7 +339,8 @@ def evaluate(lp: Loop, tag: str) -> dict[str, float]:
             engine.update_weights(lp.learner.state_dict_for_engines(), lp.version)
         remote = (lambda sp, p, s: engine.run(sp, p, seed=s, split="heldout")) if hasattr(engine, "run") else None
         r = training_metrics(evaluate_heldout(None if remote else engine, lp.renderer, lp.eval_envs, lp.cfg,
-                                              lp.pool, rollout=remote, out_dir=lp.out / "eval" / tag))
+                                              lp.pool, rollout=remote, out_dir=lp.out / "eval" / tag,
+                                              make_env=partial(lp.new_env, "heldout")))
         r["policy_version"] = float(held_version(lp))  # the weights evaluated
     r["seconds"] = time.perf_counter() - t0
     return r
@@ -366,7 +372,7 @@ def run_batch(lp: Loop, step: int) -> list[Trajectory]:
     with lp.env_sets.lease() as (envs_, pool_):  # several batches may be in flight
         return collect(lp.engine, lp.renderer, envs_, task_seeds(cfg, step), cfg.algo.group_size,
                        lp.params, cfg, pool_, group_base=step * cfg.rollout.tasks_per_step,
-                       sample_seed=cfg.seed * 100_003 + step)
+                       sample_seed=cfg.seed * 100_003 + step, make_env=partial(lp.new_env, "train"))
 
 
 def refill(lp: Loop, step: int, r: int) -> list[Trajectory]:
@@ -376,7 +382,7 @@ def refill(lp: Loop, step: int, r: int) -> list[Trajectory]:
         return collect(lp.engine, lp.renderer, envs_, task_seeds(cfg, step, r), cfg.algo.group_size,
                        lp.params, cfg, pool_,
                        group_base=(step + r * cfg.train.steps) * cfg.rollout.tasks_per_step,
-                       sample_seed=(cfg.seed * 100_003 + step) * 31 + r)
+                       sample_seed=(cfg.seed * 100_003 + step) * 31 + r, make_env=partial(lp.new_env, "train"))
 
 
 def make_source(lp: Loop) -> Any:
@@ -396,8 +402,11 @@ def make_source(lp: Loop) -> Any:
 
 
 def rollout_metrics(lp: Loop, trajs: list[Trajectory], m: dict[str, float]) -> list[Trajectory]:
-    """Record the batch's rollout metrics in `m`; returns the trajectories fresh enough to train
-    on (at most `train.max_staleness` versions behind the learner)."""
+    """Record the batch's rollout metrics in `m`, over every fresh episode sampled for the step
+    (before dynamic sampling drops groups): `rollout/reward_mean` and `rollout/reward_std` over
+    the non-NaN episode returns (NaN when there are none), `env/errors`, `env/timeouts`, ...
+    Returns the trajectories fresh enough to train on (at most `train.max_staleness` versions
+    behind the learner)."""
     m["perf/env_s"] = float(sum(t.timings.get("env", 0.0) for t in trajs))
     stale = [lp.version - t.policy_version for t in trajs]
     m["rollout/staleness_max"] = float(max(stale))
@@ -406,13 +415,15 @@ def rollout_metrics(lp: Loop, trajs: list[Trajectory], m: dict[str, float]) -> l
     trajs = [t for t, s in zip(trajs, stale) if s <= lp.cfg.train.max_staleness]
     m["rollout/dropped_stale"] = float(len(stale) - len(trajs))
     rets = np.array([t.episode_return for t in trajs], dtype=float)
-    m["rollout/reward_mean"] = float(np.nanmean(rets)) if len(rets) else float("nan")
-    m["rollout/reward_std"] = float(np.nanstd(rets)) if len(rets) else float("nan")
+    valid = rets[~np.isnan(rets)]
+    m["rollout/reward_mean"] = float(valid.mean()) if len(valid) else float("nan")
+    m["rollout/reward_std"] = float(valid.std()) if len(valid) else float("nan")
     m["rollout/pass_rate"] = float(np.mean([episode_success(t) for t in trajs]))
     m["rollout/response_len"] = float(np.mean([t.num_sampled for t in trajs]))
     m["rollout/turns"] = float(np.mean([len(t.turns) for t in trajs]))
     m["rollout/truncated_frac"] = float(np.mean([t.truncated for t in trajs]))
     m["env/errors"] = float(sum(len(t.info.get("errors", [])) for t in trajs))
+    m["env/timeouts"] = float(sum(bool(t.info.get("env_timeout")) for t in trajs))  # resets + steps
     # env steps whose code ran WITHOUT a sandbox (code_sandbox with backend='subprocess')
     m["sandbox/unisolated"] = float(sum(bool((turn.info or {}).get("unisolated"))
                                         for t in trajs for turn in t.turns))
@@ -423,7 +434,9 @@ def rollout_metrics(lp: Loop, trajs: list[Trajectory], m: dict[str, float]) -> l
 
 def update(lp: Loop, trajs: list[Trajectory], step: int, m: dict[str, float]) -> list[Trajectory]:
     """Dynamic sampling (DAPO), the batch, algorithm passes, advantages and the learner's
-    update; records their metrics in `m` and returns the trajectories trained on."""
+    update; records their metrics in `m` (the algorithm's `advantages` statistics as `adv/...`,
+    e.g. `adv/reward_mean` over the groups trained on; its `prepare` ones as `rollout/...`;
+    the learner's as `loss/...`) and returns the trajectories trained on."""
     from agentrl.algos import needs_reference
 
     cfg, algo, learner = lp.cfg, lp.algo, lp.learner
@@ -438,7 +451,9 @@ def update(lp: Loop, trajs: list[Trajectory], step: int, m: dict[str, float]) ->
     if needs_reference(algo, cfg.algo) and "ref_logprobs" not in batch:
         batch["ref_logprobs"] = learner.logprobs(batch, ref=True)
     batch["advantages"], gstats = algo.advantages(batch, cfg.algo)
-    m.update({f"rollout/{k}": float(v) for k, v in gstats.items()})
+    # what the advantages were computed from (the kept groups' valid returns, under dynamic
+    # sampling): their own names, never over the raw rollout statistics above
+    m.update({f"adv/{k}": float(v) for k, v in gstats.items()})
     from agentrl.learner import NonFiniteGradientError
 
     try:

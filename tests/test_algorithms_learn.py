@@ -100,7 +100,7 @@ def test_dynamic_sampling_in_the_loop(toy_model, tmp_path):
     steps = [r for r in rows if "rollout/refill_rounds" in r]
     assert len(steps) == 3 and all(r["rollout/refill_rounds"] >= 1 for r in steps)
     for r in steps:  # each trained batch has no zero-variance group
-        assert r.get("rollout/num_zero_variance_groups", 0) == 0
+        assert r.get("adv/num_zero_variance_groups", 0) == 0
 
 
 def test_ppo_resume_restores_value_head_and_kl_state(toy_model, tmp_path):

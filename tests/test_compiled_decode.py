@@ -32,12 +32,16 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture
 def fresh_compile(monkeypatch):
-    """A clean compile state for `static_decode`, restored afterwards."""
+    """A clean compile state for `static_decode`, restored afterwards.
+
+    `torch.compiler.config.dynamic_sources` is set with the config module's own `patch`, not
+    `monkeypatch.setattr`: pytest 9.2's undo deletes an attribute that is not in the module's
+    `__dict__` (a torch config entry never is), which removes the entry for every later test."""
     monkeypatch.setattr(static_decode, "_COMPILED", {})
-    monkeypatch.setattr(torch.compiler.config, "dynamic_sources", "")
     torch._dynamo.reset()
     counters.clear()
-    yield
+    with torch.compiler.config.patch(dynamic_sources=""):
+        yield
     torch._dynamo.reset()
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from agentrl.model import build_tiny_model, chat_stop_ids, render_ids
-from agentrl.rollout.engines.base import Completion, SamplingParams
+from agentrl.rollout.engines.base import Completion, SamplingParams, row_seeds
 from agentrl.rollout.engines.hf import HFEngine, check_params, row_uniforms, sample_next
 
 torch.set_num_threads(1)
@@ -337,6 +337,41 @@ def test_a_row_does_not_depend_on_the_other_rows(model_dir, prompts, static_deco
     mixed = eng.generate([prompts[0], prompts[1], target, *extra], ps)
     assert mixed[2].token_ids == alone_s.token_ids
     assert {o.finish_reason for o in mixed} == {"stop", "length"}
+
+
+def test_row_seeds_are_pinned():
+    """The per-row seeds are the sampling streams of every seeded run (the README's figures
+    too): these values were computed before `offsets` existed and must never change."""
+    assert row_seeds([[5, 6, 7], [5, 6, 7], [9], [5, 6, 7]], 2, 123) == [
+        3668488521384233798, 2720786097151273331, 2345416275365171719, 8284067296692576853,
+        3270702148656965864, 7425079888793867167, 1005500221761028966, 2965656215608167837]
+    assert row_seeds([[5, 6, 7], [9]], 1, -4) == [8852023014053074334, 5888904672102419008]
+    assert row_seeds([[5, 6, 7], [9]], 1, None) == [None, None]
+
+
+def test_row_seed_offsets_continue_the_count_of_an_earlier_call():
+    """A call split in two gives the rows of the second part the seeds of the whole call when
+    its `offsets` count each prompt's rows (n per prompt) in the first part."""
+    batch = [[5, 6, 7], [9], [5, 6, 7], [5, 6, 7], [9], [4]]
+    whole = row_seeds(batch, 2, 11)
+    head, tail = batch[:3], batch[3:]
+    before = {tuple(p): 2 * sum(tuple(q) == tuple(p) for q in head) for p in tail}  # rows, n=2
+    assert row_seeds(tail, 2, 11, [before[tuple(p)] for p in tail]) == whole[6:]
+    assert row_seeds(tail, 2, 11) != whole[6:]  # counted alone, the repeats restart at 0
+    with pytest.raises(ValueError, match="offsets"):
+        row_seeds(tail, 1, 11, [0])
+    with pytest.raises(ValueError, match="offsets"):
+        row_seeds(tail, 1, 11, [0, -1, 0])
+
+
+def test_seed_offsets_reach_the_sampler(engine, prompts):
+    """`SamplingParams.seed_offsets`: the second occurrence of a prompt, given offset 1 alone,
+    samples what it samples after the first in one call."""
+    p = SamplingParams(temperature=1.0, max_tokens=12, seed=3)
+    pair = engine.generate([prompts[0], prompts[0]], p)
+    second = engine.generate([prompts[0]], SamplingParams(temperature=1.0, max_tokens=12, seed=3,
+                                                          seed_offsets=[1]))
+    assert second[0].token_ids == pair[1].token_ids != pair[0].token_ids
 
 
 def test_duplicate_prompts_and_chunking(model_dir, prompts):

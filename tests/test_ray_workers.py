@@ -33,13 +33,21 @@ class CountEnv(TextEnv):
     Fault injection (Ray workers only; in the test process a fault raises instead):
     if the file `fault_dir/exit` exists, the first step to claim it (an atomic rename) ends its
     worker's process with `os._exit`; if `fault_dir/delay` exists, every step first sleeps that
-    many seconds (so that a step is long enough to be interrupted from outside).
+    many seconds (so that a step is long enough to be interrupted from outside). With
+    `hang_n`, the first step of the task numbered `hang_n` sleeps 30 s (a hung env), and an
+    instance that hung raises if it is ever reset or stepped again.
     """
 
-    def __init__(self, fault_dir: str | None = None, driver_pid: int = -1):
-        self.fault_dir, self.driver_pid = fault_dir, driver_pid
+    def __init__(self, fault_dir: str | None = None, driver_pid: int = -1, hang_n: int = -1):
+        self.fault_dir, self.driver_pid, self.hang_n = fault_dir, driver_pid, hang_n
+        self.hung = False
+
+    def _not_hung(self) -> None:
+        if self.hung:
+            raise RuntimeError("an env instance that hung was used again")
 
     def reset(self, *, seed=None, options=None):
+        self._not_hung()
         super().reset(seed=seed)
         self.n = int(self.np_random.integers(10, 100))
         self.turn = 0
@@ -59,8 +67,12 @@ class CountEnv(TextEnv):
             os._exit(17)
 
     def step(self, action):
+        self._not_hung()
         if self.fault_dir:
             self._faults()
+        if self.n == self.hang_n and self.turn == 0:
+            self.hung = True
+            time.sleep(30.0)
         self.turn += 1
         if self.turn == 1:
             return ([{"role": "user", "content": "Now the last digit."}],
@@ -79,6 +91,23 @@ def make_cfg(**rollout) -> Config:
 def make_specs(n_tasks: int, group_size: int, base: int = 0) -> list[EpisodeSpec]:
     return [EpisodeSpec({"seed": 1000 + j}, group_id=base + j)
             for j in range(n_tasks) for _ in range(group_size)]
+
+
+def repeated_task_specs() -> list[EpisodeSpec]:
+    """5 groups of 2 whose tasks repeat: A, B, C, A (the same seed) and A' (another seed that
+    gives A's number, hence A's prompt). Sharded over 2 workers, A, B, C run on worker 0 and
+    A, A' on worker 1."""
+    env = CountEnv()
+
+    def number(seed: int) -> int:
+        env.reset(seed=seed)
+        return env.n
+
+    a = 1000
+    a2 = next(s for s in range(a + 1, a + 2000) if number(s) == number(a))
+    others = [s for s in range(a + 1, a + 50) if number(s) != number(a)]
+    b, c = others[0], next(s for s in others if number(s) != number(others[0]))
+    return [EpisodeSpec({"seed": s}, group_id=j) for j, s in enumerate((a, b, c, a, a2)) for _ in range(2)]
 
 
 def params_of(renderer: ChatRenderer, temperature: float = 1.0) -> SamplingParams:
@@ -153,6 +182,41 @@ def test_in_process_pool_equals_run_episodes(tiny_model_dir):
     assert {t.policy_version for t in after} == {3}
     assert [t.token_ids for t in after] == [t.token_ids for t in in_process(
         tiny_model_dir, specs, 1.0, 11, state_dict=sd)]
+
+
+def test_a_shard_given_the_earlier_shards_samples_as_the_whole_batch(tiny_model_dir):
+    """A worker that runs the second shard of a batch with the first shard's specs (`before`)
+    gives its rows the sampling seeds of the whole batch in one call, so the two shards together
+    are exactly `run_episodes` over the batch, at T=1, where a task repeats in other groups
+    (the same seed, and another seed with the same prompt). Without them the repeated task's
+    group would replay the first group's samples token for token."""
+    w = RolloutWorker(make_cfg(), tiny_model_dir, env_factory=lambda split: CountEnv())
+    specs = repeated_task_specs()
+    p = params_of(w.renderer, 1.0)
+    want = in_process(tiny_model_dir, specs, 1.0, 4)
+    assert len({tuple(t.token_ids) for t in want}) == len(specs)  # in one call: all differ
+    head, tail = specs[:6], specs[6:]
+    got = w.run(head, p, 4) + w.run(tail, p, 4, before=head)
+    assert [t.token_ids for t in got] == [t.token_ids for t in want]
+    for a, b in zip(got, want):
+        assert a.sampler_logprobs == pytest.approx(b.sampler_logprobs, abs=1e-5)
+    alone = w.run(tail, p, 4)  # the bug this fixes: the shard counted on its own
+    assert alone[0].token_ids == want[0].token_ids and alone[1].token_ids == want[1].token_ids
+
+
+def test_opening_counts_match_the_first_generate_call(tiny_model_dir):
+    """`opening_counts` counts each opening prompt as `run_episodes` puts it in its first
+    generate call: one probe reset per distinct reset kwargs, repeats counted."""
+    from agentrl.rollout.engines.base import prompt_key
+
+    w = RolloutWorker(make_cfg(), tiny_model_dir, env_factory=lambda split: CountEnv())
+    specs = repeated_task_specs()
+    counts = w.opening_counts(specs)
+    want: dict[bytes, int] = {}
+    for tr in in_process(tiny_model_dir, specs, 0.0, 1):
+        key = prompt_key(tr.token_ids[: tr.turns[0].start])
+        want[key] = want.get(key, 0) + 1
+    assert counts == want and sorted(counts.values()) == [2, 2, 6]  # A x3 groups, B, C
 
 
 def test_worker_builds_envs_from_config_with_shared_reward_wrappers(tiny_model_dir):
@@ -245,6 +309,59 @@ def test_two_workers_match_in_process(pool2, renderer, tiny_model_dir):
         assert a.sampler_logprobs == pytest.approx(b.sampler_logprobs, abs=1e-5)
     assert [t.token_ids for t in sampled] != [t.token_ids for t in got]
     assert len({tuple(t.token_ids) for t in sampled[:2]}) == 2  # a group's two episodes differ
+
+
+@pytest.mark.slow
+def test_two_workers_sample_as_in_process_when_a_task_repeats_across_workers(
+        pool2, ray_cluster, renderer, tiny_model_dir):
+    """T=1, a task that appears in groups on both workers (the same seed, and another seed with
+    the same prompt): 2 Ray workers give exactly the in-process trajectories, and no two
+    episodes are byte-identical; a worker that counted its shard alone would replay worker 0's
+    group of that task token for token."""
+    sd, version = push(pool2, tiny_model_dir, 1.0)
+    specs = repeated_task_specs()
+    p = params_of(renderer, 1.0)
+    got = pool2.run(specs, p, seed=4)
+    want = in_process(tiny_model_dir, specs, 1.0, 4, state_dict=sd)
+    assert [t.info["rollout_worker"] for t in got] == [0] * 6 + [1] * 4
+    assert [t.task_id for t in got][6:] == [want[0].task_id] * 4  # task A on worker 1
+    assert [t.token_ids for t in got] == [t.token_ids for t in want]
+    for a, b in zip(got, want):
+        assert a.sampler_logprobs == pytest.approx(b.sampler_logprobs, abs=1e-5)
+    assert len({tuple(t.token_ids) for t in got}) == len(specs)
+    alone = ray_cluster.get(pool2.workers[1].run.remote(specs[6:], p, 4))
+    assert alone[0].token_ids == want[0].token_ids
+
+
+@pytest.mark.slow
+def test_a_hung_env_step_on_a_worker_times_out_and_its_env_is_replaced(ray_cluster, tiny_model_dir,
+                                                                      renderer):
+    """A `RolloutWorker` actor with `env.step_timeout_s=1`: the group whose task hangs in its
+    first step (30 s) ends after ~1 s as two recorded, zero-reward failures, the other groups
+    play both turns, and the next batch on the same worker never touches the hung env
+    instances (they would raise). (An actor of 0 CPUs: pool2's workers hold the cluster's 2.)"""
+    specs = make_specs(3, 2)
+    env = CountEnv()
+    env.reset(seed=specs[2].reset_kwargs["seed"])
+    cfg = make_cfg()
+    cfg.env.kwargs = {"hang_n": env.n}
+    cfg.env.step_timeout_s = 1.0
+    worker = ray_cluster.remote(RolloutWorker).options(num_cpus=0).remote(cfg, tiny_model_dir)
+    try:
+        ray_cluster.get(worker.ready.remote())
+        t0 = time.perf_counter()
+        trajs = ray_cluster.get(worker.run.remote(specs, params_of(renderer, 1.0), 2))
+        took = time.perf_counter() - t0
+        assert took < 15.0, f"the batch waited for the hung step ({took:.1f} s)"
+        for t in trajs[2:4]:
+            assert t.info["env_timeout"] == "step" and t.info["errors"] == ["step timed out after 1 s"]
+            assert len(t.turns) == 1 and t.turns[0].reward == 0.0 and t.terminated
+        for t in trajs[:2] + trajs[4:]:
+            assert len(t.turns) == 2 and "errors" not in t.info and "env_timeout" not in t.info
+        again = ray_cluster.get(worker.run.remote(specs[:2] + specs[4:], params_of(renderer, 1.0), 3))
+        assert all(len(t.turns) == 2 and "errors" not in t.info for t in again)  # slots 2, 3: fresh envs
+    finally:
+        ray_cluster.kill(worker)
 
 
 @pytest.mark.slow

@@ -287,7 +287,8 @@ def eval_command(
         return run_eval(engine, renderer, make_env, tasks, samples=samples, k_list=ks, temperature=temp,
                         top_p=cfg.rollout.top_p, max_tokens=mt, seed=cfg.seed, out_dir=out_dir,
                         max_episode_tokens=met, batch_size=batch_size,
-                        env_threads=cfg.rollout.env_threads, meta=meta, console=console, rollout=rollout)
+                        env_threads=cfg.rollout.env_threads, meta=meta, console=console, rollout=rollout,
+                        step_timeout_s=cfg.env.step_timeout_s, reset_timeout_s=cfg.env.reset_timeout_s)
     finally:
         if pool is not None:
             pool.shutdown()

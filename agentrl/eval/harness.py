@@ -18,6 +18,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,8 @@ def task_label(reset_kwargs: dict[str, Any]) -> str:
 
 
 def _end_reason(tr: Trajectory) -> str:
+    if tr.info.get("env_timeout"):
+        return f"{tr.info['env_timeout']}_timeout"  # reset_timeout | step_timeout
     if not tr.turns and "error" in tr.info:
         return "reset_error"
     if tr.turns and tr.turns[-1].info.get("env_exception"):
@@ -178,13 +181,16 @@ def run_eval(
     meta: dict[str, Any] | None = None,
     console: Any = None,
     rollout: Callable[[list[EpisodeSpec], SamplingParams, int | None], list[Trajectory]] | None = None,
+    step_timeout_s: float | None = None,
+    reset_timeout_s: float | None = None,
 ) -> dict[str, Any]:
     """Evaluate a policy: `samples` episodes of every task, summarised.
 
     Args:
         engine: the policy (`HFEngine`, vLLM, or `ScriptedEngine` for a scripted policy).
         renderer: `ChatRenderer` of the engine's tokenizer.
-        make_env: makes one env (called `min(batch_size, episodes)` times unless `envs` given).
+        make_env: makes one env (called `min(batch_size, episodes)` times unless `envs` given,
+            and once for each env whose reset or step timed out, to replace it).
         tasks: reset kwargs of each task, e.g. `{"seed": 10_000_000 + i}` or
             `{"options": {"task": ...}}` (see `agentrl.eval.tasks.list_tasks`).
         samples: episodes per task (N of pass@k).
@@ -198,7 +204,8 @@ def run_eval(
         max_episode_tokens: cap on an episode's total length (tokens, prompt included).
         batch_size: episodes run together (one generate call per turn for all of them).
         env_threads: threads stepping envs (sandbox runs) concurrently, when `executor` is None.
-        envs: pre-made envs to reuse (at least `min(batch_size, episodes)`); `make_env` unused.
+        envs: pre-made envs to reuse (at least `min(batch_size, episodes)`); a list is updated
+            in place when an env is replaced after a time-out.
         executor: thread pool for env steps (one of `env_threads` threads is made if None).
         meta: run settings copied into `summary["meta"]` (env, model, dataset, ...).
         console: a rich Console to print the tables and progress on (None: silent).
@@ -207,6 +214,8 @@ def run_eval(
             split="heldout")` over an `agentrl.rollout.workers.RolloutPool` (Ray workers, each
             with its own engine and envs). `engine`, `make_env`, `envs` and `executor` are then
             unused; `renderer` gives the stop ids.
+        step_timeout_s, reset_timeout_s: most seconds an env step / reset may run (None: no
+            limit); see `run_episodes`.
 
     Returns:
         The summary dict (`agentrl.eval.report.summarize`) plus `timing`
@@ -234,11 +243,13 @@ def run_eval(
             raise ValueError(f"envs: {len(envs)} given, need {width} (min(batch_size, episodes))")
         pool = executor or ThreadPoolExecutor(max_workers=max(1, env_threads))
 
-        local_envs = list(envs)
+        local_envs = envs if isinstance(envs, list) else list(envs)  # replacements stay in it
 
         def run_here(specs: list[EpisodeSpec], p: SamplingParams, s: int | None) -> list[Trajectory]:
             return run_episodes(engine, renderer, local_envs, specs, p,
-                                max_episode_tokens=max_episode_tokens, executor=pool, seed=s)
+                                max_episode_tokens=max_episode_tokens, executor=pool, seed=s,
+                                step_timeout_s=step_timeout_s, reset_timeout_s=reset_timeout_s,
+                                make_env=make_env)
 
         run_batch = run_here
     progress = _progress(console, len(jobs))
@@ -316,13 +327,15 @@ def heldout_settings(cfg: Any) -> dict[str, Any]:
     trainer's evaluation (`evaluate_heldout`) and `agentrl eval`'s defaults, so that both give
     the same number for the same checkpoint: `samples` (`train.eval_samples`), `k_list`
     (1 and `samples`), `temperature` (`rollout.temperature`), `top_p`, `max_tokens`,
-    `max_episode_tokens`, `seed` (the run's `seed`) and `batch_size` (`train.eval_batch_size`;
-    the sampler seed is drawn per batch)."""
+    `max_episode_tokens`, `seed` (the run's `seed`), `batch_size` (`train.eval_batch_size`;
+    the sampler seed is drawn per batch) and the env time limits (`env.step_timeout_s`,
+    `env.reset_timeout_s`)."""
     n = int(cfg.train.eval_samples)
     return {"samples": n, "k_list": sorted({1, n}), "temperature": float(cfg.rollout.temperature),
             "top_p": cfg.rollout.top_p, "max_tokens": cfg.rollout.max_tokens,
             "max_episode_tokens": cfg.rollout.max_episode_tokens, "seed": int(cfg.seed),
-            "batch_size": int(cfg.train.eval_batch_size)}
+            "batch_size": int(cfg.train.eval_batch_size), "step_timeout_s": cfg.env.step_timeout_s,
+            "reset_timeout_s": cfg.env.reset_timeout_s}
 
 
 def heldout_width(cfg: Any) -> int:
@@ -334,7 +347,8 @@ def heldout_width(cfg: Any) -> int:
 
 def evaluate_heldout(engine: Engine | None, renderer: ChatRenderer, envs: list[Any], cfg: Any,
                      pool: ThreadPoolExecutor | None, *, rollout: Callable[..., list[Trajectory]] | None = None,
-                     out_dir: str | Path | None = None) -> dict[str, Any]:
+                     out_dir: str | Path | None = None,
+                     make_env: Callable[[], Any] | None = None) -> dict[str, Any]:
     """The held-out evaluation of a run: the first `train.eval_tasks` tasks of the env's fixed
     held-out list (`agentrl.eval.tasks.list_tasks` on `envs[0]`, which must be made on the
     held-out split), `train.eval_samples` episodes each, with `heldout_settings(cfg)`. Runs
@@ -349,6 +363,8 @@ def evaluate_heldout(engine: Engine | None, renderer: ChatRenderer, envs: list[A
         pool: threads stepping the envs.
         rollout: `(specs, params, seed) -> trajectories` to run batches elsewhere (Ray workers).
         out_dir: write `results.jsonl`, `summary.json`, `summary.md` there (None: nothing).
+        make_env: makes a held-out env to replace one of `envs` whose call timed out (default:
+            `build_env(cfg, "heldout")`, without shared reward wrappers).
 
     Returns:
         The summary of `run_eval` (`overall["pass@1"]`, `overall["pass@1_se"]`, ...).
@@ -358,7 +374,11 @@ def evaluate_heldout(engine: Engine | None, renderer: ChatRenderer, envs: list[A
     """
     from agentrl.eval.tasks import list_tasks
 
+    if make_env is None:
+        from agentrl.envs import build_env
+
+        make_env = partial(build_env, cfg, "heldout")
     tasks, source = list_tasks(envs[0], cfg.train.eval_tasks, default_n=cfg.train.eval_tasks)
-    return run_eval(engine, renderer, lambda: None, tasks, envs=envs, executor=pool, rollout=rollout,
+    return run_eval(engine, renderer, make_env, tasks, envs=envs, executor=pool, rollout=rollout,
                     out_dir=out_dir, meta={"env": cfg.env.name, "split": "heldout", "tasks_from": source},
                     **heldout_settings(cfg))

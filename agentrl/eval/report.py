@@ -20,11 +20,13 @@ Metric definitions (overall and per task):
 - `finish_reasons`: sampler finish reason of every turn ("stop" | "length"), counted over turns.
 - `end_reasons`: how each episode ended: "terminated" (the task ended, even if a limit was
   reached on the same step), "truncated" (turn limit), "max_episode_tokens", "env_error" (the
-  env raised in step) or "reset_error".
+  env raised in step), "reset_error", "step_timeout" or "reset_timeout" (a call past
+  `env.step_timeout_s` / `env.reset_timeout_s`).
 - `verdicts`: the last turn's `info["verdict"]` (sandbox verdict) counted over episodes that have one.
 - `errors`: episodes with at least one recorded error message (`info["error"]`: env
   exceptions, tool-call errors, and envs that explain a failed attempt, e.g. code_sandbox's
-  failing assertion); `env_errors`: episodes the env broke (`end` is env_error or reset_error).
+  failing assertion); `env_errors`: episodes the env broke (`end` is env_error, reset_error,
+  step_timeout or reset_timeout).
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ from typing import Any
 import numpy as np
 
 from agentrl.eval.metrics import pass_at_k_many
+
+ENV_ERROR_ENDS = ("env_error", "reset_error", "step_timeout", "reset_timeout")
+"""Episode endings (`end`) where the env broke, counted in `env_errors`."""
 
 # Numeric overall metrics shown in tables and compared by `compare` (pass@k keys are added).
 _NUMERIC = ("success_rate", "reward_mean", "reward_std", "turns_mean", "tokens_mean",
@@ -79,7 +84,7 @@ def _episode_stats(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "end_reasons": dict(sorted(Counter(r["end"] for r in rows).items())),
         "verdicts": dict(sorted(verdicts.items())),
         "errors": int(sum(bool(r.get("errors")) for r in rows)),
-        "env_errors": int(sum(r["end"] in ("env_error", "reset_error") for r in rows)),
+        "env_errors": int(sum(r["end"] in ENV_ERROR_ENDS for r in rows)),
     }
 
 

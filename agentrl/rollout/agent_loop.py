@@ -5,20 +5,25 @@ call, then every env steps in a thread pool (sandbox runs, HTTP calls are I/O-bo
 observations' ids are appended as chat-template deltas (never re-tokenizing: contract 1).
 
 An env that raises in `reset` or `step` never kills the batch: the episode ends with
-`info["error"]`, reward `error_reward`, and is kept (recorded) like any other.
+`info["error"]`, reward `error_reward`, and is kept (recorded) like any other. So does a call
+that runs past its limit (`reset_timeout_s`, `step_timeout_s`): it is abandoned on its own
+daemon thread (Python cannot stop a thread; that one is never reused, and closes its env if the
+call ever returns), the other episodes go on, and the env instance is replaced in `envs` by a
+fresh one from `make_env`, since the abandoned call may still be using it.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agentrl.rollout.chat import ChatRenderer
-from agentrl.rollout.engines.base import Engine, SamplingParams
+from agentrl.rollout.engines.base import Engine, SamplingParams, prompt_key
 from agentrl.trajectory import Trajectory
 
 
@@ -30,33 +35,107 @@ class EpisodeSpec:
     group_id: int = 0
 
 
+class EnvCallTimeout(Exception):
+    """An env's `reset` or `step` ran longer than its limit (the call goes on in the background)."""
+
+
 def _short_error(e: BaseException) -> str:
     tb = traceback.extract_tb(e.__traceback__)
     where = f" at {tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno}" if tb else ""
     return f"{type(e).__name__}: {e}{where}"[:500]
 
 
-def _safe_reset(env: Any, kw: dict[str, Any]) -> tuple[list | None, dict]:
+def call_with_timeout(fn: Callable[[], Any], timeout_s: float | None, *,
+                      on_late: Callable[[], Any] | None = None) -> Any:
+    """`fn()`, here when `timeout_s` is None, else on a new daemon thread waited for at most
+    `timeout_s` seconds.
+
+    A call that does not return in time is abandoned: its thread (a daemon, so it never holds up
+    the interpreter's exit) is used for nothing else, and calls `on_late` if `fn` returns after
+    all (e.g. to close the env it was stepping; errors there are ignored).
+
+    Raises:
+        EnvCallTimeout: `fn` ran longer than `timeout_s` seconds.
+        Whatever `fn` raises (with its own traceback).
+    """
+    if timeout_s is None:
+        return fn()
+    box: dict[str, Any] = {}
+    cond = threading.Condition()
+
+    def target() -> None:
+        try:
+            out: dict[str, Any] = {"value": fn()}
+        except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
+            out = {"error": e}
+        with cond:
+            box.update(out)
+            late = box.get("abandoned", False)
+            cond.notify_all()
+        if late and on_late is not None:
+            try:
+                on_late()
+            except Exception:  # noqa: BLE001 - cleanup of an abandoned env: best effort
+                pass
+
+    threading.Thread(target=target, name="agentrl-env-call", daemon=True).start()
+    with cond:
+        if not cond.wait_for(lambda: "value" in box or "error" in box, timeout=timeout_s):
+            box["abandoned"] = True  # read by the thread when (if ever) `fn` returns
+            raise EnvCallTimeout(f"timed out after {timeout_s:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _safe_reset(env: Any, kw: dict[str, Any], timeout_s: float | None = None) -> tuple[list | None, dict]:
     try:
-        obs, info = env.reset(**kw)
+        obs, info = call_with_timeout(lambda: env.reset(**kw), timeout_s, on_late=_closer(env))
         return obs, dict(info or {})
+    except EnvCallTimeout as e:
+        return None, {"error": f"reset {e}", "env_timeout": "reset"}
     except Exception as e:  # noqa: BLE001 - contract 7: a failing env is recorded, never fatal
         return None, {"error": f"reset failed: {_short_error(e)}"}
 
 
-def _safe_step(env: Any, action: str) -> tuple[list, float, bool, bool, dict]:
+def _safe_step(env: Any, action: str, timeout_s: float | None = None) -> tuple[list, float, bool, bool, dict]:
     try:
-        obs, reward, terminated, truncated, info = env.step(action)
+        obs, reward, terminated, truncated, info = call_with_timeout(
+            lambda: env.step(action), timeout_s, on_late=_closer(env))
         return list(obs or []), float(reward), bool(terminated), bool(truncated), dict(info or {})
+    except EnvCallTimeout as e:  # a penalised failure, like an env that raised (module doc)
+        return [], float("nan"), True, False, {"error": f"step {e}", "env_timeout": "step"}
     except Exception as e:  # noqa: BLE001 - contract 7
         return [], float("nan"), True, False, {"error": f"step failed: {_short_error(e)}",
                                                "env_exception": True}
 
 
+def _closer(env: Any) -> Callable[[], Any] | None:
+    close = getattr(env, "close", None)
+    return close if callable(close) else None
+
+
+def opening_prompt(env: Any, renderer: ChatRenderer, reset_kwargs: dict[str, Any], *,
+                   max_episode_tokens: int, reset_timeout_s: float | None = None
+                   ) -> tuple[list[int] | None, bool]:
+    """The prompt ids an episode reset with `reset_kwargs` opens with, as `run_episodes` puts
+    it in its first generate call (None when the reset fails or times out, or the prompt leaves
+    no room under `max_episode_tokens`: such an episode is in no generate call).
+
+    Returns:
+        `(ids or None, timed_out)`; after a time-out `env` must not be used again.
+    """
+    obs, info = _safe_reset(env, reset_kwargs, reset_timeout_s)
+    if obs is None:
+        return None, bool(info.get("env_timeout"))
+    ids = renderer.prompt_ids(obs, tools=info.get("tools"))
+    return (ids if len(ids) < max_episode_tokens else None), False
+
+
 def run_episodes(
     engine: Engine,
     renderer: ChatRenderer,
-    envs: Sequence[Any],
+    envs: list[Any],
     specs: Sequence[EpisodeSpec],
     params: SamplingParams,
     *,
@@ -65,22 +144,37 @@ def run_episodes(
     error_reward: float = 0.0,
     seed: int | None = None,
     on_turn: Callable[[int], None] | None = None,
+    step_timeout_s: float | None = None,
+    reset_timeout_s: float | None = None,
+    make_env: Callable[[], Any] | None = None,
+    seed_offsets: Mapping[bytes, int] | None = None,
 ) -> list[Trajectory]:
     """Run `len(specs)` episodes concurrently, episode i on `envs[i]`.
 
     Args:
         engine: the inference engine (`generate` from token ids).
         renderer: chat renderer of the engine's tokenizer.
-        envs: one env per episode (reused across calls; each is reset here).
+        envs: one env per episode (reused across calls; each is reset here). A list: an env
+            whose call timed out is replaced in it by `make_env()`.
         specs: reset arguments and group id per episode.
         params: sampling settings; `max_tokens` is the per-turn cap (tokens), further capped by
             what is left of `max_episode_tokens`. `params.n` must be 1 (groups are explicit).
         max_episode_tokens: cap on an episode's total length (tokens, prompt included); reaching
             it truncates the episode (`info["truncated_by"] = "max_episode_tokens"`).
         executor: thread pool for env resets/steps (one is made if None).
-        error_reward: reward of a step whose env raised (the reason goes in `info["error"]`).
+        error_reward: reward of a step whose env raised or timed out (the reason goes in
+            `info["error"]`).
         seed: base seed of the sampler; turn k uses `seed + k` (None: engine state).
         on_turn: called with the number of live episodes after each generation (progress).
+        step_timeout_s, reset_timeout_s: most seconds one `env.step` / `env.reset` may run
+            (None: no limit). A step over it ends its episode (`terminated`, reward
+            `error_reward`, `info["error"]`, `info["env_timeout"] = "step"`); a reset over it
+            gives an empty episode (`info["env_timeout"] = "reset"`), as a failed reset does.
+        make_env: makes a fresh env to replace one whose call timed out (needed with a limit).
+        seed_offsets: for the first generate call, occurrences of each opening prompt
+            (`prompt_key` of its ids) in rows of the same batch that run elsewhere and come
+            before these (a rollout worker's earlier shards), so that this call's rows get
+            the per-row seeds one call over the whole batch would give them (`row_seeds`).
 
     Returns:
         One `Trajectory` per spec, in order, with `policy_version` of the engine when the
@@ -88,82 +182,147 @@ def run_episodes(
         later turns are then sampled by a newer version, never an older one).
 
     Raises:
-        ValueError: if `len(envs) < len(specs)` or `params.n != 1`.
+        ValueError: if `len(envs) < len(specs)`, `params.n != 1`, or a time limit is set
+            without `make_env`.
     """
     if len(envs) < len(specs):
         raise ValueError(f"need one env per episode: {len(envs)} envs for {len(specs)} episodes")
     if params.n != 1:
         raise ValueError("run_episodes runs one sample per spec; express groups as repeated specs")
+    if make_env is None and (step_timeout_s is not None or reset_timeout_s is not None):
+        raise ValueError("step_timeout_s / reset_timeout_s need make_env: an env whose call timed "
+                         "out is still in use by that call and is replaced, never reused")
     own_pool = executor is None
     pool = executor or ThreadPoolExecutor(max_workers=8)
+    run = _Run(engine, renderer, envs, specs, params, max_episode_tokens, pool, error_reward,
+               step_timeout_s, reset_timeout_s, make_env)
     try:
-        return _run(engine, renderer, envs, specs, params, max_episode_tokens, pool,
-                    error_reward, seed, on_turn)
+        return run.episodes(seed, on_turn, seed_offsets)
     finally:
         if own_pool:
             pool.shutdown(wait=True)
 
 
-def _run(engine, renderer, envs, specs, params, max_episode_tokens, pool, error_reward, seed,
-         on_turn) -> list[Trajectory]:
-    n = len(specs)
-    trajs = [Trajectory(group_id=s.group_id, policy_version=engine.policy_version) for s in specs]
-    t0 = time.perf_counter()
-    resets = list(pool.map(lambda i: _safe_reset(envs[i], specs[i].reset_kwargs), range(n)))
-    live: list[int] = []
-    for i, (obs, info) in enumerate(resets):
-        tr = trajs[i]
-        tr.info.update({k: v for k, v in info.items() if k != "tools"})
-        tr.task_id = str(info.get("task_id", ""))
-        tr.timings["env"] = 0.0
-        tr.timings["generate"] = 0.0
-        if obs is None:  # reset failed: a recorded, empty, zero-reward episode
-            tr.terminated = True
-            continue
-        tr.messages = list(obs)
-        tr.append_context(renderer.prompt_ids(obs, tools=info.get("tools")))
-        live.append(i)
-    reset_s = time.perf_counter() - t0
-    for tr in trajs:
-        tr.timings["env"] += reset_s / max(n, 1)
+@dataclass
+class _Run:
+    """One `run_episodes` call: its arguments, and the episodes' trajectories as they grow."""
 
-    turn = 0
-    while live:
-        # 1) generate for every live episode at once
-        room = {i: max_episode_tokens - len(trajs[i].token_ids) for i in live}
-        for i in [i for i in live if room[i] <= 0]:
-            trajs[i].truncated = True
-            trajs[i].info["truncated_by"] = "max_episode_tokens"
-        live = [i for i in live if room[i] > 0]
-        if not live:
-            break
-        cap = min(params.max_tokens, max(room[i] for i in live))
-        p = replace(params, max_tokens=cap, seed=None if seed is None else seed + turn)
+    engine: Engine
+    renderer: ChatRenderer
+    envs: list[Any]
+    specs: Sequence[EpisodeSpec]
+    params: SamplingParams
+    max_episode_tokens: int
+    pool: ThreadPoolExecutor
+    error_reward: float
+    step_timeout_s: float | None
+    reset_timeout_s: float | None
+    make_env: Callable[[], Any] | None
+    trajs: list[Trajectory] = field(default_factory=list)
+
+    def episodes(self, seed: int | None, on_turn: Callable[[int], None] | None,
+                 seed_offsets: Mapping[bytes, int] | None) -> list[Trajectory]:
+        self.trajs = [Trajectory(group_id=s.group_id, policy_version=self.engine.policy_version)
+                      for s in self.specs]
+        live = self.reset_all()
+        turn = 0
+        while live:
+            live = self.make_room(live)
+            if not live:
+                break
+            offsets = None
+            if turn == 0 and seed_offsets:  # later turns' contexts are the episodes' own
+                offsets = [seed_offsets.get(prompt_key(self.trajs[i].token_ids), 0) for i in live]
+            actions = self.generate(live, None if seed is None else seed + turn, offsets)
+            if on_turn:
+                on_turn(len(live))
+            live = self.step_all(live, actions)
+            turn += 1
+        for tr in self.trajs:
+            tr.info["num_turns"] = len(tr.turns)
+            tr.validate()
+        return self.trajs
+
+    def retire(self, i: int) -> None:
+        """Replace `envs[i]`, whose call timed out (it may still be running in it)."""
+        assert self.make_env is not None  # checked by run_episodes
+        self.envs[i] = self.make_env()
+
+    def reset_all(self) -> list[int]:
+        """Reset every env; returns the episodes that started (a failed reset: a recorded,
+        empty, zero-reward episode)."""
+        n, t0 = len(self.specs), time.perf_counter()
+        resets = list(self.pool.map(
+            lambda i: _safe_reset(self.envs[i], self.specs[i].reset_kwargs, self.reset_timeout_s),
+            range(n)))
+        live: list[int] = []
+        for i, (obs, info) in enumerate(resets):
+            tr = self.trajs[i]
+            tr.info.update({k: v for k, v in info.items() if k != "tools"})
+            tr.task_id = str(info.get("task_id", ""))
+            tr.timings["env"] = 0.0
+            tr.timings["generate"] = 0.0
+            if info.get("env_timeout"):
+                self.retire(i)
+            if obs is None:
+                tr.terminated = True
+                continue
+            tr.messages = list(obs)
+            tr.append_context(self.renderer.prompt_ids(obs, tools=info.get("tools")))
+            live.append(i)
+        reset_s = time.perf_counter() - t0
+        for tr in self.trajs:
+            tr.timings["env"] += reset_s / max(n, 1)
+        return live
+
+    def make_room(self, live: list[int]) -> list[int]:
+        """Truncate the episodes that reached `max_episode_tokens`; returns the others."""
+        out = []
+        for i in live:
+            if self.max_episode_tokens - len(self.trajs[i].token_ids) <= 0:
+                self.trajs[i].truncated = True
+                self.trajs[i].info["truncated_by"] = "max_episode_tokens"
+            else:
+                out.append(i)
+        return out
+
+    def generate(self, live: list[int], seed: int | None, offsets: list[int] | None) -> list[str]:
+        """One generate call for every live episode; appends the sampled turns and returns
+        their texts."""
+        room = {i: self.max_episode_tokens - len(self.trajs[i].token_ids) for i in live}
+        cap = min(self.params.max_tokens, max(room.values()))
+        p = replace(self.params, max_tokens=cap, seed=seed, seed_offsets=offsets)
         t0 = time.perf_counter()
-        outs = engine.generate([trajs[i].token_ids for i in live], p)
+        outs = self.engine.generate([self.trajs[i].token_ids for i in live], p)
         gen_s = time.perf_counter() - t0
-        if on_turn:
-            on_turn(len(live))
         actions = []
         for i, out in zip(live, outs):
             ids, lps, finish = out.token_ids, out.logprobs, out.finish_reason
             if len(ids) > room[i]:  # a row with less room than the batch cap
                 ids, lps, finish = ids[: room[i]], lps[: room[i]], "length"
-            text = renderer.decode_action(ids)
-            trajs[i].append_sampled(ids, lps, text=text, finish_reason=finish)
-            trajs[i].messages.append({"role": "assistant", "content": text})
-            trajs[i].timings["generate"] += gen_s / len(live)
+            text = self.renderer.decode_action(ids)
+            tr = self.trajs[i]
+            tr.append_sampled(ids, lps, text=text, finish_reason=finish)
+            tr.messages.append({"role": "assistant", "content": text})
+            tr.timings["generate"] += gen_s / len(live)
             actions.append(text)
-        # 2) step every env with its text, concurrently
+        return actions
+
+    def step_all(self, live: list[int], actions: list[str]) -> list[int]:
+        """Step every live env with its text, concurrently; returns the episodes that go on."""
         t0 = time.perf_counter()
-        results = list(pool.map(lambda a: _safe_step(envs[a[0]], a[1]), zip(live, actions)))
+        results = list(self.pool.map(lambda a: _safe_step(self.envs[a[0]], a[1], self.step_timeout_s),
+                                     zip(live, actions)))
         env_s = time.perf_counter() - t0
         still = []
         for i, (obs, reward, terminated, truncated, info) in zip(live, results):
-            tr = trajs[i]
+            tr = self.trajs[i]
             tr.timings["env"] += env_s / len(live)
-            if info.get("env_exception"):  # the env raised: a penalised, recorded step
-                reward = error_reward
+            if info.get("env_exception") or info.get("env_timeout"):  # a penalised, recorded step
+                reward = self.error_reward
+            if info.get("env_timeout"):
+                tr.info["env_timeout"] = info["env_timeout"]
+                self.retire(i)
             t = tr.turns[-1]
             t.reward = reward
             t.info = {k: v for k, v in info.items() if k != "tools"}
@@ -172,14 +331,8 @@ def _run(engine, renderer, envs, specs, params, max_episode_tokens, pool, error_
             tr.terminated, tr.truncated = terminated, truncated
             if terminated or truncated:
                 continue
-            tr.append_context(renderer.close_turn(tr.token_ids[t.start:t.end]))
-            tr.append_context(renderer.delta_ids(obs))
+            tr.append_context(self.renderer.close_turn(tr.token_ids[t.start:t.end]))
+            tr.append_context(self.renderer.delta_ids(obs))
             tr.messages.extend(obs)
             still.append(i)
-        live = still
-        turn += 1
-
-    for tr in trajs:
-        tr.info["num_turns"] = len(tr.turns)
-        tr.validate()
-    return trajs
+        return still

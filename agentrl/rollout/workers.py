@@ -1,12 +1,23 @@
 """Rollout workers: the agent loop run by N Ray actors, each holding an engine and its envs.
 
     driver (RolloutPool)                         Ray actors (RolloutWorker x N)
-    run(specs, params, seed) ── shard by group ─▶ run_episodes(engine, envs, shard, seed)
+    run(specs, params, seed) ── shard by group ─▶ run_episodes(engine, envs, shard, seed,
+                               (+ earlier shards)     seed_offsets of the earlier shards)
             ◀── trajectories (object store) ─────
     update_weights(sd, v) ── ray.put(sd) once ──▶ engine.update_weights(sd, v)  (all workers)
 
 `RolloutWorker` is a plain class: `RolloutPool(num_workers=0)` runs the very same code in this
 process (a breakpoint works), and Ray wraps the same class as an actor for `num_workers >= 1`.
+
+Sampling streams: in one process the whole batch is one `run_episodes` call, where a row's seed
+counts the rows with the same prompt before it (`row_seeds`), so repeated prompts (a group, or
+two groups of the same task) sample differently. A worker gets the specs of the earlier shards
+too, resets a probe env with each of their reset kwargs to learn their opening prompts, and
+starts its own count of each prompt where the earlier shards' ends (`seed_offsets`): its first
+turn samples exactly what the in-process call samples, whatever the sharding. Later turns are
+counted within the worker; they match the in-process call too unless two episodes on different
+workers reach the same context (the same opening prompt and identical turns so far), which then
+share that turn's seed (in one process they would not).
 
 Failure isolation: actors are created with `max_restarts`; when a worker dies in the middle of a
 step (killed, OOM, a segfaulting extension), the pool re-issues that worker's whole shard (to the
@@ -24,11 +35,13 @@ envs step, and a weight push lands between two generate calls.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +166,8 @@ class RolloutWorker:
         self._lock = threading.RLock()
         self._env_lock = threading.Lock()
         self._sets: dict[str, Leases] = {}
+        self._probes: dict[str, Any] = {}  # split -> env reset to learn opening prompts
+        self._probe_lock = threading.Lock()
 
     def _make_env(self, split: str) -> Any:
         if self._env_factory is not None:
@@ -165,6 +180,38 @@ class RolloutWorker:
             # one per worker: its env copies share judge client, curiosity memory, multiplier
             self._rewards = RewardWrappers(self.cfg.env.wrappers, self.cfg.env.wrapper_kwargs)
         return build_env(self.cfg, split, self._rewards)
+
+    def _new_env(self, split: str) -> Any:
+        """One more env of `split` (e.g. to replace one whose call timed out)."""
+        with self._env_lock:  # `_make_env` creates the shared reward wrappers once
+            return self._make_env(split)
+
+    def opening_counts(self, specs: Sequence[EpisodeSpec], split: str = "train") -> dict[bytes, int]:
+        """How many of `specs` open with each prompt (`prompt_key` of its ids) in the first
+        generate call `run_episodes` would make for them (`opening_prompt`): one reset of this
+        worker's probe env per distinct reset kwargs (an env's opening is taken to be a function
+        of its reset kwargs, as reproducibility needs anyway)."""
+        from agentrl.rollout.agent_loop import opening_prompt
+        from agentrl.rollout.engines.base import prompt_key
+
+        counts: dict[bytes, int] = {}
+        known: dict[str, list[int] | None] = {}
+        with self._probe_lock:
+            for spec in specs:
+                kw = json.dumps(spec.reset_kwargs, sort_keys=True, default=repr)
+                if kw not in known:
+                    probe = self._probes.get(split)
+                    if probe is None:
+                        probe = self._new_env(split)
+                    known[kw], timed_out = opening_prompt(
+                        probe, self.renderer, spec.reset_kwargs,
+                        max_episode_tokens=self.cfg.rollout.max_episode_tokens,
+                        reset_timeout_s=self.cfg.env.reset_timeout_s)
+                    self._probes[split] = None if timed_out else probe  # never reused after
+                ids = known[kw]
+                if ids is not None:
+                    counts[prompt_key(ids)] = counts.get(prompt_key(ids), 0) + 1
+        return counts
 
     def _fill(self, pool: list[Any], split: str, n: int) -> list[Any]:
         """Append env instances of `split` to `pool` until it holds `n`; returns `pool`."""
@@ -211,8 +258,11 @@ class RolloutWorker:
         return time.perf_counter() - t0
 
     def run(self, specs: Sequence[EpisodeSpec], params: SamplingParams, seed: int | None = None,
-            *, split: str = "train", weights: Sequence[Any] | None = None) -> list[Trajectory]:
-        """Run `specs` concurrently with `run_episodes` on this worker's envs of `split`.
+            *, split: str = "train", weights: Sequence[Any] | None = None,
+            before: Sequence[EpisodeSpec] = ()) -> list[Trajectory]:
+        """Run `specs` concurrently with `run_episodes` on this worker's envs of `split`, with
+        the run's env time limits (`env.step_timeout_s`, `env.reset_timeout_s`; an env whose
+        call timed out is replaced by a fresh one).
 
         Args:
             specs: the episodes (one env instance each).
@@ -223,6 +273,9 @@ class RolloutWorker:
                 loaded first when the engine holds another push (a restarted actor starts from
                 the model directory). The ref is nested in a list so that Ray does not fetch it
                 unless it is needed.
+            before: the specs of the batch that come before `specs` (the earlier shards): their
+                opening prompts are counted (`opening_counts`) so that `specs` get the sampling
+                seeds of the whole batch in one call (module doc).
 
         Returns:
             One trajectory per spec, in order (see `run_episodes`).
@@ -234,11 +287,15 @@ class RolloutWorker:
             with self._lock:
                 if int(weights[0]) > self.push_id:  # a concurrent call may have loaded them
                     self.update_weights(sd, int(weights[1]), push_id=int(weights[0]))
+        offsets = self.opening_counts(before, split) if before and seed is not None else None
         with self._env_sets(split).lease() as (envs, threads):
             trajs = run_episodes(LockedEngine(self.engine, self._lock), self.renderer,
                                  self._fill(envs, split, len(specs)), specs, params,
                                  max_episode_tokens=self.cfg.rollout.max_episode_tokens,
-                                 executor=threads, seed=seed)
+                                 executor=threads, seed=seed, seed_offsets=offsets,
+                                 step_timeout_s=self.cfg.env.step_timeout_s,
+                                 reset_timeout_s=self.cfg.env.reset_timeout_s,
+                                 make_env=partial(self._new_env, split))
         for tr in trajs:
             tr.info["rollout_worker"] = self.worker_id
         return trajs
@@ -314,7 +371,10 @@ class RolloutPool:
         """Run every spec once and return one trajectory per spec, in the order of `specs`.
 
         Specs are sharded by group (`shard_specs`), one shard per live worker, each run with the same
-        `seed`. A shard whose worker dies is re-issued, once Ray has restarted that actor, to the
+        `seed` and the specs of the shards before it, so that its rows sample with the seeds one
+        in-process call over all `specs` gives them (module doc; exactly so when each group's
+        specs are adjacent, as `collect` and the evaluation harness make them; interleaved groups
+        still get distinct streams). A shard whose worker dies is re-issued, once Ray has restarted that actor, to the
         same actor; to the next live worker when Ray gave it up; at most `num_workers + 1` times.
 
         Raises:
@@ -338,8 +398,9 @@ class RolloutPool:
         pending: dict[Any, tuple[int, int, int]] = {}  # ref -> (shard, worker, attempt)
 
         def submit(s: int, w: int, attempt: int) -> None:
+            before = [specs[i] for shard in shards[:s] for i in shard]
             ref = self.workers[w].run.remote([specs[i] for i in shards[s]], params, seed,
-                                             split=split, weights=weights)
+                                             split=split, weights=weights, before=before)
             pending[ref] = (s, w, attempt)
 
         for s, idx in enumerate(shards):

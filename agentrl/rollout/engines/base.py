@@ -5,9 +5,11 @@ the sampler's logprob of each, computed from `logits / temperature` over the ful
 (before top-p filtering), which is what the learner recomputes (case L4).
 
 Seeded calls give every output row its own seed (`row_seeds`), a function of the call's seed, the
-row's prompt ids and how many identical prompts came before it in the call; both engines draw a
-row's random numbers from its seed alone, so a row samples the same tokens whatever other rows
-share the call (in-process or split over rollout workers).
+row's prompt ids and how many identical prompts came before it in the call (plus, when the call
+is one shard of a larger batch, how many came before it in the earlier shards:
+`SamplingParams.seed_offsets`); both engines draw a row's random numbers from its seed alone, so
+a row samples the same tokens whatever other rows share the call (in-process or split over
+rollout workers).
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ class SamplingParams:
     stop_token_ids: ids that end a completion; the stop token is included in the output.
     n: completions per prompt (outputs are prompt-major: prompt 0's n first).
     seed: seed of this call's sampler, for reproducibility (None: engine state).
+    seed_offsets: per prompt, how many rows with the same ids count before this call's for
+        `row_seeds` (None: none). A rollout worker running one shard of a batch passes the
+        earlier shards' counts, so that its rows get the seeds of one call over the batch.
     """
 
     temperature: float = 1.0
@@ -37,6 +42,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     n: int = 1
     seed: int | None = None
+    seed_offsets: list[int] | None = None
 
 
 @dataclass
@@ -64,26 +70,40 @@ class Engine(Protocol):
         ...
 
 
-def row_seeds(prompts: Sequence[Sequence[int]], n: int, seed: int | None) -> list[int | None]:
+def prompt_key(ids: Sequence[int]) -> bytes:
+    """The identity of a prompt for counting repeats: its ids as int64 bytes."""
+    return array("q", ids).tobytes()
+
+
+def row_seeds(prompts: Sequence[Sequence[int]], n: int, seed: int | None,
+              offsets: Sequence[int] | None = None) -> list[int | None]:
     """Per-row sampler seeds for `len(prompts) * n` rows (prompt-major), independent of batching.
 
     Row (i, j) gets `blake2b(seed, k, ids of prompt i) mod 2**63`, where k counts the earlier rows
-    of the call with the same prompt ids (so the n samples of a prompt, and repeated prompts of a
-    group, all differ). Two calls that contain the same prompt at the same occurrence give it the
-    same seed, whatever else they contain.
+    of the call with the same prompt ids, plus `offsets[i]` (so the n samples of a prompt, and
+    repeated prompts of a group, all differ). Two calls that contain the same prompt at the same
+    occurrence give it the same seed, whatever else they contain; so one batch split into calls
+    gives every row the seed of the whole batch in one call when each call's `offsets` count the
+    prompt's rows in the calls before it.
 
     Returns:
         `len(prompts) * n` seeds in [0, 2**63), or all None when `seed` is None.
+
+    Raises:
+        ValueError: `offsets` of another length than `prompts`, or negative.
     """
+    if offsets is not None and (len(offsets) != len(prompts) or min(offsets, default=0) < 0):
+        raise ValueError(f"offsets: need {len(prompts)} counts >= 0 (one per prompt), got {list(offsets)[:8]}")
     if seed is None:
         return [None] * (len(prompts) * n)
     seen: dict[bytes, int] = {}
     out: list[int | None] = []
-    for p in prompts:
-        key = array("q", p).tobytes()
+    for i, p in enumerate(prompts):
+        key = prompt_key(p)
         for _ in range(n):
             k = seen.get(key, 0)
             seen[key] = k + 1
+            k += 0 if offsets is None else int(offsets[i])
             h = hashlib.blake2b(digest_size=8)
             h.update(int(seed).to_bytes(16, "little", signed=True))
             h.update(k.to_bytes(8, "little"))

@@ -27,9 +27,10 @@ token, before top-p filtering, with T = 1 for greedy (temperature 0). This is wh
 recomputes with a teacher-forced forward at the same temperature, so the PPO ratio is exactly 1
 when the weights have not changed.
 
-Reproducibility: every output row has its own 64-bit seed, `row_seeds(prompts, n, seed)` (a
-hash of the call's seed, the row's prompt ids and the occurrence of that prompt in the call, as
-in the vLLM engine), and its uniform draw at decode step t is `row_uniforms(seed, t)`, a
+Reproducibility: every output row has its own 64-bit seed, `row_seeds(prompts, n, seed,
+seed_offsets)` (a hash of the call's seed, the row's prompt ids and the occurrence of that prompt
+in the call, counted from `params.seed_offsets` when the call is a shard of a batch, as in the
+vLLM engine), and its uniform draw at decode step t is `row_uniforms(seed, t)`, a
 counter-based hash. So a row's tokens depend only on (call seed, prompt ids, occurrence of that
 prompt in the call, step), not on the other rows of the call, the chunking or the rollout
 worker it runs on; the same call gives the same completions. The exception is float32
@@ -200,7 +201,7 @@ class HFEngine:
         if params.seed is None:  # not reproducible: seeds from torch's global generator
             seeds = torch.randint(-(1 << 63), (1 << 63) - 1, (len(prompts) * params.n,), dtype=torch.int64)
         else:
-            seeds = torch.tensor(row_seeds(prompts, params.n, params.seed), dtype=torch.int64)
+            seeds = torch.tensor(row_seeds(prompts, params.n, params.seed, params.seed_offsets), dtype=torch.int64)
         seeds = seeds.to(self.device)
         # Output row r = i * n + j samples prompt i. Identical prompts share one prefill: rows
         # point at a distinct prompt, and rows are batched shortest prompt first, copies together.

@@ -12,7 +12,7 @@ docs/scale_out.md); with `top_p = 1` (agentrl's default) the two are the same.
 
 Seeds: with `params.seed` set, every row (a prompt's k-th sample) gets its own vLLM request seed
 `row_seeds(...)` (`engines.base`), a hash of the call's seed, the prompt's ids and how many
-identical prompts came before it in the call. A row's draws therefore do not depend on which
+identical prompts came before it in the call (from `params.seed_offsets`). A row's draws therefore do not depend on which
 other rows share the call, so the same episode gives the same tokens whether it runs in-process
 or on any worker.
 
@@ -176,7 +176,7 @@ class VLLMEngine:
                 raise ValueError(f"prompt {i} has a token id outside [0, {self.vocab_size})")
         if not prompts:
             return []
-        seeds = row_seeds(prompts, params.n, params.seed)
+        seeds = row_seeds(prompts, params.n, params.seed, params.seed_offsets)
         requests, sampling = [], []
         for r, s in enumerate(seeds):
             requests.append(TokensPrompt(prompt_token_ids=list(prompts[r // params.n])))
