@@ -336,3 +336,44 @@ def test_resume_a_two_rank_run_with_one_rank(ray_up, tiny_model_dir, tmp_path, m
     for s in (2, 3):
         assert _ids(out, s) == _ids(whole, s)
     assert _rel(_final(whole), _final(out)) < 1e-5
+
+
+@pytest.mark.slow
+def test_sigkill_a_two_rank_run_mid_step_then_resume(ray_up, tiny_model_dir, tmp_path):
+    """kill -9 of a whole 2-rank job (driver, Ray and both ranks: its process group) while step 2
+    runs; `agentrl train --resume OUT` (2 ranks again) continues from the step-1 DCP checkpoint
+    and ends with the weights of the uninterrupted 2-rank run (1e-5 of their scale)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    base = ["train.learner_workers=2", "train.learner_cpus=0.5", "algo.kl_coef=0.05"]
+    whole = _run(tmp_path, "whole", tiny_model_dir, base)
+    out = tmp_path / "killed"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "agentrl.cli", "train", *TOY, *base, "train.save_every=1",
+           f"model.path={tiny_model_dir}", f"out={out}"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)  # its own process group: the job's Ray too
+    marker = out / "checkpoints/step_1/agentrl_state.json"
+    deadline = time.monotonic() + 400
+    try:
+        while not marker.exists():
+            assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "no step-1 checkpoint in time"
+            time.sleep(0.005)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # kill -9 while step 2 runs
+        proc.wait(timeout=60)
+        proc.stderr.close()
+    assert not (out / "checkpoints/step_2").exists(), "the kill came after step 2 finished"
+    assert (out / "checkpoints/step_1/dcp").is_dir()
+    r = subprocess.run([sys.executable, "-m", "agentrl.cli", "train", "--resume", str(out), "-q"],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"[resume] from {out / 'checkpoints/step_1'} at step 1" in r.stdout
+    for s in (2, 3):
+        assert _ids(out, s) == _ids(whole, s)
+    assert _rel(_final(whole), _final(out)) < 1e-5
