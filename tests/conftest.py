@@ -14,6 +14,17 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
+SHARED_DATA = __import__("pathlib").Path(__file__).resolve().parents[2] / "shared" / "data"
+"""HumanEval, HumanEval+, MBPP and MBPP+ (the project's shared data, beside the clone)."""
+
+
+def pytest_sessionstart(session) -> None:
+    """Under CI (`CI=true`) the dataset tests must run, not skip: CI lays shared/ beside the
+    clone, so its absence there is an error of the set-up, reported before any test."""
+    if os.environ.get("CI", "").lower() in ("1", "true") and not SHARED_DATA.is_dir():
+        raise pytest.UsageError(f"CI=true but the shared data folder {SHARED_DATA} is missing: "
+                                "the dataset tests would only skip")
+
 TINY_TEXTS = [
     "Write a Python function `add_seven(x)` that returns x plus 7.",
     "def add_seven(x):\n    return x + 7",
