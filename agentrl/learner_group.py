@@ -117,7 +117,6 @@ class LearnerGroup:
         self.algo_state: dict[str, Any] = {}
         self.optimizer_steps = 0
         self.nonfinite_streak = 0
-        self.value_head = object() if kwargs.get("value_head") else None  # (a flag, as on Learner)
         bundle: dict[str, float] = {"CPU": float(cpus)}
         if gpus:
             bundle["GPU"] = float(gpus)
