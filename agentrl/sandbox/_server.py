@@ -284,12 +284,16 @@ KEYCTL_JOIN_SESSION_KEYRING, KEYCTL_CLEAR, KEYCTL_GET_PERSISTENT = 1, 7, 22
 KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING = -4, -5
 
 
+_LIBC = []
+
+
 def _keyctl(*args):
     """keyctl(2) through libc's syscall(); -1 where the call or the architecture is unknown."""
     try:
+        if not _LIBC:
+            _LIBC.append(ctypes.CDLL(None, use_errno=True))
         nr = _SYS_KEYCTL[os.uname().machine]
-        return ctypes.CDLL(None, use_errno=True).syscall(
-            nr, *[ctypes.c_long(a) for a in args])
+        return _LIBC[0].syscall(nr, *[ctypes.c_long(a) for a in args])
     except (KeyError, OSError, AttributeError):
         return -1
 
