@@ -45,6 +45,10 @@ ATTACKS = {
                     "    open(f'/tmp/.h/\\n x/{i}', 'w').close()\n"
                     "open('/tmp/.h/locked', 'w').write('x')\nos.chmod('/tmp/.h/locked', 0)\n"
                     "os.chmod('/tmp/.h', 0)\nprint('built')\n"),
+    # the whole tmpfs, until ENOSPC
+    "fill_space": ("import os\nn = 0\ntry:\n    while True:\n"
+                   "        with open(f'/tmp/f{n}', 'wb') as fh:\n            fh.write(b'x' * (8 << 20))\n"
+                   "        n += 1\nexcept OSError as e:\n    assert e.errno == 28, e\nprint('built')\n"),
     # a POSIX message queue in the worker's IPC namespace
     "mqueue": (LIBC + "rt = ctypes.CDLL('librt.so.1', use_errno=True)\n"
                "assert rt.mq_open(b'/agentrl_q', os.O_CREAT | os.O_RDWR, 0o600, None) >= 0\n"
