@@ -6,8 +6,9 @@ sandbox down.  What differs is the isolation around the server:
 
 * ``bwrap``: new mount/PID/network/IPC/UTS (and cgroup) namespaces, read-only binds of only
   ``/usr`` (+ the ``/bin``, ``/lib*`` symlinks) and the real interpreter's install prefix, a
-  size-capped tmpfs ``/tmp``, a cleared environment, ``--die-with-parent``, ``--new-session``;
-  the server runs as an unprivileged uid.  When the runner is root, a user namespace is prepared
+  size-capped tmpfs ``/tmp``, a private ``/dev/mqueue``, a cleared environment,
+  ``--die-with-parent``, ``--new-session``; the server runs as an unprivileged uid and inherits
+  the descriptors of the worker's run cgroup where one can be made (``cgroup.py``).  When the runner is root, a user namespace is prepared
   that maps inside-uid 1000 to a per-worker host uid (leased with ``flock`` so parallel workers,
   even in other processes, never share one: RLIMIT_NPROC counts per uid and is ignored for
   root) and where creating further user namespaces is disabled.
