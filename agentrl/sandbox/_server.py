@@ -83,6 +83,11 @@ PR_SET_CHILD_SUBREAPER = 36
 # IPC namespace and the PID namespace; outside one (subprocess backend) only its own temp dir.
 CONTAINED = False
 TMP_ROOT = "/tmp"
+# The worker's run cgroup (agentrl/sandbox/cgroup.py): descriptors opened by the runner,
+# {"procs": [fd...], "mem": fd, "pids": fd or None, "oom": fd}, or None (rlimits only).
+CGROUP = None
+_CG_SET = {}  # limit values last written, per file descriptor
+WIPE_S = 2.0  # longest cleanup of /tmp & co. after a run; past it the sandbox is restarted
 
 
 # ---------------------------------------------------------------- control channel
@@ -187,25 +192,71 @@ def _kill_everything(contained):
     return False
 
 
-def _wipe(path):
-    """Remove everything below ``path`` (not ``path`` itself); fix permissions on the way."""
+def _wipe(path, deadline):
+    """Remove everything below ``path`` (not ``path`` itself); True iff it is empty afterwards.
+
+    Works for trees of any depth and any names with O(1) open descriptors and no recursion
+    (a tree deeper than PATH_MAX, or deeper than Python's recursion limit, used to survive):
+    the entries of every directory directly below ``path`` are unlinked, its subdirectories are
+    renamed up into ``path`` itself (``renameat``) and handled the same way, then it is removed.
+    Permissions the run took away are restored on the way (the server has the run's uid).
+    Gives up at ``deadline`` (``time.monotonic()``) and returns False: the caller then
+    restarts the sandbox, whose mount namespace (and tmpfs) dies with it.
+    """
     try:
-        entries = list(os.scandir(path))
+        top = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        return True
     except OSError:
-        return
-    for e in entries:
-        try:
-            if e.is_dir(follow_symlinks=False):
+        return False
+    hoisted = 0
+    try:
+        previous = None
+        while True:
+            try:
+                entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in os.scandir(top)]
+            except OSError:
+                return False
+            if not entries:
+                return True
+            if entries == previous:  # a whole pass changed nothing: give up
+                return False
+            previous = entries
+            for name, is_dir in entries:
+                if time.monotonic() > deadline:
+                    return False
                 try:
-                    os.chmod(e.path, 0o700)
+                    if not is_dir:
+                        os.unlink(name, dir_fd=top)
+                        continue
+                    os.chmod(name, 0o700, dir_fd=top)
+                    sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=top)
+                    try:
+                        for e in os.scandir(sub):
+                            if time.monotonic() > deadline:
+                                return False
+                            if not e.is_dir(follow_symlinks=False):
+                                os.unlink(e.name, dir_fd=sub)
+                                continue
+                            os.chmod(e.name, 0o700, dir_fd=sub)  # renaming a dir writes its '..'
+                            while True:
+                                hoisted += 1
+                                try:
+                                    os.rename(e.name, f".agentrl-wipe-{hoisted}", src_dir_fd=sub,
+                                              dst_dir_fd=top)
+                                    break
+                                except (FileExistsError, IsADirectoryError, NotADirectoryError):
+                                    continue
+                                except OSError as err:
+                                    if err.errno != 39:  # ENOTEMPTY: that name is taken
+                                        raise
+                    finally:
+                        os.close(sub)
+                    os.rmdir(name, dir_fd=top)
                 except OSError:
-                    pass
-                _wipe(e.path)
-                os.rmdir(e.path)
-            else:
-                os.unlink(e.path)
-        except OSError:
-            pass
+                    pass  # retried on the next pass over ``path`` (until the deadline)
+    finally:
+        os.close(top)
 
 
 def _remove_sysv_ipc():
@@ -228,6 +279,90 @@ def _remove_sysv_ipc():
                     getattr(libc, fn)(int(parts[1]), 0, ipc_rmid)
                 else:
                     getattr(libc, fn)(int(parts[1]), ipc_rmid, None)
+
+
+# keyctl(2) syscall numbers (asm/unistd_64.h; asm-generic/unistd.h); elsewhere keyrings are
+# left alone and docs/sandbox.md's keyring guarantee does not hold
+_SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}
+KEYCTL_JOIN_SESSION_KEYRING, KEYCTL_CLEAR, KEYCTL_GET_PERSISTENT = 1, 7, 22
+KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING = -4, -5
+
+
+_LIBC = []
+
+
+def _keyctl(*args):
+    """keyctl(2) through libc's syscall(); -1 where the call or the architecture is unknown."""
+    try:
+        if not _LIBC:
+            _LIBC.append(ctypes.CDLL(None, use_errno=True))
+        nr = _SYS_KEYCTL[os.uname().machine]
+        return _LIBC[0].syscall(nr, *[ctypes.c_long(a) for a in args])
+    except (KeyError, OSError, AttributeError):
+        return -1
+
+
+def _new_session_keyring():
+    """Join a fresh anonymous session keyring (the run's keys die with its processes)."""
+    _keyctl(KEYCTL_JOIN_SESSION_KEYRING, 0)
+
+
+def _clear_keyrings():
+    """Empty the uid's keyrings that outlive processes: user, user-session and persistent.
+
+    Keys and keyrings a run links there would otherwise be visible to the next run (user
+    keyrings belong to the sandbox's user namespace, so other workers never share them).
+    """
+    persistent = _keyctl(KEYCTL_GET_PERSISTENT, -1, KEY_SPEC_USER_SESSION_KEYRING)
+    if persistent > 0:
+        _keyctl(KEYCTL_CLEAR, persistent)
+    _keyctl(KEYCTL_CLEAR, KEY_SPEC_USER_SESSION_KEYRING)
+    _keyctl(KEYCTL_CLEAR, KEY_SPEC_USER_KEYRING)
+
+
+# Signal dispositions the interpreter started with (SIGINT -> KeyboardInterrupt, SIGPIPE and
+# SIGXFSZ ignored); main() records them, ignores every catchable signal in the server (a pid 1
+# with a handler, such as Python's SIGINT one, can be signalled from inside its namespace) and
+# each run's child gets the originals back.
+_SIGNALS = {}
+
+
+def _ignore_signals():
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD):
+            continue
+        try:
+            _SIGNALS[sig] = signal.getsignal(sig)
+            signal.signal(sig, signal.SIG_IGN)
+        except (OSError, ValueError, RuntimeError):
+            _SIGNALS.pop(sig, None)
+
+
+def _restore_signals():
+    for sig, handler in _SIGNALS.items():
+        try:
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        except (OSError, ValueError, TypeError, RuntimeError):
+            pass
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
+
+
+def _cg_write(fd, value):
+    """Write a cgroup limit (only when it changed since the last write)."""
+    if _CG_SET.get(fd) != value:
+        os.pwrite(fd, value.encode(), 0)
+        _CG_SET[fd] = value
+
+
+def _cg_oom_kills():
+    """The run cgroup's OOM-kill counter (``oom_kill N`` of memory.oom_control / .events)."""
+    try:
+        for line in os.pread(CGROUP["oom"], 4096, 0).decode().splitlines():
+            if line.startswith("oom_kill "):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 # ---------------------------------------------------------------- plain data (trusted helpers)
@@ -583,6 +718,9 @@ def _child(job, fds, limits, nproc_base):
     stdin_fd, out_w, err_w, rep_w = fds
     rep = rep_w
     try:
+        if CGROUP is not None:  # before anything else: every page of the run is charged there
+            for fd in CGROUP["procs"]:
+                os.pwrite(fd, b"0", 0)
         os.dup2(rep_w, REPORT_FD)
         rep = REPORT_FD
         os.setsid()
@@ -598,17 +736,17 @@ def _child(job, fds, limits, nproc_base):
             PATH="/usr/bin:/bin", HOME=work, TMPDIR=work, LANG="C.UTF-8",
             OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
         )
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        _restore_signals()
+        _new_session_keyring()
         mb = 1 << 20
         cpu = max(1, int(-(-limits["cpu_s"] // 1)))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
         resource.setrlimit(resource.RLIMIT_FSIZE, (int(limits["file_size_mb"] * mb),) * 2)
         resource.setrlimit(resource.RLIMIT_AS, (int(limits["memory_mb"] * mb),) * 2)
-        nproc = int(limits["max_procs"]) + nproc_base
-        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+        if nproc_base is not None:  # no pids cgroup: the uid's process count instead
+            nproc = int(limits["max_procs"]) + nproc_base
+            resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
         sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
         sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), errors="backslashreplace")
         sys.stderr = io.TextIOWrapper(
@@ -666,15 +804,20 @@ def _count_own_processes():
 
 
 def _clean_dirs():
-    return (TMP_ROOT, "/dev/shm") if CONTAINED else (TMP_ROOT,)
+    return (TMP_ROOT, "/dev/shm", "/dev/mqueue") if CONTAINED else (TMP_ROOT,)
 
 
 def run_job(job):
     """Run one job in a fresh child; return the raw observations for the runner to judge."""
     limits = job["limits"]
     cap = limits["output_bytes"]
-    for d in _clean_dirs():
-        _wipe(d)
+    oom0 = 0
+    if CGROUP is not None:
+        # the whole run (all its processes, its /tmp files, kernel memory) within memory_mb
+        _cg_write(CGROUP["mem"], str(int(limits["memory_mb"]) << 20))
+        if CGROUP["pids"] is not None:
+            _cg_write(CGROUP["pids"], str(int(limits["max_procs"])))
+        oom0 = _cg_oom_kills()
     if job.get("stdin"):
         stdin_fd = os.memfd_create("stdin")
         data = job["stdin"].encode()
@@ -686,7 +829,8 @@ def run_job(job):
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     rep_r, rep_w = os.pipe()
-    nproc_base = _count_own_processes()
+    pids_cg = CGROUP is not None and CGROUP["pids"] is not None
+    nproc_base = None if pids_cg else _count_own_processes()
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
     pid = os.fork()
@@ -753,10 +897,16 @@ def run_job(job):
         os.close(fd)
     ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+    # Nothing of the run may reach the next one: files (any depth, inodes), POSIX queues,
+    # SysV IPC, keys.  What cannot be removed makes the run unclean: the runner restarts the
+    # sandbox, and its namespaces (tmpfs, IPC, keyrings) die with it.
+    wipe_deadline = time.monotonic() + WIPE_S
     for d in _clean_dirs():
-        _wipe(d)
+        clean = _wipe(d, wipe_deadline) and clean
     if CONTAINED:
         _remove_sysv_ipc()
+        _clear_keyrings()
+    oom_kills = _cg_oom_kills() - oom0 if CGROUP is not None else 0
     exited = status is not None and os.WIFEXITED(status)
     b64 = lambda b: base64.b64encode(bytes(b)).decode()  # noqa: E731
     return {
@@ -770,14 +920,21 @@ def run_job(job):
         "wall_s": wall,
         "cpu_s": cpu,
         "clean": clean,
+        "oom_kill": oom_kills > 0,
     }
 
 
 def main():
-    global CONTAINED, TMP_ROOT
+    global CONTAINED, TMP_ROOT, CGROUP
     config = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
     CONTAINED = bool(config.get("contained"))
     TMP_ROOT = config.get("tmp", "/tmp")
+    CGROUP = config.get("cgroup")
+    # Pid 1 of a PID namespace receives from inside it only the signals it has handlers for;
+    # ignore every catchable one (SIGINT's KeyboardInterrupt killed the server) and join a
+    # fresh session keyring (the trainer's is not ours to share)
+    _ignore_signals()
+    _new_session_keyring()
     ctl_in = os.dup(0)
     ctl_out = os.dup(1)
     devnull = os.open("/dev/null", os.O_RDWR)

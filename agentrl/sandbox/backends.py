@@ -6,8 +6,9 @@ sandbox down.  What differs is the isolation around the server:
 
 * ``bwrap``: new mount/PID/network/IPC/UTS (and cgroup) namespaces, read-only binds of only
   ``/usr`` (+ the ``/bin``, ``/lib*`` symlinks) and the real interpreter's install prefix, a
-  size-capped tmpfs ``/tmp``, a cleared environment, ``--die-with-parent``, ``--new-session``;
-  the server runs as an unprivileged uid.  When the runner is root, a user namespace is prepared
+  size-capped tmpfs ``/tmp``, a private ``/dev/mqueue``, a cleared environment,
+  ``--die-with-parent``, ``--new-session``; the server runs as an unprivileged uid and inherits
+  the descriptors of the worker's run cgroup where one can be made (``cgroup.py``).  When the runner is root, a user namespace is prepared
   that maps inside-uid 1000 to a per-worker host uid (leased with ``flock`` so parallel workers,
   even in other processes, never share one: RLIMIT_NPROC counts per uid and is ignored for
   root) and where creating further user namespaces is disabled.
@@ -38,6 +39,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
+
+from . import cgroup as run_cgroup
 
 log = logging.getLogger(__name__)
 
@@ -262,8 +265,12 @@ def _traversable_parents(path: str) -> list[str]:
     return out
 
 
-def bwrap_argv(*, root: bool, userns_fd: int | None, tmpfs_mb: int) -> list[str]:
-    """The full bwrap command line for one worker (see the module docstring)."""
+def bwrap_argv(*, root: bool, userns_fd: int | None, tmpfs_mb: int,
+               cgroup: dict | None = None) -> list[str]:
+    """The full bwrap command line for one worker (see the module docstring).
+
+    cgroup: the server's view of the worker's run cgroup (``RunCgroup.config()``), or None.
+    """
     exe, prefix = real_python()
     args = ["bwrap"]
     if userns_fd is not None:
@@ -284,12 +291,15 @@ def bwrap_argv(*, root: bool, userns_fd: int | None, tmpfs_mb: int) -> list[str]
         if path != "/usr" and not path.startswith("/usr/"):
             args += _traversable_parents(path) + ["--ro-bind", path, path]
     args += ["--proc", "/proc", "--dev", "/dev",
+             # a private POSIX message-queue file system: the server lists and unlinks the
+             # queues a run leaves in the (per-worker) IPC namespace
+             "--mqueue", "/dev/mqueue",
              "--perms", "1777", "--size", str(tmpfs_mb << 20), "--tmpfs", "/tmp",
              "--remount-ro", "/", "--chdir", "/tmp",
              # the server is the PID namespace's init: it reaps every orphan, signals from
              # inside the namespace cannot kill or stop it, and the outer bwrap reaps it
              "--as-pid-1"]
-    inner = server_argv(exe, {"contained": True})
+    inner = server_argv(exe, {"contained": True, "cgroup": cgroup})
     if root:
         args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--",
                  shutil.which("setpriv") or "/usr/bin/setpriv",
@@ -372,22 +382,31 @@ def start_bwrap(tmpfs_mb: int) -> Channel:
     userns_fd: int | None = None
     helper: subprocess.Popen[bytes] | None = None
     lease: UidLease | None = None
+    cg = run_cgroup.create()
     try:
         if root:
             lease = UidLease()
             userns_fd, helper = _make_userns(lease.uid)
             pass_fds = (userns_fd,)
             cleanup.append(lease.release)
-        argv = bwrap_argv(root=root, userns_fd=userns_fd, tmpfs_mb=tmpfs_mb)
+        if cg is not None:
+            pass_fds += cg.pass_fds()
+            cleanup.append(cg.remove)
+        argv = bwrap_argv(root=root, userns_fd=userns_fd, tmpfs_mb=tmpfs_mb,
+                          cgroup=cg.config() if cg is not None else None)
         ch = _popen_channel(argv, pass_fds=pass_fds, cleanup=cleanup,
                             describe=f"bwrap(uid {lease.uid if lease else os.getuid()})")
     except BaseException:
         if lease:
             lease.release()
+        if cg is not None:
+            cg.remove()
         raise
     finally:
         if userns_fd is not None:
             os.close(userns_fd)
+        if cg is not None:
+            cg.close_fds()
     ch.helper = helper  # killed by the worker once the server is ready
     return ch
 

@@ -256,6 +256,9 @@ def judge(job: dict, raw: dict, names: list[str] | None, backend: str) -> Sandbo
         return result("timeout", f"CPU time limit of {limits['cpu_s']:g} s exceeded")
     if raw.get("output_limit"):
         return result("output_limit", f"output exceeded {limits['output_bytes']} bytes")
+    if raw.get("oom_kill"):
+        return result("memory_limit", f"memory limit of {limits['memory_mb']} MiB exceeded by the "
+                                      "run's processes together (a process was killed)")
     if "MemoryError" in err_types:
         return result("memory_limit", f"memory limit of {limits['memory_mb']} MiB exceeded")
     if syntax_error:

@@ -85,7 +85,7 @@ class Worker:
             self.close(graceful=False)
             raise BackendError(f"sandbox server error: {res['server_error']}")
         if not res.get("clean", True):
-            log.warning("sandbox run left processes that could not be killed; restarting")
+            log.warning("sandbox run left processes or files that could not be removed; restarting")
             self.close(graceful=False)
         return res
 
