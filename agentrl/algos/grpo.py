@@ -24,6 +24,8 @@ from agentrl.algos.advantages import expand_to_tokens, group_advantages, group_s
 from agentrl.algos.losses import aggregate, kl, ppo_policy_loss
 from agentrl.algos.turns import turn_group_advantages
 
+OPTIONS = ("turn_advantages", "dual_clip", "tis_cap", "overlong_buffer", "mask_truncated")
+
 
 def advantages(batch: dict[str, Any], cfg: Any) -> tuple[torch.Tensor, dict[str, float]]:
     """Group-relative advantages on agent tokens.
@@ -54,7 +56,8 @@ def loss(logp: torch.Tensor, batch: dict[str, Any], cfg: Any, *, num_tokens: flo
     pg, metrics = ppo_policy_loss(
         logp, batch["old_logprobs"], batch["advantages"], mask,
         clip_low=cfg.clip_low, clip_high=cfg.clip_high, agg=agg, num_tokens=num_tokens,
-        num_seqs=num_seqs, max_len=batch.get("max_len"), tis_weights=batch.get("tis_weights"))
+        num_seqs=num_seqs, max_len=batch.get("max_len"), tis_weights=batch.get("tis_weights"),
+        dual_clip=getattr(cfg, "dual_clip", None))
     total = pg
     if cfg.kl_coef > 0 and "ref_logprobs" in batch:
         k = kl(logp, batch["ref_logprobs"], cfg.kl_kind)

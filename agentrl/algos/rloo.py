@@ -20,7 +20,14 @@ from typing import Any
 import torch
 
 from agentrl.algos.advantages import expand_to_tokens, group_stats, rloo_advantages
-from agentrl.algos.common import kl_penalty_rewards, sequence_kl, surrogate_loss_kl_in_reward
+from agentrl.algos.common import (
+    kl_penalty_rewards,
+    reward_kl_kind,
+    sequence_kl,
+    surrogate_loss_kl_in_reward,
+)
+
+OPTIONS = ("dual_clip", "tis_cap", "overlong_buffer", "mask_truncated")
 
 
 def prepare(batch: dict[str, Any], learner: Any, cfg: Any) -> tuple[dict[str, Any], dict]:
@@ -45,7 +52,8 @@ def advantages(batch: dict[str, Any], cfg: Any) -> tuple[torch.Tensor, dict[str,
     scores = batch["scores"].to(torch.float64)
     stats = group_stats(batch["scores"], batch["group_ids"])
     if cfg.kl_coef > 0:
-        scores = scores + kl_penalty_rewards(batch, cfg.kl_coef).sum(dim=1).to(torch.float64)
+        scores = scores + kl_penalty_rewards(batch, cfg.kl_coef, reward_kl_kind(cfg)).sum(
+            dim=1).to(torch.float64)
         stats["kl"] = sequence_kl(batch)
     adv = rloo_advantages(scores, batch["group_ids"]).to(torch.float32)
     return expand_to_tokens(adv, batch["loss_mask"]), stats
