@@ -28,7 +28,7 @@ def _fail(msg: str) -> None:
 def train(
     overrides: Annotated[Optional[list[str]], typer.Argument(help="Config overrides key=value, e.g. train.lr=1e-4 algo.group_size=4.")] = None,
     env: Annotated[Optional[str], typer.Option(help="Environment: short name, Gymnasium id, or pkg.module:Class.")] = None,
-    algo: Annotated[Optional[str], typer.Option(help="Algorithm: grpo, dr_grpo, gspo, rloo, reinforce_pp, ppo, dpo.")] = None,
+    algo: Annotated[Optional[str], typer.Option(help="Algorithm: grpo, dr_grpo, gspo, rloo, reinforce_pp, ppo, dpo, cispo, gigpo, distill (docs/algorithms.md).")] = None,
     config: Annotated[Optional[str], typer.Option("--config", "-c", help="YAML file of config overrides.")] = None,
     steps: Annotated[Optional[int], typer.Option(help="Training steps (train.steps).")] = None,
     out: Annotated[Optional[str], typer.Option(help="Output directory.")] = None,

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-ALGOS = ("grpo", "dr_grpo", "gspo", "rloo", "reinforce_pp", "ppo", "dpo", "cispo", "gigpo")
+ALGOS = ("grpo", "dr_grpo", "gspo", "rloo", "reinforce_pp", "ppo", "dpo", "cispo", "gigpo", "distill")
 
 
 class _Section(BaseModel):
@@ -126,7 +126,7 @@ class AlgoConfig(_Section):
     """Section `algo`: the RL algorithm and its loss, advantage and update settings."""
 
     name: str = "grpo"
-    """Algorithm: one of grpo, dr_grpo, gspo, rloo, reinforce_pp, ppo, dpo, cispo, gigpo (docs/algorithms.md has the table of formulas, defaults and the options each reads)."""
+    """Algorithm: one of grpo, dr_grpo, gspo, rloo, reinforce_pp, ppo, dpo, cispo, gigpo, distill (docs/algorithms.md has the table of formulas, defaults and the options each reads)."""
     group_size: int = Field(default=8, ge=1)
     """Episodes per task (G) for group-relative algorithms."""
     scale: Literal["std", "none"] = "std"
@@ -165,6 +165,12 @@ class AlgoConfig(_Section):
     """Largest overlong penalty (a turn that used all of `rollout.max_tokens`); DAPO uses 1."""
     mask_truncated: bool = False
     """DAPO overlong filtering: samples with a turn cut by `rollout.max_tokens` (finish reason `length`) get loss mask 0 (they still count in their group's statistics). Not with dpo."""
+    teacher_path: str | None = None
+    """distill: local Hugging Face model directory of the frozen teacher (same tokenizer as the policy). Its log-probabilities of the student's own sampled tokens give the per-token advantage log p_teacher - log p_student."""
+    distill_coef: float = Field(default=1.0, gt=0)
+    """distill: weight of the teacher signal: A_t = distill_coef * (log p_teacher(y_t) - log p_student(y_t)) + distill_reward_coef * A_env."""
+    distill_reward_coef: float = Field(default=0.0, ge=0)
+    """distill: weight of the env reward's group-relative advantage (as GRPO) mixed into the teacher signal (0: pure on-policy distillation)."""
     step_weight: float = Field(default=1.0, ge=0)
     """GiGPO: weight omega of the step-level (anchor-state) advantage: A = A_episode + omega * A_step (Feng et al. 2025)."""
     entropy_coef: float = 0.0
@@ -194,6 +200,19 @@ class AlgoConfig(_Section):
         if v not in ALGOS:
             raise ValueError(f"unknown algorithm {v!r}; allowed: {', '.join(ALGOS)}")
         return v
+
+    @field_validator("teacher_path")
+    @classmethod
+    def _teacher_is_a_directory(cls, v: str | None) -> str | None:
+        if v is not None and not Path(v).is_dir():
+            raise ValueError(f"teacher model directory not found: {v!r} (a local Hugging Face model directory)")
+        return v
+
+    @model_validator(mode="after")
+    def _distill_needs_a_teacher(self) -> AlgoConfig:
+        if self.name == "distill" and self.teacher_path is None:
+            raise ValueError("algo.name=distill needs algo.teacher_path (a local Hugging Face model directory)")
+        return self
 
 
 class TrainConfig(_Section):

@@ -118,6 +118,7 @@ class LearnerGroup:
         self.optimizer_steps = 0
         self.nonfinite_streak = 0
         self.value_head = object() if kwargs.get("value_head") else None  # (a flag, as on Learner)
+        self.temperature = float(kwargs.get("temperature", 1.0))  # as Learner.temperature
         bundle: dict[str, float] = {"CPU": float(cpus)}
         if gpus:
             bundle["GPU"] = float(gpus)

@@ -353,3 +353,54 @@ def _trajs(n=4, seed=0):
         tr.terminated = True
         out.append(tr)
     return out
+
+
+# -- on-policy distillation ------------------------------------------------------------------------
+def test_distill_advantages_by_hand_on_three_tokens():
+    distill = get_algorithm("distill")
+    # one row, 3 sampled tokens after a prompt token
+    batch = {"loss_mask": t([[0, 1, 1, 1]]), "old_logprobs": t([[0, -1.5, -1.0, -0.5]]),
+             "teacher_logprobs": t([[-9.0, -1.0, -2.0, -0.5]]),  # -9: the prompt, never read
+             "scores": t([1.0]), "group_ids": torch.tensor([0])}
+    cfg = AlgoConfig(name="distill", teacher_path=".", distill_coef=2.0)
+    adv, stats = distill.advantages(batch, cfg)
+    # log p_teacher - log p_student = [0.5, -1.0, 0.0]; x 2 = [1, -2, 0]
+    assert adv.tolist() == [[0.0, 1.0, -2.0, 0.0]]
+    assert stats["reverse_kl"] == pytest.approx(0.5 / 3)  # mean of [-0.5, 1.0, 0.0]
+    # mixed with the env reward: two rows of one group, scores [1, 0] -> A^GRPO = [0.707107, -0.707107]
+    b2 = {"loss_mask": t([[0, 1, 1, 1], [0, 1, 0, 0]]),
+          "old_logprobs": t([[0, -1.5, -1.0, -0.5], [0, -1.0, 0, 0]]),
+          "teacher_logprobs": t([[0, -1.0, -2.0, -0.5], [0, -1.0, 0, 0]]),
+          "scores": t([1.0, 0.0]), "group_ids": torch.tensor([0, 0])}
+    adv, _ = distill.advantages(b2, AlgoConfig(name="distill", teacher_path=".",
+                                               distill_reward_coef=0.5))
+    exp = t([[0, 0.5 + 0.353553, -1.0 + 0.353553, 0.353553], [0, -0.353553, 0, 0]])
+    assert torch.allclose(adv, exp, atol=1e-5)
+
+
+def test_distill_teacher_equal_to_student_gives_zero_signal(tiny_model_dir):
+    from agentrl.learner import Learner
+    from agentrl.model import load_model
+    from agentrl.train import build_batch
+
+    distill = get_algorithm("distill")
+    model, _ = load_model(tiny_model_dir)
+    learner = Learner(model, lr=1e-3, micro_batch_size=4)
+    cfg = load_config(None, ["algo.name=distill", f"algo.teacher_path={tiny_model_dir}"]).algo
+    batch, m = distill.prepare(build_batch(_trajs(), pad_id=0), learner, cfg)
+    adv, stats = distill.advantages(batch, cfg)
+    assert torch.all(adv == 0) and m["reverse_kl"] == 0 and stats["reverse_kl"] == 0
+    # a different teacher (the student after one update) gives a nonzero signal on agent tokens
+    # only
+    batch["advantages"] = torch.where(batch["loss_mask"] != 0, 1.0, 0.0)
+    learner.update(batch, get_algorithm("grpo"), AlgoConfig())
+    batch2, _ = distill.prepare(build_batch(_trajs(), pad_id=0), learner, cfg)
+    adv2, _ = distill.advantages(batch2, cfg)
+    assert adv2.abs().sum() > 0 and torch.all(adv2[batch2["loss_mask"] == 0] == 0)
+
+
+def test_distill_config_needs_a_teacher_directory(tmp_path):
+    with pytest.raises(ConfigError, match="teacher_path"):
+        load_config(None, ["algo.name=distill"])
+    with pytest.raises(ConfigError, match="teacher model directory not found"):
+        load_config(None, ["algo.name=distill", f"algo.teacher_path={tmp_path / 'nope'}"])

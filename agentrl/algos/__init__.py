@@ -49,6 +49,7 @@ ALGORITHMS: dict[str, str] = {
     "dpo": "agentrl.algos.dpo",
     "cispo": "agentrl.algos.cispo",
     "gigpo": "agentrl.algos.gigpo",
+    "distill": "agentrl.algos.distill",
 }
 
 OPTIONAL: dict[str, Any] = {

@@ -6,12 +6,14 @@ drops the division), broadcast onto the episode's agent tokens. The loss is the 
 surrogate with separate low/high clips, plus `kl_coef * KL(pi || pi_ref)` per token.
 
 Options:
-- per-turn groups (`cfg.turn_advantages`, when the config has that field): turn k of the
+- dual clip (`cfg.dual_clip`): negative-advantage tokens' loss bounded by -A * c;
+- per-turn groups (`cfg.turn_advantages`): turn k of the
   episodes of a group is normalised against the other episodes' turn k (`turns.py`);
 - dynamic sampling (`cfg.dynamic_sampling`, DAPO): groups without signal are dropped and the
   batch refilled by the training loop (`agentrl.train.dynamic_sampling`);
-- truncated importance sampling (`cfg.tis_cap`): `Learner.update` puts `tis_weights` in the
-  batch, multiplied into the per-token loss here.
+- truncated importance sampling (`cfg.tis_cap`, `tis_level`, `tis_mode`): `Learner.update`
+  puts `tis_weights` in the batch, multiplied into the per-token loss here;
+- Dr. GRPO's L_max (`cfg.norm_len`): `Learner.update` passes it as `max_len`.
 """
 
 from __future__ import annotations

@@ -32,8 +32,8 @@ beta follows the adaptive controller of Ziegler et al. 2019 (sec. 2.2):
 
 with KL the batch mean of sum_t k1_t (nats per sequence) and n the number of sequences;
 `kl_target=None` keeps beta = kl_coef fixed. beta is kept in `learner.algo_state` (saved in
-checkpoints). With `kl_in_reward=False` the KL (estimator `kl_kind`) is a token-mean term of
-the loss instead. `kl_in_reward`, `kl_target` and `kl_horizon` are read from the config when it
+checkpoints). `algo.kl_reward_kind` replaces k1 by k2 or k3 in the reward. With
+`kl_in_reward=False` the KL (estimator `kl_kind`) is a token-mean term of the loss instead. `kl_in_reward`, `kl_target` and `kl_horizon` are read from the config when it
 has those fields, else the defaults below.
 """
 

@@ -3,7 +3,7 @@ Language Models"): no critic, no group baseline; a token-level KL penalty in the
 discounted returns, and advantages normalised over the whole batch.
 
     r_t  = env reward on the last token of each turn  - kl_coef * k1_t     (every agent token)
-           k1_t = log pi_old(y_t) - log pi_ref(y_t)
+           k1_t = log pi_old(y_t) - log pi_ref(y_t)   (`kl_reward_kind`: k2 or k3 instead)
     G_t  = r_t + gamma * G_{t+1}       over the row's agent tokens (observations are skipped,
                                        not episode boundaries; `reward_to_go`, cases A7, A8)
     A_t  = (G_t - mean(G)) / std(G)    over every agent token of the batch (`whiten`)

@@ -3,7 +3,8 @@ Learning from Human Feedback in LLMs"): REINFORCE with a leave-one-out baseline 
 samples of a prompt.
 
     R_i  = score_i - kl_coef * sum_t k1_t           (KL to the reference in the reward, eq. 1;
-                                                    k1_t = log pi_old(y_t) - log pi_ref(y_t))
+                                                    k1_t = log pi_old(y_t) - log pi_ref(y_t);
+                                                    `kl_reward_kind` picks k2 or k3 instead)
     A_i  = R_i - mean_{j != i in group} R_j          (eq. 6; = n/(n-1) (R_i - mean_group R))
     loss = clipped surrogate of A_i on every agent token (aggregation `agg`) - entropy_coef * H
 
