@@ -109,6 +109,7 @@ def _cli(*args, cwd):
                           text=True, timeout=300, env=env, cwd=cwd)
 
 
+@pytest.mark.slow
 def test_cli_offline_dpo_and_sft(tiny_model_dir, tmp_path):
     prefs = _jsonl(tmp_path / "prefs.jsonl", PAIRS)
     p = _cli("train", "--algo", "dpo", "--dataset", str(prefs), "--model", tiny_model_dir,
@@ -121,6 +122,9 @@ def test_cli_offline_dpo_and_sft(tiny_model_dir, tmp_path):
              "--out", str(tmp_path / "sft"), "log.tensorboard=false", cwd=tmp_path)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert (tmp_path / "sft" / "model" / "config.json").exists()
+
+
+def test_cli_offline_dpo_bad_line_is_a_clear_error(tiny_model_dir, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"prompt": "x", "chosen": "y", "rejected": 3}) + "\n")
     p = _cli("train", "--algo", "dpo", "--dataset", str(bad), "--model", tiny_model_dir,
