@@ -17,6 +17,11 @@ Overlong filtering (`algo.mask_truncated`, sec. 3.4 "overlong filtering"): the l
 sample with a turn cut by the token budget (its finish reason is `length`) is zeroed, so a
 truncated answer is neither rewarded nor punished for its text; it still counts in its
 group's statistics.
+
+Order in the training loop (`agentrl.train.update`): dynamic sampling first (it judges groups
+by their unshaped returns), then this, then the algorithm's `prepare` and advantages. The
+rollout metrics (`rollout/reward_mean`, ...) are of the unshaped rewards; `adv/...` of the
+shaped ones.
 """
 
 from __future__ import annotations
