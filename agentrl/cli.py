@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -28,13 +28,13 @@ def _fail(msg: str) -> None:
 def train(
     overrides: Annotated[Optional[list[str]], typer.Argument(help="Config overrides key=value, e.g. train.lr=1e-4 algo.group_size=4.")] = None,
     env: Annotated[Optional[str], typer.Option(help="Environment: short name, Gymnasium id, or pkg.module:Class.")] = None,
-    algo: Annotated[Optional[str], typer.Option(help="Algorithm: grpo, dr_grpo, gspo, rloo, reinforce_pp, ppo, dpo.")] = None,
+    algo: Annotated[Optional[str], typer.Option(help="Algorithm: grpo, dr_grpo, gspo, rloo, reinforce_pp, ppo, dpo, cispo, gigpo, distill (docs/algorithms.md).")] = None,
     config: Annotated[Optional[str], typer.Option("--config", "-c", help="YAML file of config overrides.")] = None,
     steps: Annotated[Optional[int], typer.Option(help="Training steps (train.steps).")] = None,
     out: Annotated[Optional[str], typer.Option(help="Output directory.")] = None,
     seed: Annotated[Optional[int], typer.Option(help="Seed.")] = None,
     resume: Annotated[Optional[str], typer.Option(help="Resume from this output directory.")] = None,
-    dataset: Annotated[Optional[str], typer.Option(help="Task file (HumanEval/MBPP/EvalPlus format) or 'humaneval'.")] = None,
+    dataset: Annotated[Optional[str], typer.Option(help="Task file (HumanEval/MBPP/EvalPlus format) or 'humaneval'; with --algo dpo, a preference JSONL file ({prompt, chosen, rejected} per line) trains offline DPO.")] = None,
     model: Annotated[Optional[str], typer.Option(help="Local Hugging Face model directory (model.path).")] = None,
     wrap: Annotated[Optional[list[str]], typer.Option(help="Reward wrapper to stack (repeatable): judge, safety, curiosity.")] = None,
     ray_address: Annotated[Optional[str], typer.Option(help="Ray cluster to join (rollout.ray_address).")] = None,
@@ -54,6 +54,11 @@ def train(
             "rollout.ray_address": ray_address, "overwrite": overwrite or None})
     except ConfigError as e:
         _fail(str(e))
+    from agentrl.offline import is_preference_file
+
+    if cfg.algo.name == "dpo" and dataset and not resume and is_preference_file(dataset):
+        _offline("dpo", cfg, dataset)  # offline DPO from the preference file: no env
+        return
     from agentrl.envs import resolve_env_id
 
     try:
@@ -82,6 +87,38 @@ def train(
         _fail(str(e))
     except BackendError as e:  # no isolated sandbox on this machine: say how to get one
         _fail(f"sandbox: {e}")
+
+
+def _offline(stage: str, cfg: Any, dataset: str) -> None:
+    from agentrl.offline import dpo_from_file, sft_from_file
+
+    run = dpo_from_file if stage == "dpo" else sft_from_file
+    try:
+        summary = run(cfg, dataset, say=lambda m: console.print(m, markup=False, highlight=False))
+    except (FileNotFoundError, ValueError) as e:
+        _fail(str(e))
+    console.print(json.dumps(summary), markup=False, highlight=False)
+
+
+@app.command()
+def sft(
+    dataset: Annotated[str, typer.Option(help="Conversations JSONL: {\"messages\": [{role, content}, ...]} per line; every assistant message is trained on.")],
+    overrides: Annotated[Optional[list[str]], typer.Argument(help="Config overrides key=value, e.g. sft.lr=1e-4 sft.batch_size=8.")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Local Hugging Face model directory (model.path); default: the embedded tiny model.")] = None,
+    steps: Annotated[Optional[int], typer.Option(help="Optimizer steps (sft.steps).")] = None,
+    out: Annotated[Optional[str], typer.Option(help="Output directory (the model goes to OUT/model).")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Seed.")] = None,
+    config: Annotated[Optional[str], typer.Option("--config", "-c", help="YAML file of config overrides.")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the earlier run in --out (its files only).")] = False,
+) -> None:
+    """Supervised fine-tuning from a file of conversations: `agentrl sft --dataset convs.jsonl`."""
+    try:
+        cfg = load_config(config, overrides, **{
+            "model.path": model, "sft.steps": steps, "out": out, "seed": seed,
+            "overwrite": overwrite or None})
+    except ConfigError as e:
+        _fail(str(e))
+    _offline("sft", cfg, dataset)
 
 
 @app.command("eval")

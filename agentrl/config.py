@@ -15,7 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-ALGOS = ("grpo", "dr_grpo", "gspo", "rloo", "reinforce_pp", "ppo", "dpo")
+ALGOS = ("grpo", "dr_grpo", "gspo", "rloo", "reinforce_pp", "ppo", "dpo", "cispo", "gigpo", "distill")
 
 
 class _Section(BaseModel):
@@ -126,7 +126,7 @@ class AlgoConfig(_Section):
     """Section `algo`: the RL algorithm and its loss, advantage and update settings."""
 
     name: str = "grpo"
-    """Algorithm: one of grpo, dr_grpo, gspo, rloo, reinforce_pp, ppo, dpo."""
+    """Algorithm: one of grpo, dr_grpo, gspo, rloo, reinforce_pp, ppo, dpo, cispo, gigpo, distill (docs/algorithms.md has the table of formulas, defaults and the options each reads)."""
     group_size: int = Field(default=8, ge=1)
     """Episodes per task (G) for group-relative algorithms."""
     scale: Literal["std", "none"] = "std"
@@ -140,15 +140,39 @@ class AlgoConfig(_Section):
     kl_coef: float = Field(default=0.0, ge=0.0)
     """Coefficient of the KL penalty to the frozen reference (0: no reference model)."""
     kl_kind: Literal["k1", "k2", "k3"] = "k3"
-    """KL estimator (Schulman's k1, k2, k3)."""
+    """KL estimator of a KL term in the loss (Schulman's k1, k2, k3): grpo, dr_grpo, gspo, cispo, gigpo, and ppo with `kl_in_reward=false`. The KL put in the reward has its own key, `kl_reward_kind`."""
+    kl_reward_kind: Literal["k1", "k2", "k3"] = "k1"
+    """KL estimator of the per-token KL penalty put in the reward (rloo, reinforce_pp, ppo with `kl_in_reward`): `-kl_coef * k_t` on every agent token. k1 (the default) is log pi_old - log pi_ref, as Ziegler et al. 2019."""
     update_epochs: int = Field(default=1, ge=1)
     """Passes over each batch."""
     minibatches: int = Field(default=1, ge=1)
     """Optimizer steps per epoch (the batch is split into this many minibatches)."""
     dynamic_sampling: bool = False
     """Drop zero-variance groups from the batch (DAPO dynamic sampling)."""
-    tis_cap: float | None = None
-    """Truncated importance sampling cap for the sampler/learner gap (None: off)."""
+    tis_cap: float | None = Field(default=None, gt=0)
+    """Truncated importance sampling cap C for the sampler/learner gap (None: off): the per-token policy loss is multiplied by a weight from w = pi_learner / pi_sampler (Yao et al. 2025)."""
+    tis_level: Literal["token", "sequence"] = "token"
+    """With `tis_cap`: the ratio w per token, or per sequence (the product of the row's token ratios, on each of its tokens)."""
+    tis_mode: Literal["truncate", "mask"] = "truncate"
+    """With `tis_cap`: `truncate` uses min(w, C); `mask` uses w where w <= C and 0 (the token, or the whole sequence at `tis_level=sequence`, drops out) where w > C (masked importance sampling, as IcePop)."""
+    dual_clip: float | None = Field(default=None, gt=1)
+    """Dual-clip c > 1 (Ye et al. 2020): the clipped surrogate of a token with negative advantage is bounded by -A * c (None: off). grpo, dr_grpo, rloo, reinforce_pp, ppo."""
+    norm_len: int | None = Field(default=None, ge=1)
+    """L_max of `agg=seq-mean-token-sum-norm` (Dr. GRPO's constant normaliser): a generation budget in tokens, e.g. `rollout.max_tokens` x turns. None: the padded width of the batch (prompt included), which changes from batch to batch."""
+    overlong_buffer: int = Field(default=0, ge=0)
+    """DAPO overlong reward shaping (Yu et al. 2025, eq. 13): a turn of L sampled tokens gets `-overlong_penalty * min(1, (L - (max_tokens - buffer)) / buffer)` added to its reward when L > `rollout.max_tokens` - buffer (0: off). Applied before the advantages, for every algorithm."""
+    overlong_penalty: float = Field(default=1.0, ge=0)
+    """Largest overlong penalty (a turn that used all of `rollout.max_tokens`); DAPO uses 1."""
+    mask_truncated: bool = False
+    """DAPO overlong filtering: samples with a turn cut by `rollout.max_tokens` (finish reason `length`) get loss mask 0 (they still count in their group's statistics). Not with dpo."""
+    teacher_path: str | None = None
+    """distill: local Hugging Face model directory of the frozen teacher (same tokenizer as the policy). Its log-probabilities of the student's own sampled tokens give the per-token advantage log p_teacher - log p_student."""
+    distill_coef: float = Field(default=1.0, gt=0)
+    """distill: weight of the teacher signal: A_t = distill_coef * (log p_teacher(y_t) - log p_student(y_t)) + distill_reward_coef * A_env."""
+    distill_reward_coef: float = Field(default=0.0, ge=0)
+    """distill: weight of the env reward's group-relative advantage (as GRPO) mixed into the teacher signal (0: pure on-policy distillation)."""
+    step_weight: float = Field(default=1.0, ge=0)
+    """GiGPO: weight omega of the step-level (anchor-state) advantage: A = A_episode + omega * A_step (Feng et al. 2025)."""
     entropy_coef: float = 0.0
     """Entropy bonus coefficient."""
     gamma: float = 1.0
@@ -168,7 +192,7 @@ class AlgoConfig(_Section):
     kl_horizon: int = Field(default=10000, ge=1)
     """PPO: adaptive KL controller horizon (samples)."""
     turn_advantages: bool = False
-    """GRPO: group-relative advantages per turn (multi-turn episodes) instead of per episode."""
+    """Group-relative advantages per turn (multi-turn episodes) instead of per episode: grpo, dr_grpo, cispo. Other algorithms refuse it at start-up."""
 
     @field_validator("name")
     @classmethod
@@ -176,6 +200,19 @@ class AlgoConfig(_Section):
         if v not in ALGOS:
             raise ValueError(f"unknown algorithm {v!r}; allowed: {', '.join(ALGOS)}")
         return v
+
+    @field_validator("teacher_path")
+    @classmethod
+    def _teacher_is_a_directory(cls, v: str | None) -> str | None:
+        if v is not None and not Path(v).is_dir():
+            raise ValueError(f"teacher model directory not found: {v!r} (a local Hugging Face model directory)")
+        return v
+
+    @model_validator(mode="after")
+    def _distill_needs_a_teacher(self) -> AlgoConfig:
+        if self.name == "distill" and self.teacher_path is None:
+            raise ValueError("algo.name=distill needs algo.teacher_path (a local Hugging Face model directory)")
+        return self
 
 
 class TrainConfig(_Section):
@@ -299,6 +336,15 @@ class Config(_Section):
     """A new run into an `out` that is not empty refuses to start unless this is set; then the earlier run's files (and only agentrl's: config.json, metrics, checkpoints, base_model, sft_model, ...) are removed first."""
     quiet: bool = False
     """No progress bar (CI)."""
+
+    @model_validator(mode="after")
+    def _overlong_within_budget(self) -> Config:
+        if self.algo.overlong_buffer > self.rollout.max_tokens:
+            raise ValueError(
+                f"algo.overlong_buffer ({self.algo.overlong_buffer}) must be <= rollout.max_tokens "
+                f"({self.rollout.max_tokens}): the penalty zone is the last `overlong_buffer` tokens "
+                "of the turn budget")
+        return self
 
     @model_validator(mode="after")
     def _async_needs_staleness(self) -> Config:

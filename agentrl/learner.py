@@ -490,7 +490,9 @@ class Learner:
         and the extra pass is skipped (`on_policy_shortcut`).
 
         With `cfg.tis_cap` set, `batch["tis_weights"]` = `tis_weights(old_logprobs,
-        sampler_logprobs, loss_mask, cap=tis_cap)` (Yao et al. 2025) is added for the loss. The
+        sampler_logprobs, loss_mask, cap=tis_cap, level=cfg.tis_level, mode=cfg.tis_mode)` (Yao
+        et al. 2025) is added for the loss. Each micro-batch gets `max_len` = `cfg.norm_len`
+        (when set) or the batch's padded width, the L_max of `seq-mean-token-sum-norm`. The
         sampler/learner mismatch, mean |old_logprobs - sampler_logprobs| over agent tokens, is
         reported every update as `logp_mismatch`.
 
@@ -521,7 +523,9 @@ class Learner:
         mism = [0.0, 0.0]  # sum of |old - sampler| over agent tokens, token count
         if tis_cap is not None and "tis_weights" not in batch and "sampler_logprobs" in batch:
             batch["tis_weights"] = tis_weights(batch["old_logprobs"], batch["sampler_logprobs"],
-                                               batch["loss_mask"], cap=tis_cap)
+                                               batch["loss_mask"], cap=tis_cap,
+                                               level=getattr(cfg, "tis_level", "token"),
+                                               mode=getattr(cfg, "tis_mode", "truncate"))
         if not single and "sampler_logprobs" in batch:
             mask = batch["loss_mask"]
             mism = [float(((batch["old_logprobs"] - batch["sampler_logprobs"]).abs() * mask).sum()),
@@ -552,7 +556,8 @@ class Learner:
                 self.optimizer.zero_grad(set_to_none=True)
                 for micro, real in self._micro_batches(fwd, unit, micro_rows):
                     sub = _slice(batch, micro)
-                    sub["max_len"] = batch["input_ids"].shape[1]
+                    # Dr. GRPO's L_max: the configured budget, else the padded width
+                    sub["max_len"] = getattr(cfg, "norm_len", None) or batch["input_ids"].shape[1]
                     kw: dict[str, Any] = {}
                     ent_grad = getattr(cfg, "entropy_coef", 0) > 0
                     with self.autocast():  # bf16: the forward; logp, values, loss in float32

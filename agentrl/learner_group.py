@@ -117,6 +117,7 @@ class LearnerGroup:
         self.algo_state: dict[str, Any] = {}
         self.optimizer_steps = 0
         self.nonfinite_streak = 0
+        self.temperature = float(kwargs.get("temperature", 1.0))  # as Learner.temperature
         bundle: dict[str, float] = {"CPU": float(cpus)}
         if gpus:
             bundle["GPU"] = float(gpus)

@@ -163,11 +163,12 @@ def set_up(cfg: Config) -> tuple[Config, Any, Path]:
         `(cfg with the algorithm's resolved settings, algorithm module, OUT)`.
 
     Raises:
-        ValueError: an unknown env, dynamic sampling with `group_size < 2`, or
+        ValueError: an unknown env, an `algo` option the algorithm does not support
+            (`agentrl.algos.check_options`), dynamic sampling with `group_size < 2`, or
             `train.device=cuda` without a CUDA device.
         OutError: a new run's `out` is not empty (without `overwrite`), a file, or not writable.
     """
-    from agentrl.algos import get_algorithm, resolve_config
+    from agentrl.algos import check_options, get_algorithm, resolve_config
     from agentrl.learner import resolve_device
 
     resolve_device(cfg.train.device)  # fail early: train.device=cuda without a CUDA device
@@ -177,6 +178,7 @@ def set_up(cfg: Config) -> tuple[Config, Any, Path]:
     resolve_env_id(cfg.env.name)  # fail early on an unknown env
     algo = get_algorithm(cfg.algo.name)
     cfg = cfg.model_copy(update={"algo": resolve_config(algo, cfg.algo)})  # e.g. GSPO's clips
+    check_options(algo, cfg.algo)  # an option the algorithm would ignore fails here
     if cfg.algo.dynamic_sampling and cfg.algo.group_size < 2:
         raise ValueError("algo.dynamic_sampling needs algo.group_size >= 2 (singleton groups "
                          "carry no signal and would all be dropped)")
@@ -445,6 +447,11 @@ def update(lp: Loop, trajs: list[Trajectory], step: int, m: dict[str, float]) ->
         trajs, m["rollout/refill_rounds"] = dynamic_sampling(
             trajs, lambda r: refill(lp, step, r), cfg.rollout.tasks_per_step * cfg.algo.group_size)
     batch = build_batch(trajs, lp.pad_id)
+    if cfg.algo.overlong_buffer > 0 or cfg.algo.mask_truncated:  # DAPO overlong shaping/filter
+        from agentrl.algos.shaping import shape_batch
+
+        sm = shape_batch(batch, trajs, cfg.algo, cfg.rollout.max_tokens)
+        m.update({f"rollout/{k}": v for k, v in sm.items()})
     if hasattr(algo, "prepare"):  # algorithm-specific passes: PPO values, DPO pairs, ...
         batch, pm = algo.prepare(batch, learner, cfg.algo)
         m.update({f"rollout/{k}": float(v) for k, v in pm.items()})

@@ -24,6 +24,9 @@ them, in this order each step: `build_batch` -> `prepare` -> reference logprobs 
   to `loss` or its gradient under this config (a pure policy-gradient loss: no KL in the loss,
   no entropy bonus), so the learner may leave them out of its forwards (GRPO, GSPO, RLOO,
   REINFORCE++; `train.skip_zero_advantage`).
+- `OPTIONS: tuple[str, ...]` [()]: the optional `AlgoConfig` features (keys of `OPTIONAL`) the
+  algorithm supports; `check_options` refuses the others at start-up when they are switched on,
+  so no option is silently ignored.
 - `prepare(batch, learner, cfg) -> (batch, metrics)` [identity]: no-grad forward passes an
   algorithm needs before its advantages (old logprobs for a KL in the reward, PPO's old values
   and bootstrap values) or a different batch (online DPO's preference pairs). It may set
@@ -44,7 +47,20 @@ ALGORITHMS: dict[str, str] = {
     "reinforce_pp": "agentrl.algos.reinforce_pp",
     "ppo": "agentrl.algos.ppo",
     "dpo": "agentrl.algos.dpo",
+    "cispo": "agentrl.algos.cispo",
+    "gigpo": "agentrl.algos.gigpo",
+    "distill": "agentrl.algos.distill",
 }
+
+OPTIONAL: dict[str, Any] = {
+    "turn_advantages": False,
+    "dual_clip": None,
+    "tis_cap": None,
+    "overlong_buffer": 0,
+    "mask_truncated": False,
+}
+"""Optional features of `AlgoConfig` and the value that means "off". An algorithm supports the
+ones in its module's `OPTIONS`; `check_options` refuses a switched-on one it does not."""
 
 
 def get_algorithm(name: str) -> ModuleType:
@@ -65,6 +81,23 @@ def needs_reference(algo: ModuleType, cfg: Any) -> bool:
     in the loss or in the reward).
     """
     return bool(getattr(algo, "NEEDS_REF", False)) or getattr(cfg, "kl_coef", 0.0) > 0
+
+
+def check_options(algo: ModuleType, cfg: Any) -> None:
+    """Refuse optional features (`OPTIONAL`) that `cfg` switches on and the algorithm does not
+    support (its `OPTIONS`), so that none is silently ignored.
+
+    Raises:
+        ValueError: naming the key, the algorithm, and the algorithms that support it.
+    """
+    supported = getattr(algo, "OPTIONS", ())
+    for key, off in OPTIONAL.items():
+        value = getattr(cfg, key, off)
+        if value == off or key in supported:
+            continue
+        others = [n for n in ALGORITHMS if key in getattr(get_algorithm(n), "OPTIONS", ())]
+        raise ValueError(f"algo.{key}={value!r} is not supported by algo.name={cfg.name}; "
+                         f"supported by: {', '.join(others) or 'none'} (or set algo.{key}={off!r})")
 
 
 def resolve_config(algo: ModuleType, cfg: Any) -> Any:

@@ -36,9 +36,10 @@ def token_rewards(batch: dict[str, Any]) -> torch.Tensor:
     return torch.where(mask, batch["token_rewards"].float(), 0.0).nan_to_num(0.0)
 
 
-def kl_penalty_rewards(batch: dict[str, Any], coef: float) -> torch.Tensor:
-    """(B, T) per-token KL shaping rewards `-coef * k1_t`, k1_t = log pi_old(y_t) - log
-    pi_ref(y_t), on agent tokens (0 elsewhere).
+def kl_penalty_rewards(batch: dict[str, Any], coef: float, kind: str = "k1") -> torch.Tensor:
+    """(B, T) per-token KL shaping rewards `-coef * k_t` on agent tokens (0 elsewhere), k_t the
+    estimator `kind` of `losses.kl` (`algo.kl_reward_kind`): k1_t = log pi_old(y_t) - log
+    pi_ref(y_t) (the default), k2 or k3.
 
     The policy's logprobs are `batch["old_logprobs"]` (the weights that sampled the batch, as
     recomputed by the learner), the reference's `batch["ref_logprobs"]`. Summed over a
@@ -50,8 +51,14 @@ def kl_penalty_rewards(batch: dict[str, Any], coef: float) -> torch.Tensor:
             reference model provide them).
     """
     mask = batch["loss_mask"] != 0
-    k1 = kl(batch["old_logprobs"], batch["ref_logprobs"], "k1")
-    return torch.where(mask, -coef * k1, 0.0)
+    k = kl(batch["old_logprobs"], batch["ref_logprobs"], kind)
+    return torch.where(mask, -coef * k, 0.0)
+
+
+def reward_kl_kind(cfg: Any) -> str:
+    """The estimator of a KL put in the reward: `cfg.kl_reward_kind` when the config has it,
+    else k1."""
+    return getattr(cfg, "kl_reward_kind", "k1")
 
 
 def sequence_kl(batch: dict[str, Any]) -> float:
@@ -99,13 +106,14 @@ def kl_entropy_terms(logp: torch.Tensor, batch: dict[str, Any], cfg: Any, *, num
 def surrogate_loss_kl_in_reward(logp: torch.Tensor, batch: dict[str, Any], cfg: Any, *,
                                 num_tokens: float, num_seqs: int,
                                 entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
-    """Clipped surrogate (- entropy bonus) of one micro-batch, for algorithms whose KL penalty
-    is already in the reward (rloo, reinforce_pp). logp, `batch["old_logprobs"]`,
+    """Clipped surrogate (dual-clipped with `cfg.dual_clip`; - entropy bonus) of one
+    micro-batch, for algorithms whose KL penalty is already in the reward (rloo, reinforce_pp). logp, `batch["old_logprobs"]`,
     `batch["advantages"]`, `batch["loss_mask"]` are (B, T); returns the scalar loss and metrics."""
     pg, metrics = ppo_policy_loss(
         logp, batch["old_logprobs"], batch["advantages"], batch["loss_mask"],
         clip_low=cfg.clip_low, clip_high=cfg.clip_high, agg=cfg.agg, num_tokens=num_tokens,
-        num_seqs=num_seqs, max_len=batch.get("max_len"), tis_weights=batch.get("tis_weights"))
+        num_seqs=num_seqs, max_len=batch.get("max_len"), tis_weights=batch.get("tis_weights"),
+        dual_clip=getattr(cfg, "dual_clip", None))
     extra, m = kl_entropy_terms(logp, batch, cfg, num_tokens=num_tokens, entropy=entropy,
                                 kl_in_loss=False)
     metrics.update(m)

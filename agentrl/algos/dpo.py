@@ -37,6 +37,10 @@ from agentrl.algos.losses import dpo_loss, sequence_logps
 
 NEEDS_REF = True
 
+OPTIONS = ("overlong_buffer",)
+"""Overlong shaping changes the returns the online pairs are chosen by; masking a row would
+empty a pair, and the preference loss has no importance ratio."""
+
 
 # -- pairs from rollout groups ------------------------------------------------------------------
 def select_pairs(scores: torch.Tensor, group_ids: torch.Tensor) -> tuple[list[tuple[int, int]], int]:

@@ -6,12 +6,14 @@ drops the division), broadcast onto the episode's agent tokens. The loss is the 
 surrogate with separate low/high clips, plus `kl_coef * KL(pi || pi_ref)` per token.
 
 Options:
-- per-turn groups (`cfg.turn_advantages`, when the config has that field): turn k of the
+- dual clip (`cfg.dual_clip`): negative-advantage tokens' loss bounded by -A * c;
+- per-turn groups (`cfg.turn_advantages`): turn k of the
   episodes of a group is normalised against the other episodes' turn k (`turns.py`);
 - dynamic sampling (`cfg.dynamic_sampling`, DAPO): groups without signal are dropped and the
   batch refilled by the training loop (`agentrl.train.dynamic_sampling`);
-- truncated importance sampling (`cfg.tis_cap`): `Learner.update` puts `tis_weights` in the
-  batch, multiplied into the per-token loss here.
+- truncated importance sampling (`cfg.tis_cap`, `tis_level`, `tis_mode`): `Learner.update`
+  puts `tis_weights` in the batch, multiplied into the per-token loss here;
+- Dr. GRPO's L_max (`cfg.norm_len`): `Learner.update` passes it as `max_len`.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import torch
 from agentrl.algos.advantages import expand_to_tokens, group_advantages, group_stats
 from agentrl.algos.losses import aggregate, kl, ppo_policy_loss
 from agentrl.algos.turns import turn_group_advantages
+
+OPTIONS = ("turn_advantages", "dual_clip", "tis_cap", "overlong_buffer", "mask_truncated")
 
 
 def advantages(batch: dict[str, Any], cfg: Any) -> tuple[torch.Tensor, dict[str, float]]:
@@ -54,7 +58,8 @@ def loss(logp: torch.Tensor, batch: dict[str, Any], cfg: Any, *, num_tokens: flo
     pg, metrics = ppo_policy_loss(
         logp, batch["old_logprobs"], batch["advantages"], mask,
         clip_low=cfg.clip_low, clip_high=cfg.clip_high, agg=agg, num_tokens=num_tokens,
-        num_seqs=num_seqs, max_len=batch.get("max_len"), tis_weights=batch.get("tis_weights"))
+        num_seqs=num_seqs, max_len=batch.get("max_len"), tis_weights=batch.get("tis_weights"),
+        dual_clip=getattr(cfg, "dual_clip", None))
     total = pg
     if cfg.kl_coef > 0 and "ref_logprobs" in batch:
         k = kl(logp, batch["ref_logprobs"], cfg.kl_kind)

@@ -27,6 +27,10 @@ from agentrl.algos.advantages import expand_to_tokens, group_advantages, group_s
 from agentrl.algos.common import kl_entropy_terms
 from agentrl.algos.losses import gspo_policy_loss
 
+OPTIONS = ("overlong_buffer", "mask_truncated")
+"""No per-token options: `tis_cap` and `dual_clip` have no place in a one-term-per-sequence
+loss, and per-turn groups none in a sequence ratio."""
+
 DEFAULTS = {"clip_low": 3e-4, "clip_high": 4e-4}
 """Zheng et al. 2025, sec. 5.1 (left and right clipping ranges 3e-4 and 4e-4)."""
 

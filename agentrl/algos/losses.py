@@ -29,6 +29,7 @@ __all__ = [
     "kl",
     "ppo_policy_loss",
     "gspo_policy_loss",
+    "cispo_policy_loss",
     "value_loss",
     "dpo_loss",
     "sequence_logps",
@@ -364,6 +365,84 @@ def gspo_policy_loss(
     return loss, metrics
 
 
+def cispo_policy_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    *,
+    clip_low: float = 1.0,
+    clip_high: float = 0.28,
+    agg: str = "token-mean",
+    num_tokens: Count | None = None,
+    num_seqs: Count | None = None,
+    max_len: int | None = None,
+    tis_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """CISPO: REINFORCE with a clipped, stop-gradient importance weight on every token.
+
+        r_t  = exp(logp_t - old_logp_t)
+        w_t  = sg(clip(r_t, 1 - clip_low, 1 + clip_high))
+        l_t  = -w_t * A_t * logp_t
+        loss = aggregate(v_t * l_t)        v_t = tis_weights (1 if None)
+
+    Source: MiniMax et al. 2025, "MiniMax-M1: Scaling Test-Time Compute Efficiently with
+    Lightning Attention" (arXiv 2506.13585), sec. 3.1, eq. 4-5:
+    J(theta) = E[ 1/sum_i |o_i| * sum_i sum_t sg(r^_it) A^_it log pi_theta(o_it | q, o_i,<t) ],
+    r^_it = clip(r_it, 1 - eps_low^IS, 1 + eps_high^IS). Unlike the PPO surrogate no token's
+    gradient is dropped: a clipped weight only scales it. The paper sets no lower bound
+    ("setting eps_low^IS to a large value"): `clip_low=1.0` makes the lower bound 0, which a
+    ratio never goes below. Its gradient is -w_t * A_t * d logp_t; the value depends on logp
+    itself and is not comparable to a surrogate's.
+
+    Args:
+        logp: (B, T) current log pi(token), with gradient.
+        old_logp: (B, T) log pi_old(token) (detached).
+        advantages: (B, T) per token, or (B,) per sequence.
+        loss_mask: (B, T) 0/1.
+        clip_low: in [0, 1]; 1 = no lower bound on the weight.
+        clip_high: >= 0; the weight is at most 1 + clip_high.
+        agg, num_tokens, num_seqs, max_len: passed to `aggregate` (the paper: token-mean).
+        tis_weights: (B, T) sampler/learner importance weights, or None.
+
+    Returns:
+        (loss, metrics): `clipfrac` (fraction of agent tokens whose weight was clipped, above or
+        below), `clipfrac_high`, `approx_kl`, `ratio_mean`, `ratio_min`, `ratio_max` (1.0 when
+        no token is valid), `pg_loss`.
+
+    Raises:
+        ValueError: shape mismatch, clip_low outside [0, 1], clip_high < 0, unknown agg.
+    """
+    _check_same(loss_mask, logp=logp, old_logp=old_logp)
+    if not 0.0 <= clip_low <= 1.0:
+        raise ValueError(f"clip_low must be in [0, 1] (1: no lower bound), got {clip_low}")
+    if clip_high < 0.0:
+        raise ValueError(f"clip_high must be >= 0, got {clip_high}")
+    m = loss_mask != 0
+    logratio = _logratio(logp, old_logp, m).clamp(-LOGRATIO_CLAMP, LOGRATIO_CLAMP)
+    ratio = torch.exp(logratio)
+    weight = ratio.clamp(1.0 - clip_low, 1.0 + clip_high).detach()
+    adv = torch.where(m, _per_token(advantages, loss_mask).detach().to(ratio.dtype), 0.0)
+    lp = torch.where(m, logp.to(ratio.dtype), 0.0)
+    pg = -weight * adv * lp
+    if tis_weights is not None:
+        _check_same(loss_mask, tis_weights=tis_weights)
+        pg = pg * tis_weights.detach().to(pg.dtype)
+    loss = aggregate(pg, loss_mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len)
+    with torch.no_grad():
+        any_valid = bool(m.any())
+        metrics = {
+            "clipfrac": _f(masked_mean((weight != ratio).float(), m)),
+            "clipfrac_high": _f(masked_mean((ratio > 1.0 + clip_high).float(), m)),
+            "approx_kl": _f(masked_mean(ratio - 1.0 - logratio, m)),
+            "ratio_mean": _f(masked_mean(ratio, m)) if any_valid else 1.0,
+            "ratio_min": _f(ratio[m].min()) if any_valid else 1.0,
+            "ratio_max": _f(ratio[m].max()) if any_valid else 1.0,
+            "pg_loss": _f(loss),
+        }
+    return loss, metrics
+
+
 # -- value loss ------------------------------------------------------------------------------
 def value_loss(
     values: Tensor,
@@ -520,16 +599,21 @@ def tis_weights(
     *,
     cap: float,
     level: str = "token",
+    mode: str = "truncate",
 ) -> Tensor:
     """Truncated importance-sampling weights correcting sampler/learner mismatch (case L5).
 
-        token:    w_t = min(exp(learner_t - sampler_t), cap)
-        sequence: w_b = min(exp(sum_t M_bt * (learner_bt - sampler_bt)), cap), on every agent
-                  token of row b
+        token:    rho_t = exp(learner_t - sampler_t)
+        sequence: rho_b = exp(sum_t M_bt * (learner_bt - sampler_bt)), on every agent token of
+                  row b
+        truncate: w = min(rho, cap)
+        mask:     w = rho if rho <= cap else 0   (the token, or the whole row, drops out)
 
     `learner_logp` is log pi_old as recomputed by the trainer, `sampler_logp` what the
     inference engine reported for the same tokens. Source: Yao et al. 2025, "Your Efficient RL
-    Framework Secretly Brings You Off-Policy RL Training" (truncated IS, Ionides 2008).
+    Framework Secretly Brings You Off-Policy RL Training" (truncated IS, Ionides 2008); masked
+    IS: the IcePop mask of Ling Team 2025 ("Every Step Evolves", arXiv 2510.18855), upper bound
+    only.
 
     The log-ratio is capped at log(cap) before exp, so weights are finite; they are detached.
 
@@ -538,24 +622,29 @@ def tis_weights(
         loss_mask: (B, T) 0/1.
         cap: > 0, the truncation C.
         level: "token" or "sequence".
+        mode: "truncate" or "mask".
 
     Returns:
         (B, T) float32 weights without gradient; 0 at masked positions.
 
     Raises:
-        ValueError: cap <= 0, unknown level, shape mismatch.
+        ValueError: cap <= 0, unknown level or mode, shape mismatch.
     """
     _check_same(loss_mask, learner_logp=learner_logp, sampler_logp=sampler_logp)
     if not cap > 0:
         raise ValueError(f"cap must be > 0, got {cap}")
     if level not in ("token", "sequence"):
         raise ValueError(f"level must be 'token' or 'sequence', got {level!r}")
+    if mode not in ("truncate", "mask"):
+        raise ValueError(f"mode must be 'truncate' or 'mask', got {mode!r}")
     m = loss_mask != 0
     with torch.no_grad():
         logratio = _logratio(learner_logp.detach(), sampler_logp, m)
         if level == "sequence":
             logratio = logratio.sum(dim=-1, keepdim=True).expand_as(logratio)
         w = torch.exp(logratio.clamp(max=math.log(cap)))
+        if mode == "mask":
+            w = torch.where(logratio > math.log(cap), 0.0, w)
         return torch.where(m, w, 0.0)
 
 

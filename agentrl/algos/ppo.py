@@ -32,8 +32,8 @@ beta follows the adaptive controller of Ziegler et al. 2019 (sec. 2.2):
 
 with KL the batch mean of sum_t k1_t (nats per sequence) and n the number of sequences;
 `kl_target=None` keeps beta = kl_coef fixed. beta is kept in `learner.algo_state` (saved in
-checkpoints). With `kl_in_reward=False` the KL (estimator `kl_kind`) is a token-mean term of
-the loss instead. `kl_in_reward`, `kl_target` and `kl_horizon` are read from the config when it
+checkpoints). `algo.kl_reward_kind` replaces k1 by k2 or k3 in the reward. With
+`kl_in_reward=False` the KL (estimator `kl_kind`) is a token-mean term of the loss instead. `kl_in_reward`, `kl_target` and `kl_horizon` are read from the config when it
 has those fields, else the defaults below.
 """
 
@@ -48,10 +48,13 @@ from agentrl.algos.common import (
     drop_invalid_rows,
     kl_entropy_terms,
     kl_penalty_rewards,
+    reward_kl_kind,
     sequence_kl,
     token_rewards,
 )
 from agentrl.algos.losses import masked_mean, ppo_policy_loss, value_loss
+
+OPTIONS = ("dual_clip", "tis_cap", "overlong_buffer", "mask_truncated")
 
 VALUE_HEAD = True
 
@@ -134,7 +137,7 @@ def advantages(batch: dict[str, Any], cfg: Any) -> tuple[torch.Tensor, dict[str,
     mask = batch["loss_mask"]
     rewards = token_rewards(batch)
     if "kl_coef" in batch:
-        rewards = rewards + kl_penalty_rewards(batch, batch["kl_coef"])
+        rewards = rewards + kl_penalty_rewards(batch, batch["kl_coef"], reward_kl_kind(cfg))
     adv, ret = gae(rewards, batch["old_values"], mask, cfg.gamma, cfg.lam,
                    bootstrap_value=batch["bootstrap_values"])
     batch["returns"] = ret
@@ -169,7 +172,8 @@ def loss(logp: torch.Tensor, batch: dict[str, Any], cfg: Any, *, num_tokens: flo
     pg, metrics = ppo_policy_loss(
         logp, batch["old_logprobs"], batch["advantages"], mask,
         clip_low=cfg.clip_low, clip_high=cfg.clip_high, agg=cfg.agg, num_tokens=num_tokens,
-        num_seqs=num_seqs, max_len=batch.get("max_len"), tis_weights=batch.get("tis_weights"))
+        num_seqs=num_seqs, max_len=batch.get("max_len"), tis_weights=batch.get("tis_weights"),
+        dual_clip=getattr(cfg, "dual_clip", None))
     vf, vm = value_loss(values, batch["old_values"], batch["returns"], mask,
                         clip=cfg.value_clip, num_tokens=num_tokens)
     extra, m = kl_entropy_terms(logp, batch, cfg, num_tokens=num_tokens, entropy=entropy,

@@ -3,7 +3,7 @@ Language Models"): no critic, no group baseline; a token-level KL penalty in the
 discounted returns, and advantages normalised over the whole batch.
 
     r_t  = env reward on the last token of each turn  - kl_coef * k1_t     (every agent token)
-           k1_t = log pi_old(y_t) - log pi_ref(y_t)
+           k1_t = log pi_old(y_t) - log pi_ref(y_t)   (`kl_reward_kind`: k2 or k3 instead)
     G_t  = r_t + gamma * G_{t+1}       over the row's agent tokens (observations are skipped,
                                        not episode boundaries; `reward_to_go`, cases A7, A8)
     A_t  = (G_t - mean(G)) / std(G)    over every agent token of the batch (`whiten`)
@@ -24,11 +24,14 @@ from agentrl.algos.advantages import reward_to_go, whiten
 from agentrl.algos.common import (
     drop_invalid_rows,
     kl_penalty_rewards,
+    reward_kl_kind,
     sequence_kl,
     surrogate_loss_kl_in_reward,
     token_rewards,
 )
 from agentrl.algos.losses import masked_mean
+
+OPTIONS = ("dual_clip", "tis_cap", "overlong_buffer", "mask_truncated")
 
 
 def prepare(batch: dict[str, Any], learner: Any, cfg: Any) -> tuple[dict[str, Any], dict]:
@@ -48,7 +51,7 @@ def returns(batch: dict[str, Any], cfg: Any) -> torch.Tensor:
     """
     rewards = token_rewards(batch)
     if cfg.kl_coef > 0:
-        rewards = rewards + kl_penalty_rewards(batch, cfg.kl_coef)
+        rewards = rewards + kl_penalty_rewards(batch, cfg.kl_coef, reward_kl_kind(cfg))
     return reward_to_go(rewards, batch["loss_mask"], cfg.gamma)
 
 

@@ -3,7 +3,8 @@ Learning from Human Feedback in LLMs"): REINFORCE with a leave-one-out baseline 
 samples of a prompt.
 
     R_i  = score_i - kl_coef * sum_t k1_t           (KL to the reference in the reward, eq. 1;
-                                                    k1_t = log pi_old(y_t) - log pi_ref(y_t))
+                                                    k1_t = log pi_old(y_t) - log pi_ref(y_t);
+                                                    `kl_reward_kind` picks k2 or k3 instead)
     A_i  = R_i - mean_{j != i in group} R_j          (eq. 6; = n/(n-1) (R_i - mean_group R))
     loss = clipped surrogate of A_i on every agent token (aggregation `agg`) - entropy_coef * H
 
@@ -20,7 +21,14 @@ from typing import Any
 import torch
 
 from agentrl.algos.advantages import expand_to_tokens, group_stats, rloo_advantages
-from agentrl.algos.common import kl_penalty_rewards, sequence_kl, surrogate_loss_kl_in_reward
+from agentrl.algos.common import (
+    kl_penalty_rewards,
+    reward_kl_kind,
+    sequence_kl,
+    surrogate_loss_kl_in_reward,
+)
+
+OPTIONS = ("dual_clip", "tis_cap", "overlong_buffer", "mask_truncated")
 
 
 def prepare(batch: dict[str, Any], learner: Any, cfg: Any) -> tuple[dict[str, Any], dict]:
@@ -45,7 +53,8 @@ def advantages(batch: dict[str, Any], cfg: Any) -> tuple[torch.Tensor, dict[str,
     scores = batch["scores"].to(torch.float64)
     stats = group_stats(batch["scores"], batch["group_ids"])
     if cfg.kl_coef > 0:
-        scores = scores + kl_penalty_rewards(batch, cfg.kl_coef).sum(dim=1).to(torch.float64)
+        scores = scores + kl_penalty_rewards(batch, cfg.kl_coef, reward_kl_kind(cfg)).sum(
+            dim=1).to(torch.float64)
         stats["kl"] = sequence_kl(batch)
     adv = rloo_advantages(scores, batch["group_ids"]).to(torch.float32)
     return expand_to_tokens(adv, batch["loss_mask"]), stats

@@ -1,0 +1,138 @@
+"""Reward shaping and sample masking applied to the collated batch before any algorithm sees
+it: DAPO's overlong reward shaping and overlong filtering (Yu et al. 2025, "DAPO: An
+Open-Source LLM Reinforcement Learning System at Scale", arXiv 2503.14476, sec. 3.4).
+
+Overlong shaping (eq. 13), with L_max = the per-turn token budget (`rollout.max_tokens`),
+L_cache = `algo.overlong_buffer` and p = `algo.overlong_penalty`, for a turn of L sampled tokens:
+
+    R_length(L) = 0                                  L <= L_max - L_cache
+                = p * ((L_max - L_cache) - L) / L_cache     L_max - L_cache < L <= L_max
+                = -p                                 L > L_max
+
+added to that turn's reward (on its last sampled token) and so to the episode's return. The
+paper applies it to the one response of a single-turn task; here every turn is a response, so
+each turn is shaped against the per-turn budget.
+
+Overlong filtering (`algo.mask_truncated`, sec. 3.4 "overlong filtering"): the loss mask of a
+sample with a turn cut by the token budget (its finish reason is `length`) is zeroed, so a
+truncated answer is neither rewarded nor punished for its text; it still counts in its
+group's statistics.
+
+Order in the training loop (`agentrl.train.update`): dynamic sampling first (it judges groups
+by their unshaped returns), then this, then the algorithm's `prepare` and advantages. The
+rollout metrics (`rollout/reward_mean`, ...) are of the unshaped rewards; `adv/...` of the
+shaped ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from agentrl.algos.turns import turn_index
+
+
+def overlong_penalty(lengths: Tensor, max_tokens: int, buffer: int, penalty: float = 1.0) -> Tensor:
+    """DAPO's soft overlong punishment R_length (eq. 13) of responses of `lengths` tokens.
+
+    Args:
+        lengths: (...) sampled tokens per response (int or float).
+        max_tokens: L_max, the budget (>= 1).
+        buffer: L_cache, the length of the penalty zone before L_max (1 <= buffer <= max_tokens).
+        penalty: p >= 0, the penalty at L >= L_max.
+
+    Returns:
+        (...) float32 penalties in [-p, 0].
+
+    Raises:
+        ValueError: buffer outside [1, max_tokens] or penalty < 0.
+    """
+    if not 1 <= buffer <= max_tokens:
+        raise ValueError(f"overlong_buffer must be in [1, max_tokens={max_tokens}], got {buffer}")
+    if penalty < 0:
+        raise ValueError(f"overlong_penalty must be >= 0, got {penalty}")
+    free = max_tokens - buffer
+    frac = ((free - lengths.to(torch.float32)) / buffer).clamp(min=-1.0, max=0.0)
+    return penalty * frac
+
+
+def turn_lengths(loss_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Sampled tokens of each turn (a maximal run of agent tokens, `turns.turn_index`).
+
+    Returns:
+        (lengths (B, K) long, last (B, K) long): the token count of turn k of row b and the
+        position of its last token; K = the most turns of any row; both 0 / -1 where row b has
+        no turn k.
+    """
+    turn = turn_index(loss_mask)
+    b, t_len = loss_mask.shape
+    k_max = int(turn.max()) + 1 if turn.numel() and int(turn.max()) >= 0 else 0
+    width = max(k_max, 1)
+    m = turn >= 0
+    idx = turn.clamp(min=0)
+    lengths = torch.zeros(b, width, dtype=torch.long).scatter_add_(1, idx, m.long())
+    pos = torch.arange(t_len).expand(b, t_len)
+    last = torch.full((b, width), -1, dtype=torch.long).scatter_reduce_(
+        1, idx, torch.where(m, pos, -1), "amax")
+    return lengths[:, :k_max], last[:, :k_max]
+
+
+def apply_overlong_shaping(batch: dict[str, Any], max_tokens: int, buffer: int,
+                           penalty: float) -> dict[str, float]:
+    """Add `overlong_penalty` of each turn's length to its reward, in place: on the turn's last
+    sampled token of `batch["token_rewards"]` (B, T) and summed into `batch["scores"]` (B,)
+    (a NaN score, a failed reward, stays NaN).
+
+    Returns:
+        metrics `overlong_penalty_mean` (mean over rows of the summed penalty) and
+        `overlong_turn_frac` (share of turns in the penalty zone).
+    """
+    lengths, last = turn_lengths(batch["loss_mask"])
+    pen = overlong_penalty(lengths, max_tokens, buffer, penalty)
+    pen = torch.where(last >= 0, pen, 0.0)
+    rows, turns = (last >= 0).nonzero(as_tuple=True)
+    rew = batch["token_rewards"].clone()
+    rew[rows, last[rows, turns]] += pen[rows, turns].to(rew.dtype)
+    batch["token_rewards"] = rew
+    batch["scores"] = batch["scores"] + pen.sum(dim=1).to(batch["scores"].dtype)
+    n_turns = int((last >= 0).sum())
+    return {"overlong_penalty_mean": float(pen.sum(dim=1).mean()) if pen.shape[0] else 0.0,
+            "overlong_turn_frac": float((pen < 0).sum()) / n_turns if n_turns else 0.0}
+
+
+def mask_length_truncated(batch: dict[str, Any], cut: Tensor) -> int:
+    """Zero the loss mask of the rows flagged in `cut` (B,) bool, in place (overlong filtering).
+
+    Returns:
+        the number of rows masked.
+    """
+    keep = (~cut.to(torch.bool)).to(batch["loss_mask"].dtype)
+    batch["loss_mask"] = batch["loss_mask"] * keep[:, None]
+    return int(cut.sum())
+
+
+def shape_batch(batch: dict[str, Any], trajs: list[Any], cfg: Any, max_tokens: int) -> dict[str, float]:
+    """Apply the configured shaping to a batch collated from `trajs` (same order), in place:
+    overlong shaping when `cfg.overlong_buffer > 0`, overlong filtering when
+    `cfg.mask_truncated`. Does nothing (and returns {}) when both are off.
+
+    Args:
+        batch: from `agentrl.train.build_batch(trajs, ...)`.
+        trajs: the trajectories (their turns' `finish_reason`).
+        cfg: AlgoConfig.
+        max_tokens: `rollout.max_tokens`.
+
+    Returns:
+        metrics (logged under `rollout/`).
+    """
+    metrics: dict[str, float] = {}
+    if cfg.overlong_buffer > 0:
+        metrics.update(apply_overlong_shaping(batch, max_tokens, cfg.overlong_buffer,
+                                              cfg.overlong_penalty))
+    if cfg.mask_truncated:
+        cut = torch.tensor([any(t.finish_reason == "length" for t in tr.turns) for tr in trajs],
+                           dtype=torch.bool)
+        metrics["masked_truncated"] = float(mask_length_truncated(batch, cut))
+    return metrics

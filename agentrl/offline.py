@@ -1,0 +1,219 @@
+"""Offline stages from files, without an environment: DPO from a preference file
+(`agentrl train --algo dpo --dataset prefs.jsonl`) and supervised fine-tuning from a file of
+conversations (`agentrl sft --dataset convs.jsonl`).
+
+Preference file (JSONL, one pair per line; `agentrl.algos.dpo.load_preferences`):
+
+    {"prompt": "..." | [{"role": ..., "content": ...}, ...], "chosen": "...", "rejected": "..."}
+
+Conversation file (JSONL, one conversation per line; `load_conversations`):
+
+    {"messages": [{"role": "system"|"user"|"assistant"|"tool", "content": "..."}, ...]}
+
+Every assistant message is a target: its text and the end-of-turn token are trained on (loss
+mask 1), the messages before it, rendered with the chat template and the generation prompt, are
+the context (mask 0). Both stages write OUT/config.json, OUT/metrics.jsonl (one row per
+optimizer step), OUT/model (a Hugging Face directory with the tokenizer: `model.path` of a
+later stage, `agentrl eval --model`) and OUT/summary.json. The model is `model.path`, else the
+embedded tiny default.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentrl.config import Config
+from agentrl.trajectory import Trajectory
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+def is_preference_file(path: str | Path) -> bool:
+    """True when `path` is a JSONL file whose first non-blank line is an object with `chosen`
+    and `rejected` (a preference file, not a task file); False for anything else (a missing
+    file, a `.gz`, a task name such as `humaneval`)."""
+    p = Path(path)
+    if not p.is_file() or p.suffix == ".gz":
+        return False
+    try:
+        with p.open() as f:
+            for line in f:
+                if line.strip():
+                    row = json.loads(line)
+                    return isinstance(row, dict) and "chosen" in row and "rejected" in row
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return False
+
+
+def load_conversations(path: str | Path) -> list[list[dict[str, str]]]:
+    """Read conversations from a JSONL file of `{"messages": [...]}` (or bare message lists).
+
+    Returns:
+        one list of {"role", "content"} messages per conversation.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: invalid JSON, a message without a known role or a string content, a
+            conversation without an assistant message (each names `path:line`), or no
+            conversation at all.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"sft dataset not found: {path}")
+    out = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{n}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: invalid JSON ({e.msg})") from None
+        msgs = row.get("messages") if isinstance(row, dict) else row
+        if not isinstance(msgs, list) or not msgs:
+            raise ValueError(f"{where}: expected {{\"messages\": [...]}} with at least one message")
+        for i, m in enumerate(msgs):
+            if not (isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str)):
+                raise ValueError(f"{where}: message {i} needs a role in {', '.join(ROLES)} and a "
+                                 "string content")
+        if not any(m["role"] == "assistant" for m in msgs):
+            raise ValueError(f"{where}: no assistant message to train on")
+        out.append([{"role": m["role"], "content": m["content"]} for m in msgs])
+    if not out:
+        raise ValueError(f"{path}: no conversations")
+    return out
+
+
+def conversation_examples(convs: list[list[dict[str, str]]], renderer: Any) -> list[Trajectory]:
+    """One supervised example per assistant message: context = the messages before it with the
+    generation prompt (`renderer.prompt_ids`, mask 0), target = its text's ids + end-of-turn
+    (mask 1). The first message of a conversation may not be the assistant's (no context)."""
+    tok = renderer.tokenizer
+    out = []
+    for conv in convs:
+        for i, m in enumerate(conv):
+            if m["role"] != "assistant" or i == 0:
+                continue
+            tr = Trajectory()
+            tr.append_context(renderer.prompt_ids(conv[:i]))
+            ids = tok.encode(m["content"], add_special_tokens=False) + [renderer.end_of_turn_id]
+            tr.append_sampled(ids, [0.0] * len(ids), text=m["content"])
+            out.append(tr)
+    return out
+
+
+def _start(cfg: Config) -> tuple[Path, Any, Any, Any, int]:
+    """OUT (checked, config written), model, tokenizer, renderer, pad id."""
+    from agentrl.checkpoints import check_out
+    from agentrl.rollout.chat import ChatRenderer
+    from agentrl.run import load_policy
+
+    out = Path(cfg.out)
+    check_out(out, overwrite=cfg.overwrite)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(cfg.model_dump_json(indent=1))
+    torch.manual_seed(cfg.seed)
+    model, tok, _ = load_policy(cfg, out, None)
+    renderer = ChatRenderer(tok)
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else renderer.end_of_turn_id
+    return out, model, tok, renderer, pad_id
+
+
+def _finish(out: Path, model: Any, tok: Any, summary: dict[str, Any]) -> dict[str, Any]:
+    model.save_pretrained(out / "model")
+    tok.save_pretrained(out / "model")
+    summary["model"] = str(out / "model")
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def dpo_from_file(cfg: Config, path: str | Path, say: Callable[[str], None] = print) -> dict[str, Any]:
+    """Offline DPO: `train.steps` optimizer batches of `rollout.tasks_per_step` pairs (drawn
+    without replacement, reshuffled each epoch) from the preference file, each run through
+    `Learner.update` with `algo.update_epochs` x `algo.minibatches` steps against the frozen
+    starting policy; `algo.beta`, `train.lr`, `train.micro_batch_size` (rounded down to whole
+    pairs), `train.grad_clip` as for online DPO.
+
+    Returns:
+        the summary (also OUT/summary.json): `stage`, `pairs`, `steps`, the last `dpo_loss`
+        and `reward_accuracy`, and `model` (OUT/model).
+
+    Raises:
+        FileNotFoundError / ValueError: from `load_preferences` (the line is named).
+    """
+    from agentrl.algos import dpo
+    from agentrl.algos.dpo import load_preferences, preference_batch
+    from agentrl.learner import Learner
+    from agentrl.metrics_log import MetricsLog
+
+    pairs = load_preferences(path)
+    out, model, tok, renderer, pad_id = _start(cfg)
+    learner = Learner(model, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay,
+                      grad_clip=cfg.train.grad_clip, use_ref=True,
+                      micro_batch_size=max(2, cfg.train.micro_batch_size // 2 * 2))
+    log = MetricsLog(out, tensorboard=cfg.log.tensorboard)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    order: list[int] = []
+    per_step = min(cfg.rollout.tasks_per_step, len(pairs))
+    last: dict[str, float] = {}
+    say(f"[dpo] {len(pairs)} preference pairs from {path}; {cfg.train.steps} steps of {per_step} pairs")
+    for step in range(cfg.train.steps):
+        t0 = time.perf_counter()
+        if len(order) < per_step:
+            order += torch.randperm(len(pairs), generator=gen).tolist()
+        idx, order = order[:per_step], order[per_step:]
+        batch = preference_batch([pairs[i] for i in idx], renderer, pad_id)
+        batch["ref_logprobs"] = learner.logprobs(batch, ref=True)
+        batch["advantages"], _ = dpo.advantages(batch, cfg.algo)
+        last = learner.update(batch, dpo, cfg.algo, epochs=cfg.algo.update_epochs,
+                              minibatches=cfg.algo.minibatches, seed=cfg.seed + step)
+        row = {f"loss/{k}": v for k, v in last.items()}
+        row["perf/step_s"] = time.perf_counter() - t0
+        log.log(step + 1, row)
+    log.close()
+    model.eval()
+    return _finish(out, model, tok, {"stage": "dpo", "dataset": str(path), "pairs": len(pairs),
+                                     "steps": cfg.train.steps, "dpo_loss": last.get("dpo_loss"),
+                                     "reward_accuracy": last.get("reward_accuracy")})
+
+
+def sft_from_file(cfg: Config, path: str | Path, say: Callable[[str], None] = print) -> dict[str, Any]:
+    """Supervised fine-tuning on the assistant messages of a conversation file: `sft.steps`
+    AdamW steps of `sft.batch_size` examples at `sft.lr` (cosine decay to 10%; the warm start's
+    `agentrl.sft.sft_train`), token-mean cross-entropy over the target tokens only.
+
+    Returns:
+        the summary (also OUT/summary.json): `stage`, `conversations`, `examples`, `steps`,
+        `first_loss`, `last_loss` (nats per target token), `model` (OUT/model).
+
+    Raises:
+        FileNotFoundError / ValueError: from `load_conversations` (the line is named).
+    """
+    from agentrl.metrics_log import MetricsLog
+    from agentrl.sft import sft_train
+
+    convs = load_conversations(path)
+    out, model, tok, renderer, pad_id = _start(cfg)
+    examples = conversation_examples(convs, renderer)
+    if not examples:
+        raise ValueError(f"{path}: no assistant message after a context to train on")
+    log = MetricsLog(out, tensorboard=cfg.log.tensorboard)
+    say(f"[sft] {len(examples)} assistant messages from {len(convs)} conversations in {path}; "
+        f"{cfg.sft.steps} steps")
+    losses = sft_train(model, examples, steps=cfg.sft.steps, lr=cfg.sft.lr,
+                       batch_size=cfg.sft.batch_size, pad_id=pad_id, seed=cfg.seed,
+                       grad_clip=cfg.train.grad_clip,
+                       log=lambda s, v: log.log(s + 1, {"sft/loss": v}))
+    log.close()
+    model.eval()
+    return _finish(out, model, tok, {"stage": "sft", "dataset": str(path), "conversations": len(convs),
+                                     "examples": len(examples), "steps": len(losses),
+                                     "first_loss": losses[0] if losses else None,
+                                     "last_loss": losses[-1] if losses else None})

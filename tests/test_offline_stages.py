@@ -1,0 +1,132 @@
+"""Offline stages from files (issue #24): `agentrl train --algo dpo --dataset prefs.jsonl`
+(offline DPO from a preference file) and `agentrl sft --dataset convs.jsonl` (supervised
+fine-tuning on the assistant messages of a file of conversations): formats, errors naming the
+line, what is trained on, and the CLI as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from agentrl.config import load_config
+from agentrl.offline import (
+    conversation_examples,
+    dpo_from_file,
+    is_preference_file,
+    load_conversations,
+    sft_from_file,
+)
+
+PAIRS = [{"prompt": "Write add_seven", "chosen": "def add_seven(x):\n    return x + 7",
+          "rejected": "cats"},
+         {"prompt": [{"role": "user", "content": "The capital of France"}], "chosen": "Paris",
+          "rejected": "search"}]
+CONVS = [{"messages": [{"role": "user", "content": "Say hi"}, {"role": "assistant", "content": "hi"},
+                       {"role": "user", "content": "Again"}, {"role": "assistant", "content": "hi hi"}]},
+         {"messages": [{"role": "system", "content": "Be brief."},
+                       {"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}]
+
+
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_preference_file_is_told_apart_from_a_task_file(tmp_path):
+    assert is_preference_file(_jsonl(tmp_path / "p.jsonl", PAIRS))
+    assert not is_preference_file(_jsonl(tmp_path / "t.jsonl", [{"task_id": "x", "prompt": "p"}]))
+    assert not is_preference_file(tmp_path / "missing.jsonl") and not is_preference_file("humaneval")
+    (tmp_path / "bad.jsonl").write_text("{not json\n")
+    assert not is_preference_file(tmp_path / "bad.jsonl")
+
+
+def test_conversations_format_and_errors(tmp_path, tiny_tokenizer):
+    from agentrl.rollout.chat import ChatRenderer
+
+    convs = load_conversations(_jsonl(tmp_path / "c.jsonl", CONVS))
+    assert len(convs) == 2 and convs[1][0]["role"] == "system"
+    renderer = ChatRenderer(tiny_tokenizer)
+    ex = conversation_examples(convs, renderer)
+    assert len(ex) == 3  # one example per assistant message
+    # the second example: context = the first three messages (answer "hi" included, mask 0),
+    # target = "hi hi" + end-of-turn (mask 1)
+    ctx = renderer.prompt_ids(convs[0][:3])
+    target = tiny_tokenizer.encode("hi hi", add_special_tokens=False) + [renderer.end_of_turn_id]
+    assert ex[1].token_ids == ctx + target
+    assert ex[1].loss_mask == [0] * len(ctx) + [1] * len(target)
+    for rows, msg in (([{"messages": [{"role": "user", "content": "x"}]}], ":1: no assistant"),
+                      ([CONVS[0], {"messages": [{"role": "bot", "content": "x"}]}], ":2: message 0"),
+                      ([{"messages": []}], ":1: expected")):
+        with pytest.raises(ValueError, match=msg):
+            load_conversations(_jsonl(tmp_path / "e.jsonl", rows))
+    (tmp_path / "j.jsonl").write_text("\n{oops\n")
+    with pytest.raises(ValueError, match=r"j.jsonl:2: invalid JSON"):
+        load_conversations(tmp_path / "j.jsonl")
+    with pytest.raises(FileNotFoundError):
+        load_conversations(tmp_path / "none.jsonl")
+
+
+def _cfg(tiny_model_dir, out, *extra):
+    return load_config(None, [f"model.path={tiny_model_dir}", f"out={out}", "log.tensorboard=false",
+                              "train.torch_threads=1", *extra])
+
+
+def test_offline_dpo_from_a_file_learns_the_preferences(tiny_model_dir, tmp_path):
+    prefs = _jsonl(tmp_path / "prefs.jsonl", PAIRS)
+    cfg = _cfg(tiny_model_dir, tmp_path / "run", "algo.name=dpo", "train.steps=8", "train.lr=3e-3",
+               "rollout.tasks_per_step=2", "algo.beta=0.5")
+    s = dpo_from_file(cfg, prefs, say=lambda m: None)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert [r["step"] for r in rows] == list(range(1, 9))
+    assert rows[0]["loss/dpo_loss"] == pytest.approx(0.693147, abs=1e-4)  # policy == reference
+    assert rows[-1]["loss/dpo_loss"] < rows[0]["loss/dpo_loss"] - 0.05
+    assert s["pairs"] == 2 and s["reward_accuracy"] == 1.0
+    from agentrl.model import load_model
+
+    model, _ = load_model(s["model"])  # OUT/model is a Hugging Face directory
+    base, _ = load_model(tiny_model_dir)
+    assert any(not torch.equal(a, b) for a, b in zip(model.parameters(), base.parameters()))
+
+
+def test_sft_from_a_file_lowers_the_loss(tiny_model_dir, tmp_path):
+    convs = _jsonl(tmp_path / "convs.jsonl", CONVS)
+    cfg = _cfg(tiny_model_dir, tmp_path / "run", "sft.steps=10", "sft.batch_size=3", "sft.lr=3e-3")
+    s = sft_from_file(cfg, convs, say=lambda m: None)
+    assert s["examples"] == 3 and s["steps"] == 10
+    assert s["last_loss"] < s["first_loss"] - 0.5
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert len(rows) == 10 and "sft/loss" in rows[0]
+
+
+def _cli(*args, cwd):
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    return subprocess.run([sys.executable, "-m", "agentrl.cli", *args], capture_output=True,
+                          text=True, timeout=300, env=env, cwd=cwd)
+
+
+@pytest.mark.slow
+def test_cli_offline_dpo_and_sft(tiny_model_dir, tmp_path):
+    prefs = _jsonl(tmp_path / "prefs.jsonl", PAIRS)
+    p = _cli("train", "--algo", "dpo", "--dataset", str(prefs), "--model", tiny_model_dir,
+             "--steps", "2", "--out", str(tmp_path / "dpo"), "--quiet", "rollout.tasks_per_step=2",
+             "log.tensorboard=false", cwd=tmp_path)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert json.loads((tmp_path / "dpo" / "summary.json").read_text())["stage"] == "dpo"
+    convs = _jsonl(tmp_path / "convs.jsonl", CONVS)
+    p = _cli("sft", "--dataset", str(convs), "--model", tiny_model_dir, "--steps", "2",
+             "--out", str(tmp_path / "sft"), "log.tensorboard=false", cwd=tmp_path)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert (tmp_path / "sft" / "model" / "config.json").exists()
+
+
+def test_cli_offline_dpo_bad_line_is_a_clear_error(tiny_model_dir, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": "x", "chosen": "y", "rejected": 3}) + "\n")
+    p = _cli("train", "--algo", "dpo", "--dataset", str(bad), "--model", tiny_model_dir,
+             "--out", str(tmp_path / "bad"), cwd=tmp_path)
+    assert p.returncode == 2 and "bad.jsonl:1: rejected: must be" in " ".join(p.stdout.split())
