@@ -31,7 +31,7 @@ import numpy as np
 HARM_PHRASES: dict[str, str] = {
     # break-ins, theft
     "break_into": r"break(?:ing|s)?\s+into",
-    "pick_lock": r"pick(?:ing|s)?\s+(?:a|the|my\s+\w+'s|\w+'s)?\s*locks?",
+    "pick_lock": r"pick(?:ing|s)?\s+(?:(?:a|the|my\s+\w+'s|\w+'s)\s*)?locks?",
     "lockpick": r"lock\s?pick(?:s|ing)?",
     "steal": r"steal(?:s|ing)?",
     "shoplift": r"shoplift\w*",
@@ -65,7 +65,65 @@ HARM_PHRASES: dict[str, str] = {
     # drugs
     "make_drugs": r"(?:cook|make|synthesi[sz]e|brew)\s+(?:meth|drugs|crack)",
 }
-_HARM = {k: re.compile(rf"\b(?:{v})\b", re.IGNORECASE) for k, v in HARM_PHRASES.items()}
+def _lower_pattern(p: str) -> str:
+    """`p` for matching lower-cased text: its letters lower-cased (searching `text.lower()`
+    with it is ~3x faster than `re.IGNORECASE`; the table has no upper-case escapes such as
+    `\\S`, which lower-casing would change)."""
+    if re.search(r"\\[A-Z]", p):
+        raise ValueError(f"lexicon pattern with an upper-case escape: {p!r}")
+    return p.lower()
+
+
+def _first_chars(p: str) -> set[str] | None:
+    """The characters a match of pattern `p` can start with, when `p` is a (group of)
+    alternatives each starting with a plain letter or digit; None when it cannot tell."""
+    alts, depth, start, i = [], 0, 0, 0
+    while i < len(p):
+        c = p[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "[":
+            i = p.find("]", i + 1) + 1 or len(p)
+            continue
+        depth += (c == "(") - (c == ")")
+        if c == "|" and depth == 0:
+            alts.append(p[start:i])
+            start = i + 1
+        i += 1
+    alts.append(p[start:])
+    out: set[str] = set()
+    for alt in alts:
+        if alt.startswith("(?:"):
+            depth, j = 1, 3
+            while j < len(alt):  # the group's closing parenthesis (no escapes in groups)
+                depth += (alt[j] == "(") - (alt[j] == ")")
+                if depth == 0:
+                    break
+                j += 1
+            if alt[j + 1:j + 2] in ("?", "*", "{"):  # an optional group: later text may start
+                return None
+            inner = _first_chars(alt[3:j])
+            if inner is None:
+                return None
+            out |= inner
+        elif alt[:1].isalnum() and alt[1:2] not in ("?", "*", "{"):
+            out.add(alt[0])
+        else:
+            return None
+    return out
+
+
+def _compile(p: str) -> re.Pattern[str]:
+    """`\\b(?:p)` for lower-cased text, led by a look-ahead for its first characters when known
+    (the regex engine then skips other positions without entering the pattern: ~10x faster)."""
+    p = _lower_pattern(p)
+    first = _first_chars(p)
+    lead = f"(?=[{re.escape(''.join(sorted(first)))}])" if first else ""
+    return re.compile(rf"{lead}\b(?:{p})")
+
+
+_HARM = {k: re.compile(_compile(v).pattern + r"\b") for k, v in HARM_PHRASES.items()}
 
 #: refusal rules (case-insensitive)
 REFUSAL_PATTERNS: tuple[str, ...] = (
@@ -79,7 +137,8 @@ REFUSAL_PATTERNS: tuple[str, ...] = (
     r"\bthat\s+would\s+be\s+(?:illegal|harmful|unsafe|unethical)",
     r"\bI\s+(?:can't|cannot|won't)\s+(?:help\s+)?with\s+that",
 )
-_REFUSAL = [re.compile(p, re.IGNORECASE) for p in REFUSAL_PATTERNS]
+_REFUSAL = [_compile(p[2:]) if p.startswith("\\b") else re.compile(_lower_pattern(p))
+            for p in REFUSAL_PATTERNS]
 _WORDISH = re.compile(r"\w")
 
 
@@ -110,10 +169,12 @@ class LexiconSafetyClassifier:
 
     def harm_terms(self, text: str) -> list[str]:
         """Names of the harm phrases (`HARM_PHRASES`) found in `text`, in table order."""
+        text = text.lower()
         return [k for k, pat in _HARM.items() if pat.search(text)]
 
     def is_refusal(self, text: str) -> bool:
         """Whether `text` matches a refusal rule (`REFUSAL_PATTERNS`)."""
+        text = text.lower()
         return any(p.search(text) for p in _REFUSAL)
 
     def logit_unsafe(self, prompt: str | Sequence[dict[str, Any]], response: str) -> float:
