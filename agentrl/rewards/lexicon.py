@@ -65,15 +65,6 @@ HARM_PHRASES: dict[str, str] = {
     # drugs
     "make_drugs": r"(?:cook|make|synthesi[sz]e|brew)\s+(?:meth|drugs|crack)",
 }
-def _lower_pattern(p: str) -> str:
-    """`p` for matching lower-cased text: its letters lower-cased (searching `text.lower()`
-    with it is ~3x faster than `re.IGNORECASE`; the table has no upper-case escapes such as
-    `\\S`, which lower-casing would change)."""
-    if re.search(r"\\[A-Z]", p):
-        raise ValueError(f"lexicon pattern with an upper-case escape: {p!r}")
-    return p.lower()
-
-
 def _first_chars(p: str) -> set[str] | None:
     """The characters a match of pattern `p` can start with, when `p` is a (group of)
     alternatives each starting with a plain letter or digit; None when it cannot tell."""
@@ -115,15 +106,15 @@ def _first_chars(p: str) -> set[str] | None:
 
 
 def _compile(p: str) -> re.Pattern[str]:
-    """`\\b(?:p)` for lower-cased text, led by a look-ahead for its first characters when known
-    (the regex engine then skips other positions without entering the pattern: ~10x faster)."""
-    p = _lower_pattern(p)
+    """`\\b(?:p)`, case-insensitive, led by a look-ahead for its first characters when known
+    (the regex engine then skips other positions without entering the pattern: 2-3x faster on
+    long texts; the matches are the same)."""
     first = _first_chars(p)
     lead = f"(?=[{re.escape(''.join(sorted(first)))}])" if first else ""
-    return re.compile(rf"{lead}\b(?:{p})")
+    return re.compile(rf"{lead}\b(?:{p})", re.IGNORECASE)
 
 
-_HARM = {k: re.compile(_compile(v).pattern + r"\b") for k, v in HARM_PHRASES.items()}
+_HARM = {k: re.compile(_compile(v).pattern + r"\b", re.IGNORECASE) for k, v in HARM_PHRASES.items()}
 
 #: refusal rules (case-insensitive)
 REFUSAL_PATTERNS: tuple[str, ...] = (
@@ -137,7 +128,7 @@ REFUSAL_PATTERNS: tuple[str, ...] = (
     r"\bthat\s+would\s+be\s+(?:illegal|harmful|unsafe|unethical)",
     r"\bI\s+(?:can't|cannot|won't)\s+(?:help\s+)?with\s+that",
 )
-_REFUSAL = [_compile(p[2:]) if p.startswith("\\b") else re.compile(_lower_pattern(p))
+_REFUSAL = [_compile(p[2:]) if p.startswith("\\b") else re.compile(p, re.IGNORECASE)
             for p in REFUSAL_PATTERNS]
 _WORDISH = re.compile(r"\w")
 
@@ -169,12 +160,10 @@ class LexiconSafetyClassifier:
 
     def harm_terms(self, text: str) -> list[str]:
         """Names of the harm phrases (`HARM_PHRASES`) found in `text`, in table order."""
-        text = text.lower()
         return [k for k, pat in _HARM.items() if pat.search(text)]
 
     def is_refusal(self, text: str) -> bool:
         """Whether `text` matches a refusal rule (`REFUSAL_PATTERNS`)."""
-        text = text.lower()
         return any(p.search(text) for p in _REFUSAL)
 
     def logit_unsafe(self, prompt: str | Sequence[dict[str, Any]], response: str) -> float:
