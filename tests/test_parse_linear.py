@@ -169,6 +169,10 @@ def test_the_inputs_of_the_issue_parse_fast_and_right():
         assert _cpu_seconds(lambda t: parse_judge_score(t, 0, 10), text) < LIMIT_S
         assert parse_judge_score(text, 0, 10) is None
         assert parse_judge_score("Score" + gap * 120 + "7", 0, 10) == 7.0
+    # shared cases D8
+    for text, expected in (("Score" + "\n" * 100_000 + "7", 7.0), ("Rating:" + " " * 100_000, None)):
+        assert _cpu_seconds(lambda t: parse_judge_score(t, 0, 10), text) < LIMIT_S
+        assert parse_judge_score(text, 0, 10) == expected
     text = "\n" * 16_000
     assert _cpu_seconds(extract_answer, text) < LIMIT_S
     assert extract_answer(text) == ""

@@ -17,7 +17,9 @@ on a SHA-256 of the judged content (judge model, request messages, sampling sett
 
 from __future__ import annotations
 
+import bisect
 import hashlib
+import itertools
 import json
 import math
 import re
@@ -432,25 +434,30 @@ def trigram_jaccard(a: str, b: str) -> float:
     return _jaccard(_trigrams(a), _trigrams(b))
 
 
-def _trigram_index(answer_words: Sequence[str]) -> dict[str, list[frozenset[str]]]:
-    """trigram -> trigram sets of the distinct answer words that hold it."""
-    index: dict[str, list[frozenset[str]]] = {}
-    for y in set(answer_words):
-        ty = frozenset(_trigrams(y))
-        for g in ty:
-            index.setdefault(g, []).append(ty)
-    return index
+class _TrigramSearch:
+    """The answer's distinct words, searchable by trigram in C: `best_jaccard(x)` is
+    `max(trigram_jaccard(x, y) for y in words)`, computed only over the words that share a
+    trigram with `x` (the others score 0), found with `str.find` in one string of all the
+    padded words ("#w1#\\n#w2#\\n..."; a keyword trigram holds no newline, so no match spans two
+    words). Linear in the answer; comparing every word took 0.5 s on 16,000 distinct words."""
+
+    def __init__(self, answer_words: Sequence[str]):
+        self.words = list(dict.fromkeys(answer_words))
+        self.text = "".join(f"#{y}#\n" for y in self.words)
+        self.starts = list(itertools.accumulate((len(y) + 3 for y in self.words), initial=0))
+
+    def best_jaccard(self, word: str) -> float:
+        tx = _trigrams(word)
+        hits: set[int] = set()
+        for g in tx:
+            pos = self.text.find(g)
+            while pos >= 0:
+                hits.add(bisect.bisect_right(self.starts, pos) - 1)
+                pos = self.text.find(g, pos + 1)
+        return max((_jaccard(tx, _trigrams(self.words[i])) for i in hits), default=0.0)
 
 
-def _best_jaccard(word: str, index: dict[str, list[frozenset[str]]]) -> float:
-    """max over the answer words of `trigram_jaccard(word, y)`: only words sharing a trigram
-    with `word` can score above 0, so only those are compared (linear in the answer)."""
-    tx = _trigrams(word)
-    seen = {id(ty): ty for g in tx for ty in index.get(g, ())}
-    return max((_jaccard(tx, ty) for ty in seen.values()), default=0.0)
-
-
-def _jaccard(ta: set[str] | frozenset[str], tb: set[str] | frozenset[str]) -> float:
+def _jaccard(ta: set[str], tb: set[str]) -> float:
     union = len(ta) + len(tb) - len(ta & tb)
     return len(ta & tb) / union if union else 1.0
 
@@ -488,7 +495,7 @@ class RuleJudge:
         if not w:
             return {"task": 0.0, "length_ok": 0.0, "diversity": 0.0}
         joined = " " + " ".join(w) + " "
-        index: dict[str, list[frozenset[str]]] | None = None
+        search: _TrigramSearch | None = None
         if keywords:
             credits = []
             for k in keywords:
@@ -496,9 +503,9 @@ class RuleJudge:
                 if kw and " " + " ".join(kw) + " " in joined:
                     credits.append(1.0)
                 else:
-                    if index is None:  # trigram -> the distinct answer words holding it, built once
-                        index = _trigram_index(w)
-                    close = [_best_jaccard(x, index) for x in kw]
+                    if search is None:  # built once, for the first keyword not found
+                        search = _TrigramSearch(w)
+                    close = [search.best_jaccard(x) for x in kw]
                     credits.append(self.partial_credit * (sum(close) / len(close) if close else 0.0))
             task = sum(credits) / len(credits)
         else:
