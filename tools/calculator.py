@@ -3,8 +3,24 @@
 Allowed: int and float literals, `+ - * / // % **`, unary `+ -`, parentheses, the constants
 `pi`, `e`, `tau`, and the functions `abs round min max sqrt exp log log10 log2 sin cos tan
 floor ceil`. Everything else (names, attributes, strings, comprehensions, `^`, ...) is refused.
-Results whose size could exhaust memory or time are refused before they are computed: an integer
-result longer than `MAX_INT_BITS` bits (about 3,000 decimal digits), e.g. `9**99999`.
+Cost bounds (the evaluator runs in the caller's process, and CPython's big-integer arithmetic
+holds the GIL, so a timeout thread could not stop it; every operation is therefore checked before
+it runs, so that no expression of at most `MAX_EXPRESSION_CHARS` characters costs more than a few
+milliseconds or more than a few KiB):
+
+- `*` of two integers and `**` with an integer result are refused when the result would be longer
+  than `MAX_INT_BITS` bits (about 3,000 decimal digits): `9**99999`, `(2**9999)*(2**9999)`;
+  the bound is checked from the operands' bit lengths, before multiplying.
+- `round(x, n)`: an integer `x` with `-n` above its digit count is 0 (computed without forming
+  `10**-n`, which for `round(1, -10**7)` alone takes seconds); a float `x` takes `n` clamped to
+  [-400, 400] (beyond +-323 a float's rounding no longer changes, so the result is the same).
+- `+ - // %`, `abs min max floor ceil` never give a result longer than their operands (plus one
+  bit), so with operands bounded as above they are cheap; the float functions convert big
+  integers to float first (an `OverflowError`, reported as "result too large").
+- The parser itself is bounded by the expression length; a too deeply nested expression is
+  refused.
+There are no strings, sequences, comprehensions, `factorial` or 3-argument `pow`, so no repeat
+counts or other size arguments exist to abuse.
 """
 
 from __future__ import annotations
@@ -22,9 +38,35 @@ MAX_INT_BITS = 10_000
 
 Number = int | float
 
+#: |ndigits| beyond which rounding a float no longer changes (CPython's NDIGITS_MAX is ~323)
+_FLOAT_NDIGITS = 400
+
+
+def _round(*args: Number) -> Number:
+    """`round(x)` / `round(x, ndigits)` with its cost bounded (see the module docstring); same
+    results as the builtin.
+
+    Raises:
+        TypeError: not 1 or 2 arguments, or a float `ndigits`.
+    """
+    if not 1 <= len(args) <= 2:
+        raise TypeError(f"round() takes 1 or 2 arguments ({len(args)} given)")
+    x, ndigits = args[0], (args[1] if len(args) == 2 else None)
+    if ndigits is None or not isinstance(ndigits, int):
+        return round(x) if ndigits is None else round(x, ndigits)  # a float ndigits: TypeError
+    if isinstance(x, float):
+        return round(x, max(-_FLOAT_NDIGITS, min(_FLOAT_NDIGITS, ndigits)))
+    if ndigits >= 0:
+        return x  # rounding an integer to >= 0 decimals leaves it unchanged
+    # |x| < 10**d with d = floor(bits * log10(2)) + 1, so 10**-ndigits >= 10**(d+1) > 2|x|: 0
+    if -ndigits > int(x.bit_length() * math.log10(2)) + 1:
+        return 0
+    return round(x, ndigits)
+
+
 _CONSTANTS: dict[str, float] = {"pi": math.pi, "e": math.e, "tau": math.tau}
 _FUNCTIONS: dict[str, Callable[..., Any]] = {
-    "abs": abs, "round": round, "min": min, "max": max, "sqrt": math.sqrt, "exp": math.exp,
+    "abs": abs, "round": _round, "min": min, "max": max, "sqrt": math.sqrt, "exp": math.exp,
     "log": math.log, "log10": math.log10, "log2": math.log2, "sin": math.sin, "cos": math.cos,
     "tan": math.tan, "floor": math.floor, "ceil": math.ceil,
 }

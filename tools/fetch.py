@@ -17,6 +17,7 @@ from urllib.parse import urljoin, urlsplit
 
 import httpx
 
+from agentrl.http_deadline import DeadlineExceeded, fresh_connection_limits, request_with_deadline
 from agentrl_tools.registry import Tool, ToolError, tool
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -57,12 +58,36 @@ class _TextExtractor(HTMLParser):
             self.blocks[-1].append(data)
 
 
+# a `<` whose tag never closes before the next `<` (or the end): `[^<>]*` runs are disjoint, so
+# finding them all is linear
+_UNCLOSED_LT = re.compile(r"<(?=[^<>]*(?:<|\Z))")
+
+
+def _drop_comments(page: str) -> str:
+    """`page` without `<!-- ... -->` comments (an unclosed one drops the rest), by `str.find`."""
+    out, pos = [], 0
+    while (start := page.find("<!--", pos)) >= 0:
+        out.append(page[pos:start])
+        end = page.find("-->", start + 4)
+        if end < 0:
+            return "".join(out)
+        pos = end + 3
+    out.append(page[pos:])
+    return "".join(out)
+
+
 def html_to_text(page: str) -> str:
     """Visible text of an HTML page: paragraphs (block elements) separated by a blank line,
     whitespace inside a paragraph collapsed, `<br>` kept as a line break, list items prefixed
-    with `- `; `<head>`, scripts and styles dropped."""
+    with `- `; `<head>`, scripts and styles dropped.
+
+    Linear time: the standard library's `html.parser` rescans the rest of the page from every
+    tag that is never closed (quadratic: `"<a " * 33_000` took 105 s), so comments are dropped
+    first and every `<` not closed by a `>` before the next `<` is shown as text (`&lt;`). A page
+    where a `<` sits inside an attribute value (`alt="a<b"`) shows that tag as text.
+    """
     parser = _TextExtractor()
-    parser.feed(page)
+    parser.feed(_UNCLOSED_LT.sub("&lt;", _drop_comments(page)))
     parser.close()
     out = []
     for parts in parser.blocks:
@@ -103,7 +128,8 @@ def make_fetch_tool(allowed_hosts: Sequence[str], *, timeout_s: float = 5.0, max
 
     Args:
         allowed_hosts: hosts the agent may fetch from (see the module docstring).
-        timeout_s: connect/read timeout and total time budget per fetch, seconds.
+        timeout_s: time limit of the whole fetch, redirects included (connect, send and every
+            read together; a server dripping bytes is cut off at the limit), seconds.
         max_bytes: bytes read at most from a response body; the rest is dropped (noted).
         max_chars: characters of page text returned at most (the rest is dropped, noted).
         max_redirects: redirects followed at most.
@@ -129,11 +155,12 @@ _CLIENTS_LOCK = threading.Lock()
 
 def _client(trust_env: bool) -> httpx.Client:
     """A shared client (making one costs ~0.1-0.7 s for its SSL context; clients are
-    thread-safe). trust_env=False for loopback: a proxy from the environment must not
+    thread-safe), without keep-alive (`agentrl.http_deadline`). trust_env=False for loopback: a proxy from the environment must not
     intercept requests to the local corpus server."""
     with _CLIENTS_LOCK:
         if trust_env not in _CLIENTS:
-            _CLIENTS[trust_env] = httpx.Client(follow_redirects=False, trust_env=trust_env)
+            _CLIENTS[trust_env] = httpx.Client(follow_redirects=False, trust_env=trust_env,
+                                               limits=fresh_connection_limits())
         return _CLIENTS[trust_env]
 
 
@@ -152,31 +179,26 @@ def fetch_text(url: str, allowed_hosts: Sequence[str], *, timeout_s: float = 5.0
             shown = ", ".join(allowed_hosts) or "none"
             raise ToolError(f"fetching {url!r} is not allowed: its host is not in the allowed hosts ({shown})")
         loopback = (urlsplit(url).hostname or "") in LOOPBACK_HOSTS
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise ToolError(f"fetching {url} took longer than {timeout_s:g} s")
         try:
-            with _client(trust_env=not loopback).stream(
-                    "GET", url, headers={"User-Agent": "agentrl-fetch/1"}, timeout=timeout_s) as r:
-                if r.is_redirect:
-                    url = urljoin(url, r.headers.get("location", ""))
-                    continue
-                if r.status_code >= 400:
-                    raise ToolError(f"HTTP {r.status_code} for {url}")
-                ctype = r.headers.get("content-type", "").split(";")[0].strip().lower()
-                if ctype and not (ctype.startswith("text/") or ctype in ("application/json", "application/xhtml+xml")):
-                    raise ToolError(f"cannot read content type {ctype!r} from {url}")
-                body, cut = bytearray(), False
-                for chunk in r.iter_bytes():
-                    body.extend(chunk)
-                    if len(body) > max_bytes:
-                        del body[max_bytes:]
-                        cut = True
-                        break
-                    if time.monotonic() > deadline:
-                        raise ToolError(f"fetching {url} took longer than {timeout_s:g} s")
-                raw = bytes(body).decode(r.encoding or "utf-8", errors="replace")
-        except httpx.TimeoutException:
-            raise ToolError(f"fetching {url} timed out after {timeout_s:g} s") from None
+            r = request_with_deadline(_client(trust_env=not loopback), "GET", url, timeout_s=left,
+                                      max_bytes=max_bytes, truncate=True,
+                                      headers={"User-Agent": "agentrl-fetch/1"})
+        except DeadlineExceeded:
+            raise ToolError(f"fetching {url} took longer than {timeout_s:g} s") from None
         except httpx.HTTPError as e:
             raise ToolError(f"fetching {url} failed: {type(e).__name__}: {e}") from None
+        if r.status_code in (301, 302, 303, 307, 308) and "location" in r.headers:
+            url = urljoin(url, r.headers["location"])
+            continue
+        if r.status_code >= 400:
+            raise ToolError(f"HTTP {r.status_code} for {url}")
+        ctype = r.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype and not (ctype.startswith("text/") or ctype in ("application/json", "application/xhtml+xml")):
+            raise ToolError(f"cannot read content type {ctype!r} from {url}")
+        raw, cut = r.text, r.truncated
         text = html_to_text(raw) if ctype in ("text/html", "application/xhtml+xml") or (
             not ctype and raw.lstrip()[:1] == "<") else raw.strip()
         if len(text) > max_chars:

@@ -69,6 +69,8 @@ def call_from_json(payload: str, raw: str = "") -> ParsedItem:
         obj = json.loads(payload)
     except json.JSONDecodeError as e:
         return ToolCallError(f"the tool call is not valid JSON ({e.msg} at character {e.pos})", raw)
+    except RecursionError:  # "[[[[..." deeper than the interpreter's recursion limit
+        return ToolCallError("the tool call's JSON is nested too deeply", raw)
     if not isinstance(obj, dict):
         return ToolCallError("the tool call must be a JSON object with \"name\" and \"arguments\"", raw)
     name = obj.get("name")
@@ -78,6 +80,8 @@ def call_from_json(payload: str, raw: str = "") -> ParsedItem:
     if isinstance(args, str):
         try:
             args = json.loads(args) if args.strip() else {}
+        except RecursionError:
+            return ToolCallError(f"the arguments of {name!r} are nested too deeply", raw, name)
         except json.JSONDecodeError as e:
             return ToolCallError(f"the arguments of {name!r} are a string that is not valid JSON "
                                  f"({e.msg} at character {e.pos})", raw, name)
@@ -134,7 +138,7 @@ class HermesParser:
 def _is_json(s: str) -> bool:
     try:
         json.loads(s)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return False
     return True
 

@@ -110,7 +110,8 @@ def format_hits(hits: Sequence[SearchHit], url_for: Callable[[Document], str], q
 
 
 def make_search_tool(index: SearchIndex, url_for: Callable[[Document], str], *,
-                     default_k: int = 3, max_k: int = 10, name: str = "search") -> Tool:
+                     default_k: int = 3, max_k: int = 10, max_query_chars: int = 1000,
+                     name: str = "search") -> Tool:
     """A `search(query, k=default_k)` tool over `index`.
 
     Args:
@@ -119,6 +120,8 @@ def make_search_tool(index: SearchIndex, url_for: Callable[[Document], str], *,
             server started later).
         default_k: number of results when the agent does not say.
         max_k: largest `k` the agent may ask for.
+        max_query_chars: longest query accepted (a longer one is a tool error: the search's
+            cost grows with the query's words, ~0.7 s for 20,000).
         name: tool name shown to the agent.
     """
 
@@ -132,6 +135,8 @@ def make_search_tool(index: SearchIndex, url_for: Callable[[Document], str], *,
         """
         if not query.strip():
             raise ToolError("the query is empty")
+        if len(query) > max_query_chars:
+            raise ToolError(f"the query is longer than {max_query_chars} characters; use a few keywords")
         if not 1 <= k <= max_k:
             raise ToolError(f"k must be between 1 and {max_k}, got {k}")
         return format_hits(index.search(query, k), url_for, query)

@@ -221,7 +221,16 @@ def _load_summary(d: str | Path) -> dict[str, Any]:
     path = Path(d) / "summary.json"
     if not path.exists():
         raise FileNotFoundError(f"compare: {path} not found (run `agentrl eval --out {d}` first)")
-    return json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text())
+    except (ValueError, OSError) as e:
+        raise ValueError(f"compare: cannot read {path}: {e}") from None
+    if not (isinstance(data, dict) and isinstance(data.get("k"), list)
+            and isinstance(data.get("overall"), dict) and isinstance(data.get("tasks"), list)):
+        raise ValueError(f"compare: {d} is not an evaluation folder (its summary.json has no "
+                         "pass@k results; a training run's folder?). Evaluate it first: "
+                         f"`agentrl eval --model {d} --out EVAL_DIR`, then compare the EVAL_DIRs")
+    return data
 
 
 def _diff(a: Any, b: Any) -> float | None:
@@ -247,6 +256,7 @@ def compare(dir_a: str | Path, dir_b: str | Path) -> dict[str, Any]:
 
     Raises:
         FileNotFoundError: a directory has no summary.json.
+        ValueError: a summary.json that is not an evaluation's (e.g. a training run folder).
     """
     sa, sb = _load_summary(dir_a), _load_summary(dir_b)
     ks = [k for k in sa["k"] if k in sb["k"]]

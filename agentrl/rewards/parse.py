@@ -36,18 +36,24 @@ VERDICT_WORDS: dict[str, bool] = {
 
 _NUM = r"[-+]?\d+(?:\.\d+)?"
 _DEN = rf"(?:\s*(?:/|out\s+of)\s*(?P<den>{_NUM}))?"
+# Patterns that start with a label first look ahead for one of the labels' first letters
+# (`(?=[fosr...])`, case-insensitive with the pattern): the same matches, found ~8x faster,
+# since the regex engine then skips every other position without entering the alternation.
 # Labels that introduce a score or verdict. Optional markdown bold, a parenthetical such as
 # "(0-10)", and a separator may sit between the label and the value.
 _LABEL = (r"(?:final\s+score|overall\s+score|final\s+rating|overall\s+rating|score|rating|grade"
           r"|verdict|judgement|judgment|decision|assessment|evaluation|label|result|final\s+answer)")
-_GAP = r"\**\s*(?:\([^)\n]{0,20}\))?\s*\**\s*(?:[:=\-]|is)?\s*\**\s*"
+# Each run of spaces and markdown stars is ONE `[\s*]*` (never `\s*\**\s*`): two adjacent
+# quantifiers over the same characters let a failing match try every split of a long run
+# (`"Score" + "\n" * 120 + "x"` took seconds); with one, a failure costs the run's length.
+_GAP = r"[\s*]*(?:\([^)\n]{0,20}\)[\s*]*)?(?:(?:[:=\-]|is)[\s*]*)?"
 _WORDS = "|".join(sorted(VERDICT_WORDS, key=len, reverse=True))
 
 _NUMERIC_PATTERNS = [
     # Score: 7 | **Rating:** 8.5/10 | Overall score (0-10): 7 out of 10
-    re.compile(rf"\b{_LABEL}{_GAP}(?P<num>{_NUM}){_DEN}", re.IGNORECASE),
+    re.compile(rf"(?=[fosrgvjdael])\b{_LABEL}{_GAP}(?P<num>{_NUM}){_DEN}", re.IGNORECASE),
     # a score of 7 | rate it 7 | rate this answer a 7 | give it an 8
-    re.compile(rf"\b(?:score\s+of|rate\s+(?:it|this(?:\s+\w+)?)(?:\s+(?:a|an|as))?|give\s+(?:it|this(?:\s+\w+)?)\s+(?:a|an))"
+    re.compile(rf"(?=[srg])\b(?:score\s+of|rate\s+(?:it|this(?:\s+\w+)?)(?:\s+(?:a|an|as))?|give\s+(?:it|this(?:\s+\w+)?)\s+(?:a|an))"
                rf"\s+(?P<num>{_NUM}){_DEN}", re.IGNORECASE),
     # 7/10 | 7 out of 10 (a fraction without a label)
     re.compile(rf"(?<![\w.])(?P<num>{_NUM})\s*(?:/|out\s+of)\s*(?P<den>{_NUM})(?![\w.])", re.IGNORECASE),
@@ -59,45 +65,68 @@ _NUMERIC_PATTERNS = [
 # Verdict labels also include "answer"/"correct(ness)", and need an explicit separator
 # ("Answer: yes"), so prose such as "the answer is wrong in places" is not a verdict.
 _VLABEL = rf"(?:{_LABEL}|answer|correctness|correct)"
-_VGAP = r"\**\s*(?:\([^)\n]{0,20}\))?\s*\**\s*[:=\-]\s*\**\s*"
+_VGAP = r"[\s*]*(?:\([^)\n]{0,20}\)[\s*]*)?[:=\-][\s*]*"
 _VERDICT_PATTERNS = [
-    re.compile(rf"\b{_VLABEL}{_VGAP}[\"'`]?(?P<word>{_WORDS})\b", re.IGNORECASE),
+    re.compile(rf"(?=[fosrgvjdaelc])\b{_VLABEL}{_VGAP}[\"'`]?(?P<word>{_WORDS})\b", re.IGNORECASE),
     re.compile(rf"^[ \t*_\"'`]*(?P<word>{_WORDS})[ \t*_\"'`.!]*$", re.IGNORECASE | re.MULTILINE),
 ]
 
-_THINK_BLOCK = re.compile(r"<think>.*?</think>", re.IGNORECASE | re.DOTALL)
-_THINK_OPEN = re.compile(r"<think>", re.IGNORECASE)
-_THINK_CLOSE = re.compile(r"</think>", re.IGNORECASE)
+_THINK_TAG = re.compile(r"<(/?)think>", re.IGNORECASE)
 
 
 def strip_think(text: str) -> str:
     """Remove reasoning from a reply: `<think>...</think>` blocks, an unclosed `<think>` with
-    everything after it, and everything before a stray `</think>`."""
-    text = _THINK_BLOCK.sub(" ", text)
-    closes = list(_THINK_CLOSE.finditer(text))
-    if closes:  # a closing tag without its opening one: the reasoning came before it
-        text = text[closes[-1].end():]
-    m = _THINK_OPEN.search(text)
-    if m:  # opened but never closed: the rest is reasoning (e.g. cut off by max_tokens)
-        text = text[: m.start()]
-    return text
+    everything after it, and everything before a stray `</think>`.
+
+    One left-to-right pass over the tags (linear time; the regex `<think>.*?</think>` it
+    replaces rescanned the rest of the text from every unclosed `<think>`): an opening tag
+    starts a block that the next closing tag ends (the block becomes one space); a closing tag
+    outside a block is stray, and the text up to the last stray one is dropped; an opening tag
+    that is never closed drops the rest.
+    """
+    pieces: list[str] = []
+    keep_from = 0   # start of the text not yet copied
+    open_at = -1    # position of the opening tag of the current block, -1 outside a block
+    cut_at = -1     # where the kept text ends (an unclosed opening tag), -1 for none
+    for m in _THINK_TAG.finditer(text):
+        closing = bool(m.group(1))
+        if open_at < 0 and not closing:
+            open_at = m.start()
+        elif open_at >= 0 and closing:
+            pieces.append(text[keep_from:open_at])
+            pieces.append(" ")
+            keep_from, open_at = m.end(), -1
+        elif open_at < 0 and closing:  # stray: drop everything before it
+            pieces, keep_from = [], m.end()
+    if open_at >= 0:
+        cut_at = open_at
+    pieces.append(text[keep_from:cut_at] if cut_at >= 0 else text[keep_from:])
+    return "".join(pieces)
 
 
-def _candidates(text: str, low: float, high: float) -> list[tuple[int, float]]:
-    """(end position, value) of every score candidate in `text`, in-range or not."""
-    out: list[tuple[int, float]] = []
+def _last_in_range(text: str, low: float, high: float) -> float | None:
+    """The in-range candidate of `text` that ends last (on a tie, the later pattern's), or None.
+
+    Each pattern's matches are walked from the last one back to its last in-range one, so a
+    reply of 50,000 number lines converts one number, not 50,000.
+    """
+    best_end, best = -1, None
     for pat in _NUMERIC_PATTERNS:
-        for m in pat.finditer(text):
+        for m in reversed(list(pat.finditer(text))):
+            if m.end("num") < best_end:
+                break
             value = float(m.group("num"))
             den = m.groupdict().get("den")
-            if den is not None and float(den) != float(high):
-                continue  # a fraction on another scale is not a score on ours
-            out.append((m.end("num"), value))
+            if low <= value <= high and (den is None or float(den) == float(high)):
+                best_end, best = m.end("num"), value  # (a fraction on another scale is skipped)
+                break
     for pat in _VERDICT_PATTERNS:
-        for m in pat.finditer(text):
-            positive = VERDICT_WORDS[m.group("word").lower()]
-            out.append((m.end("word"), float(high if positive else low)))
-    return out
+        for m in reversed(list(pat.finditer(text))):
+            if m.end("word") >= best_end:
+                positive = VERDICT_WORDS[m.group("word").lower()]
+                best_end, best = m.end("word"), float(high if positive else low)
+            break
+    return best
 
 
 def parse_judge_score(text: str, low: float, high: float) -> float | None:
@@ -119,20 +148,15 @@ def parse_judge_score(text: str, low: float, high: float) -> float | None:
         raise ValueError(f"judge scale must have finite low < high, got [{low}, {high}]")
     if not isinstance(text, str) or not text:
         return None
-    cands = _candidates(strip_think(text), low, high)
-    cands.sort(key=lambda c: c[0])
-    for _, value in reversed(cands):
-        if math.isfinite(value) and low <= value <= high:
-            return value
-    return None
+    return _last_in_range(strip_think(text), low, high)
 
 
 _CHOICE_PATTERNS = [
     re.compile(r"\[\[\s*(?P<c>[ABC])\s*\]\]"),  # MT-Bench: [[A]], [[B]], [[C]] (tie)
-    re.compile(r"\b(?:winner|better(?:\s+(?:answer|response))?|preferred(?:\s+(?:answer|response))?|choice"
-               r"|verdict|final\s+answer|answer)\s*\**\s*[:=\-]\s*\**\s*(?:answer|response|assistant)?\s*"
+    re.compile(r"(?=[wbpcvfa])\b(?:winner|better(?:\s+(?:answer|response))?|preferred(?:\s+(?:answer|response))?|choice"
+               r"|verdict|final\s+answer|answer)[\s*]*[:=\-][\s*]*(?:(?:answer|response|assistant)\s*)?"
                r"\(?(?P<c>[AB]|tie)\)?\b", re.IGNORECASE),
-    re.compile(r"\b(?:answer|response|assistant)\s+\(?(?P<c>[AB])\)?\s+is\s+(?:better|preferred|stronger)",
+    re.compile(r"(?=[ar])\b(?:answer|response|assistant)\s+\(?(?P<c>[AB])\)?\s+is\s+(?:better|preferred|stronger)",
                re.IGNORECASE),
     re.compile(r"^[ \t*_\"'`(]*(?P<c>[AB])[ \t*_\"'`).]*$", re.MULTILINE),
 ]

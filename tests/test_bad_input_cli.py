@@ -1,0 +1,94 @@
+"""Bad input to the CLI is a clear one-line error and exit code 2, never a traceback (#21 item
+13): `--dataset` missing, empty, a directory, malformed JSONL (file and line), rows that are not
+objects, a corrupt gzip; reference solutions that fail the static check are reported at load
+time; `agentrl eval --compare` on training folders. (`--out` a file, an earlier run, under
+/proc: tests/test_run_folder.py.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import agentrl.train as train_mod
+from agentrl.cli import app
+from agentrl.config import load_config
+
+
+def _cli(*args: str) -> tuple[int, str]:
+    r = CliRunner().invoke(app, list(args))
+    return r.exit_code, r.output
+
+
+GOOD = {"task_id": "t/0", "prompt": "def f(x):\n", "entry_point": "f",
+        "canonical_solution": "    return x\n", "test": "def check(f):\n    assert f(1) == 1\n"}
+
+
+def _write(path: Path, content: str | bytes) -> Path:
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    return path
+
+
+@pytest.mark.parametrize("name,content,message", [
+    ("missing.jsonl", None, "no such file"),
+    ("empty.jsonl", "", "no task records (the file is empty)"),
+    ("blank.jsonl", "\n\n", "no task records"),
+    ("dir", "DIR", "is a directory"),
+    ("bad.jsonl", json.dumps(GOOD) + "\n{bad\n", "bad.jsonl, line 2: invalid JSON"),
+    ("list.jsonl", "[1, 2]\n", "list.jsonl, line 1: a task record must be a JSON object, got list"),
+    ("num.jsonl", json.dumps(GOOD) + "\n7\n", "num.jsonl, line 2: a task record must be a JSON object, got int"),
+    ("corrupt.jsonl.gz", b"this is not gzip", "not a readable gzip file"),
+    ("latin1.jsonl", b'{"task_id": "\xe9"}\n', "not UTF-8 text"),
+    ("bad.json", '[{"a": 1},', "bad.json, line 1: invalid JSON"),
+])
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_bad_dataset_is_a_one_line_error(tmp_path, command, name, content, message):
+    path = tmp_path / name
+    if content == "DIR":
+        path.mkdir()
+    elif content is not None:
+        _write(path, content)
+    out = tmp_path / "out"
+    args = (["train", "--env", "code_sandbox", "--steps", "1", "-q"] if command == "train"
+            else ["eval", "--env", "code_sandbox", "--model", "default"])
+    code, text = _cli(*args, "--dataset", str(path), "--out", str(out))
+    assert code == 2, text
+    assert message in text and "Traceback" not in text
+    assert len(text.strip().splitlines()) == 1, text
+    assert not out.exists()  # refused before anything was written
+
+
+def test_reference_solutions_failing_the_static_check_are_reported(tmp_path):
+    from agentrl_envs.code_datasets import load_dataset, reference_problems
+
+    rows = [GOOD,
+            {**GOOD, "task_id": "t/1", "canonical_solution": "    return (x\n"},   # does not compile
+            {**GOOD, "task_id": "t/2", "prompt": "", "canonical_solution": "def g(x):\n    return x\n"}]
+    path = _write(tmp_path / "refs.jsonl", "\n".join(json.dumps(r) for r in rows) + "\n")
+    assert reference_problems(load_dataset(str(path))) == ["t/1", "t/2"]
+    # the CLI says so at load time, then goes on (here: stopped by a bad --out, exit 2)
+    bad_out = _write(tmp_path / "a_file", "x")
+    code, text = _cli("train", "--env", "code_sandbox", "--dataset", str(path), "--out", str(bad_out), "-q")
+    flat = " ".join(text.split())
+    assert "2 of 3 reference solutions fail the static check" in flat and "t/1, t/2" in flat
+    assert code == 2 and "is a file" in flat
+
+
+def test_eval_compare_on_training_folders_is_a_clear_error(tmp_path, tiny_model_dir):
+    run = tmp_path / "run"
+    cfg = load_config(None, ["env.name=toy", "sft.steps=0", "rollout.tasks_per_step=1", "algo.group_size=2",
+                             "train.eval_tasks=1", "train.eval_samples=1", "rollout.max_tokens=8",
+                             "train.steps=1", "quiet=true", f"model.path={tiny_model_dir}", f"out={run}"])
+    train_mod.train(cfg)
+    assert (run / "summary.json").exists()  # a training summary, not an evaluation's
+    code, text = _cli("eval", "--compare", str(run), str(run))
+    flat = " ".join(text.split())
+    assert code == 2 and "is not an evaluation folder" in flat and "'k'" not in flat
+    assert len(text.strip().splitlines()) == 1
+    code, text = _cli("eval", "--compare", str(tmp_path / "nothing"), str(run))
+    assert code == 2 and "not found" in text
