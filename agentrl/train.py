@@ -118,8 +118,9 @@ class Loop:
     behind `LockedEngine`, or a `RolloutPool`), entered under `lock` by evaluation, refills and
     weight updates; `env_sets` leases each batch in flight its own train envs and thread pool;
     `eval_envs` + `pool` run the held-out evaluation; `new_env(split)` makes one env with the
-    run's shared reward wrappers (to replace one whose call timed out); `version` is the
-    learner's policy version."""
+    run's shared reward wrappers (to replace one whose call timed out), `rewards` those
+    wrappers (the driver's; Ray workers and vLLM hold their own); `version` is the learner's
+    policy version."""
 
     cfg: Config
     out: Path
@@ -140,6 +141,7 @@ class Loop:
     new_env: Callable[[str], Any]
     start_step: int = 0
     version: int = 0
+    rewards: Any = None  # the driver's `RewardWrappers` (None without env.wrappers)
 
 
 def lr_schedule(cfg: Config) -> Callable[[int], float]:
@@ -308,8 +310,53 @@ def build_loop(cfg: Config, algo: Any, out: Path, model: Any, tok: Any, renderer
     if cfg.rollout.mode == "async" and not hasattr(engine, "run"):
         env_sets.fill(cfg.rollout.batches_in_flight)  # built now, in a fixed order
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else renderer.end_of_turn_id
-    return Loop(cfg, out, say, algo, model, tok, renderer, pad_id, learner, engine, lock, env_sets,
-                eval_envs, pool, params, log, new_env, start_step, version)
+    lp = Loop(cfg, out, say, algo, model, tok, renderer, pad_id, learner, engine, lock, env_sets,
+              eval_envs, pool, params, log, new_env, start_step, version, rewards)
+    if ck is not None:
+        restore_reward_state(lp, ck)
+    return lp
+
+
+def reward_state(lp: Loop) -> dict[str, Any] | None:
+    """The state of the run's reward wrappers, to checkpoint (None when `env.wrappers` is
+    empty): `driver` (this process's `RewardWrappers.state_dict`) and `workers` (each rollout
+    worker's, when a `RolloutPool` holds the envs; else None)."""
+    if not lp.cfg.env.wrappers:
+        return None
+    workers = lp.engine.reward_states() if hasattr(lp.engine, "reward_states") else None
+    return {"format": 1, "driver": lp.rewards.state_dict() if lp.rewards is not None else None,
+            "workers": workers}
+
+
+def restore_reward_state(lp: Loop, ck: Path) -> None:
+    """Load checkpoint `ck`'s reward wrapper state (`reward_state`) into the driver's wrappers
+    and push the workers' back to them; says a `[resume]` note for each part not restored (a
+    checkpoint without the file, a changed `env.wrappers` or `rollout.num_workers`).
+
+    Raises:
+        ValueError: the file is unreadable, or a part does not fit its wrapper (names `ck`).
+    """
+    from agentrl.checkpoints import REWARD_STATE, unpack_state
+
+    f = ck / REWARD_STATE
+    if not f.exists():
+        if lp.cfg.env.wrappers:
+            lp.say(f"[resume] {ck} has no {REWARD_STATE}: the reward wrappers start from their initial state")
+        return
+    if not lp.cfg.env.wrappers:
+        lp.say(f"[resume] {f} is not used: this run has no env.wrappers")
+        return
+    state = unpack_state(f)
+    notes: list[str] = []
+    try:
+        if lp.rewards is not None:
+            notes += lp.rewards.load_state_dict(state["driver"] or {})
+        if hasattr(lp.engine, "load_reward_states"):
+            notes += lp.engine.load_reward_states(state["workers"] or [])
+    except ValueError as e:
+        raise ValueError(f"{f}: {e}") from None
+    for note in notes:
+        lp.say(f"[resume] {note}")
 
 
 def held_version(lp: Loop) -> int:
@@ -501,12 +548,15 @@ def log_step(lp: Loop, step: int, m: dict[str, float], trajs: list[Trajectory]) 
 
 
 def checkpoint(lp: Loop, step: int) -> Path:
-    """Save the learner after `step` steps to OUT/checkpoints/step_<step>, then delete all but
-    the newest `train.keep_checkpoints`."""
-    from agentrl.checkpoints import prune
+    """Save the learner and the reward wrappers' state (`reward_state`, as
+    `REWARD_STATE`) after `step` steps to OUT/checkpoints/step_<step>, then delete all but the
+    newest `train.keep_checkpoints`."""
+    from agentrl.checkpoints import REWARD_STATE, pack_state, prune
 
     path = lp.out / "checkpoints" / f"step_{step}"
-    lp.learner.save(path, lp.tok, {"step": step, "policy_version": lp.version})
+    rs = reward_state(lp)
+    lp.learner.save(path, lp.tok, {"step": step, "policy_version": lp.version},
+                    files={REWARD_STATE: pack_state(rs)} if rs is not None else None)
     prune(lp.out, lp.cfg.train.keep_checkpoints)
     return path
 
