@@ -277,6 +277,15 @@ def renderer(tiny_model_dir):
 
 
 @pytest.mark.slow
+def test_ray_workers_reward_state_round_trip(ray_cluster, tiny_model_dir, renderer):
+    """2 Ray workers (0.1 CPU each): each worker's state comes back to it. It runs before the
+    tests that use `pool2`, whose 2 workers hold the test cluster's 2 CPUs until the module
+    ends (a worker asking for more would wait forever)."""
+    check_reward_state_round_trip(
+        lambda: RolloutPool(wrapped_cfg(num_workers=2, worker_cpus=0.1), tiny_model_dir), renderer)
+
+
+@pytest.mark.slow
 def test_two_workers_match_in_process(pool2, renderer, tiny_model_dir):
     """2 Ray workers give exactly the in-process token ids, one trajectory per spec, in spec
     order, each group on one worker: greedy, and sampled (T=1) on the same seed, since the HF
@@ -506,10 +515,3 @@ def check_reward_state_round_trip(make_pool, renderer) -> None:
 
 def test_in_process_pool_reward_state_round_trip(tiny_model_dir, renderer):
     check_reward_state_round_trip(lambda: RolloutPool(wrapped_cfg(), tiny_model_dir), renderer)
-
-
-@pytest.mark.slow
-def test_ray_workers_reward_state_round_trip(ray_cluster, tiny_model_dir, renderer):
-    """2 Ray workers (0.1 CPU each, beside `pool2`): each worker's state comes back to it."""
-    check_reward_state_round_trip(
-        lambda: RolloutPool(wrapped_cfg(num_workers=2, worker_cpus=0.1), tiny_model_dir), renderer)
