@@ -8,6 +8,9 @@
   `latest_checkpoint` returns the newest intact `OUT/checkpoints/step_N`, naming the ones it
   skipped (a flipped byte, a truncated file, a missing file).
 - `prune` keeps the newest `keep` checkpoints (`train.keep_checkpoints`).
+- `pack_state` / `unpack_state`: a nested state (dicts, lists, scalars, numpy arrays; the reward
+  wrappers' state, `REWARD_STATE`) as one safetensors file: the arrays as tensors, the rest as
+  JSON in the file's metadata.
 """
 
 from __future__ import annotations
@@ -18,8 +21,11 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 MANIFEST = "manifest.json"
+REWARD_STATE = "reward_state.safetensors"
+"""The reward wrappers' state in a checkpoint (`agentrl.rewards.RewardWrappers.state_dict`)."""
 
 RUN_ARTEFACTS = ("config.json", "metrics.jsonl", "sft_metrics.jsonl", "summary.json", "eval_before.json",
                  "checkpoints", "rollouts", "eval", "tb", "base_model", "sft_model", "rollout_model")
@@ -153,3 +159,67 @@ def prune(out: Path, keep: int) -> list[Path]:
     for p in old:
         shutil.rmtree(p, ignore_errors=True)
     return old
+
+
+def _encode(obj: Any, path: str, arrays: dict[str, Any]) -> Any:
+    import numpy as np
+
+    if isinstance(obj, np.ndarray):
+        arrays[path] = np.ascontiguousarray(obj)
+        return {"__array__": path, "shape": list(obj.shape)}  # safetensors stores () as (1,)
+    if isinstance(obj, dict):
+        if not all(isinstance(k, str) for k in obj):
+            raise TypeError(f"pack_state: {path or 'the state'} has a key that is not a string")
+        return {k: _encode(v, f"{path}/{k}", arrays) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_encode(v, f"{path}/{i}", arrays) for i, v in enumerate(obj)]
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, np.generic):
+        return obj.item()
+    raise TypeError(f"pack_state: {path or 'the state'} is a {type(obj).__name__} (allowed: dict, "
+                    "list, numpy array, int, float, str, bool, None)")
+
+
+def _decode(obj: Any, arrays: Any) -> Any:
+    if isinstance(obj, dict):
+        if set(obj) == {"__array__", "shape"}:
+            return arrays.get_tensor(obj["__array__"]).reshape(obj["shape"])
+        return {k: _decode(v, arrays) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_decode(v, arrays) for v in obj]
+    return obj
+
+
+def pack_state(state: Any) -> bytes:
+    """`state` (nested dicts with string keys, lists, numpy arrays, JSON scalars) as the bytes
+    of a safetensors file: each array a tensor named by its path in the state (`a/b/0`), the
+    rest JSON in the metadata key `state`. Floats round-trip exactly (JSON `repr`; NaN allowed).
+
+    Raises:
+        TypeError: a leaf of another type, or a dict key that is not a string (names its path).
+    """
+    from safetensors.numpy import save
+
+    arrays: dict[str, Any] = {}
+    skeleton = _encode(state, "", arrays)
+    return save(arrays, metadata={"state": json.dumps(skeleton)})
+
+
+def unpack_state(path: Path) -> Any:
+    """The state of a file holding `pack_state`'s bytes (arrays as numpy arrays, tuples as
+    lists).
+
+    Raises:
+        ValueError: `path` is not a safetensors file written by `pack_state` (names the file).
+    """
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="np") as f:
+            meta = f.metadata() or {}
+            if "state" not in meta:
+                raise ValueError(f"{path}: no `state` metadata (not written by pack_state)")
+            return _decode(json.loads(meta["state"]), f)
+    except (OSError, json.JSONDecodeError, SafetensorError) as e:
+        raise ValueError(f"{path}: unreadable state file: {e}") from e

@@ -717,13 +717,15 @@ class Learner:
         return (~active.any(-1)).cpu()  # indexes the CPU row indices of `update` (batch on GPU too)
 
     # -- checkpoints ----------------------------------------------------------------------------
-    def save(self, path: str | Path, tokenizer: Any, extra: dict[str, Any]) -> Path:
+    def save(self, path: str | Path, tokenizer: Any, extra: dict[str, Any],
+             files: dict[str, bytes] | None = None) -> Path:
         """Write a checkpoint atomically (a temp dir, fsynced, with a SHA-256 manifest, renamed
         into place: `agentrl.checkpoints.seal`): the policy as a Hugging
         Face model directory (loads with `AutoModelForCausalLM.from_pretrained`; LoRA: the
         adapters, see `agentrl.lora.load_checkpoint`), optimizer and
         scheduler state, RNG states, the value head (`value_head.pt`, PPO) and `algo_state`
-        (`algo_state.pt`), and `extra` (step, policy version, data cursor) as JSON."""
+        (`algo_state.pt`), `extra` (step, policy version, data cursor) as JSON, and `files`
+        (name -> bytes, e.g. the reward wrappers' state), all covered by the manifest."""
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -744,6 +746,8 @@ class Learner:
             torch.save(self.value_head.state_dict(), tmp / "value_head.pt")
         torch.save(self.algo_state, tmp / "algo_state.pt")
         (tmp / "agentrl_state.json").write_text(json.dumps(extra, indent=1))
+        for name, data in (files or {}).items():  # e.g. the reward wrappers' state
+            (tmp / name).write_bytes(data)
         return seal(tmp, path)
 
     def load(self, path: str | Path) -> dict[str, Any]:

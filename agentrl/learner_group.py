@@ -211,10 +211,11 @@ class LearnerGroup:
                 "transformers forward (no prompt sharing, static decoder or torch.compile)"]
 
     # -- checkpoints ----------------------------------------------------------------------------
-    def save(self, path: str | Path, tokenizer: Any, extra: dict[str, Any]) -> Path:
+    def save(self, path: str | Path, tokenizer: Any, extra: dict[str, Any],
+             files: dict[str, bytes] | None = None) -> Path:
         """Write a checkpoint atomically (a temp dir renamed into place; module doc): the
         consolidated export, the ranks' DCP shards, scheduler / step / RNG, `algo_state`,
-        `extra` (step, policy version)."""
+        `extra` (step, policy version), `files` (name -> bytes, covered by the manifest)."""
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -232,6 +233,8 @@ class LearnerGroup:
                    tmp / "trainer_state.pt")
         torch.save(self.algo_state, tmp / "algo_state.pt")
         (tmp / "agentrl_state.json").write_text(json.dumps(extra, indent=1))
+        for name, data in (files or {}).items():  # e.g. the reward wrappers' state
+            (tmp / name).write_bytes(data)
         return seal(tmp, path)
 
     def load(self, path: str | Path) -> dict[str, Any]:

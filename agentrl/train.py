@@ -118,8 +118,9 @@ class Loop:
     behind `LockedEngine`, or a `RolloutPool`), entered under `lock` by evaluation, refills and
     weight updates; `env_sets` leases each batch in flight its own train envs and thread pool;
     `eval_envs` + `pool` run the held-out evaluation; `new_env(split)` makes one env with the
-    run's shared reward wrappers (to replace one whose call timed out); `version` is the
-    learner's policy version."""
+    run's shared reward wrappers (to replace one whose call timed out), `rewards` those
+    wrappers (the driver's; Ray workers and vLLM hold their own); `version` is the learner's
+    policy version."""
 
     cfg: Config
     out: Path
@@ -140,6 +141,8 @@ class Loop:
     new_env: Callable[[str], Any]
     start_step: int = 0
     version: int = 0
+    rewards: Any = None  # the driver's `RewardWrappers` (None without env.wrappers)
+    source_start: int = 0  # the first step of the current batch source (`make_source`)
 
 
 def lr_schedule(cfg: Config) -> Callable[[int], float]:
@@ -310,8 +313,53 @@ def build_loop(cfg: Config, algo: Any, out: Path, model: Any, tok: Any, renderer
     if cfg.rollout.mode == "async" and not hasattr(engine, "run"):
         env_sets.fill(cfg.rollout.batches_in_flight)  # built now, in a fixed order
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else renderer.end_of_turn_id
-    return Loop(cfg, out, say, algo, model, tok, renderer, pad_id, learner, engine, lock, env_sets,
-                eval_envs, pool, params, log, new_env, start_step, version)
+    lp = Loop(cfg, out, say, algo, model, tok, renderer, pad_id, learner, engine, lock, env_sets,
+              eval_envs, pool, params, log, new_env, start_step, version, rewards)
+    if ck is not None:
+        restore_reward_state(lp, ck)
+    return lp
+
+
+def reward_state(lp: Loop) -> dict[str, Any] | None:
+    """The state of the run's reward wrappers, to checkpoint (None when `env.wrappers` is
+    empty): `driver` (this process's `RewardWrappers.state_dict`) and `workers` (each rollout
+    worker's, when a `RolloutPool` holds the envs; else None)."""
+    if not lp.cfg.env.wrappers:
+        return None
+    workers = lp.engine.reward_states() if hasattr(lp.engine, "reward_states") else None
+    return {"format": 1, "driver": lp.rewards.state_dict() if lp.rewards is not None else None,
+            "workers": workers}
+
+
+def restore_reward_state(lp: Loop, ck: Path) -> None:
+    """Load checkpoint `ck`'s reward wrapper state (`reward_state`) into the driver's wrappers
+    and push the workers' back to them; says a `[resume]` note for each part not restored (a
+    checkpoint without the file, a changed `env.wrappers` or `rollout.num_workers`).
+
+    Raises:
+        ValueError: the file is unreadable, or a part does not fit its wrapper (names `ck`).
+    """
+    from agentrl.checkpoints import REWARD_STATE, unpack_state
+
+    f = ck / REWARD_STATE
+    if not f.exists():
+        if lp.cfg.env.wrappers:
+            lp.say(f"[resume] {ck} has no {REWARD_STATE}: the reward wrappers start from their initial state")
+        return
+    if not lp.cfg.env.wrappers:
+        lp.say(f"[resume] {f} is not used: this run has no env.wrappers")
+        return
+    state = unpack_state(f)
+    notes: list[str] = []
+    try:
+        if lp.rewards is not None:
+            notes += lp.rewards.load_state_dict(state["driver"] or {})
+        if hasattr(lp.engine, "load_reward_states"):
+            notes += lp.engine.load_reward_states(state["workers"] or [])
+    except ValueError as e:
+        raise ValueError(f"{f}: {e}") from None
+    for note in notes:
+        lp.say(f"[resume] {note}")
 
 
 def held_version(lp: Loop) -> int:
@@ -387,20 +435,42 @@ def refill(lp: Loop, step: int, r: int) -> list[Trajectory]:
                        sample_seed=(cfg.seed * 100_003 + step) * 31 + r, make_env=partial(lp.new_env, "train"))
 
 
-def make_source(lp: Loop) -> Any:
-    """Where batches come from: sampled on demand (sync), or by actor threads that sample
-    ahead with bounded staleness (async)."""
+def source_end(cfg: Config, start: int) -> int:
+    """The step before which an async source started at `start` stops sampling: the next
+    checkpoint step (`train.save_every`), or the last step."""
+    every = cfg.train.save_every
+    return min(cfg.train.steps, (start // every + 1) * every) if every else cfg.train.steps
+
+
+def make_source(lp: Loop, start: int) -> Any:
+    """Where batches `start, start+1, ...` come from: sampled on demand (sync), or by actor
+    threads that sample ahead with bounded staleness (async), up to the next checkpoint step
+    only (`source_end`): at each checkpoint the pipeline is drained and a new source starts
+    from the checkpoint's weights (`restart_source`), exactly as `--resume` does, so that a
+    resumed async run samples what the uninterrupted one did (docs/observability.md)."""
     cfg = lp.cfg
-    if cfg.rollout.mode == "async" and cfg.train.max_staleness == 0 and cfg.rollout.batches_in_flight > 1:
+    lp.source_start = start
+    if start == lp.start_step and cfg.rollout.mode == "async" and cfg.train.max_staleness == 0 \
+            and cfg.rollout.batches_in_flight > 1:
         lp.say("[warning] train.max_staleness=0: one batch samples at a time (each needs the previous "
                "update), so rollout.batches_in_flight > 1 only adds idle actor threads and env sets")
     batch = lambda step: run_batch(lp, step)  # noqa: E731
     apply = lambda sd, v: apply_weights(lp, sd, v)  # noqa: E731
     if cfg.rollout.mode == "async":
-        return AsyncSource(batch, apply, start=lp.start_step, version=lp.version,
+        return AsyncSource(batch, apply, start=start, version=lp.version,
                            max_staleness=cfg.train.max_staleness, queue_size=cfg.rollout.queue_size,
-                           batches_in_flight=cfg.rollout.batches_in_flight, end=cfg.train.steps)
+                           batches_in_flight=cfg.rollout.batches_in_flight, end=source_end(cfg, start))
     return SyncSource(batch, apply)
+
+
+def restart_source(lp: Loop, source: Any, start: int) -> Any:
+    """After the checkpoint of step `start` (async): stop the drained source (it sampled no
+    batch from `start` on), load the learner's weights into the engine (the actor may hold an
+    older version) and start a new source at `start`: what `--resume` builds from that
+    checkpoint."""
+    source.close()
+    apply_weights(lp, lp.learner.state_dict_for_engines(), lp.version)
+    return make_source(lp, start)
 
 
 def rollout_metrics(lp: Loop, trajs: list[Trajectory], m: dict[str, float]) -> list[Trajectory]:
@@ -481,12 +551,13 @@ def update(lp: Loop, trajs: list[Trajectory], step: int, m: dict[str, float]) ->
 
 def sync(lp: Loop, source: Any, step: int, m: dict[str, float]) -> None:
     """Bump the policy version and push the new weights to the engine (every step in sync
-    mode, every `rollout.sync_every` steps in async mode); `perf/sync_s` seconds (gathering
+    mode, every `rollout.sync_every` steps of the current source in async mode, counted from
+    its start, so that a resumed run pushes at the same steps); `perf/sync_s` seconds (gathering
     from learner ranks included) and `perf/sync_mb` MiB per push."""
 
     t0 = time.perf_counter()
     lp.version += 1
-    if lp.cfg.rollout.mode == "sync" or (step + 1 - lp.start_step) % lp.cfg.rollout.sync_every == 0:
+    if lp.cfg.rollout.mode == "sync" or (step + 1 - lp.source_start) % lp.cfg.rollout.sync_every == 0:
         sd = lp.learner.state_dict_for_engines()
         source.push_weights(sd, lp.version)
         m["perf/sync_mb"] = sum(v.numel() * v.element_size() for v in sd.values()) / 2**20
@@ -508,12 +579,15 @@ def log_step(lp: Loop, step: int, m: dict[str, float], trajs: list[Trajectory]) 
 
 
 def checkpoint(lp: Loop, step: int) -> Path:
-    """Save the learner after `step` steps to OUT/checkpoints/step_<step>, then delete all but
-    the newest `train.keep_checkpoints`."""
-    from agentrl.checkpoints import prune
+    """Save the learner and the reward wrappers' state (`reward_state`, as
+    `REWARD_STATE`) after `step` steps to OUT/checkpoints/step_<step>, then delete all but the
+    newest `train.keep_checkpoints`."""
+    from agentrl.checkpoints import REWARD_STATE, pack_state, prune
 
     path = lp.out / "checkpoints" / f"step_{step}"
-    lp.learner.save(path, lp.tok, {"step": step, "policy_version": lp.version})
+    rs = reward_state(lp)
+    lp.learner.save(path, lp.tok, {"step": step, "policy_version": lp.version},
+                    files={REWARD_STATE: pack_state(rs)} if rs is not None else None)
     prune(lp.out, lp.cfg.train.keep_checkpoints)
     return path
 
@@ -614,7 +688,7 @@ def _evaluate_train_evaluate(lp: Loop, ck: Path | None, sft_info: dict[str, Any]
 
     # 2) the RL loop
     bar = progress_bar(cfg, console, lp.start_step)
-    source = make_source(lp)
+    source = make_source(lp, lp.start_step)
     t_loop = time.perf_counter()
     stop = StopRequest()
     try:  # on any exception (Ctrl-C too) the actor threads are stopped before it propagates
@@ -635,6 +709,8 @@ def _evaluate_train_evaluate(lp: Loop, ck: Path | None, sft_info: dict[str, Any]
             line = log_step(lp, step, m, trajs)
             if cfg.train.save_every and (step + 1) % cfg.train.save_every == 0:
                 checkpoint(lp, step + 1)
+                if cfg.rollout.mode == "async" and step + 1 < cfg.train.steps and stop.signal is None:
+                    source = restart_source(lp, source, step + 1)  # as a resume from it would
             if bar is not None:
                 bar[0].update(bar[1], advance=1, info=line)
             elif not cfg.quiet:

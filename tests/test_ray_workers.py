@@ -277,6 +277,15 @@ def renderer(tiny_model_dir):
 
 
 @pytest.mark.slow
+def test_ray_workers_reward_state_round_trip(ray_cluster, tiny_model_dir, renderer):
+    """2 Ray workers (0.1 CPU each): each worker's state comes back to it. It runs before the
+    tests that use `pool2`, whose 2 workers hold the test cluster's 2 CPUs until the module
+    ends (a worker asking for more would wait forever)."""
+    check_reward_state_round_trip(
+        lambda: RolloutPool(wrapped_cfg(num_workers=2, worker_cpus=0.1), tiny_model_dir), renderer)
+
+
+@pytest.mark.slow
 def test_two_workers_match_in_process(pool2, renderer, tiny_model_dir):
     """2 Ray workers give exactly the in-process token ids, one trajectory per spec, in spec
     order, each group on one worker: greedy, and sampled (T=1) on the same seed, since the HF
@@ -450,3 +459,59 @@ def test_ray_kill_mid_step_with_restart(pool2, ray_cluster, renderer, tiny_model
     assert {t.policy_version for t in trajs} == {version}
     assert pool2.policy_versions() == [version, version]
 
+
+
+# -- the reward wrappers' state: gathered from the workers, pushed back on resume (#21 item 10) ---
+WRAPPED = {"wrappers": ["safety", "curiosity"],
+           "wrapper_kwargs": {"safety": {"method": "lagrangian", "lr": 0.5, "budget": 0.0, "update_every": 3},
+                              "curiosity": {"method": "both", "coef": 1.0, "decay": 0.9, "embed_dim": 64,
+                                            "rnd_hidden": 16, "rnd_out": 8}}}
+
+
+def wrapped_cfg(**rollout) -> Config:
+    cfg = make_cfg(env_threads=1, **rollout)  # one env thread: the shared state's order is fixed
+    cfg.env.wrappers, cfg.env.wrapper_kwargs = WRAPPED["wrappers"], WRAPPED["wrapper_kwargs"]
+    return cfg
+
+
+def turn_rewards(trajs) -> list[tuple[float, float, float]]:
+    return [(t.reward, t.info["reward_components"]["intrinsic"], t.info["lagrange_multiplier"])
+            for tr in trajs for t in tr.turns]
+
+
+def check_reward_state_round_trip(make_pool, renderer) -> None:
+    """A pool that sampled one batch hands its workers' reward state to a new pool; both then
+    sample the next batch with the same rewards, a pool that was not given it with others."""
+    from agentrl.checkpoints import pack_state, unpack_state
+
+    a = make_pool()
+    try:
+        a.run(make_specs(2, 2), params_of(renderer, 1.0), seed=5)
+        states = a.reward_states()
+        assert len(states) == max(1, a.num_workers) and all(s["curiosity"]["t"] > 0 for s in states)
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as d:  # through the checkpoint file, as train does
+            f = Path(d) / "reward_state.safetensors"
+            f.write_bytes(pack_state({"workers": states}))
+            saved = unpack_state(f)["workers"]
+        want = turn_rewards(a.run(make_specs(2, 2, base=10), params_of(renderer, 1.0), seed=6))
+    finally:
+        a.shutdown()
+    b = make_pool()
+    try:
+        assert b.load_reward_states(saved) == []
+        assert turn_rewards(b.run(make_specs(2, 2, base=10), params_of(renderer, 1.0), seed=6)) == want
+        assert b.load_reward_states(saved[:1] * (len(saved) + 1))[0].startswith(
+            "the reward wrappers start from their initial state: the checkpoint holds the state of")
+    finally:
+        b.shutdown()
+    c = make_pool()
+    try:
+        assert turn_rewards(c.run(make_specs(2, 2, base=10), params_of(renderer, 1.0), seed=6)) != want
+    finally:
+        c.shutdown()
+
+
+def test_in_process_pool_reward_state_round_trip(tiny_model_dir, renderer):
+    check_reward_state_round_trip(lambda: RolloutPool(wrapped_cfg(), tiny_model_dir), renderer)

@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from rich.console import Console
@@ -167,3 +168,100 @@ def test_sigkill_mid_step_then_resume_equals_the_uninterrupted_run(uninterrupted
     assert _step_rows(out) == [1, 2, 3, 4, 5, 6]
     diff = _max_diff(_weights(out / "checkpoints/step_6"), _weights(uninterrupted / "checkpoints/step_6"))
     assert diff <= 1e-6, diff
+
+
+# -- the reward wrappers' state (curiosity memory, the safety Lagrange multiplier) ---------------
+WRAPPED = ["env.name=safety", "sft.steps=0", "rollout.tasks_per_step=2", "algo.group_size=2",
+           "train.eval_tasks=2", "train.eval_samples=1", "train.steps=2", "train.log_rollouts_every=1",
+           "rollout.max_tokens=12", "train.eval_every=0", "train.keep_checkpoints=0", "train.save_every=1",
+           "algo.entropy_coef=0.01", "quiet=true", "rollout.env_threads=1", "env.wrappers=[safety, curiosity]",
+           "env.wrapper_kwargs={safety: {method: lagrangian, lr: 0.5, budget: 0.0, update_every: 3}, "
+           "curiosity: {method: both, coef: 1.0, decay: 0.9, embed_dim: 64, rnd_hidden: 16, rnd_out: 8}}"]
+
+
+def _rewards(out: Path, step: int) -> list[tuple[float, float, float]]:
+    """(reward, intrinsic bonus, lambda) of each turn of step `step`'s rollouts."""
+    rows = [json.loads(line) for line in (out / "rollouts" / f"step_{step}.jsonl").read_text().splitlines()]
+    return [(t["reward"], t["info"]["reward_components"]["intrinsic"], t["info"]["lagrange_multiplier"])
+            for r in rows for t in r["turns"]]
+
+
+def test_reward_wrapper_state_is_checkpointed_and_resumed(tiny_model_dir, tmp_path, monkeypatch):
+    """A run crashed in step 2 and resumed from its step-1 checkpoint gives step 2 the rewards
+    and the weights of an uninterrupted run. One env thread: with several, episodes of a batch
+    reach the shared memory / multiplier in thread order, which no run reproduces (docs)."""
+    from agentrl.checkpoints import REWARD_STATE, unpack_state
+
+    A, B = tmp_path / "A", tmp_path / "B"
+    train_mod.train(load_config(None, WRAPPED + [f"model.path={tiny_model_dir}", f"out={A}"]))
+    st = unpack_state(A / "checkpoints/step_1" / REWARD_STATE)
+    assert st["driver"]["curiosity"]["t"] > 0 and st["driver"]["safety"]["updates"] > 0
+    assert REWARD_STATE in json.loads((A / "checkpoints/step_1/manifest.json").read_text())
+
+    real_collect = train_mod.collect
+
+    def crashing_collect(*args, **kw):
+        if kw["group_base"] == 1 * 2:  # step index 1 (the 2nd step), tasks_per_step = 2
+            raise Crash("injected")
+        return real_collect(*args, **kw)
+
+    monkeypatch.setattr(train_mod, "collect", crashing_collect)
+    cfg = load_config(None, WRAPPED + [f"model.path={tiny_model_dir}", f"out={B}"])
+    with pytest.raises(Crash):
+        train_mod.train(cfg)
+    monkeypatch.undo()
+    buf = io.StringIO()
+    train_mod.train(cfg.model_copy(update={"resume": str(B)}), console=Console(file=buf, width=300))
+    assert "[resume] from" in buf.getvalue() and "initial state" not in buf.getvalue()
+    # step 2 has the same rewards (the bonus decayed by the restored t, the restored lambda)
+    assert _rewards(B, 2) == _rewards(A, 2)
+    assert all(lam != 1.0 for *_, lam in _rewards(B, 2))
+    assert _max_diff(_weights(B / "checkpoints/step_2"), _weights(A / "checkpoints/step_2")) <= 1e-6
+    sa, sb = (unpack_state(o / "checkpoints/step_2" / REWARD_STATE)["driver"] for o in (A, B))
+    assert sa["curiosity"]["t"] == sb["curiosity"]["t"] and sa["safety"] == sb["safety"]
+    assert np.array_equal(sa["curiosity"]["count"]["global_counts"], sb["curiosity"]["count"]["global_counts"])
+    assert all(np.array_equal(sa["curiosity"]["rnd"]["predictor"][k], sb["curiosity"]["rnd"]["predictor"][k])
+               for k in sa["curiosity"]["rnd"]["predictor"])
+
+
+# -- async: the pipeline is drained at each checkpoint, as a resume from it would start ----------
+def _versions(out: Path, step: int) -> list[int]:
+    lines = (out / "rollouts" / f"step_{step}.jsonl").read_text().splitlines()
+    return [json.loads(line)["policy_version"] for line in lines]
+
+
+@pytest.mark.parametrize("opts", [
+    ["train.max_staleness=1"],
+    ["train.max_staleness=2", "rollout.sync_every=2"],
+])
+def test_async_resume_equals_the_uninterrupted_run(opts, tiny_model_dir, tmp_path, monkeypatch):
+    """rollout.mode=async: a run crashed in step 5 and resumed from its step-3 checkpoint
+    samples steps 4-6 with the policy versions, tokens and rewards of the uninterrupted run and
+    ends with its weights. Before the drain at checkpoints, the resumed actor sampled step 4
+    with version 3 where the uninterrupted one had used version 2 (measured: other tokens in
+    steps 4 and 6, final weights 0.036 apart at lr 0.01)."""
+    args = ARGS + ["rollout.mode=async", "train.lr=0.01", "train.save_every=3", "train.eval_every=0",
+                   f"model.path={tiny_model_dir}"] + opts
+    A, B = tmp_path / "A", tmp_path / "B"
+    train_mod.train(load_config(None, args + [f"out={A}"]))
+
+    real_collect = train_mod.collect
+
+    def crashing_collect(*a, **kw):
+        if kw["group_base"] == 4 * 2:  # step index 4 (the 5th step), sampled by the actor thread
+            raise Crash("injected")
+        return real_collect(*a, **kw)
+
+    monkeypatch.setattr(train_mod, "collect", crashing_collect)
+    cfg = load_config(None, args + [f"out={B}"])
+    with pytest.raises(RuntimeError, match="rollout actor failed"):
+        train_mod.train(cfg)
+    monkeypatch.undo()
+    assert latest_checkpoint(B) == B / "checkpoints/step_3"
+    shutil.rmtree(B / "rollouts")  # what steps 4-6 sample now is compared below
+    train_mod.train(cfg.model_copy(update={"resume": str(B)}))
+    for s in (4, 5, 6):
+        assert _versions(B, s) == _versions(A, s)
+        assert _rollout_ids(B, s) == _rollout_ids(A, s)
+    assert _versions(A, 4) == [3] * 4  # the drained pipeline restarts from the checkpoint's weights
+    assert _max_diff(_weights(B / "checkpoints/step_6"), _weights(A / "checkpoints/step_6")) == 0.0

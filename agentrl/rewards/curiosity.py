@@ -145,6 +145,24 @@ class CountNovelty:
         with self._lock:
             self.global_counts[:] = 0
 
+    def state_dict(self) -> dict[str, Any]:
+        """The global table (a copy): `{"global_counts": int64 (table_size,)}`."""
+        with self._lock:
+            return {"global_counts": self.global_counts.copy()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict()`'s table.
+
+        Raises:
+            ValueError: its size is not `table_size`.
+        """
+        counts = np.asarray(state["global_counts"], dtype=np.int64)
+        if counts.shape != (self.table_size,):
+            raise ValueError(f"curiosity: saved count table has shape {counts.shape}, this memory's "
+                             f"table_size is {self.table_size}")
+        with self._lock:
+            self.global_counts[:] = counts
+
 
 class RNDNovelty:
     """Random network distillation over a text embedding (thread-safe, shareable).
@@ -182,6 +200,42 @@ class RNDNovelty:
             self.predictor = self._mlp()
         self.opt = torch.optim.Adam(self.predictor.parameters(), lr=self.lr)
         self._m, self._k = 0.0, 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """Both networks, the predictor's Adam state and the error average, as numpy arrays
+        and JSON scalars (copies)."""
+        with self._lock:
+            opt = self.opt.state_dict()
+            return {
+                "target": {k: v.detach().numpy().copy() for k, v in self.target.state_dict().items()},
+                "predictor": {k: v.detach().numpy().copy() for k, v in self.predictor.state_dict().items()},
+                "opt_state": {str(i): {n: (v.detach().numpy().copy() if self._torch.is_tensor(v) else v)
+                                       for n, v in st.items()} for i, st in opt["state"].items()},
+                "opt_groups": opt["param_groups"], "m": self._m, "k": self._k}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict()`'s networks, optimizer state and error average.
+
+        Raises:
+            ValueError: the saved networks have other shapes (other embed_dim/hidden/out_dim).
+        """
+        torch = self._torch
+
+        def tensors(d: dict[str, Any]) -> dict[str, Any]:
+            return {k: torch.from_numpy(np.array(v)) for k, v in d.items()}
+
+        with self._lock:
+            try:
+                self.target.load_state_dict(tensors(state["target"]))
+                self.predictor.load_state_dict(tensors(state["predictor"]))
+            except RuntimeError as e:
+                raise ValueError(f"curiosity: saved RND networks do not fit this memory: {e}") from None
+            self.opt.load_state_dict({
+                "state": {int(i): {n: (torch.from_numpy(np.array(v)) if isinstance(v, np.ndarray) else v)
+                                   for n, v in st.items()} for i, st in state["opt_state"].items()},
+                "param_groups": [dict(g, betas=tuple(g["betas"])) if "betas" in g else g
+                                 for g in state["opt_groups"]]})
+            self._m, self._k = float(state["m"]), int(state["k"])
 
     def embed(self, text: str) -> np.ndarray:
         """The response embedding, shape (embed_dim,)."""
@@ -266,6 +320,32 @@ class CuriosityMemory:
             self.count.reset()
         if self.rnd is not None:
             self.rnd.reset()
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the memory has learnt, to checkpoint: `t`, the global count table (`count`)
+        and the RND networks with their optimizer (`rnd`); numpy arrays and JSON scalars. The
+        episodic tables are not part of it (each episode starts a fresh one)."""
+        with self._lock:
+            t = self.t
+        return {"method": self.method, "t": t,
+                "count": self.count.state_dict() if self.count is not None else None,
+                "rnd": self.rnd.state_dict() if self.rnd is not None else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict()`'s state.
+
+        Raises:
+            ValueError: it was saved by a memory with another method or table/network sizes.
+        """
+        if state.get("method") != self.method:
+            raise ValueError(f"curiosity: saved state is of method {state.get('method')!r}, this "
+                             f"memory's is {self.method!r}")
+        if self.count is not None:
+            self.count.load_state_dict(state["count"])
+        if self.rnd is not None:
+            self.rnd.load_state_dict(state["rnd"])
+        with self._lock:
+            self.t = int(state["t"])
 
 
 class CuriosityBonus(gym.Wrapper, gym.utils.RecordConstructorArgs):

@@ -261,6 +261,22 @@ class JudgeClient:
             while len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
 
+    def state_dict(self) -> dict[str, Any]:
+        """The score cache (oldest first: `[key, score, reward, reply]` per entry) and the
+        counters, to checkpoint: a cached score is returned instead of asking the judge again,
+        so a resumed run needs the same cache to get the same rewards from a sampling judge."""
+        with self._lock:
+            return {"cache": [[k, r.score, r.reward, r.reply] for k, r in self._cache.items()],
+                    "stats": dict(self.stats)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict()`'s cache (its newest `cache_size` entries) and counters."""
+        with self._lock:
+            self._cache.clear()
+            for k, score, reward, reply in state["cache"][-self._cache_size:] if self._cache_size > 0 else []:
+                self._cache[str(k)] = JudgeResult(float(score), float(reward), str(reply))
+            self.stats.update({k: int(v) for k, v in state["stats"].items() if k in self.stats})
+
     def complete(self, request: list[Message]) -> tuple[str | None, str | None, str | None, int]:
         """POST one chat completion with retries and the concurrency limit.
 

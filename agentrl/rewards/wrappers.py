@@ -150,6 +150,46 @@ class RewardWrappers:
             out["curiosity/t"] = float(self.curiosity.t)
         return out
 
+    def state_dict(self) -> dict[str, Any]:
+        """The state that changes rewards across steps, to checkpoint (`agentrl.checkpoints.
+        pack_state` writes it): `curiosity` (the memory: counts, RND networks, t), `safety`
+        (the Lagrange multiplier, its update count and buffered costs) and `judge` (a
+        `JudgeClient`'s score cache and counters), each present when its wrapper is; numpy
+        arrays and JSON scalars. The classifiers and the offline rule judge hold none."""
+        out: dict[str, Any] = {"names": list(self.names)}
+        if hasattr(self, "curiosity"):
+            out["curiosity"] = self.curiosity.state_dict()
+        if hasattr(self, "multiplier"):
+            out["safety"] = self.multiplier.state_dict()
+        judge = getattr(self, "judge", None)
+        if isinstance(judge, JudgeClient):
+            out["judge"] = judge.state_dict()
+        return out
+
+    def load_state_dict(self, state: dict[str, Any]) -> list[str]:
+        """Restore `state_dict()`'s parts into the wrappers this object has. Returns a note for
+        each part that could not be restored (a wrapper the saved run did not have, or one it
+        had that this run has not), so that a resume that changed `env.wrappers` says so.
+
+        Raises:
+            ValueError: a saved part does not fit its wrapper (another curiosity method, table
+                or network size).
+        """
+        notes = []
+        for part, have in (("curiosity", hasattr(self, "curiosity")), ("safety", hasattr(self, "multiplier")),
+                           ("judge", isinstance(getattr(self, "judge", None), JudgeClient))):
+            if part in state and not have:
+                notes.append(f"the saved {part} state is not used: this run has no {part} wrapper")
+            elif have and part not in state:
+                notes.append(f"the {part} wrapper starts from its initial state: the checkpoint has none")
+        if "curiosity" in state and hasattr(self, "curiosity"):
+            self.curiosity.load_state_dict(state["curiosity"])
+        if "safety" in state and hasattr(self, "multiplier"):
+            self.multiplier.load_state_dict(state["safety"])
+        if "judge" in state and isinstance(getattr(self, "judge", None), JudgeClient):
+            self.judge.load_state_dict(state["judge"])  # type: ignore[attr-defined]
+        return notes
+
     def close(self) -> None:
         """Close the judge's HTTP pool, if any."""
         judge = getattr(self, "judge", None)

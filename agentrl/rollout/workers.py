@@ -169,17 +169,41 @@ class RolloutWorker:
         self._probes: dict[str, Any] = {}  # split -> env reset to learn opening prompts
         self._probe_lock = threading.Lock()
 
+    def _ensure_rewards(self) -> Any:
+        """The worker's `RewardWrappers` (made on first need; None without `env.wrappers` or
+        with a custom `env_factory`). Call under `_env_lock`."""
+        if self._env_factory is None and self.cfg.env.wrappers and self._rewards is None:
+            from agentrl.rewards import RewardWrappers
+
+            # one per worker: its env copies share judge client, curiosity memory, multiplier
+            self._rewards = RewardWrappers(self.cfg.env.wrappers, self.cfg.env.wrapper_kwargs)
+        return self._rewards
+
     def _make_env(self, split: str) -> Any:
         if self._env_factory is not None:
             return self._env_factory(split)
         from agentrl.envs import build_env
 
-        if self.cfg.env.wrappers and self._rewards is None:
-            from agentrl.rewards import RewardWrappers
+        return build_env(self.cfg, split, self._ensure_rewards())
 
-            # one per worker: its env copies share judge client, curiosity memory, multiplier
-            self._rewards = RewardWrappers(self.cfg.env.wrappers, self.cfg.env.wrapper_kwargs)
-        return build_env(self.cfg, split, self._rewards)
+    def reward_state(self) -> dict[str, Any] | None:
+        """The state of this worker's reward wrappers (`RewardWrappers.state_dict`; None when
+        it has none), for the run's checkpoint."""
+        with self._env_lock:
+            rewards = self._ensure_rewards()
+        return rewards.state_dict() if rewards is not None else None
+
+    def load_reward_state(self, state: dict[str, Any] | None) -> list[str]:
+        """Restore `reward_state()`'s state (on resume, before any episode); returns the notes
+        of `RewardWrappers.load_state_dict` (and one when the worker has no wrappers)."""
+        with self._env_lock:
+            rewards = self._ensure_rewards()
+        if state is None:
+            return ["the reward wrappers start from their initial state: the checkpoint has none"] \
+                if rewards is not None else []
+        if rewards is None:
+            return ["the saved reward wrapper state is not used: this run has no env.wrappers"]
+        return rewards.load_state_dict(state)
 
     def _new_env(self, split: str) -> Any:
         """One more env of `split` (e.g. to replace one whose call timed out)."""
@@ -485,6 +509,43 @@ class RolloutPool:
         self.stats["load_s_max"] = max(loads, default=0.0)
         self.stats["sync_s"] = time.perf_counter() - t0
         return self.stats["sync_s"]
+
+    # -- reward wrapper state (checkpoints) -------------------------------------------------------
+    def reward_states(self) -> list[dict[str, Any] | None]:
+        """Each worker's reward wrapper state (`RolloutWorker.reward_state`; None for a dead
+        worker or one without wrappers), in worker order (one entry with `num_workers=0`)."""
+        if self._local is not None:
+            return [self._local.reward_state()]
+        import ray
+        from ray.exceptions import RayActorError
+
+        out: list[dict[str, Any] | None] = []
+        for w, ok in zip(self.workers, self.alive):
+            try:
+                out.append(ray.get(w.reward_state.remote()) if ok else None)
+            except RayActorError:
+                out.append(None)
+        return out
+
+    def load_reward_states(self, states: Sequence[dict[str, Any] | None]) -> list[str]:
+        """Push `reward_states()`'s list back, worker i getting entry i (on resume). Returns
+        notes: the lists differ in length (the run resumed with another `rollout.num_workers`:
+        nothing is restored, each worker starts from the initial state), or a worker's own
+        notes.
+
+        Raises:
+            ValueError: a saved state does not fit its worker's wrappers.
+        """
+        n = 1 if self._local is not None else self.num_workers
+        if len(states) != n:
+            return [f"the reward wrappers start from their initial state: the checkpoint holds the state "
+                    f"of {len(states)} rollout worker(s), this run has {n}"]
+        if self._local is not None:
+            return self._local.load_reward_state(states[0])
+        import ray
+
+        notes = ray.get([w.load_reward_state.remote(st) for w, st in zip(self.workers, states)])
+        return sorted({f"worker {i}: {x}" for i, ns in enumerate(notes) for x in ns})
 
     # -- inspection and shutdown -----------------------------------------------------------------
     def policy_versions(self) -> list[int]:

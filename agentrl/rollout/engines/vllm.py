@@ -22,7 +22,14 @@ Weight updates: `update_weights` hands the state dict to a vLLM worker extension
 qkv / gate-up shards) without restarting the engine. A model with tied input/output embeddings
 gets `lm_head.weight` filled from the embeddings when the state dict omits it (a
 `save_pretrained` state dict does): vLLM may keep a separate copy of the output layer, which would
-otherwise stay stale without any error.
+otherwise stay stale without any error. After every load the engine resets vLLM's prefix cache
+(`LLM.reset_prefix_cache`): vLLM caches the KV blocks of prompt prefixes by token ids alone, so
+without the reset a prompt seen before the update would be served the old weights' keys and
+values (measured on the CPU build: another greedy token for a 407-token prompt).
+
+Sleep: `sleep(level=2)` discards the weights; `wake_up` does not bring them back, so until the
+next `update_weights` the engine refuses to `generate` (it would sample from whatever the freed
+memory holds).
 """
 
 from __future__ import annotations
@@ -147,6 +154,7 @@ class VLLMEngine:
         self.vocab_size = int(hf_config.vocab_size)
         self.sleep_mode = enable_sleep_mode
         self.asleep = False
+        self.weights_discarded = False  # by sleep(level=2), until the next update_weights
         self.policy_version = 0
         self.last_update_s = 0.0
 
@@ -161,7 +169,8 @@ class VLLMEngine:
 
         Raises:
             ValueError: bad params, an empty prompt, or an id outside the vocabulary.
-            RuntimeError: the engine is asleep, or vLLM aborted a request.
+            RuntimeError: the engine is asleep, its weights were discarded by `sleep(level=2)`
+                and not loaded since, or vLLM aborted a request.
         """
         from vllm import SamplingParams as VParams
         from vllm.inputs import TokensPrompt
@@ -169,6 +178,9 @@ class VLLMEngine:
         check_params(params)
         if self.asleep:
             raise RuntimeError("the vLLM engine is asleep: call wake_up() before generate()")
+        if self.weights_discarded:
+            raise RuntimeError("the vLLM engine's weights were discarded by sleep(level=2): load them "
+                               "with update_weights() before generate()")
         for i, p in enumerate(prompts):
             if len(p) == 0:
                 raise ValueError(f"prompt {i} is empty")
@@ -197,12 +209,15 @@ class VLLMEngine:
         return completions
 
     def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
-        """Load a full state dict (Hugging Face names, any device/dtype) without a restart and
-        set `policy_version = version`. With tied embeddings, a missing `lm_head.weight` is
-        taken from the input embeddings.
+        """Load a full state dict (Hugging Face names, any device/dtype) without a restart, reset
+        the prefix cache (its KV blocks were computed by the old weights) and set
+        `policy_version = version`. With tied embeddings, a missing `lm_head.weight` is taken
+        from the input embeddings. After `sleep(level=2)` + `wake_up()` this makes the engine
+        usable again (give it every weight: the discarded ones are not kept anywhere).
 
         Raises:
-            RuntimeError: the engine is asleep.
+            RuntimeError: the engine is asleep, or vLLM refused to reset the prefix cache (a
+                request still running: `generate` calls must not overlap an update).
         """
         import time
 
@@ -216,13 +231,16 @@ class VLLMEngine:
                 sd["lm_head.weight"] = sd[emb[0]]
         payload: Any = sd if not _engine_in_child_process() else _to_bytes(sd)
         self.llm.collective_rpc("agentrl_load_weights", args=(payload,))
+        self._reset_prefix_cache()
+        self.weights_discarded = False
         self.policy_version = int(version)
         self.last_update_s = time.perf_counter() - t0
 
     # -- memory sharing with a learner on the same GPU -------------------------------------------
     def sleep(self, level: int = 1) -> None:
         """Free the engine's GPU memory for the learner: level 1 offloads the weights to CPU
-        and drops the KV cache; level 2 drops both (reload with `update_weights` after waking).
+        and drops the KV cache; level 2 drops both (after `wake_up`, `generate` raises until
+        `update_weights` has loaded weights again).
 
         Raises:
             RuntimeError: the engine was not created with `enable_sleep_mode=True`.
@@ -232,12 +250,27 @@ class VLLMEngine:
                                "(vLLM supports it on CUDA devices)")
         self.llm.sleep(level=level)
         self.asleep = True
+        if level >= 2:
+            self.weights_discarded = True
 
     def wake_up(self) -> None:
-        """Reallocate what `sleep` freed; the engine can generate again."""
+        """Reallocate what `sleep` freed and reset the prefix cache (its KV blocks were freed).
+        After `sleep(level=1)` the engine can generate again; after `sleep(level=2)` only once
+        `update_weights` has loaded weights (`generate` raises until then)."""
         if self.asleep:
             self.llm.wake_up()
             self.asleep = False
+            self._reset_prefix_cache()
+
+    def _reset_prefix_cache(self) -> None:
+        """Drop vLLM's cached prefix KV blocks, so that no later request reuses them.
+
+        Raises:
+            RuntimeError: vLLM refused (it does while requests are running).
+        """
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset its prefix cache (requests still running): cached KV "
+                               "blocks of the old weights could serve new requests")
 
     def get_weight(self, name: str) -> Any:
         """A CPU copy of the vLLM model parameter `name` (e.g. `lm_head.weight`)."""
