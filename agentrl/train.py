@@ -545,7 +545,6 @@ def checkpoint(lp: Loop, step: int) -> Path:
     envs' `agentrl.envs.env_state` as `env_state` in `agentrl_state.json` when they have one),
     then delete all but the newest `train.keep_checkpoints`."""
     from agentrl.checkpoints import prune
-
     from agentrl.envs import env_state
 
     path = lp.out / "checkpoints" / f"step_{step}"
