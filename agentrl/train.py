@@ -32,7 +32,7 @@ from agentrl.envs import resolve_env_id
 from agentrl.episodes import episode_success, reward_component_means
 from agentrl.metrics_log import MetricsLog
 from agentrl.rollout.chat import ChatRenderer
-from agentrl.rollout.collect import collect
+from agentrl.rollout.collect import check_batch_hooks, collect
 from agentrl.rollout.engines.base import SamplingParams
 from agentrl.rollout.source import AsyncSource, Leases, LockedEngine, SyncSource
 from agentrl.run import (
@@ -301,6 +301,7 @@ def build_loop(cfg: Config, algo: Any, out: Path, model: Any, tok: Any, renderer
     rewards = reward_wrappers(cfg)
     new_env = partial(build_env, cfg, rewards=rewards)  # new_env(split)
     envs = [new_env("train") for _ in range(n_eps)]
+    check_batch_hooks(engine, envs[0])  # e.g. self_propose with Ray rollout workers: refused now
     if ck is not None and "env_state" in extra:  # e.g. self_propose's task buffer
         from agentrl.envs import load_env_state
 

@@ -261,17 +261,17 @@ class SelfProposeEnv(TextEnv):
             src, inputs = parse_proposal(action, self.allowed)
         except ParseError as e:
             return reject("invalid", str(e))
-        runs = [self._outputs(src, inputs) for _ in range(2)]
-        if runs[0][0] is None:
-            return reject("invalid", runs[0][1])
-        if any(o.startswith("!") for o in runs[0][0]):
-            return reject("invalid", f"f raised {next(o for o in runs[0][0] if o.startswith('!'))[1:]}")
-        if runs[1][0] != runs[0][0]:
+        outs, err = self._outputs(src, inputs)
+        if outs is None:
+            return reject("invalid", err)
+        if any(o.startswith("!") for o in outs):
+            return reject("invalid", f"f raised {next(o for o in outs if o.startswith('!'))[1:]}")
+        if self._outputs(src, inputs)[0] != outs:  # a second run, in a fresh child
             return reject("nondeterministic", "two runs gave different outputs")
-        why = trivial_reason(src, inputs, runs[0][0])
+        why = trivial_reason(src, inputs, outs)
         if why:
             return reject("trivial", why)
-        task = Task(src, tuple(inputs), tuple(runs[0][0]), origin="proposed")
+        task = Task(src, tuple(inputs), tuple(outs), origin="proposed")
         if not self.buffer.add(task):
             return reject("duplicate", "this program and inputs are already in the buffer")
         info.update({"proposal_valid": True, "success": True, "task_key": task.key,

@@ -29,7 +29,7 @@ def pool():
 
 @pytest.fixture
 def env(pool):
-    return SelfProposeEnv(buffer=TaskBuffer(), pool=pool)
+    return SelfProposeEnv(buffer=TaskBuffer(), pool=pool, limits={"wall_s": 1.0, "cpu_s": 1.0})
 
 
 def _propose(env, text):
@@ -201,6 +201,19 @@ def test_phases_put_proposals_first_and_slots_pick_fresh_tasks(env):
         assert info["task_key"] == fresh[k]
     keys = {env.reset(seed=seeds[solves[0]], options={"slot": 2})[1]["task_key"] for _ in range(3)}
     assert len(keys) == 1  # past the fresh tasks: a buffered task drawn from the seed
+
+
+def test_batch_hooks_are_refused_with_rollout_workers(env):
+    from agentrl.rollout.collect import check_batch_hooks
+
+    class RemoteEngine:  # what the collector recognises as Ray rollout workers: a `run` method
+        def run(self, *a, **k):
+            raise AssertionError("never reached")
+
+    with pytest.raises(ValueError, match="rollout.num_workers=0"):
+        check_batch_hooks(RemoteEngine(), make_env("self_propose", env_kwargs={"buffer": env.buffer}))
+    check_batch_hooks(RemoteEngine(), make_env("toy"))  # no hooks: fine
+    check_batch_hooks(object(), env)                      # in-process engine: fine
 
 
 # -- role-aware grouping --------------------------------------------------------------------------------

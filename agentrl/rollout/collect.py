@@ -35,9 +35,7 @@ def collect(engine: Any, renderer: ChatRenderer, envs: list[Any], seeds: list[in
     env0 = getattr(envs[0], "unwrapped", envs[0]) if envs else None
     phases, finish = getattr(env0, "batch_phases", None), getattr(env0, "finish_batch", None)
     if hasattr(engine, "run"):  # a RolloutPool: Ray workers (or vLLM) hold the envs
-        if phases is not None or finish is not None:
-            raise ValueError(f"env {type(env0).__name__} needs its batch hooks (batch_phases / "
-                             "finish_batch) in this process: use rollout.num_workers=0")
+        check_batch_hooks(engine, env0)
         specs = [EpisodeSpec({"seed": s}, group_id=group_base + j)
                  for j, s in enumerate(seeds) for _ in range(group_size)]
         return engine.run(specs, params, seed=sample_seed, split=split)
@@ -58,6 +56,19 @@ def collect(engine: Any, renderer: ChatRenderer, envs: list[Any], seeds: list[in
     if finish is not None:
         finish(trajs)
     return trajs
+
+
+def check_batch_hooks(engine: Any, env: Any) -> None:
+    """Refuse an env with batch hooks (`batch_phases`, `finish_batch`) when `engine` runs the
+    episodes elsewhere (a `RolloutPool` of Ray workers): the hooks need the envs here.
+
+    Raises:
+        ValueError: naming the env and the setting to change (`rollout.num_workers=0`).
+    """
+    env = getattr(env, "unwrapped", env)
+    if hasattr(engine, "run") and (hasattr(env, "batch_phases") or hasattr(env, "finish_batch")):
+        raise ValueError(f"env {type(env).__name__} needs its batch hooks (batch_phases / "
+                         "finish_batch) in the driver process: use rollout.num_workers=0")
 
 
 def _run_phases(run: Callable[..., list[Trajectory]], envs: list[Any], seeds: list[int],
