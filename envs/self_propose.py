@@ -325,6 +325,8 @@ class SelfProposeEnv(TextEnv):
             pool = HELDOUT_TASKS if self.split == "heldout" else tuple(self.buffer.tasks)
             return pool[int(o["eval_task"]) % len(pool)]
         with self.buffer.lock:
+            if not self.buffer.tasks:
+                raise ValueError("the task buffer is empty: nothing to solve")
             fresh = sorted(self.buffer.fresh)
             slot = o.get("slot")
             if slot is not None and int(slot) < len(fresh):

@@ -216,6 +216,49 @@ def test_batch_hooks_are_refused_with_rollout_workers(env):
     check_batch_hooks(object(), env)                      # in-process engine: fine
 
 
+def test_collector_scores_proposals_by_the_same_batch_solvers(pool, tiny_tokenizer):
+    """The real collector with a scripted policy: one proposal group writes two new tasks
+    (f(x) = k x + 1), the two solve groups get them (slots 0, 1) and answer right then wrong,
+    so each solve rate is 1/2 and each proposal earns learnability 1 - 1/2 = 0.5."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from agentrl.rollout.chat import ChatRenderer
+    from agentrl.rollout.collect import collect
+    from agentrl.rollout.engines.base import SamplingParams
+    from agentrl.rollout.engines.scripted import ScriptedEngine
+
+    calls = {"propose": 0, "solve": 0}
+
+    def policy(ids):
+        prompt = tiny_tokenizer.decode(ids)
+        if "Write a new small" in prompt:
+            calls["propose"] += 1
+            return f"```python\ndef f(x):\n    return x * {calls['propose'] + 1} + 1\n```\nInput: 2\nInput: 5"
+        k = int(prompt.split("return x * ")[1].split(" ")[0])
+        x = int(prompt.split("Input: ")[-1].split("\n")[0])
+        calls["solve"] += 1
+        return f"Output: {k * x + 1 if calls['solve'] % 2 else -999}"
+
+    buf = TaskBuffer(seeds=())
+    cfg = load_config(None, ["env.name=self_propose", "algo.group_size=2"])
+    envs = [make_env("self_propose", env_kwargs={"buffer": buf, "pool": pool, "modes": ["deduce"]})
+            for _ in range(6)]
+    prop = next(s for s in range(100) if role_of(s, 0.5) == "propose")
+    solves = [s for s in range(100) if role_of(s, 0.5) == "solve"][:2]
+    renderer = ChatRenderer(tiny_tokenizer)
+    params = SamplingParams(max_tokens=200, stop_token_ids=renderer.stop_ids)
+    with ThreadPoolExecutor(2) as ex:
+        trajs = collect(ScriptedEngine(tiny_tokenizer, policy), renderer, envs, [solves[0], prop, solves[1]],
+                        2, params, cfg, ex, group_base=0, sample_seed=0)
+    roles = [t.info["role"] for t in trajs]
+    assert roles == ["solve", "solve", "propose", "propose", "solve", "solve"]  # seed order kept
+    assert [t.group_id for t in trajs] == [0, 0, 1, 1, 2, 2]
+    assert [t.episode_return for t in trajs if t.info["role"] == "propose"] == [0.5, 0.5]
+    assert [t.episode_return for t in trajs if t.info["role"] == "solve"] == [1.0, 0.0, 1.0, 0.0]
+    assert {t.info["task_key"] for t in trajs if t.info["role"] == "solve"} == {b.key for b in buf.tasks}
+    assert buf.fresh == [] and len(buf.tasks) == 2
+
+
 # -- role-aware grouping --------------------------------------------------------------------------------
 def test_role_aware_groups_never_mix_roles_or_modes():
     from agentrl.config import AlgoConfig
