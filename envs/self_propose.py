@@ -17,6 +17,7 @@ group has the same role, mode and task):
 
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import Any
 
@@ -33,6 +34,7 @@ from agentrl_envs.self_propose_tasks import (
     TaskBuffer,
     docstring,
     harness,
+    normalise,
     parse_labelled_value,
     parse_program,
     parse_proposal,
@@ -133,7 +135,9 @@ class SelfProposeEnv(TextEnv):
         list. The solve rate of a task is the mean success of the batch's solve episodes on it
         (its solver group); learnability is `1 - rate` when `0 < rate < 1`, else 0 (also 0, with
         `info["unscored"]`, when no solve episode of the batch ran it). Added to the proposer's
-        last-turn reward (which `step` left at 0 plus any wrapper shaping)."""
+        last-turn reward (which `step` left at 0 plus any wrapper shaping). Also sets
+        `env_stats["proposal_diversity"]` on every trajectory when the batch has valid
+        proposals: distinct normalised programs (inputs ignored) / valid proposals."""
         rates: dict[str, list[float]] = {}
         for t in trajs:
             if t.info.get("role") == "solve" and t.turns:
@@ -149,6 +153,11 @@ class SelfProposeEnv(TextEnv):
             score = 1.0 - rate if rate is not None and 0.0 < rate < 1.0 else 0.0
             last.reward += score
             last.info.update({"solve_rate": rate, "learnability": score, "unscored": got is None})
+        progs = [t.turns[-1].info["program_key"] for t in trajs if t.info.get("role") == "propose"
+                 and t.turns and t.turns[-1].info.get("proposal_valid")]
+        if progs:  # distinct programs (inputs ignored) per valid proposal of the batch
+            for t in trajs:
+                t.info.setdefault("env_stats", {})["proposal_diversity"] = len(set(progs)) / len(progs)
         with self.buffer.lock:
             self.buffer.fresh.clear()
 
@@ -275,6 +284,7 @@ class SelfProposeEnv(TextEnv):
         if not self.buffer.add(task):
             return reject("duplicate", "this program and inputs are already in the buffer")
         info.update({"proposal_valid": True, "success": True, "task_key": task.key,
+                     "program_key": hashlib.sha256(normalise(src).encode()).hexdigest()[:16],
                      "error": None, "buffer_size": len(self.buffer.tasks)})
         return 0.0
 

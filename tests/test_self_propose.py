@@ -165,7 +165,7 @@ def test_parsing_is_linear_on_pathological_answers():
 def _traj(role, key, group_id, *, success=False, valid=True, reward=0.0):
     t = Trajectory(group_id=group_id)
     t.info = {"role": role, "task_key": key, "group_key": role if role == "propose" else "solve/deduce"}
-    info = {"success": success, "task_key": key}
+    info = {"success": success, "task_key": key, "program_key": "p" if key == "k1" else "q"}
     if role == "propose":
         info["proposal_valid"] = valid
     t.turns = [Turn(0, 1, reward=reward, info=info)]
@@ -184,6 +184,7 @@ def test_finish_batch_gives_learnability_by_hand(env):
     assert p3.episode_return == 0.0 and p3.turns[0].info["unscored"]             # no solver group
     assert bad.episode_return == -0.5 and [s.episode_return for s in solves] == [0.0] * 6
     assert env.buffer.fresh == []
+    assert p1.info["env_stats"]["proposal_diversity"] == 2 / 3  # programs p, q, q of 3 valid
 
 
 def test_phases_put_proposals_first_and_slots_pick_fresh_tasks(env):
@@ -257,6 +258,7 @@ def test_collector_scores_proposals_by_the_same_batch_solvers(pool, tiny_tokeniz
     assert [t.episode_return for t in trajs if t.info["role"] == "solve"] == [1.0, 0.0, 1.0, 0.0]
     assert {t.info["task_key"] for t in trajs if t.info["role"] == "solve"} == {b.key for b in buf.tasks}
     assert buf.fresh == [] and len(buf.tasks) == 2
+    assert all(t.info["env_stats"]["proposal_diversity"] == 1.0 for t in trajs)  # 2 programs / 2
 
 
 # -- role-aware grouping --------------------------------------------------------------------------------
