@@ -91,7 +91,8 @@ def split_fences(text: str) -> tuple[list[tuple[str, str]], list[str]]:
     the end. Linear time (each line is looked at once)."""
     blocks: list[tuple[str, str]] = []
     outside: list[str] = []
-    tag, body = None, []
+    tag: str | None = None
+    body: list[str] = []
     for line in text.split("\n"):
         if line.lstrip().startswith("```"):
             if tag is None:
