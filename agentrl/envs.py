@@ -224,6 +224,32 @@ def register_builtin_envs() -> None:
                  description="help with benign requests, refuse harmful ones; a safety classifier judges harm")
     register_env("agentrl/Toy-v0", "agentrl_envs.toy:ToyEnv", short_name="toy",
                  description="trivially learnable toy: say the target word (for tests and demos)")
+    register_env("agentrl/SelfPropose-v0", "agentrl_envs.self_propose:SelfProposeEnv",
+                 short_name="self_propose",
+                 description="propose Python tasks and solve buffered ones (deduce, abduce, induce); "
+                             "the sandbox verifies")
+
+
+# -- env state in checkpoints ---------------------------------------------------------------------
+def env_state(env: Any) -> dict[str, Any] | None:
+    """The state a checkpoint keeps for `env` (wrappers allowed): its unwrapped env's
+    `state_dict()` (JSON-able, e.g. `self_propose`'s task buffer), or None when it has none.
+    The training loop stores it as `env_state` in the checkpoint's `agentrl_state.json`."""
+    fn = getattr(getattr(env, "unwrapped", env), "state_dict", None)
+    return fn() if callable(fn) else None
+
+
+def load_env_state(env: Any, state: dict[str, Any]) -> None:
+    """Restore `env_state(env)`'s `state` into `env` (on resume).
+
+    Raises:
+        ValueError: the env has no `load_state_dict` (the checkpoint came from another env).
+    """
+    fn = getattr(getattr(env, "unwrapped", env), "load_state_dict", None)
+    if not callable(fn):
+        raise ValueError(f"checkpoint has env_state but env {type(env).__name__} cannot load it "
+                         "(no load_state_dict): was it written by another env?")
+    fn(state)
 
 
 # -- from a config -------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from agentrl.envs import resolve_env_id
 from agentrl.episodes import episode_success, reward_component_means
 from agentrl.metrics_log import MetricsLog
 from agentrl.rollout.chat import ChatRenderer
-from agentrl.rollout.collect import collect
+from agentrl.rollout.collect import check_batch_hooks, collect
 from agentrl.rollout.engines.base import SamplingParams
 from agentrl.rollout.source import AsyncSource, Leases, LockedEngine, SyncSource
 from agentrl.run import (
@@ -81,16 +81,16 @@ def dynamic_sampling(trajs: list[Trajectory], more: Any, want: int, *,
         if not ts:
             return []
         scores = torch.tensor([t.episode_return if t.num_sampled > 0 else float("nan") for t in ts])
-        drop = zero_variance_mask(scores, [t.group_id for t in ts]).tolist()
+        drop = zero_variance_mask(scores, group_keys(ts)).tolist()
         return [t for t, d in zip(ts, drop) if not d]
 
     kept, rounds = informative(trajs), 0
     while len(kept) < want and rounds < max_rounds:
         rounds += 1
         kept += informative(more(rounds))
-    groups: dict[int, list[Trajectory]] = {}
+    groups: dict[Any, list[Trajectory]] = {}
     for t in kept:
-        groups.setdefault(t.group_id, []).append(t)
+        groups.setdefault((t.group_id, t.info.get("group_key")), []).append(t)
     out: list[Trajectory] = []
     for g in groups.values():
         if len(out) + len(g) > want:
@@ -99,14 +99,23 @@ def dynamic_sampling(trajs: list[Trajectory], more: Any, want: int, *,
     return out, rounds
 
 
+def group_keys(trajs: list[Trajectory]) -> list[int]:
+    """The advantage group of each trajectory: its `group_id` split further by the env's
+    `info["group_key"]` (e.g. `self_propose`'s role and mode), so that episodes of different
+    roles or modes never share a baseline even under one `group_id`. Returns ints numbered
+    0, 1, ... in order of first appearance."""
+    ids: dict[tuple[int, Any], int] = {}
+    return [ids.setdefault((t.group_id, t.info.get("group_key")), len(ids)) for t in trajs]
+
+
 def build_batch(trajs: list[Trajectory], pad_id: int) -> dict[str, Any]:
-    """Collate trajectories and attach `scores` (B,) episode returns, `group_ids` (B,) and
-    `truncated` (B,). A NaN return (a failed reward) stays NaN, and an episode that sampled no
+    """Collate trajectories and attach `scores` (B,) episode returns, `group_ids` (B,)
+    (`group_keys`: role-aware) and `truncated` (B,). A NaN return (a failed reward) stays NaN, and an episode that sampled no
     token gets NaN (case A9): both are excluded from group statistics and get advantage 0."""
     batch = collate(trajs, pad_id)
     batch["scores"] = torch.tensor(
         [t.episode_return if t.num_sampled > 0 else float("nan") for t in trajs], dtype=torch.float32)
-    batch["group_ids"] = torch.tensor([t.group_id for t in trajs], dtype=torch.long)
+    batch["group_ids"] = torch.tensor(group_keys(trajs), dtype=torch.long)
     batch["truncated"] = torch.tensor([t.truncated for t in trajs], dtype=torch.bool)
     return batch
 
@@ -285,7 +294,7 @@ def build_loop(cfg: Config, algo: Any, out: Path, model: Any, tok: Any, renderer
             say(f"[compile] {note}")
     for note in learner.fast_path_notes():
         say(f"[learner] {note}")
-    start_step, version = 0, 0
+    start_step, version, extra = 0, 0, {}
     if ck is not None:
         extra = learner.load(ck)
         start_step, version = extra["step"], extra["policy_version"]
@@ -295,6 +304,11 @@ def build_loop(cfg: Config, algo: Any, out: Path, model: Any, tok: Any, renderer
     rewards = reward_wrappers(cfg)
     new_env = partial(build_env, cfg, rewards=rewards)  # new_env(split)
     envs = [new_env("train") for _ in range(n_eps)]
+    check_batch_hooks(engine, envs[0])  # e.g. self_propose with Ray rollout workers: refused now
+    if ck is not None and "env_state" in extra:  # e.g. self_propose's task buffer
+        from agentrl.envs import load_env_state
+
+        load_env_state(envs[0], extra["env_state"])
     eval_envs = heldout_envs(cfg, rewards)
     pool = ThreadPoolExecutor(max_workers=cfg.rollout.env_threads)
     log = MetricsLog(out, cfg.log.tensorboard, start_step=start_step, run_config=cfg.model_dump(),
@@ -501,7 +515,27 @@ def rollout_metrics(lp: Loop, trajs: list[Trajectory], m: dict[str, float]) -> l
                                         for t in trajs for turn in t.turns))
     m["rollout/nan_rewards"] = float(np.isnan(rets).sum())
     m.update(reward_component_means(trajs))
+    m.update(group_key_metrics(trajs))
     return trajs
+
+
+def group_key_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+    """Per env group key (`info["group_key"]`, e.g. `propose`, `solve/deduce`):
+    `rollout/<key>/episodes`, `.../pass_rate` (for `self_propose`'s proposals: the valid
+    proposal rate; for its solves: the solve rate) and `.../reward_mean`; and `env/<name>`, the
+    largest value of each `info["env_stats"]` entry (e.g. `env/buffer_size`)."""
+    m: dict[str, float] = {}
+    keys = sorted({str(t.info["group_key"]) for t in trajs if t.info.get("group_key") is not None})
+    for k in keys:
+        ts = [t for t in trajs if str(t.info.get("group_key")) == k]
+        rets = [t.episode_return for t in ts if t.episode_return == t.episode_return]
+        m[f"rollout/{k}/episodes"] = float(len(ts))
+        m[f"rollout/{k}/pass_rate"] = float(np.mean([episode_success(t) for t in ts]))
+        m[f"rollout/{k}/reward_mean"] = float(np.mean(rets)) if rets else float("nan")
+    for t in trajs:
+        for name, v in (t.info.get("env_stats") or {}).items():
+            m[f"env/{name}"] = max(m.get(f"env/{name}", float("-inf")), float(v))
+    return m
 
 
 def update(lp: Loop, trajs: list[Trajectory], step: int, m: dict[str, float]) -> list[Trajectory]:
@@ -579,14 +613,20 @@ def log_step(lp: Loop, step: int, m: dict[str, float], trajs: list[Trajectory]) 
 
 
 def checkpoint(lp: Loop, step: int) -> Path:
-    """Save the learner and the reward wrappers' state (`reward_state`, as
-    `REWARD_STATE`) after `step` steps to OUT/checkpoints/step_<step>, then delete all but the
-    newest `train.keep_checkpoints`."""
+    """Save the learner, the reward wrappers' state (`reward_state`, as `REWARD_STATE`) and the
+    train envs' `agentrl.envs.env_state` (as `env_state` in `agentrl_state.json`, when they have
+    one) after `step` steps to OUT/checkpoints/step_<step>, then delete all but the newest
+    `train.keep_checkpoints`."""
     from agentrl.checkpoints import REWARD_STATE, pack_state, prune
+    from agentrl.envs import env_state
 
     path = lp.out / "checkpoints" / f"step_{step}"
+    extra: dict[str, Any] = {"step": step, "policy_version": lp.version}
+    state = env_state(lp.env_sets.items[0][0][0])  # e.g. self_propose's task buffer (shared)
+    if state is not None:
+        extra["env_state"] = state
     rs = reward_state(lp)
-    lp.learner.save(path, lp.tok, {"step": step, "policy_version": lp.version},
+    lp.learner.save(path, lp.tok, extra,
                     files={REWARD_STATE: pack_state(rs)} if rs is not None else None)
     prune(lp.out, lp.cfg.train.keep_checkpoints)
     return path

@@ -445,7 +445,7 @@ def test_eval_command_with_ray_workers(tiny_model_dir, tmp_path):
     assert all(r["verdict"] is not None for r in rows)
 
 
-@pytest.mark.parametrize("name", ["code_sandbox", "web_qa", "rlaif_judge", "safety", "toy"])
+@pytest.mark.parametrize("name", ["code_sandbox", "web_qa", "rlaif_judge", "safety", "toy", "self_propose"])
 def test_every_builtin_env_runs_through_the_harness(name, tiny_tokenizer):
     """Each registered built-in env, its task list (or seeds), a fixed scripted answer: two
     recorded episodes, none broken by the env."""

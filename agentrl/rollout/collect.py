@@ -24,16 +24,73 @@ def collect(engine: Any, renderer: ChatRenderer, envs: list[Any], seeds: list[in
 
     In this process the envs step under `env.step_timeout_s` / `env.reset_timeout_s`; an env
     whose call timed out is replaced in `envs` by `make_env()` (default: `build_env(cfg, split)`,
-    without shared reward wrappers: pass the run's own builder when it has wrappers)."""
-    specs = [EpisodeSpec({"seed": s}, group_id=group_base + j)
-             for j, s in enumerate(seeds) for _ in range(group_size)]
+    without shared reward wrappers: pass the run's own builder when it has wrappers).
+
+    Batch hooks an env class may define (`self_propose` does; docs/self_propose.md):
+    `batch_phases(seeds) -> [[i, ...], ...]` runs the groups in phases, in that order (each
+    group reset with `options={"slot": k}`, k its place in its phase), and
+    `finish_batch(trajectories)` is called with all the batch's trajectories once they are
+    done (to set rewards that depend on other episodes of the batch). Both run here only: with
+    Ray workers an env that defines them is refused (ValueError)."""
+    env0 = getattr(envs[0], "unwrapped", envs[0]) if envs else None
+    phases, finish = getattr(env0, "batch_phases", None), getattr(env0, "finish_batch", None)
     if hasattr(engine, "run"):  # a RolloutPool: Ray workers (or vLLM) hold the envs
+        check_batch_hooks(engine, env0)
+        specs = [EpisodeSpec({"seed": s}, group_id=group_base + j)
+                 for j, s in enumerate(seeds) for _ in range(group_size)]
         return engine.run(specs, params, seed=sample_seed, split=split)
     if make_env is None:
         from agentrl.envs import build_env
 
         make_env = partial(build_env, cfg, split)
-    return run_episodes(engine, renderer, envs, specs, params, executor=pool,
-                        max_episode_tokens=cfg.rollout.max_episode_tokens, seed=sample_seed,
-                        step_timeout_s=cfg.env.step_timeout_s,
-                        reset_timeout_s=cfg.env.reset_timeout_s, make_env=make_env)
+    run = partial(run_episodes, engine, renderer, params=params, executor=pool,
+                  max_episode_tokens=cfg.rollout.max_episode_tokens,
+                  step_timeout_s=cfg.env.step_timeout_s,
+                  reset_timeout_s=cfg.env.reset_timeout_s, make_env=make_env)
+    if phases is None:
+        specs = [EpisodeSpec({"seed": s}, group_id=group_base + j)
+                 for j, s in enumerate(seeds) for _ in range(group_size)]
+        trajs = run(envs, specs, seed=sample_seed)
+    else:
+        trajs = _run_phases(run, envs, seeds, phases(list(seeds)), group_size, group_base, sample_seed)
+    if finish is not None:
+        finish(trajs)
+    return trajs
+
+
+def check_batch_hooks(engine: Any, env: Any) -> None:
+    """Refuse an env with batch hooks (`batch_phases`, `finish_batch`) when `engine` runs the
+    episodes elsewhere (a `RolloutPool` of Ray workers): the hooks need the envs here.
+
+    Raises:
+        ValueError: naming the env and the setting to change (`rollout.num_workers=0`).
+    """
+    env = getattr(env, "unwrapped", env)
+    if hasattr(engine, "run") and (hasattr(env, "batch_phases") or hasattr(env, "finish_batch")):
+        raise ValueError(f"env {type(env).__name__} needs its batch hooks (batch_phases / "
+                         "finish_batch) in the driver process: use rollout.num_workers=0")
+
+
+def _run_phases(run: Callable[..., list[Trajectory]], envs: list[Any], seeds: list[int],
+                order: list[list[int]], group_size: int, group_base: int,
+                sample_seed: int) -> list[Trajectory]:
+    """Run the groups of `seeds` phase by phase (`order`: lists of indices into `seeds`, from
+    the env's `batch_phases`); the group at place k of its phase is reset with
+    `options={"slot": k}`. Returns the trajectories group-major in the order of `seeds`, as
+    `collect` without phases does.
+
+    Raises:
+        ValueError: `order` does not list every index of `seeds` exactly once.
+    """
+    if sorted(i for p in order for i in p) != list(range(len(seeds))):
+        raise ValueError(f"batch_phases returned {order}, not a partition of {len(seeds)} seeds")
+    out: list[Trajectory | None] = [None] * (len(seeds) * group_size)
+    for n, phase in enumerate(order):
+        specs = [EpisodeSpec({"seed": seeds[j], "options": {"slot": k}}, group_id=group_base + j)
+                 for k, j in enumerate(phase) for _ in range(group_size)]
+        sub = envs[:len(specs)]  # run_episodes replaces a timed-out env in this list
+        trajs = run(sub, specs, seed=None if sample_seed is None else sample_seed + 7919 * n)
+        envs[:len(sub)] = sub
+        for k, j in enumerate(phase):
+            out[j * group_size:(j + 1) * group_size] = trajs[k * group_size:(k + 1) * group_size]
+    return [t for t in out if t is not None]
