@@ -185,7 +185,7 @@ def plot(
 
     try:
         paths = plot_runs(runs, out or str(Path(runs[0]) / "plots"))
-    except (FileNotFoundError, ValueError) as e:
+    except (FileNotFoundError, ValueError, ModuleNotFoundError) as e:  # ModuleNotFoundError: no matplotlib
         _fail(str(e))
     for p in paths:
         console.print(str(p), markup=False, highlight=False)

@@ -56,8 +56,10 @@ def plot_runs(run_dirs: Sequence[str | Path], out_png_dir: str | Path) -> list[P
         FileNotFoundError: a run directory has no metrics.jsonl.
         ValueError: no run directory given.
     """
-    import matplotlib
-
+    try:
+        import matplotlib
+    except ImportError as e:  # a core dependency, but an environment may lack it
+        raise ModuleNotFoundError(f"agentrl plot needs matplotlib ({e}): pip install 'matplotlib>=3.8'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

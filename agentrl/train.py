@@ -294,6 +294,8 @@ def build_loop(cfg: Config, algo: Any, out: Path, model: Any, tok: Any, renderer
     pool = ThreadPoolExecutor(max_workers=cfg.rollout.env_threads)
     log = MetricsLog(out, cfg.log.tensorboard, start_step=start_step, run_config=cfg.model_dump(),
                      wandb_project=cfg.log.wandb_project if cfg.log.wandb else None)
+    if log.note:
+        say(f"[warning] {log.note}")
     params = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                             max_tokens=cfg.rollout.max_tokens, stop_token_ids=renderer.stop_ids)
     # Async actor threads, evaluation and refills share the engine: an in-process engine is
