@@ -140,6 +140,8 @@ class Loop:
     new_env: Callable[[str], Any]
     start_step: int = 0
     version: int = 0
+    reporter: Any = None
+    """Where stage progress goes (`agentrl.progress.Reporter`)."""
 
 
 def lr_schedule(cfg: Config) -> Callable[[int], float]:
@@ -267,9 +269,10 @@ def resume_checkpoint(cfg: Config, out: Path, say: Callable[[str], None]) -> Pat
 
 
 def build_loop(cfg: Config, algo: Any, out: Path, model: Any, tok: Any, renderer: ChatRenderer,
-               ck: Path | None, say: Callable[[str], None]) -> Loop:
+               ck: Path | None, say: Callable[[str], None], reporter: Any = None) -> Loop:
     """The engine (current weights), the learner (loaded from `ck` on resume), the env sets
-    with their shared reward wrappers, the held-out envs and the metrics log."""
+    with their shared reward wrappers, the held-out envs and the metrics log; stage progress
+    goes to `reporter` (None: silent)."""
     from agentrl.learner_group import make_learner
     from agentrl.lora import merged_state_dict
 
@@ -310,8 +313,11 @@ def build_loop(cfg: Config, algo: Any, out: Path, model: Any, tok: Any, renderer
     if cfg.rollout.mode == "async" and not hasattr(engine, "run"):
         env_sets.fill(cfg.rollout.batches_in_flight)  # built now, in a fixed order
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else renderer.end_of_turn_id
+    from agentrl.progress import Reporter
+
     return Loop(cfg, out, say, algo, model, tok, renderer, pad_id, learner, engine, lock, env_sets,
-                eval_envs, pool, params, log, new_env, start_step, version)
+                eval_envs, pool, params, log, new_env, start_step, version,
+                reporter or Reporter(enabled=False))
 
 
 def held_version(lp: Loop) -> int:
@@ -342,7 +348,8 @@ def evaluate(lp: Loop, tag: str) -> dict[str, float]:
         remote = (lambda sp, p, s: engine.run(sp, p, seed=s, split="heldout")) if hasattr(engine, "run") else None
         r = training_metrics(evaluate_heldout(None if remote else engine, lp.renderer, lp.eval_envs, lp.cfg,
                                               lp.pool, rollout=remote, out_dir=lp.out / "eval" / tag,
-                                              make_env=partial(lp.new_env, "heldout")))
+                                              make_env=partial(lp.new_env, "heldout"),
+                                              reporter=lp.reporter, stage=f"eval {tag}"))
         r["policy_version"] = float(held_version(lp))  # the weights evaluated
     r["seconds"] = time.perf_counter() - t0
     return r
@@ -513,18 +520,6 @@ def checkpoint(lp: Loop, step: int) -> Path:
     return path
 
 
-def progress_bar(cfg: Config, console: Any, start_step: int) -> tuple[Any, Any] | None:
-    """A rich progress bar of the RL steps (None when quiet or without a console)."""
-    if cfg.quiet or console is None:
-        return None
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    progress = Progress(TextColumn("[bold]train"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                        TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=console)
-    progress.start()
-    return progress, progress.add_task("train", total=cfg.train.steps, completed=start_step, info="")
-
-
 def shut_down(lp: Loop) -> None:
     """Close the metrics log, the env sets' thread pools and the engine."""
     lp.log.close()
@@ -567,10 +562,13 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
         ValueError: a configuration that cannot run (e.g. unknown env), before any work.
     """
     from agentrl.lora import wrap_lora
+    from agentrl.progress import Reporter
     from agentrl.sft import warm_start
 
-    say = (lambda msg: console.print(msg, markup=False, highlight=False, soft_wrap=True)) if console is not None else print
+    reporter = Reporter(console, enabled=not cfg.quiet)
+    say = reporter.line  # flushed: a log file grows while the run works
     cfg, algo, out = set_up(cfg)
+    say(f"[run] {cfg.algo.name} on {cfg.env.name}: {cfg.train.steps} steps -> {out}")
     timings: dict[str, float] = {}
 
     # 1) the policy: resume, a given path, or the embedded default (+ warm start)
@@ -579,21 +577,22 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
             and (out / "summary.json").exists():
         say(f"[resume] {out} finished all {cfg.train.steps} steps already; nothing to do")
         return json.loads((out / "summary.json").read_text())
-    model, tok, path = load_policy(cfg, out, ck)
+    model, tok, path = load_policy(cfg, out, ck, reporter)
     renderer = ChatRenderer(tok)
     sft_info: dict[str, Any] = {}
     if ck is None and cfg.sft.steps > 0:
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else renderer.end_of_turn_id
-        sft_info = warm_start(cfg, model, tok, renderer, pad_id, out, say)
+        sft_info = warm_start(cfg, model, tok, renderer, pad_id, out, say, reporter)
         timings["sft_s"] = sft_info["sft_seconds"]
     if ck is None and cfg.model.lora_r > 0:  # LoRA: train adapters only; the base stays frozen
         model = wrap_lora(model, r=cfg.model.lora_r, alpha=cfg.model.lora_alpha,
                           target_modules=cfg.model.lora_target_modules, seed=cfg.seed,
                           base_path=out / "sft_model" if sft_info else path)
-    lp = build_loop(cfg, algo, out, model, tok, renderer, ck, say)
+    lp = build_loop(cfg, algo, out, model, tok, renderer, ck, say, reporter)
     try:
         return _evaluate_train_evaluate(lp, ck, sft_info, timings, console)
     finally:  # learner ranks (Ray actors) are stopped whatever happened
+        reporter.stop()
         if hasattr(lp.learner, "shutdown"):
             lp.learner.shutdown()
 
@@ -604,11 +603,12 @@ def _evaluate_train_evaluate(lp: Loop, ck: Path | None, sft_info: dict[str, Any]
     summary."""
     from agentrl.learner import latest_checkpoint
 
-    cfg, out, say = lp.cfg, lp.out, lp.say
+    cfg, out = lp.cfg, lp.out
     before = evaluate_before(lp, resumed=ck is not None)
 
     # 2) the RL loop
-    bar = progress_bar(cfg, console, lp.start_step)
+    bar = lp.reporter.stage("train", cfg.train.steps, unit="RL steps", every_s=0.0,
+                            completed=lp.start_step)  # no terminal: a line per step
     source = make_source(lp)
     t_loop = time.perf_counter()
     stop = StopRequest()
@@ -630,10 +630,7 @@ def _evaluate_train_evaluate(lp: Loop, ck: Path | None, sft_info: dict[str, Any]
             line = log_step(lp, step, m, trajs)
             if cfg.train.save_every and (step + 1) % cfg.train.save_every == 0:
                 checkpoint(lp, step + 1)
-            if bar is not None:
-                bar[0].update(bar[1], advance=1, info=line)
-            elif not cfg.quiet:
-                say(f"[step {step + 1}/{cfg.train.steps}] {line}")
+            bar.advance(1, line)
             if stop.signal is not None:  # Ctrl-C / SIGTERM: keep the step just finished
                 path = out / "checkpoints" / f"step_{step + 1}"
                 if not (cfg.train.save_every and (step + 1) % cfg.train.save_every == 0):
@@ -641,10 +638,9 @@ def _evaluate_train_evaluate(lp: Loop, ck: Path | None, sft_info: dict[str, Any]
                 raise RunInterrupted(f"[stopped] {stop.signal} after step {step + 1}/{cfg.train.steps}; "
                                      f"checkpoint {path}; continue with: agentrl train --resume {out}")
     finally:
+        bar.close()
         stop.uninstall()
         source.close()
-    if bar is not None:
-        bar[0].stop()
     timings["rl_s"] = time.perf_counter() - t_loop
 
     # 3) final checkpoint, evaluation and summary
