@@ -356,7 +356,8 @@ def evaluate(lp: Loop, tag: str) -> dict[str, float]:
 
 
 def evaluate_before(lp: Loop, resumed: bool) -> dict[str, float]:
-    """The held-out evaluation before RL (kept in OUT/eval_before.json; a resumed run reads it)."""
+    """The held-out evaluation before RL (kept in OUT/eval_before.json; a resumed run reads it),
+    logged at step 0 of OUT/metrics.jsonl (`eval/...`), so curves start from it."""
     cfg, out = lp.cfg, lp.out
     before = json.loads((out / "eval_before.json").read_text()) if resumed and \
         (out / "eval_before.json").exists() else None
@@ -364,6 +365,7 @@ def evaluate_before(lp: Loop, resumed: bool) -> dict[str, float]:
         lp.say(f"[eval] held-out: {cfg.train.eval_tasks} tasks x {cfg.train.eval_samples} samples ...")
         before = evaluate(lp, "before")
         (out / "eval_before.json").write_text(json.dumps(before))
+        lp.log.log(0, {f"eval/{k}": v for k, v in before.items()})
         lp.say(f"[eval] before RL: {format_eval(before, cfg.train.eval_samples)} ({before['seconds']:.0f} s)")
     return before
 

@@ -88,3 +88,72 @@ def test_progress_on_a_terminal_is_a_bar_with_eta_and_quiet_prints_nothing():
         st.advance(3)
     assert quiet.getvalue() == ""
     assert format_seconds(3725) == "1:02:05" and format_seconds(float("nan")) == "-:--:--"
+
+
+# -- plots (item 3) -------------------------------------------------------------------------
+def _metrics(path, rows):
+    import json
+
+    path.mkdir(parents=True)
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_smoothing_is_the_debiased_ema():
+    from agentrl.plot import smooth
+
+    # m0 = 0.5 * 1 = 0.5 -> 0.5 / (1 - 0.5) = 1; m1 = 0.25 -> 0.25 / 0.75 = 1/3
+    got = smooth([1.0, 0.0], 0.5)
+    assert got[0] == 1.0 and abs(got[1] - 1 / 3) < 1e-12
+    assert smooth([3.0, 4.0], 0.0) == [3.0, 4.0]
+
+
+def test_stage_shares_split_rollout_into_generate_and_env():
+    from agentrl.plot import stage_shares
+
+    rows = [{"step": 0, "eval/seconds": 9.0},  # the before-RL evaluation: no step time
+            {"step": 1, "perf/rollout_s": 3.0, "perf/env_s": 1.0, "perf/update_s": 2.0, "perf/sync_s": 0.5},
+            {"step": 2, "perf/rollout_s": 1.0, "perf/update_s": 1.0, "perf/sync_s": 0.0, "eval/seconds": 4.0}]
+    steps, sec = stage_shares(rows)
+    assert steps == [1, 2]
+    assert sec == {"generate": [2.0, 1.0], "env": [1.0, 0.0], "update": [2.0, 1.0],
+                   "sync": [0.5, 0.0], "eval": [0.0, 4.0]}
+
+
+def test_plot_panels_skip_duplicates_and_flat_kl_and_start_at_the_before_rl_eval(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from agentrl.plot import labels, panels, plot_runs
+    from agentrl.summary import read_metrics
+
+    same = [{"step": 0, "eval/pass@1": 0.2, "eval/pass@1_se": 0.05}]
+    same += [{"step": s, "rollout/reward_mean": s / 10, "rollout/pass_rate": s / 10, "loss/kl": 0.0,
+              "loss/approx_kl": 0.0, "perf/rollout_s": 1.0, "perf/update_s": 1.0} for s in range(1, 8)]
+    same += [{"step": 7, "eval/pass@1": 0.4, "eval/pass@1_se": 0.05, "eval/seconds": 2.0}]
+    a = _metrics(tmp_path / "x" / "run", same)
+    b = _metrics(tmp_path / "y" / "run", [{"step": s, "rollout/reward_mean": 0.5, "rollout/pass_rate": 0.25,
+                                           "loss/kl": 0.01 * s} for s in range(1, 8)])
+    runs = [a, b]
+    assert labels(runs) == [str(a), str(b)]  # same folder name: the whole paths
+    data = {r: read_metrics(r) for r in runs}
+    got = {}
+    for stem, _title, draw in panels(runs, data):
+        fig, ax = plt.subplots()
+        drawn = draw(ax)
+        got[stem] = (drawn, [ln.get_label() for ln in ax.get_lines() if not ln.get_label().startswith("_")],
+                     ax)
+        plt.close(fig)
+    # run a: pass rate == reward -> one curve; run b: they differ -> a dashed pass-rate curve
+    assert got["reward"][1] == [f"{a} reward", f"{b} reward", f"{b} pass rate"]
+    # KL: run a logged zeros only (KL off) -> not drawn; run b's loss/kl is
+    assert got["kl"][1] == [f"{b} loss/kl"]
+    assert got["sft_loss"][0] is False
+    # the held-out curve starts at step 0 (the before-RL evaluation)
+    [bars] = got["eval_pass1"][2].containers
+    assert list(bars.lines[0].get_xdata()) == [0, 7]
+    paths = plot_runs([a], tmp_path / "png")
+    assert paths[0].name == "dashboard.png"
+    assert {p.name for p in paths} == {"dashboard.png", "reward.png", "eval_pass1.png", "time_share.png"}

@@ -57,8 +57,8 @@ def test_tensorboard_files_contain_the_logged_scalars(run):
         assert got.keys() == want.keys()
         for s in want:  # TensorBoard stores float32
             assert math.isclose(got[s], want[s], rel_tol=1e-6, abs_tol=1e-7), (key, s)
-    # eval/pass@1: after step 2 (eval_every) and the final evaluation at step 3
-    assert sorted(e.step for e in acc.Scalars("eval/pass@1")) == [2, 3]
+    # eval/pass@1: before RL (step 0), after step 2 (eval_every) and the final one at step 3
+    assert sorted(e.step for e in acc.Scalars("eval/pass@1")) == [0, 2, 3]
 
 
 def test_summary_screen_at_the_end(run):
@@ -134,8 +134,9 @@ def test_plot_writes_pngs_with_runs_overlaid(run, tmp_path):
     r = CliRunner().invoke(app, ["plot", str(out), str(out), "--out", str(tmp_path / "png")])
     assert r.exit_code == 0, r.output
     names = sorted(p.name for p in (tmp_path / "png").iterdir())
-    assert names == sorted(["reward.png", "pass_rate.png", "kl.png", "entropy.png",
-                            "response_length.png", "eval_pass1.png", "perf.png"])
+    assert names == sorted(["dashboard.png", "reward.png", "kl.png", "entropy.png",
+                            "response_length.png", "eval_pass1.png", "time_share.png"])
+    assert r.output.splitlines()[0].endswith("dashboard.png")
     for p in (tmp_path / "png").iterdir():
         data = p.read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, p
