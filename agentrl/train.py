@@ -533,16 +533,22 @@ def shut_down(lp: Loop) -> None:
 
 def report(lp: Loop, before: dict[str, float], after: dict[str, float], final: Path,
            extra: dict[str, Any], console: Any) -> dict[str, Any]:
-    """The run's summary (written to OUT/summary.json) and its closing lines."""
-    from agentrl.summary import stage_seconds, summary_panel
+    """The run's summary (written to OUT/summary.json) and its closing lines. The held-out
+    evaluations' `reward_mean` is left out of the summary when it equals their pass@1
+    (`heldout_reward_is_pass@1`; OUT/eval/*/summary.json keep every metric); `stage_seconds`
+    holds `sft` (the warm start's `sft_seconds`) and `stage_seconds(OUT/metrics.jsonl)`."""
+    from agentrl.summary import reward_repeats_pass1, stage_seconds, summary_panel
 
     cfg, out, say = lp.cfg, lp.out, lp.say
     b, a = before["pass@1"], after["pass@1"]
+    same = reward_repeats_pass1(before, after)  # code_sandbox: reward = solved = pass@1
+    ev_b, ev_a = ({k: v for k, v in e.items() if not (same and k == "reward_mean")} for e in (before, after))
     summary = {"env": cfg.env.name, "algo": cfg.algo.name, "steps": cfg.train.steps,
-               "eval_before": before, "eval_after": after,
+               "eval_before": ev_b, "eval_after": ev_a, "heldout_reward_is_pass@1": same,
                "pass@1_ratio": (a / b) if b > 0 else None, "pass@1_gain": a - b,
                "checkpoint": str(final), **extra,
-               "stage_seconds": stage_seconds(out / "metrics.jsonl")}
+               "stage_seconds": {**({"sft": extra["sft_seconds"]} if extra.get("sft_seconds") else {}),
+                                 **stage_seconds(out / "metrics.jsonl")}}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     ratio = f"{a / b:.2f}x" if b > 0 else "n/a"
     say(f"[eval] held-out (T={cfg.rollout.temperature}, {cfg.train.eval_tasks} tasks x "
@@ -584,8 +590,7 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
     sft_info: dict[str, Any] = {}
     if ck is None and cfg.sft.steps > 0:
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else renderer.end_of_turn_id
-        sft_info = warm_start(cfg, model, tok, renderer, pad_id, out, say, reporter)
-        timings["sft_s"] = sft_info["sft_seconds"]
+        sft_info = warm_start(cfg, model, tok, renderer, pad_id, out, say, reporter)  # sft_seconds
     if ck is None and cfg.model.lora_r > 0:  # LoRA: train adapters only; the base stays frozen
         model = wrap_lora(model, r=cfg.model.lora_r, alpha=cfg.model.lora_alpha,
                           target_modules=cfg.model.lora_target_modules, seed=cfg.seed,

@@ -157,3 +157,38 @@ def test_plot_panels_skip_duplicates_and_flat_kl_and_start_at_the_before_rl_eval
     paths = plot_runs([a], tmp_path / "png")
     assert paths[0].name == "dashboard.png"
     assert {p.name for p in paths} == {"dashboard.png", "reward.png", "eval_pass1.png", "time_share.png"}
+
+
+# -- summary (item 4) -----------------------------------------------------------------------
+def test_summary_panel_counts_eval_once_shows_se_and_no_repeated_reward(tmp_path):
+    import io
+    import json
+
+    from rich.console import Console
+
+    from agentrl.summary import stage_seconds, summary_panel
+
+    rows = [{"step": 0, "eval/pass@1": 0.25, "eval/seconds": 2.0},
+            {"step": 1, "perf/rollout_s": 1.0, "perf/update_s": 0.5, "perf/loop_s": 1.5,
+             "rollout/reward_mean": 0.1, "rollout/pass_rate": 0.1},
+            {"step": 2, "perf/rollout_s": 1.0, "perf/update_s": 0.5, "perf/loop_s": 3.0,
+             "rollout/reward_mean": 0.3, "rollout/pass_rate": 0.3},
+            {"step": 2, "eval/pass@1": 0.5, "eval/seconds": 3.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    st = stage_seconds(tmp_path / "metrics.jsonl")
+    assert st == {"eval": 5.0, "rollout": 2.0, "update": 1.0, "loop": 3.0}  # 2 + 3: each eval once
+    before = {"pass@1": 0.25, "pass@1_se": 0.0125, "pass@4": 0.5, "pass@4_se": 0.05, "reward_mean": 0.25}
+    after = {"pass@1": 0.5, "pass@1_se": 0.02, "pass@4": 0.75, "pass@4_se": 0.04, "reward_mean": 0.5}
+    summary = {"algo": "grpo", "env": "code_sandbox", "steps": 2, "eval_before": before,
+               "eval_after": after, "stage_seconds": {"sft": 7.0, **st}}
+    buf = io.StringIO()
+    Console(file=buf, width=200).print(summary_panel(summary, tmp_path))
+    text = buf.getvalue()
+    assert "0.250 ± 0.013" in text and "0.500 ± 0.020" in text and "0.750 ± 0.040" in text
+    assert "held-out reward" not in text  # = pass@1 at both ends: shown once
+    assert "train pass rate" not in text  # = train reward
+    assert "sft 7.0s" in text and "eval 5.0s" in text and "eval 10" not in text
+    after["reward_mean"] = 0.45
+    buf = io.StringIO()
+    Console(file=buf, width=200).print(summary_panel(summary, tmp_path))
+    assert "held-out reward" in buf.getvalue()

@@ -69,6 +69,10 @@ def test_summary_screen_at_the_end(run):
     assert f"checkpoint: {summary['checkpoint']}" in text
     assert summary["checkpoint"].endswith("step_3")
     assert set(summary["stage_seconds"]) >= {"rollout", "update", "sync", "eval"}
+    assert "sft_s" not in summary  # the warm start's time is sft_seconds, once
+    evals = [r["eval/seconds"] for r in read_metrics(out) if "eval/seconds" in r]
+    assert len(evals) == 3  # before (step 0), after step 2, final
+    assert summary["stage_seconds"]["eval"] == sum(evals)
 
 
 def test_stage_seconds_sums_perf_keys(tmp_path):
