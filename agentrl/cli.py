@@ -40,6 +40,7 @@ def train(
     ray_address: Annotated[Optional[str], typer.Option(help="Ray cluster to join (rollout.ray_address).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the earlier run in --out (its files only).")] = False,
+    imports: Annotated[Optional[list[str]], typer.Option("--import", help="Python module to import first, so that its register_env calls run (repeatable): --import my_envs for ./my_envs.py.")] = None,
 ) -> None:
     """Train an agent: `agentrl train --env code_sandbox --algo grpo`."""
     if resume and not (Path(resume).is_dir() and (Path(resume) / "config.json").is_file()):
@@ -54,9 +55,13 @@ def train(
             "rollout.ray_address": ray_address, "overwrite": overwrite or None})
     except ConfigError as e:
         _fail(str(e))
-    from agentrl.envs import resolve_env_id
+    if imports:  # added to the imports of the config (a resumed run's included)
+        cfg = cfg.model_copy(update={"env": cfg.env.model_copy(
+            update={"imports": list(dict.fromkeys([*cfg.env.imports, *imports]))})})
+    from agentrl.envs import import_env_modules, resolve_env_id
 
     try:
+        import_env_modules(cfg.env.imports)
         resolve_env_id(cfg.env.name)
     except (ValueError, ImportError, AttributeError) as e:
         _fail(f"config error: env.name: {e}")
@@ -106,6 +111,7 @@ def eval_cmd(
     max_episode_tokens: Annotated[Optional[int], typer.Option(min=16, help="Tokens per episode.")] = None,
     top_p: Annotated[Optional[float], typer.Option(help="Nucleus sampling mass.")] = None,
     config: Annotated[Optional[str], typer.Option("--config", "-c", help="YAML file of config overrides.")] = None,
+    imports: Annotated[Optional[list[str]], typer.Option("--import", help="Python module to import first, so that its register_env calls run (repeatable): --import my_envs for ./my_envs.py.")] = None,
 ) -> None:
     """Evaluate a model: pass@k, rewards, turns, tokens, verdicts -> OUT/results.jsonl, summary.json, summary.md."""
     from agentrl.eval.cli import eval_command
@@ -115,8 +121,8 @@ def eval_cmd(
                      temperature=temperature, out=out, seed=seed, compare=compare, max_tasks=max_tasks,
                      max_turns=max_turns, workers=workers, batch_size=batch_size, env_threads=env_threads,
                      max_tokens=max_tokens, max_episode_tokens=max_episode_tokens, top_p=top_p,
-                     config=config, overrides=overrides, console=console)
-    except (ValueError, FileNotFoundError, LookupError, ConfigError) as e:
+                     config=config, overrides=overrides, console=console, imports=imports)
+    except (ValueError, FileNotFoundError, LookupError, ConfigError, ImportError) as e:
         _fail(str(e))
 
 
@@ -145,11 +151,19 @@ def serve_corpus_cmd(
 
 
 @app.command()
-def envs() -> None:
-    """List the registered environments, one line each."""
+def envs(
+    imports: Annotated[Optional[list[str]], typer.Option("--import", help="Python module to import first, so that its register_env calls run (repeatable).")] = None,
+) -> None:
+    """List the registered environments, one line each (built in, installed packages' `agentrl.envs` entry points, and --import modules)."""
     import gymnasium as gym
 
-    from agentrl.envs import DESCRIPTIONS, SHORT_NAMES
+    from agentrl.envs import DESCRIPTIONS, SHORT_NAMES, import_env_modules, load_env_plugins
+
+    try:
+        load_env_plugins()
+        import_env_modules(list(imports or []))
+    except ImportError as e:
+        _fail(str(e))
 
     short = {v: k for k, v in SHORT_NAMES.items()}
     for env_id in sorted(i for i in gym.registry if i in DESCRIPTIONS):

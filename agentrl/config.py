@@ -27,6 +27,8 @@ class EnvConfig(_Section):
 
     name: str = "code_sandbox"
     """Env to train on: a short name (`agentrl envs`), a Gymnasium id, or `pkg.module:Class`."""
+    imports: list[str] = Field(default_factory=list)
+    """Python modules imported before the env is looked up, in every process of the run (Ray workers included), so that their `register_env` calls run: `--import my_envs` (repeatable). Installed packages can instead declare an entry point in the group `agentrl.envs`."""
     max_turns: int | None = Field(default=None, ge=1)
     """Extra limit on agent turns per episode (the registered limit still applies; the smaller wins).
     An env whose constructor takes `max_turns` (code_sandbox: attempts) also gets it, unless

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from agentrl.config import Config
-from agentrl.envs import resolve_env_id
+from agentrl.envs import import_env_modules, resolve_env_id
 from agentrl.episodes import episode_success, reward_component_means
 from agentrl.metrics_log import MetricsLog
 from agentrl.rollout.chat import ChatRenderer
@@ -176,6 +176,7 @@ def set_up(cfg: Config) -> tuple[Config, Any, Path]:
     quiet_libraries()
     torch.set_num_threads(cfg.train.torch_threads)
     seed_everything(cfg.seed)
+    import_env_modules(cfg.env.imports)  # their register_env calls run before the lookup
     resolve_env_id(cfg.env.name)  # fail early on an unknown env
     algo = get_algorithm(cfg.algo.name)
     cfg = cfg.model_copy(update={"algo": resolve_config(algo, cfg.algo)})  # e.g. GSPO's clips

@@ -192,3 +192,77 @@ def test_summary_panel_counts_eval_once_shows_se_and_no_repeated_reward(tmp_path
     buf = io.StringIO()
     Console(file=buf, width=200).print(summary_panel(summary, tmp_path))
     assert "held-out reward" in buf.getvalue()
+
+
+# -- custom envs from the CLI (item 5) ------------------------------------------------------
+def _readme_env(folder):
+    from test_readme import blocks
+
+    [code] = [b for b in blocks("python") if "class GuessParity" in b]
+    (folder / "my_envs.py").write_text(code)
+
+
+def _fresh(code: str, cwd, extra_path: str = ""):
+    """Run `code` in a fresh Python process in `cwd` (as the `agentrl` script runs: the current
+    folder on sys.path)."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(cwd), extra_path, str(ROOT)) if p)}
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_a_registered_custom_env_resolves_the_same_way_in_a_fresh_process(tmp_path):
+    _readme_env(tmp_path)
+    code = """
+import gymnasium as gym
+from agentrl.envs import import_env_modules, resolve_env_id
+ids = {}
+ids["registered id, no import"] = resolve_env_id("my_envs/GuessParity-v0")  # namespace imported
+import_env_modules(["my_envs"])
+ids["short"] = resolve_env_id("parity")
+ids["module:Class"] = resolve_env_id("my_envs:GuessParity")  # the id it registered, no second one
+ids["module:name"] = resolve_env_id("my_envs:parity")
+print(sorted(set(ids.values())), sorted(i for i in gym.registry if "GuessParity" in i))
+"""
+    r = _fresh(code, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["['my_envs/GuessParity-v0']", "['my_envs/GuessParity-v0']"]
+    r = _fresh("from agentrl.envs import resolve_env_id; resolve_env_id('parity')", tmp_path)
+    assert r.returncode != 0 and "--import MODULE" in r.stderr  # the error says what to do
+
+
+def test_an_unregistered_class_gets_one_custom_id(tmp_path):
+    (tmp_path / "loose.py").write_text("from agentrl import TextEnv\n\nclass Loose(TextEnv):\n    'x'\n")
+    r = _fresh("from agentrl.envs import resolve_env_id as r; print(r('loose:Loose'), r('loose:Loose'))", tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["custom/Loose-v0", "custom/Loose-v0"]
+
+
+def test_an_installed_package_registers_through_the_entry_point_group(tmp_path):
+    site = tmp_path / "site"
+    (site / "plug_envs-0.1.dist-info").mkdir(parents=True)
+    (site / "plug_envs-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: plug-envs\nVersion: 0.1\n")
+    (site / "plug_envs-0.1.dist-info" / "entry_points.txt").write_text("[agentrl.envs]\nplug = plug_envs:register\n")
+    (site / "plug_envs.py").write_text(
+        "from agentrl import register_env\n\n"
+        "def register():\n"
+        "    register_env('plug/Toy-v0', 'agentrl_envs.toy:ToyEnv', short_name='plugtoy', description='plugged')\n")
+    r = _fresh("from agentrl.envs import resolve_env_id; print(resolve_env_id('plugtoy'))", tmp_path, str(site))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "plug/Toy-v0"
+    r = _fresh("from agentrl.cli import main; import sys; sys.argv = ['agentrl', 'envs']; main()", tmp_path, str(site))
+    assert r.returncode == 0, r.stderr
+    assert "plugtoy" in r.stdout and "plugged" in r.stdout
+
+
+def test_envs_and_eval_take_import(tmp_path):
+    _readme_env(tmp_path)
+    r = _fresh("from agentrl.cli import main; import sys; sys.argv = ['agentrl', 'envs', '--import', 'my_envs']; main()",
+               tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "parity" in r.stdout and "my_envs/GuessParity-v0" in r.stdout
+    r = _fresh("from agentrl.cli import main; import sys; sys.argv = ['agentrl', 'envs', '--import', 'nope_mod']; main()",
+               tmp_path)
+    assert r.returncode == 2 and "nope_mod" in r.stdout
