@@ -236,7 +236,7 @@ class TrainConfig(_Section):
     max_staleness: int = Field(default=0, ge=0)
     """Drop trajectories sampled by a policy more than this many versions old."""
     log_rollouts_every: int = Field(default=5, ge=0)
-    """Save sampled rollouts to OUT/rollouts/step_N.jsonl every N steps (0: never)."""
+    """Save the trajectories trained on to OUT/rollouts/step_N.jsonl every N steps and at the last step (0: never); `agentrl show` prints them."""
 
 
 class SFTConfig(_Section):

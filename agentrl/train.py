@@ -444,6 +444,28 @@ def rollout_metrics(lp: Loop, trajs: list[Trajectory], m: dict[str, float]) -> l
     return trajs
 
 
+def mark_trained(trajs: list[Trajectory], batch: dict[str, Any]) -> None:
+    """Record in each trajectory's `info` what the update made of it (shown by `agentrl show`):
+    `advantage`, the mean advantage over its trained tokens (loss_mask 1; the episode's one
+    advantage for GRPO-style algorithms), and `trained`, whether any of its advantages is
+    non-zero, i.e. whether it carries policy-gradient signal (an episode of a group whose
+    rewards were all equal, or whose reward failed, has advantage 0: the learner leaves it out
+    of its forwards when its loss has no KL or entropy term). Nothing is recorded when the
+    algorithm's rows are not the trajectories (e.g. DPO's pairs)."""
+    adv = batch.get("advantages")
+    if not isinstance(adv, torch.Tensor) or adv.shape[0] != len(trajs) or adv.dim() not in (1, 2):
+        return
+    for i, t in enumerate(trajs):
+        if adv.dim() == 1:
+            a, nonzero = float(adv[i]), bool(adv[i] != 0)
+        else:
+            mask = batch["loss_mask"][i] > 0
+            vals = adv[i][mask] if mask.any() else adv[i][:0]
+            a = float(vals.mean()) if len(vals) else 0.0
+            nonzero = bool((vals != 0).any()) if len(vals) else False
+        t.info["advantage"], t.info["trained"] = a, nonzero
+
+
 def update(lp: Loop, trajs: list[Trajectory], step: int, m: dict[str, float]) -> list[Trajectory]:
     """Dynamic sampling (DAPO), the batch, algorithm passes, advantages and the learner's
     update; records their metrics in `m` (the algorithm's `advantages` statistics as `adv/...`,
@@ -463,6 +485,7 @@ def update(lp: Loop, trajs: list[Trajectory], step: int, m: dict[str, float]) ->
     if needs_reference(algo, cfg.algo) and "ref_logprobs" not in batch:
         batch["ref_logprobs"] = learner.logprobs(batch, ref=True)
     batch["advantages"], gstats = algo.advantages(batch, cfg.algo)
+    mark_trained(trajs, batch)
     # what the advantages were computed from (the kept groups' valid returns, under dynamic
     # sampling): their own names, never over the raw rollout statistics above
     m.update({f"adv/{k}": float(v) for k, v in gstats.items()})
@@ -500,10 +523,11 @@ def sync(lp: Loop, source: Any, step: int, m: dict[str, float]) -> None:
 
 def log_step(lp: Loop, step: int, m: dict[str, float], trajs: list[Trajectory]) -> str:
     """Write step `step + 1`'s metrics (and its rollouts every `train.log_rollouts_every`
-    steps); returns the progress line."""
+    steps and at the last step, so that `agentrl show` has one after any run); returns the
+    progress line."""
     lp.log.log(step + 1, m)
     every = lp.cfg.train.log_rollouts_every
-    if every and (step + 1) % every == 0:
+    if every and ((step + 1) % every == 0 or step + 1 == lp.cfg.train.steps):
         (lp.out / "rollouts").mkdir(exist_ok=True)
         with (lp.out / "rollouts" / f"step_{step + 1}.jsonl").open("w") as f:
             for t in trajs:

@@ -266,3 +266,61 @@ def test_envs_and_eval_take_import(tmp_path):
     r = _fresh("from agentrl.cli import main; import sys; sys.argv = ['agentrl', 'envs', '--import', 'nope_mod']; main()",
                tmp_path)
     assert r.returncode == 2 and "nope_mod" in r.stdout
+
+
+# -- agentrl show: advantage and trained (item 6) -------------------------------------------
+def _episodes(tiny_tokenizer, returns, groups):
+    from agentrl.trajectory import Trajectory
+
+    out = []
+    for r, g in zip(returns, groups):
+        t = Trajectory(task_id=f"t{g}", group_id=g)
+        t.append_context(tiny_tokenizer.encode("Write a Python function", add_special_tokens=False))
+        t.append_sampled(tiny_tokenizer.encode("def add_seven(x):", add_special_tokens=False), [0.0] * 5,
+                         reward=r)
+        t.terminated = True
+        out.append(t)
+    return out
+
+
+def test_mark_trained_records_the_grpo_advantage_and_zero_variance_groups(tiny_tokenizer):
+    from agentrl.algos import get_algorithm
+    from agentrl.config import load_config
+    from agentrl.train import build_batch, mark_trained
+
+    trajs = _episodes(tiny_tokenizer, [1.0, 0.0, 1.0, 1.0], [0, 0, 1, 1])
+    batch = build_batch(trajs, 0)
+    cfg = load_config(None, ["algo.name=grpo", "algo.group_size=2"])
+    batch["advantages"], _ = get_algorithm("grpo").advantages(batch, cfg.algo)
+    mark_trained(trajs, batch)
+    a = [t.info["advantage"] for t in trajs]
+    assert [t.info["trained"] for t in trajs] == [True, True, False, False]
+    assert a[0] > 0 and abs(a[0] + a[1]) < 1e-6 and a[2] == a[3] == 0.0  # (r - mean) / std: +-, 0
+    mask = batch["loss_mask"][0] > 0
+    assert abs(a[0] - float(batch["advantages"][0][mask].mean())) < 1e-6
+
+
+def test_show_says_whether_an_episode_was_trained(tmp_path, tiny_model_dir, tiny_tokenizer):
+    import io
+    import json
+
+    from rich.console import Console
+
+    from agentrl.show import show_episode
+
+    trajs = _episodes(tiny_tokenizer, [1.0, 0.0, 1.0, 1.0], [0, 0, 1, 1])
+    for t, (adv, tr) in zip(trajs, [(0.7071, True), (-0.7071, True), (0.0, False), (0.0, False)]):
+        t.info.update(advantage=adv, trained=tr)
+    (tmp_path / "rollouts").mkdir()
+    (tmp_path / "rollouts" / "step_3.jsonl").write_text("".join(json.dumps(t.to_dict()) + "\n" for t in trajs))
+    (tmp_path / "config.json").write_text(json.dumps({"model": {"path": tiny_model_dir}}))
+
+    def shown(i):
+        buf = io.StringIO()
+        show_episode(tmp_path, None, i, Console(file=buf, width=300, color_system=None))
+        return buf.getvalue()
+
+    assert "trained: advantage +0.707 · group returns [1, 0]" in shown(0)
+    text = shown(2)
+    assert "NOT trained: advantage 0 (its group's rewards were all equal" in text
+    assert "group returns [1, 1]" in text
