@@ -196,13 +196,23 @@ def test_show_plain_wraps_trained_spans(run, tiny_tokenizer):
 
 def test_show_in_colour_highlights_without_brackets(run):
     out, _ = run
-    buf = io.StringIO()
-    tr = show_episode(out, 3, 0, Console(file=buf, force_terminal=True, color_system="truecolor", width=200))
-    text = buf.getvalue()
-    assert OPEN not in text
-    assert "\x1b[1;30;102m" in text  # bold black on bright green: the trained tokens
-    assert "\x1b[2m" in text  # dim: the context
-    assert tr.num_sampled > 0
+    seen = set()
+    for step in (1, 2, 3):
+        n = len((out / "rollouts" / f"step_{step}.jsonl").read_text().splitlines())
+        for i in range(n):
+            buf = io.StringIO()
+            tr = show_episode(out, step, i, Console(file=buf, force_terminal=True, color_system="truecolor",
+                                                    width=200))
+            text = buf.getvalue()
+            assert OPEN not in text
+            assert "\x1b[2m" in text  # dim: the context
+            assert tr.num_sampled > 0
+            if tr.info["trained"]:  # bold black on bright green: the trained tokens
+                assert "\x1b[1;30;102m" in text and "\x1b[30;43m" not in text
+            else:  # advantage 0: black on yellow
+                assert "\x1b[30;43m" in text and "\x1b[1;30;102m" not in text
+            seen.add(tr.info["trained"])
+    assert seen == {True, False}
 
 
 def test_show_errors_name_what_exists(run):
