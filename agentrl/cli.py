@@ -12,11 +12,13 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from agentrl.config import ConfigError, config_reference, load_config
+from agentrl.config import Config, ConfigError, config_reference, load_config
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Train LLM agents with RL in multi-turn Gymnasium text environments.")
 console = Console(stderr=False)
+_DEFAULT = Config()  # the defaults shown by `agentrl train --help` (the options default to None:
+# an option not given leaves the config's, or a resumed run's, value)
 
 
 def _fail(msg: str) -> None:
@@ -27,22 +29,24 @@ def _fail(msg: str) -> None:
 @app.command()
 def train(
     overrides: Annotated[Optional[list[str]], typer.Argument(help="Config overrides key=value, e.g. train.lr=1e-4 algo.group_size=4.")] = None,
-    env: Annotated[Optional[str], typer.Option(help="Environment: short name, Gymnasium id, or pkg.module:Class.")] = None,
-    algo: Annotated[Optional[str], typer.Option(help="Algorithm: grpo, dr_grpo, gspo, rloo, reinforce_pp, ppo, dpo.")] = None,
+    env: Annotated[Optional[str], typer.Option(help="Environment: short name, Gymnasium id, or pkg.module:Class.", show_default=_DEFAULT.env.name)] = None,
+    algo: Annotated[Optional[str], typer.Option(help="Algorithm: grpo, dr_grpo, gspo, rloo, reinforce_pp, ppo, dpo.", show_default=_DEFAULT.algo.name)] = None,
     config: Annotated[Optional[str], typer.Option("--config", "-c", help="YAML file of config overrides.")] = None,
-    steps: Annotated[Optional[int], typer.Option(help="Training steps (train.steps).")] = None,
-    out: Annotated[Optional[str], typer.Option(help="Output directory.")] = None,
-    seed: Annotated[Optional[int], typer.Option(help="Seed.")] = None,
+    steps: Annotated[Optional[int], typer.Option(help="Training steps (train.steps).", show_default=str(_DEFAULT.train.steps))] = None,
+    out: Annotated[Optional[str], typer.Option(help="Output directory.", show_default=_DEFAULT.out)] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Seed.", show_default=str(_DEFAULT.seed))] = None,
     resume: Annotated[Optional[str], typer.Option(help="Resume from this output directory.")] = None,
-    dataset: Annotated[Optional[str], typer.Option(help="Task file (HumanEval/MBPP/EvalPlus format) or 'humaneval'.")] = None,
-    model: Annotated[Optional[str], typer.Option(help="Local Hugging Face model directory (model.path).")] = None,
+    dataset: Annotated[Optional[str], typer.Option(help="Task file (HumanEval/MBPP/EvalPlus format) or 'humaneval'.", show_default="the env's own tasks")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Local Hugging Face model directory (model.path).", show_default="the embedded tiny model, built in OUT/base_model")] = None,
     wrap: Annotated[Optional[list[str]], typer.Option(help="Reward wrapper to stack (repeatable): judge, safety, curiosity.")] = None,
     ray_address: Annotated[Optional[str], typer.Option(help="Ray cluster to join (rollout.ray_address).")] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the earlier run in --out (its files only).")] = False,
     imports: Annotated[Optional[list[str]], typer.Option("--import", help="Python module to import first, so that its register_env calls run (repeatable): --import my_envs for ./my_envs.py.")] = None,
 ) -> None:
-    """Train an agent: `agentrl train --env code_sandbox --algo grpo`."""
+    """Train an agent: `agentrl train --env code_sandbox --algo grpo`. Every config key is an
+    override (`agentrl config --reference`); with none, the main job: the embedded model,
+    warm start, then GRPO on code_sandbox."""
     if resume and not (Path(resume).is_dir() and (Path(resume) / "config.json").is_file()):
         _fail(f"--resume: {resume} is not a run directory (no config.json)")
     saved = Path(resume) / "config.json" if resume else None

@@ -324,3 +324,41 @@ def test_show_says_whether_an_episode_was_trained(tmp_path, tiny_model_dir, tiny
     text = shown(2)
     assert "NOT trained: advantage 0 (its group's rewards were all equal" in text
     assert "group returns [1, 1]" in text
+
+
+# -- help, eval table, .gitignore, README merge (item 7) ------------------------------------
+def test_train_help_shows_the_defaults():
+    from agentrl.config import Config
+
+    d = Config()
+    r = CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0
+    for want in (d.env.name, d.algo.name, str(d.train.steps), d.out):
+        assert f"[default: ({want})]" in r.output, want
+
+
+def test_eval_per_task_table_is_readable_at_80_columns_in_a_file():
+    import io
+
+    from rich.console import Console
+
+    from agentrl.eval.report import print_summary
+
+    tasks = [{"task_id": f"HumanEval/{i}", "n": 4, "c": i, "pass@1": i / 4, "pass@4": float(i > 0),
+              "reward_mean": i / 4, "turns_mean": 1.0, "tokens_mean": 96.25, "verdicts": {"pass": i, "fail": 4 - i},
+              "errors": 0} for i in range(3)]
+    summary = {"k": [1, 4], "overall": {"pass@1": 0.25}, "tasks": tasks}
+    buf = io.StringIO()
+    print_summary(summary, Console(file=buf, width=80))  # not a terminal: 80 columns
+    text = buf.getvalue()
+    assert "…" not in text
+    row = next(line for line in text.splitlines() if "HumanEval/2" in line)
+    assert row.split()[:9] == ["HumanEval/2", "4", "2", "0.5", "1", "0.5", "1", "96.2", "pass:"]
+
+
+def test_gitignore_and_readme_merge_example():
+    assert "eval_runs/" in (ROOT / ".gitignore").read_text().split()
+    readme = (ROOT / "README.md").read_text()
+    [(run, step)] = re.findall(r"agentrl merge runs/(\w+)/checkpoints/step_(\d+)", readme)
+    [train] = [ln for ln in readme.splitlines() if f"--out runs/{run}" in ln and "agentrl train" in ln]
+    assert f"--steps {step}" in train and "model.lora_r=" in train  # the run it names has that step
