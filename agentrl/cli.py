@@ -226,6 +226,20 @@ def show(
 
 
 @app.command()
+def doctor() -> None:
+    """What this machine has for agentrl: sandbox backend and isolation, torch/CUDA devices, Ray,
+    vLLM, plotting/TensorBoard, installed extras, with the fix for each missing part. Exit code 1
+    when a part a default run needs is missing."""
+    from agentrl.doctor import render, run_checks
+
+    checks = run_checks()
+    for line in render(checks):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    if any(c.status == "fail" for c in checks):
+        raise typer.Exit(1)
+
+
+@app.command()
 def merge(
     checkpoint: Annotated[str, typer.Argument(help="A LoRA checkpoint directory (OUT/checkpoints/step_N).")],
     out: Annotated[str, typer.Argument(help="Where the merged Hugging Face model is written.")],

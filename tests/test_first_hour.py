@@ -362,3 +362,21 @@ def test_gitignore_and_readme_merge_example():
     [(run, step)] = re.findall(r"agentrl merge runs/(\w+)/checkpoints/step_(\d+)", readme)
     [train] = [ln for ln in readme.splitlines() if f"--out runs/{run}" in ln and "agentrl train" in ln]
     assert f"--steps {step}" in train and "model.lora_r=" in train  # the run it names has that step
+
+
+# -- agentrl doctor (item 8) ----------------------------------------------------------------
+def test_doctor_reports_each_part_with_a_fix_for_missing_ones():
+    from agentrl.doctor import Check, check_module, render
+
+    r = CliRunner().invoke(app, ["doctor"], env={"COLUMNS": "200"})
+    text = r.output
+    for part in ("python", "torch", "devices", "sandbox", "backend bwrap", "backend subprocess", "ray",
+                 "vllm", "matplotlib", "tensorboard"):
+        assert re.search(rf"^(ok  |WARN|FAIL)  +{re.escape(part)} ", text, flags=re.M), part
+    assert "NOT isolated" in text  # the subprocess backend is named as unisolated
+    assert r.exit_code == (1 if re.search(r"^FAIL", text, flags=re.M) else 0)
+    miss = check_module("thing", "no_such_module_xyz", "no-such-dist", "pip install thing", required=False,
+                        use="x")
+    assert (miss.status, miss.fix) == ("warn", "pip install thing")
+    lines = render([Check("a", "ok", "fine"), Check("bb", "fail", "gone", "do this")])
+    assert lines == ["ok    a   fine", "FAIL  bb  gone", "          fix: do this", "1 failing, 0 warnings"]
