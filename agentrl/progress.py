@@ -92,9 +92,13 @@ class Stage:
         if self.closed:
             return
         self.closed = True
-        if self.task is not None:
+        if self.task is not None:  # the bar goes; a line stays in the terminal's history
             self.r.progress.remove_task(self.task)
             self.r.release()
+            took = format_seconds(time.perf_counter() - self.t0)
+            self.r.line(f"[{self.name}] {self.unit}: done in {took}" if self.total is None else
+                        f"[{self.name}] {self.done}/{self.total} {self.unit} in {took}"
+                        + (f" · {info}" if info else ""))
         elif self.r.enabled and self.total is None:
             self.r.line(f"[{self.name}] {self.unit}: done in {time.perf_counter() - self.t0:.1f} s"
                         + (f" · {info}" if info else ""))
