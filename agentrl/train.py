@@ -532,8 +532,9 @@ def log_step(lp: Loop, step: int, m: dict[str, float], trajs: list[Trajectory]) 
         with (lp.out / "rollouts" / f"step_{step + 1}.jsonl").open("w") as f:
             for t in trajs:
                 f.write(json.dumps(t.to_dict()) + "\n")
-    return (f"reward {m['rollout/reward_mean']:.3f} pass {m['rollout/pass_rate']:.2f} "
-            f"len {m['rollout/response_len']:.0f} {m['perf/step_s']:.1f}s/step")
+    r, p = m["rollout/reward_mean"], m["rollout/pass_rate"]
+    return (f"reward {r:.3f} " + ("" if r == p else f"pass {p:.2f} ")  # code_sandbox: the same number
+            + f"len {m['rollout/response_len']:.0f} {m['perf/step_s']:.1f}s/step")
 
 
 def checkpoint(lp: Loop, step: int) -> Path:
