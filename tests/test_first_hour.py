@@ -362,6 +362,8 @@ def test_gitignore_and_readme_merge_example():
     [(run, step)] = re.findall(r"agentrl merge runs/(\w+)/checkpoints/step_(\d+)", readme)
     [train] = [ln for ln in readme.splitlines() if f"--out runs/{run}" in ln and "agentrl train" in ln]
     assert f"--steps {step}" in train and "model.lora_r=" in train  # the run it names has that step
+    for shot in ("docs/dashboard.png", "docs/terminal.txt"):  # the screenshots it shows exist
+        assert shot in readme and (ROOT / shot).stat().st_size > 500, shot
 
 
 # -- agentrl doctor (item 8) ----------------------------------------------------------------
