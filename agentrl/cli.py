@@ -171,7 +171,7 @@ def envs(
 
     short = {v: k for k, v in SHORT_NAMES.items()}
     for env_id in sorted(i for i in gym.registry if i in DESCRIPTIONS):
-        console.print(f"{short.get(env_id, ''):14s} {env_id:28s} {DESCRIPTIONS[env_id]}")
+        console.print(f"{short.get(env_id, ''):14s} {env_id:28s} {DESCRIPTIONS[env_id]}", markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command("config")
