@@ -103,7 +103,7 @@ def summary_panel(summary: dict[str, Any], out: str | Path) -> Any:
                  and not k.endswith("_se") and k.split("@")[1].isdigit()})
     for k in ks or [1]:
         table.add_row(f"held-out pass@{k} ± s.e.", _with_se(before, f"pass@{k}"), _with_se(after, f"pass@{k}"))
-    if not reward_repeats_pass1(before, after):
+    if not (summary.get("heldout_reward_is_pass@1") or reward_repeats_pass1(before, after)):
         table.add_row("held-out reward", _fmt(before.get("reward_mean")), _fmt(after.get("reward_mean")))
     table.add_row("", "first step", "last step")
     r0, r1 = _first_last(rows, "rollout/reward_mean")

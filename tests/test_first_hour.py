@@ -188,6 +188,13 @@ def test_summary_panel_counts_eval_once_shows_se_and_no_repeated_reward(tmp_path
     assert "held-out reward" not in text  # = pass@1 at both ends: shown once
     assert "train pass rate" not in text  # = train reward
     assert "sft 7.0s" in text and "eval 5.0s" in text and "eval 10" not in text
+    # as train writes summary.json: reward_mean left out, the flag set
+    flagged = {**summary, "heldout_reward_is_pass@1": True,
+               "eval_before": {k: v for k, v in before.items() if k != "reward_mean"},
+               "eval_after": {k: v for k, v in after.items() if k != "reward_mean"}}
+    buf = io.StringIO()
+    Console(file=buf, width=200).print(summary_panel(flagged, tmp_path))
+    assert "held-out reward" not in buf.getvalue()
     after["reward_mean"] = 0.45
     buf = io.StringIO()
     Console(file=buf, width=200).print(summary_panel(summary, tmp_path))
