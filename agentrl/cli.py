@@ -12,11 +12,13 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from agentrl.config import ConfigError, config_reference, load_config
+from agentrl.config import Config, ConfigError, config_reference, load_config
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Train LLM agents with RL in multi-turn Gymnasium text environments.")
 console = Console(stderr=False)
+_DEFAULT = Config()  # the defaults shown by `agentrl train --help` (the options default to None:
+# an option not given leaves the config's, or a resumed run's, value)
 
 
 def _fail(msg: str) -> None:
@@ -52,21 +54,24 @@ def _check_dataset(env: str | None, dataset: str | None) -> None:
 @app.command()
 def train(
     overrides: Annotated[Optional[list[str]], typer.Argument(help="Config overrides key=value, e.g. train.lr=1e-4 algo.group_size=4.")] = None,
-    env: Annotated[Optional[str], typer.Option(help="Environment: short name, Gymnasium id, or pkg.module:Class.")] = None,
-    algo: Annotated[Optional[str], typer.Option(help="Algorithm: grpo, dr_grpo, gspo, rloo, reinforce_pp, ppo, dpo, cispo, gigpo, distill (docs/algorithms.md).")] = None,
+    env: Annotated[Optional[str], typer.Option(help="Environment: short name, Gymnasium id, or pkg.module:Class.", show_default=_DEFAULT.env.name)] = None,
+    algo: Annotated[Optional[str], typer.Option(help="Algorithm: grpo, dr_grpo, gspo, rloo, reinforce_pp, ppo, dpo, cispo, gigpo, distill (docs/algorithms.md).", show_default=_DEFAULT.algo.name)] = None,
     config: Annotated[Optional[str], typer.Option("--config", "-c", help="YAML file of config overrides.")] = None,
-    steps: Annotated[Optional[int], typer.Option(help="Training steps (train.steps).")] = None,
-    out: Annotated[Optional[str], typer.Option(help="Output directory.")] = None,
-    seed: Annotated[Optional[int], typer.Option(help="Seed.")] = None,
+    steps: Annotated[Optional[int], typer.Option(help="Training steps (train.steps).", show_default=str(_DEFAULT.train.steps))] = None,
+    out: Annotated[Optional[str], typer.Option(help="Output directory.", show_default=_DEFAULT.out)] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Seed.", show_default=str(_DEFAULT.seed))] = None,
     resume: Annotated[Optional[str], typer.Option(help="Resume from this output directory.")] = None,
-    dataset: Annotated[Optional[str], typer.Option(help="Task file (HumanEval/MBPP/EvalPlus format) or 'humaneval'; with --algo dpo, a preference JSONL file ({prompt, chosen, rejected} per line) trains offline DPO.")] = None,
-    model: Annotated[Optional[str], typer.Option(help="Local Hugging Face model directory (model.path).")] = None,
+    dataset: Annotated[Optional[str], typer.Option(help="Task file (HumanEval/MBPP/EvalPlus format) or 'humaneval'; with --algo dpo, a preference JSONL file ({prompt, chosen, rejected} per line) trains offline DPO.", show_default="the env's own tasks")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Local Hugging Face model directory (model.path).", show_default="the embedded tiny model, built in OUT/base_model")] = None,
     wrap: Annotated[Optional[list[str]], typer.Option(help="Reward wrapper to stack (repeatable): judge, safety, curiosity.")] = None,
     ray_address: Annotated[Optional[str], typer.Option(help="Ray cluster to join (rollout.ray_address).")] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the earlier run in --out (its files only).")] = False,
+    imports: Annotated[Optional[list[str]], typer.Option("--import", help="Python module to import first, so that its register_env calls run (repeatable): --import my_envs for ./my_envs.py.")] = None,
 ) -> None:
-    """Train an agent: `agentrl train --env code_sandbox --algo grpo`."""
+    """Train an agent: `agentrl train --env code_sandbox --algo grpo`. Every config key is an
+    override (`agentrl config --reference`); with none, the main job: the embedded model,
+    warm start, then GRPO on code_sandbox."""
     if resume and not (Path(resume).is_dir() and (Path(resume) / "config.json").is_file()):
         _fail(f"--resume: {resume} is not a run directory (no config.json)")
     saved = Path(resume) / "config.json" if resume else None
@@ -79,14 +84,18 @@ def train(
             "rollout.ray_address": ray_address, "overwrite": overwrite or None})
     except ConfigError as e:
         _fail(str(e))
+    if imports:  # added to the imports of the config (a resumed run's included)
+        cfg = cfg.model_copy(update={"env": cfg.env.model_copy(
+            update={"imports": list(dict.fromkeys([*cfg.env.imports, *imports]))})})
     from agentrl.offline import is_preference_file
 
     if cfg.algo.name == "dpo" and dataset and not resume and is_preference_file(dataset):
         _offline("dpo", cfg, dataset)  # offline DPO from the preference file: no env
         return
-    from agentrl.envs import resolve_env_id
+    from agentrl.envs import import_env_modules, resolve_env_id
 
     try:
+        import_env_modules(cfg.env.imports)
         resolve_env_id(cfg.env.name)
     except (ValueError, ImportError, AttributeError) as e:
         _fail(f"config error: env.name: {e}")
@@ -169,6 +178,7 @@ def eval_cmd(
     max_episode_tokens: Annotated[Optional[int], typer.Option(min=16, help="Tokens per episode.")] = None,
     top_p: Annotated[Optional[float], typer.Option(help="Nucleus sampling mass.")] = None,
     config: Annotated[Optional[str], typer.Option("--config", "-c", help="YAML file of config overrides.")] = None,
+    imports: Annotated[Optional[list[str]], typer.Option("--import", help="Python module to import first, so that its register_env calls run (repeatable): --import my_envs for ./my_envs.py.")] = None,
 ) -> None:
     """Evaluate a model: pass@k, rewards, turns, tokens, verdicts -> OUT/results.jsonl, summary.json, summary.md."""
     from agentrl.eval.cli import eval_command
@@ -180,8 +190,8 @@ def eval_cmd(
                      temperature=temperature, out=out, seed=seed, compare=compare, max_tasks=max_tasks,
                      max_turns=max_turns, workers=workers, batch_size=batch_size, env_threads=env_threads,
                      max_tokens=max_tokens, max_episode_tokens=max_episode_tokens, top_p=top_p,
-                     config=config, overrides=overrides, console=console)
-    except (ValueError, FileNotFoundError, LookupError, ConfigError) as e:
+                     config=config, overrides=overrides, console=console, imports=imports)
+    except (ValueError, FileNotFoundError, LookupError, ConfigError, ImportError) as e:
         _fail(str(e))
 
 
@@ -210,15 +220,23 @@ def serve_corpus_cmd(
 
 
 @app.command()
-def envs() -> None:
-    """List the registered environments, one line each."""
+def envs(
+    imports: Annotated[Optional[list[str]], typer.Option("--import", help="Python module to import first, so that its register_env calls run (repeatable).")] = None,
+) -> None:
+    """List the registered environments, one line each (built in, installed packages' `agentrl.envs` entry points, and --import modules)."""
     import gymnasium as gym
 
-    from agentrl.envs import DESCRIPTIONS, SHORT_NAMES
+    from agentrl.envs import DESCRIPTIONS, SHORT_NAMES, import_env_modules, load_env_plugins
+
+    try:
+        load_env_plugins()
+        import_env_modules(list(imports or []))
+    except ImportError as e:
+        _fail(str(e))
 
     short = {v: k for k, v in SHORT_NAMES.items()}
     for env_id in sorted(i for i in gym.registry if i in DESCRIPTIONS):
-        console.print(f"{short.get(env_id, ''):14s} {env_id:28s} {DESCRIPTIONS[env_id]}")
+        console.print(f"{short.get(env_id, ''):14s} {env_id:28s} {DESCRIPTIONS[env_id]}", markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command("config")
@@ -250,7 +268,7 @@ def plot(
 
     try:
         paths = plot_runs(runs, out or str(Path(runs[0]) / "plots"))
-    except (FileNotFoundError, ValueError) as e:
+    except (FileNotFoundError, ValueError, ModuleNotFoundError) as e:  # ModuleNotFoundError: no matplotlib
         _fail(str(e))
     for p in paths:
         console.print(str(p), markup=False, highlight=False)
@@ -270,6 +288,20 @@ def show(
         show_episode(run, step, index, Console(no_color=plain, highlight=False), plain=plain)
     except (FileNotFoundError, IndexError) as e:
         _fail(str(e))
+
+
+@app.command()
+def doctor() -> None:
+    """What this machine has for agentrl: sandbox backend and isolation, torch/CUDA devices, Ray,
+    vLLM, plotting/TensorBoard, installed extras, with the fix for each missing part. Exit code 1
+    when a part a default run needs is missing."""
+    from agentrl.doctor import render, run_checks
+
+    checks = run_checks()
+    for line in render(checks):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    if any(c.status == "fail" for c in checks):
+        raise typer.Exit(1)
 
 
 @app.command()

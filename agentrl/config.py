@@ -27,6 +27,8 @@ class EnvConfig(_Section):
 
     name: str = "code_sandbox"
     """Env to train on: a short name (`agentrl envs`), a Gymnasium id, or `pkg.module:Class`."""
+    imports: list[str] = Field(default_factory=list)
+    """Python modules imported before the env is looked up, in every process of the run (Ray workers included), so that their `register_env` calls run: `--import my_envs` (repeatable). Installed packages can instead declare an entry point in the group `agentrl.envs`."""
     max_turns: int | None = Field(default=None, ge=1)
     """Extra limit on agent turns per episode (the registered limit still applies; the smaller wins).
     An env whose constructor takes `max_turns` (code_sandbox: attempts) also gets it, unless
@@ -271,7 +273,7 @@ class TrainConfig(_Section):
     max_staleness: int = Field(default=0, ge=0)
     """Drop trajectories sampled by a policy more than this many versions old."""
     log_rollouts_every: int = Field(default=5, ge=0)
-    """Save sampled rollouts to OUT/rollouts/step_N.jsonl every N steps (0: never)."""
+    """Save the trajectories trained on to OUT/rollouts/step_N.jsonl every N steps and at the last step (0: never); `agentrl show` prints them."""
 
 
 class SFTConfig(_Section):

@@ -145,34 +145,120 @@ def register_env(
     return env_id
 
 
-def resolve_env_id(name: str) -> str:
-    """Map a CLI `--env` value to a Gymnasium id.
+ENTRY_POINT_GROUP = "agentrl.envs"
+"""Entry-point group of installed packages' envs: each entry point names a module (imported, so
+that its `register_env` calls run) or a function (called with no arguments), e.g. in the
+package's pyproject.toml `[project.entry-points."agentrl.envs"] my_pkg = "my_pkg.envs"`."""
 
-    Accepts a short name (`code_sandbox`), a registered id (`agentrl/CodeSandbox-v0`) or an
-    entry point `pkg.module:Class` (registered on the fly as `custom/<Class>-v0`). An entry point
-    `pkg.module` (no class) is imported so that its import-time `register_env` calls run.
+_plugins_loaded = False
+
+
+def import_env_modules(modules: list[str] | tuple[str, ...]) -> None:
+    """Import each module of `modules` (`env.imports`, `--import`) so that its import-time
+    `register_env` calls run; a module already imported is not run again.
 
     Raises:
-        ValueError: unknown name, naming the registered ones.
+        ImportError: a module cannot be imported (the message names it and the folder searched).
     """
+    import os
+
+    for m in modules:
+        try:
+            importlib.import_module(m)
+        except ImportError as e:
+            raise ImportError(f"--import {m}: {e} (the current folder {os.getcwd()} and PYTHONPATH "
+                              "are searched)") from e
+
+
+def load_env_plugins() -> list[str]:
+    """Load the installed packages' entry points of the group `ENTRY_POINT_GROUP` (once per
+    process): a module is imported, a function is called. Returns the entry point names
+    loaded this call. An entry point that fails to load raises (ImportError, or what its
+    function raised), naming it."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return []
+    _plugins_loaded = True
+    from importlib.metadata import entry_points
+
+    names = []
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            obj = ep.load()
+        except Exception as e:  # noqa: BLE001 - re-raised with the entry point named
+            raise ImportError(f"entry point {ep.name} = {ep.value} ({ENTRY_POINT_GROUP}): {e}") from e
+        if callable(obj) and not inspect.ismodule(obj):
+            obj()
+        names.append(ep.name)
+    return names
+
+
+def _registered_id_of(entry: str, cls: Any) -> str | None:
+    """The id a class is already registered under (by the class or by the `module:Class`
+    string `entry`), or None."""
+    for env_id, spec in gym.registry.items():
+        if env_id in DESCRIPTIONS and (spec.entry_point is cls or spec.entry_point == entry):
+            return env_id
+    return None
+
+
+def _lookup(name: str) -> str | None:
     if name in SHORT_NAMES:
         return SHORT_NAMES[name]
     if name in gym.registry:
         return name
+    return None
+
+
+def resolve_env_id(name: str) -> str:
+    """Map a CLI `--env` value to a Gymnasium id.
+
+    Accepts, in this order:
+    - a short name (`code_sandbox`) or a registered id (`agentrl/CodeSandbox-v0`), including
+      those registered by modules imported with `--import` (`env.imports`);
+    - `module:NAME` where NAME is a short name or id that importing `module` registers
+      (`my_envs:parity`);
+    - `module:Class`: imported; if the module registered that class (by object or by the
+      `module:Class` string), its id is returned, so the same env never gets a second id;
+      else the class is registered as `custom/<Class>-v0`;
+    - `namespace/Name-vN`, whose namespace is an importable module (`my_envs/GuessParity-v0`
+      imports `my_envs`), or a module name whose import registers `name`;
+    - anything registered by the installed packages' `agentrl.envs` entry points.
+
+    Raises:
+        ValueError: unknown name, naming the registered ones and how to import a module.
+        ImportError, AttributeError: `module:Class` whose module or class does not exist.
+    """
+    found = _lookup(name)
+    if found:
+        return found
     if ":" in name:
         module, _, attr = name.partition(":")
-        cls = getattr(importlib.import_module(module), attr)
-        return register_env(f"custom/{attr}-v0", cls, description=(cls.__doc__ or "").strip().split("\n")[0])
-    try:
-        importlib.import_module(name)
-    except ImportError:
-        pass
-    else:
-        if name in SHORT_NAMES:
-            return SHORT_NAMES[name]
-    known = sorted(SHORT_NAMES) + sorted(i for i in gym.registry if i.startswith("agentrl/"))
-    raise ValueError(f"env: unknown environment {name!r}; registered: {', '.join(known)}; "
-                     "or give an entry point 'pkg.module:Class'")
+        mod = importlib.import_module(module)
+        found = _lookup(attr)
+        if found and not hasattr(mod, attr):
+            return found
+        cls = getattr(mod, attr)
+        return _registered_id_of(name, cls) or register_env(
+            f"custom/{attr}-v0", cls, description=(cls.__doc__ or "").strip().split("\n")[0])
+    for module in dict.fromkeys([name.split("/")[0], name]):  # my_envs/X-v0 -> my_envs
+        if module and all(p.isidentifier() for p in module.split(".")):
+            try:
+                importlib.import_module(module)
+            except ImportError:
+                continue
+            found = _lookup(name)
+            if found:
+                return found
+    load_env_plugins()
+    found = _lookup(name)
+    if found:
+        return found
+    known = sorted(SHORT_NAMES) + sorted(i for i in gym.registry if i in DESCRIPTIONS and i not in SHORT_NAMES.values())
+    raise ValueError(f"env: unknown environment {name!r}; registered: {', '.join(known)}. An env "
+                     "registered in your own module: add --import MODULE (e.g. --import my_envs for "
+                     "./my_envs.py), or give 'module:Class'; an installed package: declare an entry "
+                     f"point in the group '{ENTRY_POINT_GROUP}'")
 
 
 def make_env(name: str, *, max_turns: int | None = None, env_kwargs: dict[str, Any] | None = None,
@@ -269,7 +355,9 @@ def _env_accepts(name: str, kwarg: str) -> bool:
 def build_env(cfg: Config, split: str | None = None, rewards: Any = None) -> Any:
     """Make one env from the config (dataset, split, kwargs, turn limit) with the reward
     wrappers of `cfg.env.wrappers` stacked on it. `rewards` (a `RewardWrappers`) lets many env
-    copies share one judge client, curiosity memory and Lagrange multiplier."""
+    copies share one judge client, curiosity memory and Lagrange multiplier. The modules of
+    `cfg.env.imports` are imported first (in a Ray worker too)."""
+    import_env_modules(cfg.env.imports)
     kw = dict(cfg.env.kwargs)
     if cfg.env.dataset is not None:
         kw["dataset"] = cfg.env.dataset

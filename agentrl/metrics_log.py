@@ -23,13 +23,16 @@ class MetricsLog:
         rows = self.path.read_text().splitlines() if self.path.exists() else []
         self.path.write_text("".join(r + "\n" for r in rows if _row_step(r) <= start_step))
         self.tb = None
+        self.note: str | None = None
+        """Why TensorBoard is not written although asked for (None when it is, or not asked)."""
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
-
+            except ImportError as e:  # a core dependency, but an environment may lack it
+                self.note = (f"TensorBoard is not written ({e}): pip install 'tensorboard>=2.15' "
+                             "(or set log.tensorboard=false to silence this)")
+            else:
                 self.tb = SummaryWriter(str(out / "tb"), purge_step=start_step + 1)
-            except Exception:  # noqa: BLE001 - TensorBoard is optional
-                self.tb = None
         self.wandb = _wandb_run(out, wandb_project, run_config, start_step) if wandb_project else None
 
     def log(self, step: int, metrics: dict[str, float]) -> None:

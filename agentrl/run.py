@@ -37,34 +37,49 @@ def seed_everything(seed: int) -> None:
 
 
 # -- model --------------------------------------------------------------------------------------
-def default_model_dir(cfg: Config, out: Path) -> str:
-    """Build the embedded tiny model in `OUT/base_model` (tokenizer trained on texts of the env:
-    opening messages and reference answers of training tasks)."""
-    from agentrl.model import build_tiny_model
+TOKENIZER_TASKS = 2000
+"""Training tasks whose opening messages and reference answers train the embedded model's
+tokenizer."""
 
+
+def default_model_dir(cfg: Config, out: Path, reporter: Any = None) -> str:
+    """Build the embedded tiny model in `OUT/base_model` (tokenizer trained on texts of the env:
+    opening messages and reference answers of `TOKENIZER_TASKS` training tasks). Progress goes
+    to `reporter` (`agentrl.progress.Reporter`; None: silent): the task texts as a stage with
+    its ETA, then the tokenizer training and model build (one call) as start/end lines."""
+    from agentrl.model import build_tiny_model
+    from agentrl.progress import Reporter
+
+    reporter = reporter or Reporter(enabled=False)
     target = out / "base_model"
     if (target / "config.json").exists():
         return str(target)
     env = build_env(cfg, "train")
     texts = []
     get = getattr(env.unwrapped, "reference_answer", None)
-    for i in range(2000):
-        obs, _ = env.reset(seed=500_000 + i)
-        texts.extend(m["content"] for m in obs)
-        if get is not None and get():
-            texts.append(get())
+    with reporter.stage("model", TOKENIZER_TASKS, unit="task texts for the tokenizer") as st:
+        for i in range(TOKENIZER_TASKS):
+            obs, _ = env.reset(seed=500_000 + i)
+            texts.extend(m["content"] for m in obs)
+            if get is not None and get():
+                texts.append(get())
+            st.advance()
     feedback = getattr(env.unwrapped, "corpus_texts", None)
     if feedback is not None:
         texts.extend(feedback())
     m = cfg.model
-    return build_tiny_model(str(target), texts, hidden_size=m.hidden_size, num_layers=m.num_layers,
-                            num_heads=m.num_heads, intermediate_size=m.intermediate_size,
-                            vocab_size=m.vocab_size, seed=cfg.seed)
+    with reporter.stage("model", None, unit=f"training the tokenizer on {len(texts)} texts and "
+                        "building the model"):
+        return build_tiny_model(str(target), texts, hidden_size=m.hidden_size, num_layers=m.num_layers,
+                                num_heads=m.num_heads, intermediate_size=m.intermediate_size,
+                                vocab_size=m.vocab_size, seed=cfg.seed)
 
 
-def load_policy(cfg: Config, out: Path, checkpoint: Path | None) -> tuple[Any, Any, str | Path]:
+def load_policy(cfg: Config, out: Path, checkpoint: Path | None,
+                reporter: Any = None) -> tuple[Any, Any, str | Path]:
     """The policy to train and its tokenizer: the `checkpoint` (full weights, or LoRA adapters on
-    their base) when resuming, else `model.path`, else the embedded model (`default_model_dir`).
+    their base) when resuming, else `model.path`, else the embedded model (`default_model_dir`,
+    its progress to `reporter`).
 
     Returns:
         `(model, tokenizer, directory loaded)`, the model in eval mode (`agentrl.model.load_model`).
@@ -74,7 +89,7 @@ def load_policy(cfg: Config, out: Path, checkpoint: Path | None) -> tuple[Any, A
 
     if checkpoint is not None:
         return (*load_checkpoint(checkpoint), checkpoint)
-    path = cfg.model.path or default_model_dir(cfg, out)
+    path = cfg.model.path or default_model_dir(cfg, out, reporter)
     return (*load_model(path), path)
 
 

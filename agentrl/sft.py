@@ -123,13 +123,15 @@ def evaluate(engine: Any, renderer: ChatRenderer, envs: list[Any], cfg: Config,
 
 
 def warm_start(cfg: Config, model: Any, tok: Any, renderer: ChatRenderer, pad_id: int, out: Path,
-               say: Callable[[str], None]) -> dict[str, Any]:
+               say: Callable[[str], None], reporter: Any = None) -> dict[str, Any]:
     """The warm start of a run (`cfg.sft`): `sft_train` on `sft_examples` of training tasks,
     stopped early once, on training tasks (never the held-out split), pass@1 reaches
     `sft.stop_pass_rate` and pass@k (k = `sft.check_samples`) reaches `sft.stop_pass_at_k`
     (each when set; checked every `sft.check_every` steps from `sft.min_steps` on, on
     `sft.check_tasks` tasks x k samples).
-    Trains `model` in place, writes OUT/sft_metrics.jsonl and saves OUT/sft_model.
+    Trains `model` in place, writes OUT/sft_metrics.jsonl (line-buffered: each row is on disk
+    when written) and saves OUT/sft_model. Progress (steps, ETA, loss) goes to `reporter`
+    (`agentrl.progress.Reporter`; None: silent).
 
     Returns:
         `sft_loss_first`, `sft_loss_last` (nats per answer token), `sft_steps`, `sft_seconds`,
@@ -139,12 +141,14 @@ def warm_start(cfg: Config, model: Any, tok: Any, renderer: ChatRenderer, pad_id
         ValueError: the env offers no reference answers (`sft_examples`).
     """
     from agentrl.lora import plain_copy
+    from agentrl.progress import Reporter
     from agentrl.rollout.engines.hf import HFEngine
 
+    reporter = reporter or Reporter(enabled=False)
     t0 = time.perf_counter()
     examples = sft_examples(build_env(cfg, "train"), renderer, max(2000, cfg.sft.batch_size),
                             seed=cfg.seed * 7919 + 1)
-    slog = (out / "sft_metrics.jsonl").open("w")
+    slog = (out / "sft_metrics.jsonl").open("w", buffering=1)  # line-buffered
     checks: list[tuple[int, float]] = []
 
     sc = cfg.sft
@@ -164,15 +168,22 @@ def warm_start(cfg: Config, model: Any, tok: Any, renderer: ChatRenderer, pad_id
         if k > 1:
             row[f"sft/train_pass@{k}"] = r[f"pass@{k}"]
         slog.write(json.dumps(row) + "\n")
-        slog.flush()
         return ((sc.stop_pass_rate is None or r["pass@1"] >= sc.stop_pass_rate)
                 and (sc.stop_pass_at_k is None or r[f"pass@{k}"] >= sc.stop_pass_at_k))
 
-    losses = sft_train(model, examples, steps=cfg.sft.steps, lr=cfg.sft.lr,
-                       batch_size=cfg.sft.batch_size, pad_id=pad_id, seed=cfg.seed,
-                       log=lambda s, loss: slog.write(json.dumps({"step": s, "sft/loss": loss}) + "\n"),
-                       stop=stop, check_every=cfg.sft.check_every)
-    slog.close()
+    bar = reporter.stage("sft", cfg.sft.steps, unit="warm-start steps")
+
+    def log(s: int, loss: float) -> None:
+        slog.write(json.dumps({"step": s, "sft/loss": loss}) + "\n")
+        bar.advance(1, f"loss {loss:.3f}" + (f" · train pass@1 {checks[-1][1]:.3f}" if checks else ""))
+
+    try:
+        losses = sft_train(model, examples, steps=cfg.sft.steps, lr=cfg.sft.lr,
+                           batch_size=cfg.sft.batch_size, pad_id=pad_id, seed=cfg.seed,
+                           log=log, stop=stop, check_every=cfg.sft.check_every)
+    finally:
+        bar.close()
+        slog.close()
     seconds = time.perf_counter() - t0
     info = {"sft_loss_first": losses[0], "sft_loss_last": losses[-1],
             "sft_steps": len(losses), "sft_seconds": seconds,

@@ -18,6 +18,8 @@ from agentrl.trajectory import Trajectory
 
 OPEN, CLOSE = "⟦", "⟧"
 TRAINED_STYLE = "bold black on bright_green"
+IDLE_STYLE = "black on yellow"
+"""Sampled tokens (loss_mask 1) of an episode with advantage 0: in the loss, but no reward signal."""
 CONTEXT_STYLE = "dim"
 NOTE_STYLE = "italic cyan"
 
@@ -44,8 +46,10 @@ def load_episode(out_dir: str | Path, step: int | None = None, index: int = 0) -
     """
     steps = rollout_steps(out_dir)
     if not steps:
-        raise FileNotFoundError(f"no rollouts in {Path(out_dir) / 'rollouts'} "
-                                "(they are saved every train.log_rollouts_every steps)")
+        raise FileNotFoundError(f"no rollouts in {Path(out_dir) / 'rollouts'}: a run saves them every "
+                                "train.log_rollouts_every steps (default 5) and at its last step; this run "
+                                "stopped before saving any, or ran with train.log_rollouts_every=0. Run "
+                                "again with train.log_rollouts_every=1 to save every step")
     step = steps[-1] if step is None else step
     if step not in steps:
         raise FileNotFoundError(f"no rollouts saved for step {step}; saved steps: "
@@ -54,6 +58,30 @@ def load_episode(out_dir: str | Path, step: int | None = None, index: int = 0) -
     if not -len(lines) <= index < len(lines):
         raise IndexError(f"episode {index} out of range: step {step} has {len(lines)} episodes")
     return Trajectory.from_dict(json.loads(lines[index]))
+
+
+def load_group(out_dir: str | Path, step: int, group_id: int) -> list[Trajectory]:
+    """The episodes of group `group_id` in OUT/rollouts/step_<step>.jsonl, in file order."""
+    lines = (Path(out_dir) / "rollouts" / f"step_{step}.jsonl").read_text().splitlines()
+    eps = [Trajectory.from_dict(json.loads(line)) for line in lines if line.strip()]
+    return [t for t in eps if t.group_id == group_id]
+
+
+def training_note(traj: Trajectory, group_returns: list[float]) -> str:
+    """One line on what the update made of the episode: its advantage and whether it was
+    trained (carried policy-gradient signal), with the returns of its group, from the
+    `advantage` / `trained` the trainer records in `info` (`agentrl.train.mark_trained`)."""
+    rets = ", ".join(f"{r:.3g}" for r in group_returns)
+    grp = f"group returns [{rets}]"
+    if "trained" not in traj.info:  # a run from before they were recorded, or DPO pairs
+        return f"advantage: not recorded in this file · {grp}"
+    adv = float(traj.info.get("advantage", 0.0))
+    if traj.info["trained"]:
+        return f"trained: advantage {adv:+.3f} · {grp}"
+    why = ("its group's rewards were all equal" if len({r for r in group_returns if r == r}) <= 1
+           else "its advantage is 0")
+    return (f"NOT trained: advantage 0 ({why}: no policy-gradient signal; its sampled tokens are "
+            f"shown in yellow, not green) · {grp}")
 
 
 def find_tokenizer_dir(out_dir: str | Path, step: int | None = None) -> Path:
@@ -88,9 +116,10 @@ def _printable(s: str) -> str:
     return "".join(c if c in "\n\t" or c.isprintable() else f"\\x{ord(c):02x}" for c in s)
 
 
-def render_episode(traj: Trajectory, tokenizer: Any, *, marks: bool) -> Any:
+def render_episode(traj: Trajectory, tokenizer: Any, *, marks: bool, trained: bool = True) -> Any:
     """The episode as a rich `Text`: decoded spans of equal `loss_mask`, trained spans styled
-    (and wrapped in ⟦ ⟧ when `marks`), and a note after each agent turn."""
+    (`TRAINED_STYLE`, or `IDLE_STYLE` when `trained` is False: the episode had advantage 0) and
+    wrapped in ⟦ ⟧ when `marks`, and a note after each agent turn."""
     from rich.text import Text
 
     ids, mask = traj.token_ids, traj.loss_mask
@@ -114,7 +143,8 @@ def render_episode(traj: Trajectory, tokenizer: Any, *, marks: bool) -> Any:
     for a, b in zip(cuts, cuts[1:]):
         piece = _printable(tokenizer.decode(ids[a:b], skip_special_tokens=False))
         if mask[a]:
-            text.append(f"{OPEN}{piece}{CLOSE}" if marks else piece, style=TRAINED_STYLE)
+            text.append(f"{OPEN}{piece}{CLOSE}" if marks else piece,
+                        style=TRAINED_STYLE if trained else IDLE_STYLE)
         else:
             text.append(piece, style=CONTEXT_STYLE)
         for note in notes.get(b, []):
@@ -127,8 +157,10 @@ def show_episode(out_dir: str | Path, step: int | None = None, index: int = 0,
                  console: Any = None, *, plain: bool = False) -> Trajectory:
     """Print episode `index` of the rollouts saved at `step` (None: the latest) of run OUT.
 
-    The header gives the task, group, policy version, return and how the episode ended; the
-    roles of the transcript; then the tokens with the loss mask visible (see module doc).
+    The header gives the task, group, policy version, return and how the episode ended, then
+    whether the update trained on it and its advantage, with its group's returns
+    (`training_note`); the roles of the transcript; then the tokens with the loss mask visible
+    (see module doc; an untrained episode's sampled tokens in `IDLE_STYLE`).
 
     Args:
         out_dir: the run's output directory.
@@ -157,14 +189,17 @@ def show_episode(out_dir: str | Path, step: int | None = None, index: int = 0,
     ending = "truncated" if traj.truncated else "terminated" if traj.terminated else "running"
     head = (f"step {step} · episode {index} · task {traj.task_id or '?'} · group {traj.group_id} "
             f"· policy v{traj.policy_version} · return {traj.episode_return:.3g} · {ending}")
+    group = [t.episode_return for t in load_group(out_dir, step, traj.group_id)]
     roles = " → ".join(m.get("role", "?") for m in traj.messages)
     legend = (f"trained tokens (loss_mask=1) {OPEN}like this{CLOSE}" if marks else
               "trained tokens (loss_mask=1) highlighted, context (loss_mask=0) dim")
     console.print(head, style="bold", markup=False, highlight=False)
+    console.print(training_note(traj, group), markup=False, highlight=False)
     console.print(f"roles: {roles}", markup=False, highlight=False)
     console.print(f"{legend}; {traj.num_sampled} of {len(traj.token_ids)} tokens trained",
                   markup=False, highlight=False)
     console.rule()
-    console.print(render_episode(traj, tok, marks=marks), markup=False, highlight=False,
+    console.print(render_episode(traj, tok, marks=marks, trained=traj.info.get("trained", True) is not False),
+                  markup=False, highlight=False,
                   soft_wrap=True)
     return traj

@@ -34,7 +34,9 @@ def stage_seconds(metrics_path: str | Path) -> dict[str, float]:
     """Total seconds per stage over a run: `perf/<stage>_s` summed over steps (`rollout`,
     `update`, `sync`, `env` (part of rollout), `step` = rollout + update + sync), `loop` (the
     last `perf/loop_s`: it is already a running total, wall seconds since the loop started,
-    so it is never summed), and `eval` from in-training evaluations (`eval/seconds`)."""
+    so it is never summed), and `eval` = `eval/seconds` summed over the rows that hold one:
+    each held-out evaluation is logged once (before RL at step 0, every `train.eval_every`
+    steps, the final one at the last step), so each is counted once."""
     totals: dict[str, float] = {}
     for row in read_metrics(metrics_path):
         if isinstance(row.get("perf/loop_s"), (int, float)):
@@ -60,13 +62,31 @@ def _first_last(rows: list[dict[str, Any]], key: str) -> tuple[float | None, flo
 
 
 def _fmt(x: float | None, digits: int = 3) -> str:
-    return "–" if x is None else f"{x:.{digits}f}"
+    return "–" if x is None or x != x else f"{x:.{digits}f}"
+
+
+def _with_se(ev: dict[str, Any], key: str) -> str:
+    """`0.316 ± 0.020` (`key` and `key_se` of an evaluation), `–` when missing."""
+    v, se = ev.get(key), ev.get(f"{key}_se")
+    if not isinstance(v, (int, float)) or v != v:
+        return "–"
+    return f"{v:.3f}" + (f" ± {se:.3f}" if isinstance(se, (int, float)) and se == se else "")
+
+
+def reward_repeats_pass1(*evals: dict[str, Any]) -> bool:
+    """Whether every evaluation's `reward_mean` equals its `pass@1` (code_sandbox's reward is
+    1 for a solved task, 0 otherwise): the summary then shows pass@1 alone."""
+    pairs = [(e.get("reward_mean"), e.get("pass@1")) for e in evals if e]
+    return bool(pairs) and all(isinstance(r, (int, float)) and isinstance(p, (int, float))
+                               and abs(r - p) < 1e-9 for r, p in pairs)
 
 
 def summary_panel(summary: dict[str, Any], out: str | Path) -> Any:
-    """A rich renderable of a finished run: held-out pass@1 and reward before/after RL, the
-    training reward and pass rate of the first and last step, seconds per stage, and where the
-    checkpoint and metrics are."""
+    """A rich renderable of a finished run: held-out pass@1 and pass@k before/after RL with ±
+    one standard error over tasks, the held-out reward (only when it is not the same number as
+    pass@1), the training reward and pass rate of the first and last step, seconds per stage
+    (`summary["stage_seconds"]`: each evaluation counted once), and where the checkpoint,
+    metrics and TensorBoard files are."""
     from rich.console import Group
     from rich.panel import Panel
     from rich.table import Table
@@ -77,21 +97,21 @@ def summary_panel(summary: dict[str, Any], out: str | Path) -> Any:
     rows = read_metrics(out / "metrics.jsonl")
     table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
     table.add_column("")
-    table.add_column("before", justify="right")
-    table.add_column("after", justify="right")
-    table.add_row("held-out pass@1", _fmt(before.get("pass@1")), _fmt(after.get("pass@1")))
-    table.add_row("held-out reward", _fmt(before.get("reward_mean")), _fmt(after.get("reward_mean")))
+    table.add_column("before RL", justify="right")
+    table.add_column("after RL", justify="right")
+    ks = sorted({int(k.split("@")[1]) for k in {**before, **after} if k.startswith("pass@")
+                 and not k.endswith("_se") and k.split("@")[1].isdigit()})
+    for k in ks or [1]:
+        table.add_row(f"held-out pass@{k} ± s.e.", _with_se(before, f"pass@{k}"), _with_se(after, f"pass@{k}"))
+    if not (summary.get("heldout_reward_is_pass@1") or reward_repeats_pass1(before, after)):
+        table.add_row("held-out reward", _fmt(before.get("reward_mean")), _fmt(after.get("reward_mean")))
+    table.add_row("", "first step", "last step")
     r0, r1 = _first_last(rows, "rollout/reward_mean")
     p0, p1 = _first_last(rows, "rollout/pass_rate")
-    table.add_row("train reward (first/last step)", _fmt(r0), _fmt(r1))
-    table.add_row("train pass rate (first/last step)", _fmt(p0), _fmt(p1))
+    table.add_row("train reward", _fmt(r0), _fmt(r1))
+    if (r0, r1) != (p0, p1):
+        table.add_row("train pass rate", _fmt(p0), _fmt(p1))
     stages = dict(summary.get("stage_seconds") or stage_seconds(out / "metrics.jsonl"))
-    if summary.get("sft_s"):
-        stages = {"sft": summary["sft_s"], **stages}
-    for name in ("eval_before", "eval_after"):
-        sec = (summary.get(name) or {}).get("seconds")
-        if isinstance(sec, (int, float)):
-            stages["eval"] = stages.get("eval", 0.0) + sec
     env_s = stages.get("env")  # env time is part of rollout time
     shown = [f"{k} {stages[k]:.1f}s" + (f" (env {env_s:.1f}s)" if k == "rollout" and env_s is not None else "")
              for k in STAGES if k in stages]
@@ -100,7 +120,7 @@ def summary_panel(summary: dict[str, Any], out: str | Path) -> Any:
         f"checkpoint: {summary.get('checkpoint', '–')}",
         f"metrics: {out / 'metrics.jsonl'}"
         + (f" · TensorBoard: {out / 'tb'}" if (out / "tb").is_dir() else ""),
-        f"next: agentrl plot {out} · agentrl show {out} --step N",
+        f"next: agentrl plot {out} (open {out / 'plots' / 'dashboard.png'}) · agentrl show {out}",
     ]
     title = f"{summary.get('algo', '')} on {summary.get('env', '')}, {summary.get('steps', '?')} steps"
     return Panel(Group(table, Text(""), *(Text(line) for line in lines)), title=title, expand=False)

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from agentrl.config import Config
-from agentrl.envs import resolve_env_id
+from agentrl.envs import import_env_modules, resolve_env_id
 from agentrl.episodes import episode_success, reward_component_means
 from agentrl.metrics_log import MetricsLog
 from agentrl.rollout.chat import ChatRenderer
@@ -152,6 +152,8 @@ class Loop:
     version: int = 0
     rewards: Any = None  # the driver's `RewardWrappers` (None without env.wrappers)
     source_start: int = 0  # the first step of the current batch source (`make_source`)
+    reporter: Any = None
+    """Where stage progress goes (`agentrl.progress.Reporter`)."""
 
 
 def lr_schedule(cfg: Config) -> Callable[[int], float]:
@@ -187,6 +189,7 @@ def set_up(cfg: Config) -> tuple[Config, Any, Path]:
     quiet_libraries()
     torch.set_num_threads(cfg.train.torch_threads)
     seed_everything(cfg.seed)
+    import_env_modules(cfg.env.imports)  # their register_env calls run before the lookup
     resolve_env_id(cfg.env.name)  # fail early on an unknown env
     algo = get_algorithm(cfg.algo.name)
     cfg = cfg.model_copy(update={"algo": resolve_config(algo, cfg.algo)})  # e.g. GSPO's clips
@@ -281,9 +284,10 @@ def resume_checkpoint(cfg: Config, out: Path, say: Callable[[str], None]) -> Pat
 
 
 def build_loop(cfg: Config, algo: Any, out: Path, model: Any, tok: Any, renderer: ChatRenderer,
-               ck: Path | None, say: Callable[[str], None]) -> Loop:
+               ck: Path | None, say: Callable[[str], None], reporter: Any = None) -> Loop:
     """The engine (current weights), the learner (loaded from `ck` on resume), the env sets
-    with their shared reward wrappers, the held-out envs and the metrics log."""
+    with their shared reward wrappers, the held-out envs and the metrics log; stage progress
+    goes to `reporter` (None: silent)."""
     from agentrl.learner_group import make_learner
     from agentrl.lora import merged_state_dict
 
@@ -313,6 +317,8 @@ def build_loop(cfg: Config, algo: Any, out: Path, model: Any, tok: Any, renderer
     pool = ThreadPoolExecutor(max_workers=cfg.rollout.env_threads)
     log = MetricsLog(out, cfg.log.tensorboard, start_step=start_step, run_config=cfg.model_dump(),
                      wandb_project=cfg.log.wandb_project if cfg.log.wandb else None)
+    if log.note:
+        say(f"[warning] {log.note}")
     params = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                             max_tokens=cfg.rollout.max_tokens, stop_token_ids=renderer.stop_ids)
     # Async actor threads, evaluation and refills share the engine: an in-process engine is
@@ -327,8 +333,11 @@ def build_loop(cfg: Config, algo: Any, out: Path, model: Any, tok: Any, renderer
     if cfg.rollout.mode == "async" and not hasattr(engine, "run"):
         env_sets.fill(cfg.rollout.batches_in_flight)  # built now, in a fixed order
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else renderer.end_of_turn_id
+    from agentrl.progress import Reporter
+
     lp = Loop(cfg, out, say, algo, model, tok, renderer, pad_id, learner, engine, lock, env_sets,
-              eval_envs, pool, params, log, new_env, start_step, version, rewards)
+              eval_envs, pool, params, log, new_env, start_step, version, rewards,
+              reporter=reporter or Reporter(enabled=False))
     if ck is not None:
         restore_reward_state(lp, ck)
     return lp
@@ -404,14 +413,16 @@ def evaluate(lp: Loop, tag: str) -> dict[str, float]:
         remote = (lambda sp, p, s: engine.run(sp, p, seed=s, split="heldout")) if hasattr(engine, "run") else None
         r = training_metrics(evaluate_heldout(None if remote else engine, lp.renderer, lp.eval_envs, lp.cfg,
                                               lp.pool, rollout=remote, out_dir=lp.out / "eval" / tag,
-                                              make_env=partial(lp.new_env, "heldout")))
+                                              make_env=partial(lp.new_env, "heldout"),
+                                              reporter=lp.reporter, stage=f"eval {tag}"))
         r["policy_version"] = float(held_version(lp))  # the weights evaluated
     r["seconds"] = time.perf_counter() - t0
     return r
 
 
 def evaluate_before(lp: Loop, resumed: bool) -> dict[str, float]:
-    """The held-out evaluation before RL (kept in OUT/eval_before.json; a resumed run reads it)."""
+    """The held-out evaluation before RL (kept in OUT/eval_before.json; a resumed run reads it),
+    logged at step 0 of OUT/metrics.jsonl (`eval/...`), so curves start from it."""
     cfg, out = lp.cfg, lp.out
     before = json.loads((out / "eval_before.json").read_text()) if resumed and \
         (out / "eval_before.json").exists() else None
@@ -419,6 +430,7 @@ def evaluate_before(lp: Loop, resumed: bool) -> dict[str, float]:
         lp.say(f"[eval] held-out: {cfg.train.eval_tasks} tasks x {cfg.train.eval_samples} samples ...")
         before = evaluate(lp, "before")
         (out / "eval_before.json").write_text(json.dumps(before))
+        lp.log.log(0, {f"eval/{k}": v for k, v in before.items()})
         lp.say(f"[eval] before RL: {format_eval(before, cfg.train.eval_samples)} ({before['seconds']:.0f} s)")
     return before
 
@@ -538,6 +550,28 @@ def group_key_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     return m
 
 
+def mark_trained(trajs: list[Trajectory], batch: dict[str, Any]) -> None:
+    """Record in each trajectory's `info` what the update made of it (shown by `agentrl show`):
+    `advantage`, the mean advantage over its trained tokens (loss_mask 1; the episode's one
+    advantage for GRPO-style algorithms), and `trained`, whether any of its advantages is
+    non-zero, i.e. whether it carries policy-gradient signal (an episode of a group whose
+    rewards were all equal, or whose reward failed, has advantage 0: the learner leaves it out
+    of its forwards when its loss has no KL or entropy term). Nothing is recorded when the
+    algorithm's rows are not the trajectories (e.g. DPO's pairs)."""
+    adv = batch.get("advantages")
+    if not isinstance(adv, torch.Tensor) or adv.shape[0] != len(trajs) or adv.dim() not in (1, 2):
+        return
+    for i, t in enumerate(trajs):
+        if adv.dim() == 1:
+            a, nonzero = float(adv[i]), bool(adv[i] != 0)
+        else:
+            mask = batch["loss_mask"][i] > 0
+            vals = adv[i][mask] if mask.any() else adv[i][:0]
+            a = float(vals.mean()) if len(vals) else 0.0
+            nonzero = bool((vals != 0).any()) if len(vals) else False
+        t.info["advantage"], t.info["trained"] = a, nonzero
+
+
 def update(lp: Loop, trajs: list[Trajectory], step: int, m: dict[str, float]) -> list[Trajectory]:
     """Dynamic sampling (DAPO), the batch, algorithm passes, advantages and the learner's
     update; records their metrics in `m` (the algorithm's `advantages` statistics as `adv/...`,
@@ -562,6 +596,7 @@ def update(lp: Loop, trajs: list[Trajectory], step: int, m: dict[str, float]) ->
     if needs_reference(algo, cfg.algo) and "ref_logprobs" not in batch:
         batch["ref_logprobs"] = learner.logprobs(batch, ref=True)
     batch["advantages"], gstats = algo.advantages(batch, cfg.algo)
+    mark_trained(trajs, batch)
     # what the advantages were computed from (the kept groups' valid returns, under dynamic
     # sampling): their own names, never over the raw rollout statistics above
     m.update({f"adv/{k}": float(v) for k, v in gstats.items()})
@@ -600,16 +635,18 @@ def sync(lp: Loop, source: Any, step: int, m: dict[str, float]) -> None:
 
 def log_step(lp: Loop, step: int, m: dict[str, float], trajs: list[Trajectory]) -> str:
     """Write step `step + 1`'s metrics (and its rollouts every `train.log_rollouts_every`
-    steps); returns the progress line."""
+    steps and at the last step, so that `agentrl show` has one after any run); returns the
+    progress line."""
     lp.log.log(step + 1, m)
     every = lp.cfg.train.log_rollouts_every
-    if every and (step + 1) % every == 0:
+    if every and ((step + 1) % every == 0 or step + 1 == lp.cfg.train.steps):
         (lp.out / "rollouts").mkdir(exist_ok=True)
         with (lp.out / "rollouts" / f"step_{step + 1}.jsonl").open("w") as f:
             for t in trajs:
                 f.write(json.dumps(t.to_dict()) + "\n")
-    return (f"reward {m['rollout/reward_mean']:.3f} pass {m['rollout/pass_rate']:.2f} "
-            f"len {m['rollout/response_len']:.0f} {m['perf/step_s']:.1f}s/step")
+    r, p = m["rollout/reward_mean"], m["rollout/pass_rate"]
+    return (f"reward {r:.3f} " + ("" if r == p else f"pass {p:.2f} ")  # code_sandbox: the same number
+            + f"len {m['rollout/response_len']:.0f} {m['perf/step_s']:.1f}s/step")
 
 
 def checkpoint(lp: Loop, step: int) -> Path:
@@ -632,18 +669,6 @@ def checkpoint(lp: Loop, step: int) -> Path:
     return path
 
 
-def progress_bar(cfg: Config, console: Any, start_step: int) -> tuple[Any, Any] | None:
-    """A rich progress bar of the RL steps (None when quiet or without a console)."""
-    if cfg.quiet or console is None:
-        return None
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    progress = Progress(TextColumn("[bold]train"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                        TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=console)
-    progress.start()
-    return progress, progress.add_task("train", total=cfg.train.steps, completed=start_step, info="")
-
-
 def shut_down(lp: Loop) -> None:
     """Close the metrics log, the env sets' thread pools and the engine."""
     lp.log.close()
@@ -655,16 +680,22 @@ def shut_down(lp: Loop) -> None:
 
 def report(lp: Loop, before: dict[str, float], after: dict[str, float], final: Path,
            extra: dict[str, Any], console: Any) -> dict[str, Any]:
-    """The run's summary (written to OUT/summary.json) and its closing lines."""
-    from agentrl.summary import stage_seconds, summary_panel
+    """The run's summary (written to OUT/summary.json) and its closing lines. The held-out
+    evaluations' `reward_mean` is left out of the summary when it equals their pass@1
+    (`heldout_reward_is_pass@1`; OUT/eval/*/summary.json keep every metric); `stage_seconds`
+    holds `sft` (the warm start's `sft_seconds`) and `stage_seconds(OUT/metrics.jsonl)`."""
+    from agentrl.summary import reward_repeats_pass1, stage_seconds, summary_panel
 
     cfg, out, say = lp.cfg, lp.out, lp.say
     b, a = before["pass@1"], after["pass@1"]
+    same = reward_repeats_pass1(before, after)  # code_sandbox: reward = solved = pass@1
+    ev_b, ev_a = ({k: v for k, v in e.items() if not (same and k == "reward_mean")} for e in (before, after))
     summary = {"env": cfg.env.name, "algo": cfg.algo.name, "steps": cfg.train.steps,
-               "eval_before": before, "eval_after": after,
+               "eval_before": ev_b, "eval_after": ev_a, "heldout_reward_is_pass@1": same,
                "pass@1_ratio": (a / b) if b > 0 else None, "pass@1_gain": a - b,
                "checkpoint": str(final), **extra,
-               "stage_seconds": stage_seconds(out / "metrics.jsonl")}
+               "stage_seconds": {**({"sft": extra["sft_seconds"]} if extra.get("sft_seconds") else {}),
+                                 **stage_seconds(out / "metrics.jsonl")}}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     ratio = f"{a / b:.2f}x" if b > 0 else "n/a"
     say(f"[eval] held-out (T={cfg.rollout.temperature}, {cfg.train.eval_tasks} tasks x "
@@ -686,10 +717,13 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
         ValueError: a configuration that cannot run (e.g. unknown env), before any work.
     """
     from agentrl.lora import wrap_lora
+    from agentrl.progress import Reporter
     from agentrl.sft import warm_start
 
-    say = (lambda msg: console.print(msg, markup=False, highlight=False, soft_wrap=True)) if console is not None else print
+    reporter = Reporter(console, enabled=not cfg.quiet)
+    say = reporter.line  # flushed: a log file grows while the run works
     cfg, algo, out = set_up(cfg)
+    say(f"[run] {cfg.algo.name} on {cfg.env.name}: {cfg.train.steps} steps -> {out}")
     timings: dict[str, float] = {}
 
     # 1) the policy: resume, a given path, or the embedded default (+ warm start)
@@ -698,21 +732,21 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
             and (out / "summary.json").exists():
         say(f"[resume] {out} finished all {cfg.train.steps} steps already; nothing to do")
         return json.loads((out / "summary.json").read_text())
-    model, tok, path = load_policy(cfg, out, ck)
+    model, tok, path = load_policy(cfg, out, ck, reporter)
     renderer = ChatRenderer(tok)
     sft_info: dict[str, Any] = {}
     if ck is None and cfg.sft.steps > 0:
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else renderer.end_of_turn_id
-        sft_info = warm_start(cfg, model, tok, renderer, pad_id, out, say)
-        timings["sft_s"] = sft_info["sft_seconds"]
+        sft_info = warm_start(cfg, model, tok, renderer, pad_id, out, say, reporter)  # sft_seconds
     if ck is None and cfg.model.lora_r > 0:  # LoRA: train adapters only; the base stays frozen
         model = wrap_lora(model, r=cfg.model.lora_r, alpha=cfg.model.lora_alpha,
                           target_modules=cfg.model.lora_target_modules, seed=cfg.seed,
                           base_path=out / "sft_model" if sft_info else path)
-    lp = build_loop(cfg, algo, out, model, tok, renderer, ck, say)
+    lp = build_loop(cfg, algo, out, model, tok, renderer, ck, say, reporter)
     try:
         return _evaluate_train_evaluate(lp, ck, sft_info, timings, console)
     finally:  # learner ranks (Ray actors) are stopped whatever happened
+        reporter.stop()
         if hasattr(lp.learner, "shutdown"):
             lp.learner.shutdown()
 
@@ -723,11 +757,12 @@ def _evaluate_train_evaluate(lp: Loop, ck: Path | None, sft_info: dict[str, Any]
     summary."""
     from agentrl.learner import latest_checkpoint
 
-    cfg, out, say = lp.cfg, lp.out, lp.say
+    cfg, out = lp.cfg, lp.out
     before = evaluate_before(lp, resumed=ck is not None)
 
     # 2) the RL loop
-    bar = progress_bar(cfg, console, lp.start_step)
+    bar = lp.reporter.stage("train", cfg.train.steps, unit="RL steps", every_s=0.0,
+                            completed=lp.start_step)  # no terminal: a line per step
     source = make_source(lp, lp.start_step)
     t_loop = time.perf_counter()
     stop = StopRequest()
@@ -751,10 +786,7 @@ def _evaluate_train_evaluate(lp: Loop, ck: Path | None, sft_info: dict[str, Any]
                 checkpoint(lp, step + 1)
                 if cfg.rollout.mode == "async" and step + 1 < cfg.train.steps and stop.signal is None:
                     source = restart_source(lp, source, step + 1)  # as a resume from it would
-            if bar is not None:
-                bar[0].update(bar[1], advance=1, info=line)
-            elif not cfg.quiet:
-                say(f"[step {step + 1}/{cfg.train.steps}] {line}")
+            bar.advance(1, line)
             if stop.signal is not None:  # Ctrl-C / SIGTERM: keep the step just finished
                 path = out / "checkpoints" / f"step_{step + 1}"
                 if not (cfg.train.save_every and (step + 1) % cfg.train.save_every == 0):
@@ -762,10 +794,9 @@ def _evaluate_train_evaluate(lp: Loop, ck: Path | None, sft_info: dict[str, Any]
                 raise RunInterrupted(f"[stopped] {stop.signal} after step {step + 1}/{cfg.train.steps}; "
                                      f"checkpoint {path}; continue with: agentrl train --resume {out}")
     finally:
+        bar.close()
         stop.uninstall()
         source.close()
-    if bar is not None:
-        bar[0].stop()
     timings["rl_s"] = time.perf_counter() - t_loop
 
     # 3) final checkpoint, evaluation and summary

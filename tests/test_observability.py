@@ -57,8 +57,8 @@ def test_tensorboard_files_contain_the_logged_scalars(run):
         assert got.keys() == want.keys()
         for s in want:  # TensorBoard stores float32
             assert math.isclose(got[s], want[s], rel_tol=1e-6, abs_tol=1e-7), (key, s)
-    # eval/pass@1: after step 2 (eval_every) and the final evaluation at step 3
-    assert sorted(e.step for e in acc.Scalars("eval/pass@1")) == [2, 3]
+    # eval/pass@1: before RL (step 0), after step 2 (eval_every) and the final one at step 3
+    assert sorted(e.step for e in acc.Scalars("eval/pass@1")) == [0, 2, 3]
 
 
 def test_summary_screen_at_the_end(run):
@@ -69,6 +69,10 @@ def test_summary_screen_at_the_end(run):
     assert f"checkpoint: {summary['checkpoint']}" in text
     assert summary["checkpoint"].endswith("step_3")
     assert set(summary["stage_seconds"]) >= {"rollout", "update", "sync", "eval"}
+    assert "sft_s" not in summary  # the warm start's time is sft_seconds, once
+    evals = [r["eval/seconds"] for r in read_metrics(out) if "eval/seconds" in r]
+    assert len(evals) == 3  # before (step 0), after step 2, final
+    assert summary["stage_seconds"]["eval"] == sum(evals)
 
 
 def test_stage_seconds_sums_perf_keys(tmp_path):
@@ -134,8 +138,9 @@ def test_plot_writes_pngs_with_runs_overlaid(run, tmp_path):
     r = CliRunner().invoke(app, ["plot", str(out), str(out), "--out", str(tmp_path / "png")])
     assert r.exit_code == 0, r.output
     names = sorted(p.name for p in (tmp_path / "png").iterdir())
-    assert names == sorted(["reward.png", "pass_rate.png", "kl.png", "entropy.png",
-                            "response_length.png", "eval_pass1.png", "perf.png"])
+    assert names == sorted(["dashboard.png", "reward.png", "kl.png", "entropy.png",
+                            "response_length.png", "eval_pass1.png", "time_share.png"])
+    assert r.output.splitlines()[0].endswith("dashboard.png")
     for p in (tmp_path / "png").iterdir():
         data = p.read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, p
@@ -191,13 +196,23 @@ def test_show_plain_wraps_trained_spans(run, tiny_tokenizer):
 
 def test_show_in_colour_highlights_without_brackets(run):
     out, _ = run
-    buf = io.StringIO()
-    tr = show_episode(out, 3, 0, Console(file=buf, force_terminal=True, color_system="truecolor", width=200))
-    text = buf.getvalue()
-    assert OPEN not in text
-    assert "\x1b[1;30;102m" in text  # bold black on bright green: the trained tokens
-    assert "\x1b[2m" in text  # dim: the context
-    assert tr.num_sampled > 0
+    seen = set()
+    for step in (1, 2, 3):
+        n = len((out / "rollouts" / f"step_{step}.jsonl").read_text().splitlines())
+        for i in range(n):
+            buf = io.StringIO()
+            tr = show_episode(out, step, i, Console(file=buf, force_terminal=True, color_system="truecolor",
+                                                    width=200))
+            text = buf.getvalue()
+            assert OPEN not in text
+            assert "\x1b[2m" in text  # dim: the context
+            assert tr.num_sampled > 0
+            if tr.info["trained"]:  # bold black on bright green: the trained tokens
+                assert "\x1b[1;30;102m" in text and "\x1b[30;43m" not in text
+            else:  # advantage 0: black on yellow
+                assert "\x1b[30;43m" in text and "\x1b[1;30;102m" not in text
+            seen.add(tr.info["trained"])
+    assert seen == {True, False}
 
 
 def test_show_errors_name_what_exists(run):

@@ -20,11 +20,13 @@ def blocks(lang: str) -> list[str]:
 
 def test_custom_env_example_trains(tmp_path):
     [code] = [b for b in blocks("python") if "class GuessParity" in b]
-    [cmd] = [b.strip() for b in blocks("bash") if "my_envs:GuessParity" in b]
+    [cmd] = [b.strip() for b in blocks("bash") if "--import my_envs --env parity" in b]
     (tmp_path / "my_envs.py").write_text(code)
     # as a user runs it: the installed `agentrl` script, from the folder holding my_envs.py,
-    # with no PYTHONPATH (the script puts the current folder on sys.path)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"OMP_NUM_THREADS": "1"}
+    # with only this checkout on PYTHONPATH (the script, installed from another checkout maybe,
+    # runs this one's code) and not the current folder (the script puts it on sys.path)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {
+        "OMP_NUM_THREADS": "1", "PYTHONPATH": str(README.parent)}
     args = cmd.split()
     assert args[0] == "agentrl"
     script = Path(sys.executable).parent / "agentrl"
@@ -39,6 +41,12 @@ def test_custom_env_example_trains(tmp_path):
     assert (out / "checkpoints" / "step_3" / "config.json").exists()
     summary = json.loads((out / "summary.json").read_text())
     assert 0.0 <= summary["eval_after"]["pass@1"] <= 1.0
+    assert json.loads((out / "config.json").read_text())["env"]["imports"] == ["my_envs"]
+    # a fresh process evaluates the run on the same registered id (the run's config imports my_envs)
+    r = subprocess.run([*launcher, "eval", "--model", "runs/parity", "--max-tasks", "2", "--samples", "1",
+                        "--out", "ev"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert json.loads((tmp_path / "ev" / "summary.json").read_text())["meta"]["env"] == "parity"
 
 
 def test_custom_env_registers_and_passes_checker(tmp_path, monkeypatch):

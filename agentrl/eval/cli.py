@@ -128,6 +128,7 @@ def eval_command(
     config: str | None = None,
     overrides: Sequence[str] | None = None,
     console: Any = None,
+    imports: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Run `agentrl eval` (or `agentrl eval --compare A B`).
 
@@ -169,6 +170,8 @@ def eval_command(
             a run or checkpoint).
         overrides: `key=value` config overrides (e.g. `env.kwargs.reward=fraction`).
         console: rich Console for tables and progress (None: a new one).
+        imports: modules to import before the env is looked up (`env.imports`, added to the
+            config's), so that their `register_env` calls run.
 
     Returns:
         The summary dict (see `agentrl.eval.harness.run_eval`), or the comparison dict.
@@ -206,6 +209,9 @@ def eval_command(
             "rollout.num_workers": workers, "rollout.env_threads": env_threads,
             "rollout.max_tokens": max_tokens, "rollout.max_episode_tokens": max_episode_tokens,
             "rollout.top_p": top_p, "seed": seed})
+        if imports:
+            cfg = cfg.model_copy(update={"env": cfg.env.model_copy(
+                update={"imports": list(dict.fromkeys([*cfg.env.imports, *imports]))})})
     except ConfigError as e:
         raise ValueError(str(e)) from None
     if scripted and workers:
@@ -222,12 +228,13 @@ def eval_command(
     # heavy imports only now (arguments and config are valid)
     import torch
 
-    from agentrl.envs import resolve_env_id
+    from agentrl.envs import import_env_modules, resolve_env_id
     from agentrl.eval.harness import run_eval
     from agentrl.eval.tasks import list_tasks
     from agentrl.rollout.chat import ChatRenderer
     from agentrl.run import build_env, quiet_libraries
 
+    import_env_modules(cfg.env.imports)  # ImportError naming the module
     resolve_env_id(cfg.env.name)  # ValueError naming the registered envs
     quiet_libraries()
     torch.set_num_threads(cfg.rollout.torch_threads)

@@ -183,6 +183,8 @@ def run_eval(
     rollout: Callable[[list[EpisodeSpec], SamplingParams, int | None], list[Trajectory]] | None = None,
     step_timeout_s: float | None = None,
     reset_timeout_s: float | None = None,
+    reporter: Any = None,
+    stage: str = "eval",
 ) -> dict[str, Any]:
     """Evaluate a policy: `samples` episodes of every task, summarised.
 
@@ -216,6 +218,9 @@ def run_eval(
             unused; `renderer` gives the stop ids.
         step_timeout_s, reset_timeout_s: most seconds an env step / reset may run (None: no
             limit); see `run_episodes`.
+        reporter: where the progress (episodes done, ETA) goes (`agentrl.progress.Reporter`;
+            default: one on `console`, silent without one).
+        stage: the progress line's name.
 
     Returns:
         The summary dict (`agentrl.eval.report.summarize`) plus `timing`
@@ -252,7 +257,11 @@ def run_eval(
                                 make_env=make_env)
 
         run_batch = run_here
-    progress = _progress(console, len(jobs))
+    from agentrl.progress import Reporter
+
+    if reporter is None:
+        reporter = Reporter(console, enabled=console is not None)
+    progress = reporter.stage(stage, len(jobs), unit="episodes")
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     gen_s = env_s = 0.0
@@ -265,11 +274,9 @@ def run_eval(
                 rows.append(episode_row(tr, ti, j, kw))
                 gen_s += tr.timings.get("generate", 0.0)
                 env_s += tr.timings.get("env", 0.0)
-            if progress is not None:
-                progress[0].update(progress[1], advance=len(chunk))
+            progress.advance(len(chunk))
     finally:
-        if progress is not None:
-            progress[0].stop()
+        progress.close()
         if executor is None and pool is not None:
             pool.shutdown(wait=True)
     seconds = time.perf_counter() - t0
@@ -300,17 +307,6 @@ def write_outputs(out_dir: str | Path, rows: Sequence[dict[str, Any]], summary: 
             f.write(json.dumps(jsonable(r), allow_nan=False) + "\n")
     (out / "summary.json").write_text(json.dumps(jsonable(summary), indent=1, allow_nan=False))
     (out / "summary.md").write_text(summary_markdown(summary))
-
-
-def _progress(console: Any, total: int) -> tuple[Any, Any] | None:
-    if console is None:
-        return None
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    p = Progress(TextColumn("[bold]eval"), BarColumn(), TextColumn("{task.completed}/{task.total} episodes"),
-                 TimeElapsedColumn(), console=console, transient=True)
-    p.start()
-    return p, p.add_task("eval", total=total)
 
 
 def training_metrics(summary: dict[str, Any]) -> dict[str, float]:
@@ -348,7 +344,8 @@ def heldout_width(cfg: Any) -> int:
 def evaluate_heldout(engine: Engine | None, renderer: ChatRenderer, envs: list[Any], cfg: Any,
                      pool: ThreadPoolExecutor | None, *, rollout: Callable[..., list[Trajectory]] | None = None,
                      out_dir: str | Path | None = None,
-                     make_env: Callable[[], Any] | None = None) -> dict[str, Any]:
+                     make_env: Callable[[], Any] | None = None, reporter: Any = None,
+                     stage: str = "eval") -> dict[str, Any]:
     """The held-out evaluation of a run: the first `train.eval_tasks` tasks of the env's fixed
     held-out list (`agentrl.eval.tasks.list_tasks` on `envs[0]`, which must be made on the
     held-out split), `train.eval_samples` episodes each, with `heldout_settings(cfg)`. Runs
@@ -365,6 +362,7 @@ def evaluate_heldout(engine: Engine | None, renderer: ChatRenderer, envs: list[A
         out_dir: write `results.jsonl`, `summary.json`, `summary.md` there (None: nothing).
         make_env: makes a held-out env to replace one of `envs` whose call timed out (default:
             `build_env(cfg, "heldout")`, without shared reward wrappers).
+        reporter, stage: progress of the episodes (see `run_eval`; None: silent).
 
     Returns:
         The summary of `run_eval` (`overall["pass@1"]`, `overall["pass@1_se"]`, ...).
@@ -381,4 +379,4 @@ def evaluate_heldout(engine: Engine | None, renderer: ChatRenderer, envs: list[A
     tasks, source = list_tasks(envs[0], cfg.train.eval_tasks, default_n=cfg.train.eval_tasks)
     return run_eval(engine, renderer, make_env, tasks, envs=envs, executor=pool, rollout=rollout,
                     out_dir=out_dir, meta={"env": cfg.env.name, "split": "heldout", "tasks_from": source},
-                    **heldout_settings(cfg))
+                    reporter=reporter, stage=stage, **heldout_settings(cfg))

@@ -165,6 +165,17 @@ def overall_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
+TASK_HEADERS = {"reward_mean": "reward", "turns_mean": "turns", "tokens_mean": "tokens"}
+"""Short headers of the printed per-task table (summary.md keeps the full names)."""
+
+
+def _short(x: Any) -> str:
+    """A per-task cell: numbers to 3 significant digits (`0.25`, `1`, `96`), the rest as `_fmt`."""
+    if isinstance(x, float) and not math.isnan(x):
+        return f"{x:.3g}"
+    return _fmt(x)
+
+
 def _task_columns(summary: dict[str, Any]) -> list[str]:
     return (["task_id", "n", "c"] + [f"pass@{k}" for k in summary["k"]]
             + ["reward_mean", "turns_mean", "tokens_mean", "verdicts", "errors"])
@@ -203,13 +214,17 @@ def print_summary(summary: dict[str, Any], console: Any = None, *, max_task_rows
         table.add_row(k, v)
     console.print(table)
     if 0 < len(summary["tasks"]) <= max_task_rows:
+        from rich import box
+
         cols = _task_columns(summary)
-        per = Table(title="per task", show_header=True)
+        # short headers and 3 significant digits, numbers never wrapped or cut: readable at 80
+        # columns and in a log file (only the verdicts column wraps)
+        per = Table(title="per task", show_header=True, box=box.SIMPLE, pad_edge=False)
         for c in cols:
-            per.add_column(c, justify="left" if c in ("task_id", "verdicts") else "right",
-                           no_wrap=c == "task_id")
+            per.add_column(TASK_HEADERS.get(c, c), justify="left" if c in ("task_id", "verdicts") else "right",
+                           no_wrap=c != "verdicts", min_width=len(TASK_HEADERS.get(c, c)))
         for t in summary["tasks"]:
-            per.add_row(*[_fmt(t.get(c)) for c in cols])
+            per.add_row(*[_short(t.get(c)) for c in cols])
         console.print(per)
 
 
