@@ -61,7 +61,7 @@ class ModelConfig(_Section):
     vocab_size: int = Field(default=1024, ge=300)
     """Embedded default: byte-level BPE vocabulary size trained offline on the env's corpus."""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    """Parameter dtype of policy and engine (float32 on CPU)."""
+    """Parameter dtype of the rollout engine's weights (in-process HF engine, Ray workers, vLLM): `bfloat16` halves their memory and the sampler's logprobs then differ from the learner's by bf16 rounding (`loss/logp_mismatch` shows it, `algo.tis_cap` corrects for it). The learner keeps float32 master weights whatever this says (its compute precision is `train.precision`); the pushed weights are cast on load."""
     lora_r: int = Field(default=0, ge=0)
     """LoRA rank (0: off, train all weights). >0 trains PEFT LoRA adapters only (`agentrl[lora]`); the KL reference is then the base model with adapters disabled."""
     lora_alpha: int = Field(default=16, ge=1)
