@@ -22,7 +22,8 @@ from pathlib import Path
 MANIFEST = "manifest.json"
 
 RUN_ARTEFACTS = ("config.json", "metrics.jsonl", "sft_metrics.jsonl", "summary.json", "eval_before.json",
-                 "checkpoints", "rollouts", "eval", "tb", "base_model", "sft_model", "rollout_model")
+                 "checkpoints", "rollouts", "eval", "tb", "base_model", "sft_model", "rollout_model",
+                 "reference_model")
 """What `agentrl train` writes in OUT (`--overwrite` removes these; `checkpoints.old-*` too)."""
 
 

@@ -275,6 +275,12 @@ def build_loop(cfg: Config, algo: Any, out: Path, model: Any, tok: Any, renderer
 
     engine = make_engine(cfg, model, tok, out)
     learner = make_learner(cfg, algo, model, lr_schedule(cfg))
+    from agentrl.algos import needs_reference
+
+    if cfg.placement.reference == "worker" and needs_reference(algo, cfg.algo):
+        from agentrl.placement import make_reference
+
+        learner.reference = make_reference(cfg, model, tok, out, ck)
     for note in (learner.compile_note(), rollout_compile_note(cfg, engine)):
         if note:
             say(f"[compile] {note}")
@@ -591,9 +597,11 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
     lp = build_loop(cfg, algo, out, model, tok, renderer, ck, say)
     try:
         return _evaluate_train_evaluate(lp, ck, sft_info, timings, console)
-    finally:  # learner ranks (Ray actors) are stopped whatever happened
+    finally:  # learner ranks and the reference worker (Ray actors) are stopped whatever happened
         if hasattr(lp.learner, "shutdown"):
             lp.learner.shutdown()
+        if getattr(lp.learner, "reference", None) is not None:
+            lp.learner.reference.shutdown()
 
 
 def _evaluate_train_evaluate(lp: Loop, ck: Path | None, sft_info: dict[str, Any],

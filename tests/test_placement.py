@@ -46,3 +46,131 @@ def test_unknown_dtype_is_refused_naming_the_key():
 
     with pytest.raises(ConfigError, match="model.dtype"):
         load_config(overrides=["model.dtype=float16"])
+
+
+# -- the reference worker (real Ray) ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ray_up():
+    import ray
+
+    from agentrl.cluster import ensure_ray
+
+    ensure_ray(None, num_cpus=2)
+    yield
+    ray.shutdown()
+
+
+def _batch(tok_vocab: int, B: int = 5, T: int = 24, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(6, T + 1, (B,), generator=g)
+    ids = torch.randint(5, tok_vocab, (B, T), generator=g)
+    attn = (torch.arange(T)[None] < lengths[:, None]).long()
+    ids = ids * attn
+    loss_mask = attn.float().clone()
+    loss_mask[:, :3] = 0
+    return {"input_ids": ids, "attention_mask": attn, "lengths": lengths, "loss_mask": loss_mask}
+
+
+def _learner_and_worker(tiny_model_dir, tmp_path, dtype="float32", keep_fp32=False):
+    from agentrl.learner import Learner
+    from agentrl.model import load_model
+    from agentrl.placement import RemoteReference, save_reference_model
+
+    model, tok = load_model(tiny_model_dir)
+    learner = Learner(model, lr=1e-3, use_ref=True, micro_batch_size=2, temperature=0.7)
+    ref_dir = save_reference_model(model, tok, tmp_path)
+    with torch.no_grad():  # the policy moves on; the reference must not
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    remote = RemoteReference(ref_dir, dtype=dtype, temperature=0.7, micro_batch_size=2, cpus=0.5,
+                             keep_fp32=keep_fp32)
+    return learner, remote, model
+
+
+@pytest.mark.slow
+def test_reference_worker_equals_inline_reference(ray_up, tiny_model_dir, tmp_path):
+    """float32 worker = the learner's frozen copy, bit for bit on CPU (tolerance stated: 1e-6),
+    the policy's own logprobs differ (the worker holds the starting weights); a prefetched
+    result is the one taken by `logprobs`, and a prefetch of other rows is not."""
+    learner, remote, model = _learner_and_worker(tiny_model_dir, tmp_path)
+    try:
+        batch = _batch(model.config.vocab_size)
+        inline = learner.logprobs(batch, ref=True)
+        remote.prefetch(batch)
+        remote.prefetch(_batch(model.config.vocab_size, seed=1))
+        got = remote.logprobs(batch)
+        assert remote.prefetched == 1
+        assert torch.allclose(got, inline, atol=1e-6, rtol=0)
+        assert torch.equal(got, inline)  # same ops, shapes and weights: exact on CPU
+        assert (learner.logprobs(batch) - inline).abs().max() > 1e-3
+        learner.reference = remote  # the learner's reference calls go to the worker
+        assert torch.equal(learner.logprobs(batch, ref=True), inline)
+        m = remote.take_metrics()
+        assert m["perf/reference_busy_s"] > 0 and m["perf/reference_wait_s"] > 0
+    finally:
+        remote.shutdown()
+
+
+@pytest.mark.slow
+def test_reference_worker_bfloat16_gap(ray_up, tiny_model_dir, tmp_path):
+    """A bf16 worker: logprobs within bf16 rounding of float32 (|gap| < 0.1 nats, nonzero),
+    and `logp_gap` reports that gap over the sampled agent tokens only."""
+    learner, remote, model = _learner_and_worker(tiny_model_dir, tmp_path, "bfloat16", keep_fp32=True)
+    try:
+        batch = _batch(model.config.vocab_size)
+        inline = learner.logprobs(batch, ref=True)
+        got = remote.logprobs(batch)
+        mask = batch["loss_mask"] != 0
+        diff = (got - inline).abs()[mask]
+        assert 0 < diff.max() < 0.1
+        gap = remote.logp_gap(batch, max_tokens=10**6)
+        assert gap["tokens"] == mask.sum()
+        assert gap["mean"] == pytest.approx(float(diff.mean()), rel=1e-5)
+        assert gap["max"] == pytest.approx(float(diff.max()), rel=1e-5)
+        few = remote.logp_gap(batch, max_tokens=7)
+        assert few["tokens"] == 7
+    finally:
+        remote.shutdown()
+
+
+TINY = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2",
+        "model.intermediate_size=64", "sft.steps=0", "rollout.tasks_per_step=2",
+        "algo.group_size=2", "train.eval_tasks=2", "train.eval_samples=1", "rollout.max_tokens=8",
+        "train.log_rollouts_every=0", "quiet=true", "train.lr=1e-2", "env.name=toy", "train.steps=3"]
+
+
+def _run(tmp_path, name, extra):
+    import json
+
+    from agentrl.learner import latest_checkpoint
+    from agentrl.model import load_model
+    from agentrl.train import train
+
+    cfg = load_config(None, TINY + [f"out={tmp_path / name}"] + extra)
+    train(cfg)
+    model, _ = load_model(latest_checkpoint(tmp_path / name))
+    rows = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+    return {k: v.clone() for k, v in model.state_dict().items()}, [r for r in rows if "loss/loss" in r]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", [["algo.name=grpo", "algo.kl_coef=0.5"],
+                                  ["algo.name=ppo", "algo.kl_coef=0.5", "algo.kl_target=null"]])
+def test_train_with_reference_worker_equals_inline(ray_up, tmp_path, algo):
+    """`train()` with the reference on a worker (sync mode: prefetched when the batch is
+    collated) samples and updates exactly as inline: the same per-step losses and KL, the same
+    final weights (float32, CPU: bit-equal; asserted to 1e-6)."""
+    w_in, m_in = _run(tmp_path, "inline", algo)
+    w_wk, m_wk = _run(tmp_path, "worker", algo + ["placement.reference=worker", "placement.reference_cpus=0.5"])
+    assert (tmp_path / "worker" / "reference_model" / "config.json").exists()
+    assert not list((tmp_path / "worker" / "checkpoints").glob("*/ref_model.pt"))  # no frozen copy
+    assert list((tmp_path / "inline" / "checkpoints").glob("*/ref_model.pt"))
+    for k in w_in:
+        assert torch.allclose(w_in[k], w_wk[k], atol=1e-6, rtol=0), k
+    assert len(m_in) == len(m_wk) == 3
+    for a, b in zip(m_in, m_wk):
+        assert a["loss/loss"] == pytest.approx(b["loss/loss"], abs=1e-6)
+        assert a["rollout/reward_mean"] == b["rollout/reward_mean"]
+        for k in ("loss/kl", "rollout/kl"):
+            if k in a:
+                assert a[k] == pytest.approx(b[k], abs=1e-6)
