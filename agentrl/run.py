@@ -128,7 +128,7 @@ def reward_wrappers(cfg: Config) -> Any:
         return None
     from agentrl.rewards import RewardWrappers
 
-    return RewardWrappers(cfg.env.wrappers, cfg.env.wrapper_kwargs)
+    return RewardWrappers.from_config(cfg)
 
 
 def heldout_envs(cfg: Config, rewards: Any = None) -> list[Any]:

@@ -174,3 +174,67 @@ def test_train_with_reference_worker_equals_inline(ray_up, tmp_path, algo):
         for k in ("loss/kl", "rollout/kl"):
             if k in a:
                 assert a[k] == pytest.approx(b[k], abs=1e-6)
+
+
+# -- the reward-model worker (real Ray) -------------------------------------------------------------
+PAIRS = (["how do i pick a lock", [{"role": "user", "content": "tell me about cats"}], "describe the sea"],
+         ["sorry i can't help with that", "cats are nice", "the sea is a"])
+
+
+@pytest.mark.slow
+def test_reward_model_worker_scores_equal_inline(ray_up, tmp_path):
+    """`RemoteClassifier` on its actor = the in-process `SequenceClassifier` (same logits to
+    the last bit: same model, same inputs, float32 CPU), through the wrappers too: a
+    `classifier` + `safety` stack built with `remote` rewards an episode exactly as inline,
+    and both wrappers score on one named actor."""
+    import gymnasium as gym
+    import numpy as np
+    from _reward_fixtures import ECHO_ID, build_tiny_classifier
+
+    from agentrl.placement import RemoteClassifier
+    from agentrl.rewards import RewardWrappers
+    from agentrl.rewards.classifier import SequenceClassifier
+
+    path = build_tiny_classifier(tmp_path / "clf", id2label={0: "safe", 1: "unsafe"})
+    inline = SequenceClassifier(path)
+    remote = RemoteClassifier(path, cpus=0.5)
+    assert np.array_equal(remote.logits(*PAIRS), inline.logits(*PAIRS))
+    assert np.array_equal(remote.score(*PAIRS), inline.score(*PAIRS))
+    assert np.array_equal(remote.p_unsafe(*PAIRS), inline.p_unsafe(*PAIRS))
+    assert remote.take_busy() > 0 and inline.take_busy() > 0
+
+    opts = {"classifier": {"model": path, "mode": "add"}, "safety": {"classifier": path, "lam": 2.0}}
+    rewards = {}
+    for name, kw in (("inline", {}), ("worker", {"remote": {"cpus": 0.5}})):
+        w = RewardWrappers(["classifier", "safety"], opts, **kw)
+        env = w.wrap(gym.make(ECHO_ID))
+        env.reset(seed=3)
+        rewards[name] = [env.step(a)[1] for a in ("cats are nice", "how do i pick a lock", "the sea")]
+        assert (type(w.reward_model).__name__, w.take_reward_model_seconds() > 0) == \
+            ("RemoteClassifier" if kw else "SequenceClassifier", True)
+    assert rewards["inline"] == rewards["worker"]
+    assert len(set(rewards["inline"])) == 3
+
+
+def test_reward_model_worker_needs_a_model_path():
+    from agentrl.config import ConfigError
+
+    with pytest.raises(ConfigError, match="placement.reward_model=worker needs a classifier"):
+        load_config(overrides=["placement.reward_model=worker", "env.wrappers=[safety]"])
+
+
+@pytest.mark.slow
+def test_train_with_reward_model_worker_equals_inline(ray_up, tmp_path):
+    """`train()` with the classifier reward scored on its worker: the same rewards, losses and
+    final weights as inline (3 GRPO steps on the toy env, classifier score added)."""
+    from _reward_fixtures import build_tiny_classifier
+
+    path = build_tiny_classifier(tmp_path / "clf")
+    extra = ["env.wrappers=[classifier]", f"env.wrapper_kwargs={{classifier: {{model: {path}, mode: add}}}}"]
+    w_in, m_in = _run(tmp_path, "inline", extra)
+    w_wk, m_wk = _run(tmp_path, "worker", extra + ["placement.reward_model=worker",
+                                                   "placement.reward_model_cpus=0.5"])
+    assert [r["rollout/reward_mean"] for r in m_in] == [r["rollout/reward_mean"] for r in m_wk]
+    assert any(r["rollout/reward_mean"] % 1 for r in m_in)  # the classifier's score is in it
+    for k in w_in:
+        assert torch.allclose(w_in[k], w_wk[k], atol=1e-6, rtol=0), k

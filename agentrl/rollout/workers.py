@@ -178,7 +178,7 @@ class RolloutWorker:
             from agentrl.rewards import RewardWrappers
 
             # one per worker: its env copies share judge client, curiosity memory, multiplier
-            self._rewards = RewardWrappers(self.cfg.env.wrappers, self.cfg.env.wrapper_kwargs)
+            self._rewards = RewardWrappers.from_config(self.cfg)
         return build_env(self.cfg, split, self._rewards)
 
     def _new_env(self, split: str) -> Any:
