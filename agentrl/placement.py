@@ -224,13 +224,15 @@ class RemoteReference:
         return ray.get(self.actor.logp_gap.remote(*self._args(batch), batch["loss_mask"].cpu(), max_tokens))
 
     def take_metrics(self) -> dict[str, float]:
-        """`perf/reference_wait_s` (the driver waited) and `perf/reference_busy_s` (the worker
-        computed) since the last call."""
+        """`perf/reference_wait_s` (the driver waited), `perf/reference_busy_s` (the worker
+        computed) and `perf/reference_prefetched` (results taken from a prefetch) since the last
+        call."""
         import ray
 
         busy = float(ray.get(self.actor.take_busy.remote()))
-        m = {"perf/reference_wait_s": self.wait_s, "perf/reference_busy_s": busy}
-        self.wait_s = 0.0
+        m = {"perf/reference_wait_s": self.wait_s, "perf/reference_busy_s": busy,
+             "perf/reference_prefetched": float(self.prefetched)}
+        self.wait_s, self.prefetched = 0.0, 0
         return m
 
     def shutdown(self) -> None:

@@ -100,6 +100,7 @@ def test_reference_worker_equals_inline_reference(ray_up, tiny_model_dir, tmp_pa
         remote.prefetch(_batch(model.config.vocab_size, seed=1))
         got = remote.logprobs(batch)
         assert remote.prefetched == 1
+        remote.prefetched = 0
         assert torch.allclose(got, inline, atol=1e-6, rtol=0)
         assert torch.equal(got, inline)  # same ops, shapes and weights: exact on CPU
         assert (learner.logprobs(batch) - inline).abs().max() > 1e-3
@@ -107,6 +108,7 @@ def test_reference_worker_equals_inline_reference(ray_up, tiny_model_dir, tmp_pa
         assert torch.equal(learner.logprobs(batch, ref=True), inline)
         m = remote.take_metrics()
         assert m["perf/reference_busy_s"] > 0 and m["perf/reference_wait_s"] > 0
+        assert m["perf/reference_prefetched"] == 0 and remote.prefetched == 0
     finally:
         remote.shutdown()
 
@@ -155,11 +157,15 @@ def _run(tmp_path, name, extra):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", [["algo.name=grpo", "algo.kl_coef=0.5"],
-                                  ["algo.name=ppo", "algo.kl_coef=0.5", "algo.kl_target=null"]])
+                                  ["algo.name=ppo", "algo.kl_coef=0.5", "algo.kl_target=null"],
+                                  ["algo.name=grpo", "algo.kl_coef=0.5", "rollout.mode=async",
+                                   "train.max_staleness=1", "rollout.batches_in_flight=1"]],
+                         ids=["grpo-sync", "ppo-sync", "grpo-async"])
 def test_train_with_reference_worker_equals_inline(ray_up, tmp_path, algo):
-    """`train()` with the reference on a worker (sync mode: prefetched when the batch is
-    collated) samples and updates exactly as inline: the same per-step losses and KL, the same
-    final weights (float32, CPU: bit-equal; asserted to 1e-6)."""
+    """`train()` with the reference on a worker, pipelined (prefetched as soon as each batch is
+    sampled: in async mode on the actor thread, while the learner updates the previous batch)
+    samples and updates exactly as inline: the same per-step losses and KL, the same final
+    weights (float32, CPU: bit-equal; asserted to 1e-6), and every step used the prefetch."""
     w_in, m_in = _run(tmp_path, "inline", algo)
     w_wk, m_wk = _run(tmp_path, "worker", algo + ["placement.reference=worker", "placement.reference_cpus=0.5"])
     assert (tmp_path / "worker" / "reference_model" / "config.json").exists()
@@ -168,6 +174,10 @@ def test_train_with_reference_worker_equals_inline(ray_up, tmp_path, algo):
     for k in w_in:
         assert torch.allclose(w_in[k], w_wk[k], atol=1e-6, rtol=0), k
     assert len(m_in) == len(m_wk) == 3
+    assert all(r["perf/reference_prefetched"] == 1 for r in m_wk)  # the pipeline's result was used
+    # (async: the worker computes batch s+1 during step s, so a step's busy time may be 0)
+    assert sum(r["perf/reference_busy_s"] for r in m_wk) > 0
+    assert all(0 <= r["perf/reference_idle_s"] <= r["perf/step_s"] for r in m_wk)
     for a, b in zip(m_in, m_wk):
         assert a["loss/loss"] == pytest.approx(b["loss/loss"], abs=1e-6)
         assert a["rollout/reward_mean"] == b["rollout/reward_mean"]
