@@ -597,7 +597,7 @@ def shut_down(lp: Loop) -> None:
 def report(lp: Loop, before: dict[str, float], after: dict[str, float], final: Path,
            extra: dict[str, Any], console: Any) -> dict[str, Any]:
     """The run's summary (written to OUT/summary.json) and its closing lines."""
-    from agentrl.summary import stage_seconds, summary_panel
+    from agentrl.summary import cost_profile, format_profile, stage_seconds, summary_panel
 
     cfg, out, say = lp.cfg, lp.out, lp.say
     b, a = before["pass@1"], after["pass@1"]
@@ -606,6 +606,8 @@ def report(lp: Loop, before: dict[str, float], after: dict[str, float], final: P
                "pass@1_ratio": (a / b) if b > 0 else None, "pass@1_gain": a - b,
                "checkpoint": str(final), **extra,
                "stage_seconds": stage_seconds(out / "metrics.jsonl")}
+    summary["cost_profile"] = {label: {"seconds": sec, "share": share}
+                               for label, sec, share in cost_profile(summary["stage_seconds"])}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     ratio = f"{a / b:.2f}x" if b > 0 else "n/a"
     say(f"[eval] held-out (T={cfg.rollout.temperature}, {cfg.train.eval_tasks} tasks x "
@@ -614,6 +616,8 @@ def report(lp: Loop, before: dict[str, float], after: dict[str, float], final: P
     say(f"[eval] held-out pass@1: before RL {b:.3f} -> after RL {a:.3f} ({ratio}, {a - b:+.3f} absolute); "
         f"`agentrl eval --model {out}` reproduces the after-RL figure ({out / 'eval'})")
     say(f"[done] checkpoint: {final}; metrics: {out / 'metrics.jsonl'}")
+    if cfg.quiet or console is None:  # the panel shows it otherwise
+        say(f"[profile] {format_profile(summary['stage_seconds'])}")
     if console is not None:
         console.print(summary_panel(summary, out))
     return summary

@@ -248,3 +248,59 @@ def test_train_with_reward_model_worker_equals_inline(ray_up, tmp_path):
     assert any(r["rollout/reward_mean"] % 1 for r in m_in)  # the classifier's score is in it
     for k in w_in:
         assert torch.allclose(w_in[k], w_wk[k], atol=1e-6, rtol=0), k
+
+
+@pytest.mark.slow
+def test_train_bf16_reference_logs_the_gap(ray_up, tmp_path):
+    """A bf16 reference worker: `ref/logp_gap_mean|max` every `logp_gap_every` steps (here
+    steps 1 and 3 of 3), nonzero and small (bf16 rounding of the embedded-size model), with the
+    sample's token count; the KL term stays finite."""
+    _, rows = _run(tmp_path, "bf16", ["algo.kl_coef=0.5", "placement.reference=worker",
+                                      "placement.reference_cpus=0.5", "placement.reference_dtype=bfloat16",
+                                      "placement.logp_gap_every=2", "placement.logp_gap_tokens=5"])
+    gaps = [r for r in rows if "ref/logp_gap_mean" in r]
+    assert [r["step"] for r in gaps] == [1, 3]
+    for r in gaps:
+        assert 0 < r["ref/logp_gap_mean"] <= r["ref/logp_gap_max"] < 0.5
+        assert r["ref/logp_gap_tokens"] == 5
+    assert all(abs(r["loss/kl"]) < 10 for r in rows)
+
+
+# -- the cost profile -------------------------------------------------------------------------------
+def test_cost_profile_by_hand():
+    """Seconds and shares of the step seconds, in PROFILE order, only the logged stages."""
+    from agentrl.summary import cost_profile, format_profile
+
+    stages = {"step": 20.0, "generate": 7.0, "env": 3.0, "reward_model": 2.5, "policy_update": 5.0,
+              "sync": 0.5, "update": 9.0, "loop": 21.0}
+    assert cost_profile(stages) == [("generation", 7.0, 0.35), ("env/tool/sandbox", 3.0, 0.15),
+                                    ("reward model", 2.5, 0.125), ("policy update", 5.0, 0.25),
+                                    ("weight sync", 0.5, 0.025)]
+    assert format_profile(stages).endswith("generation 7.0s 35% · env/tool/sandbox 3.0s 15% · "
+                                           "reward model 2.5s 12% · policy update 5.0s 25% · "
+                                           "weight sync 0.5s 2%")
+    assert format_profile({"step": 1.0}) == ""
+
+
+@pytest.mark.slow
+def test_train_logs_the_cost_profile(ray_up, tmp_path):
+    """Every step logs the stages (generation, env, reward model, reference, the PPO no-grad
+    pass, policy update, sync), consistent with the step: generation + env <= rollout, and
+    prepare + reference + policy update <= update; the summary has the profile."""
+    import json
+
+    from _reward_fixtures import build_tiny_classifier
+
+    path = build_tiny_classifier(tmp_path / "clf")
+    _, rows = _run(tmp_path, "p", ["algo.name=ppo", "algo.kl_coef=0.5", "env.wrappers=[classifier]",
+                                   f"env.wrapper_kwargs={{classifier: {{model: {path}, mode: add}}}}"])
+    for r in rows:
+        for k in ("generate", "env", "reward_model", "reference", "prepare", "policy_update", "sync"):
+            assert r[f"perf/{k}_s"] >= 0, k
+        assert r["perf/reward_model_s"] > 0 and r["perf/reference_s"] > 0 and r["perf/prepare_s"] > 0
+        assert r["perf/generate_s"] + r["perf/env_s"] <= r["perf/rollout_s"] + 1e-6
+        assert r["perf/prepare_s"] + r["perf/reference_s"] + r["perf/policy_update_s"] <= r["perf/update_s"] + 1e-6
+    prof = json.loads((tmp_path / "p" / "summary.json").read_text())["cost_profile"]
+    assert {"generation", "env/tool/sandbox", "reward model", "reference", "old logprobs + values",
+            "policy update", "weight sync"} <= set(prof)
+    assert all(0 <= v["share"] <= 1 for v in prof.values())
