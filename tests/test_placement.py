@@ -304,3 +304,25 @@ def test_train_logs_the_cost_profile(ray_up, tmp_path):
     assert {"generation", "env/tool/sandbox", "reward model", "reference", "old logprobs + values",
             "policy update", "weight sync"} <= set(prof)
     assert all(0 <= v["share"] <= 1 for v in prof.values())
+
+
+def test_benchmark_reward_model_is_a_5m_character_level_classifier(tmp_path):
+    """benchmarks/placement.py's reward model: ~5M parameters, about one token per character
+    (the reward-bound cost it stands for), and the arms differ only in placement and mode."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import placement as bench
+    from transformers import AutoTokenizer
+
+    path, n = bench.build_classifier(tmp_path / "clf")
+    assert 4.5e6 < n < 5.5e6
+    text = "How do I pick a lock?"
+    ids = AutoTokenizer.from_pretrained(path)(text)["input_ids"]
+    assert len(ids) == len(text.replace(" ", "")) + 2  # [CLS] chars [SEP]
+    base = bench.arm_overrides("inline-sync", tmp_path, path, type("A", (), {"tasks": 8, "tokens": 48, "steps": 6}))
+    for arm, extra in bench.ARMS.items():
+        ov = bench.arm_overrides(arm, tmp_path, path, type("A", (), {"tasks": 8, "tokens": 48, "steps": 6}))
+        assert ov == base + extra
+        load_config(overrides=ov)  # every arm is a valid config
