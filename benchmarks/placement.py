@@ -15,11 +15,12 @@ Arms, each `train()` in a fresh subprocess on the same seed, run one after the o
 
 Reported per arm: the steady step time (wall seconds from the end of step 1 to the end of the
 last step, per step: `perf/loop_s`), and the cost profile (seconds and share per stage, summed
-over steps 2..N). The step-time ratios compare each arm with `inline-sync`, and `workers-async`
-with `inline-async` (the placement alone). The machine's load (`uptime`) is printed before and
+over steps 2..N). With `--rounds R` the arms run R times, interleaved (the order reversed every
+other round), and the ratios compare median step times: each arm with `inline-sync`, and
+`workers-async` with `inline-async` (the placement alone). The machine's load (`uptime`) is printed before and
 after: on a shared machine a measurement under load is only indicative.
 
-    python benchmarks/placement.py [--steps 6] [--tasks 8] [--tokens 48] [--arms inline-sync,workers-async]
+    python benchmarks/placement.py [--steps 6] [--tasks 8] [--tokens 48] [--rounds 3] [--arms inline-sync,workers-async]
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -108,6 +110,7 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--arms", default=",".join(ARMS))
+    ap.add_argument("--rounds", type=int, default=1, help="interleaved repeats; the median step time is compared")
     ap.add_argument("--json", default=str(Path(__file__).parent / "results" / "placement.json"))
     args = ap.parse_args()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -115,17 +118,22 @@ def main() -> None:
     load_before = uptime()
     print(f"commit {commit}; load before: {load_before}", flush=True)
     results = []
+    arms = args.arms.split(",")
     with tempfile.TemporaryDirectory() as tmp:
         clf, n = build_classifier(Path(tmp) / "classifier")
         print(f"reward model: BERT classifier, {n / 1e6:.2f}M parameters", flush=True)
-        for arm in args.arms.split(","):
-            r = run_arm(arm, Path(tmp) / arm, clf, args)
-            results.append(r)
-            print(f"{arm}: {r['step_s']:.2f} s/step; " + " · ".join(
-                f"{label} {s:.2f}s {share:.0%}" for label, s, share in r["profile"]), flush=True)
+        for rnd in range(args.rounds):  # interleaved, the order reversed every other round
+            for arm in arms if rnd % 2 == 0 else arms[::-1]:
+                r = run_arm(arm, Path(tmp) / f"{arm}-{rnd}", clf, args)
+                r["round"], r["load"] = rnd, uptime()
+                results.append(r)
+                print(f"[round {rnd}] {arm}: {r['step_s']:.2f} s/step; " + " · ".join(
+                    f"{label} {s:.2f}s {share:.0%}" for label, s, share in r["profile"]), flush=True)
     load_after = uptime()
     print(f"load after: {load_after}")
-    by = {r["arm"]: r["step_s"] for r in results}
+    by = {a: statistics.median(r["step_s"] for r in results if r["arm"] == a) for a in arms}
+    for a, v in by.items():
+        print(f"{a}: median {v:.2f} s/step over {args.rounds} round(s)")
     ratios = {f"{a} vs inline-sync": by["inline-sync"] / s for a, s in by.items() if "inline-sync" in by}
     if "inline-async" in by and "workers-async" in by:
         ratios["workers-async vs inline-async"] = by["inline-async"] / by["workers-async"]
