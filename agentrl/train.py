@@ -290,6 +290,7 @@ def build_loop(cfg: Config, algo: Any, out: Path, model: Any, tok: Any, renderer
     start_step, version = 0, 0
     if ck is not None:
         extra = learner.load(ck)
+        restore_inline_reference(cfg, learner, ck, out)
         start_step, version = extra["step"], extra["policy_version"]
         engine.update_weights(merged_state_dict(model), version)
         say(f"[resume] from {ck} at step {start_step} (policy version {version})")
@@ -317,6 +318,26 @@ def build_loop(cfg: Config, algo: Any, out: Path, model: Any, tok: Any, renderer
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else renderer.end_of_turn_id
     return Loop(cfg, out, say, algo, model, tok, renderer, pad_id, learner, engine, lock, env_sets,
                 eval_envs, pool, params, log, new_env, start_step, version, rewards)
+
+
+def restore_inline_reference(cfg: Config, learner: Any, ck: Path, out: Path) -> None:
+    """A run that started with `placement.reference=worker` and resumes inline: its checkpoints
+    hold no reference weights (`ref_model.pt`), so the learner's frozen copy (made from the
+    resumed policy) is loaded from OUT/reference_model, the weights the run started from.
+
+    Raises:
+        ResumeError: neither is there (the learner would silently take the resumed policy as
+            its reference)."""
+    ref = getattr(learner, "ref_model", None)
+    if cfg.placement.reference != "inline" or ref is None or (ck / "ref_model.pt").exists() \
+            or (ck / "dcp").is_dir():  # (learner ranks' checkpoints keep the reference in dcp/)
+        return
+    if not (out / "reference_model" / "config.json").exists():
+        raise ResumeError(f"--resume {out}: {ck} has no reference weights (ref_model.pt) and "
+                          f"{out / 'reference_model'} does not exist")
+    from agentrl.model import load_model
+
+    ref.load_state_dict(load_model(out / "reference_model")[0].state_dict())
 
 
 def held_version(lp: Loop) -> int:

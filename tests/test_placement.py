@@ -141,6 +141,16 @@ TINY = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2",
         "train.log_rollouts_every=0", "quiet=true", "train.lr=1e-2", "env.name=toy", "train.steps=3"]
 
 
+@pytest.fixture(scope="module")
+def signal(tmp_path_factory):
+    """Overrides that give the toy runs a reward signal (the tiny random policy's toy rewards
+    are all equal, so without it nothing is updated): a tiny classifier's score added."""
+    from _reward_fixtures import build_tiny_classifier
+
+    path = build_tiny_classifier(tmp_path_factory.mktemp("signal") / "clf")
+    return ["env.wrappers=[classifier]", f"env.wrapper_kwargs={{classifier: {{model: {path}, mode: add}}}}"]
+
+
 def _run(tmp_path, name, extra):
     import json
 
@@ -161,13 +171,16 @@ def _run(tmp_path, name, extra):
                                   ["algo.name=grpo", "algo.kl_coef=0.5", "rollout.mode=async",
                                    "train.max_staleness=1", "rollout.batches_in_flight=1"]],
                          ids=["grpo-sync", "ppo-sync", "grpo-async"])
-def test_train_with_reference_worker_equals_inline(ray_up, tmp_path, algo):
+def test_train_with_reference_worker_equals_inline(ray_up, tmp_path, algo, signal):
     """`train()` with the reference on a worker, pipelined (prefetched as soon as each batch is
     sampled: in async mode on the actor thread, while the learner updates the previous batch)
     samples and updates exactly as inline: the same per-step losses and KL, the same final
     weights (float32, CPU: bit-equal; asserted to 1e-6), and every step used the prefetch."""
+    algo = algo + signal
     w_in, m_in = _run(tmp_path, "inline", algo)
     w_wk, m_wk = _run(tmp_path, "worker", algo + ["placement.reference=worker", "placement.reference_cpus=0.5"])
+    kls = [r.get("loss/kl", r.get("rollout/kl", 0.0)) for r in m_in]
+    assert kls[0] == pytest.approx(0.0, abs=1e-6) and max(abs(k) for k in kls) > 1e-7  # the reference mattered
     assert (tmp_path / "worker" / "reference_model" / "config.json").exists()
     assert not list((tmp_path / "worker" / "checkpoints").glob("*/ref_model.pt"))  # no frozen copy
     assert list((tmp_path / "inline" / "checkpoints").glob("*/ref_model.pt"))
@@ -326,3 +339,23 @@ def test_benchmark_reward_model_is_a_5m_character_level_classifier(tmp_path):
         ov = bench.arm_overrides(arm, tmp_path, path, type("A", (), {"tasks": 8, "tokens": 48, "steps": 6}))
         assert ov == base + extra
         load_config(overrides=ov)  # every arm is a valid config
+
+
+@pytest.mark.slow
+def test_resume_inline_after_a_worker_run_keeps_the_reference(ray_up, tmp_path, signal):
+    """2 steps with the reference on a worker, resumed inline to 3 steps: the learner's frozen
+    copy is the run's starting weights (OUT/reference_model), not the resumed policy, so the
+    run ends as 3 steps with the worker do."""
+    from agentrl.learner import latest_checkpoint
+    from agentrl.model import load_model
+    from agentrl.train import train
+
+    kl = ["algo.kl_coef=0.5"] + signal
+    full, _ = _run(tmp_path, "full", kl + ["placement.reference=worker", "placement.reference_cpus=0.5"])
+    out = tmp_path / "split"
+    train(load_config(None, TINY + kl + [f"out={out}", "train.steps=2", "train.save_every=1",
+                                          "placement.reference=worker", "placement.reference_cpus=0.5"]))
+    train(load_config(None, TINY + kl + [f"out={out}", f"resume={out}"]))
+    model, _ = load_model(latest_checkpoint(out))
+    for k, v in model.state_dict().items():
+        assert torch.allclose(v, full[k], atol=1e-6, rtol=0), k
