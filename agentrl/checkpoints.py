@@ -28,7 +28,8 @@ REWARD_STATE = "reward_state.safetensors"
 """The reward wrappers' state in a checkpoint (`agentrl.rewards.RewardWrappers.state_dict`)."""
 
 RUN_ARTEFACTS = ("config.json", "metrics.jsonl", "sft_metrics.jsonl", "summary.json", "eval_before.json",
-                 "checkpoints", "rollouts", "eval", "tb", "base_model", "sft_model", "rollout_model")
+                 "checkpoints", "rollouts", "eval", "tb", "base_model", "sft_model", "rollout_model",
+                 "reference_model")
 """What `agentrl train` writes in OUT (`--overwrite` removes these; `checkpoints.old-*` too)."""
 
 

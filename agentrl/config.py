@@ -63,7 +63,7 @@ class ModelConfig(_Section):
     vocab_size: int = Field(default=1024, ge=300)
     """Embedded default: byte-level BPE vocabulary size trained offline on the env's corpus."""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    """Parameter dtype of policy and engine (float32 on CPU)."""
+    """Parameter dtype of the rollout engine's weights (in-process HF engine, Ray workers, vLLM): `bfloat16` halves their memory and the sampler's logprobs then differ from the learner's by bf16 rounding (`loss/logp_mismatch` shows it, `algo.tis_cap` corrects for it). The learner keeps float32 master weights whatever this says (its compute precision is `train.precision`); the pushed weights are cast on load."""
     lora_r: int = Field(default=0, ge=0)
     """LoRA rank (0: off, train all weights). >0 trains PEFT LoRA adapters only (`agentrl[lora]`); the KL reference is then the base model with adapters disabled."""
     lora_alpha: int = Field(default=16, ge=1)
@@ -320,6 +320,40 @@ class LogConfig(_Section):
         return v
 
 
+class PlacementConfig(_Section):
+    """Section `placement`: where the reference and reward models run (docs/scale_out.md)."""
+
+    reference: Literal["inline", "worker"] = "inline"
+    """`inline`: the KL reference is the learner's frozen copy of the policy, its logprobs computed in the step. `worker`: a Ray actor of its own holds the frozen reference (the run's starting weights, written to OUT/reference_model), prefill only, no graph, dropout off; its logprobs are started as soon as a batch is collated (in async mode as soon as it is sampled) and overlap the learner's own work. Same logprobs as inline in float32 (bit-equal on CPU, tested; stated tolerance 1e-6 nats)."""
+    reference_cpus: float = Field(default=1.0, gt=0)
+    """CPUs Ray reserves for the reference worker."""
+    reference_gpus: float = Field(default=0.0, ge=0)
+    """GPUs Ray reserves for the reference worker (> 0: it runs on CUDA)."""
+    reference_dtype: Literal["float32", "bfloat16", "int8"] = "float32"
+    """Parameter dtype of the reference worker: `float32` or `bfloat16` (its logprobs then differ from float32 ones by bf16 rounding; `ref/logp_gap_*` measures it). `int8` is refused: this build has no maintained int8 inference path (torch's `torch.ao` dynamic quantization is deprecated and `torchao` is not a dependency)."""
+    reward_model: Literal["inline", "worker"] = "inline"
+    """`inline`: the classifier / safety reward model runs in the env wrappers of whichever process steps the envs. `worker`: on a Ray actor of its own (one per model path, shared by the driver's and every rollout worker's envs); needs a model path (`env.wrapper_kwargs.classifier.model` or `.safety.classifier`). The same scores as inline (tested)."""
+    reward_model_cpus: float = Field(default=1.0, gt=0)
+    """CPUs Ray reserves for the reward-model worker."""
+    reward_model_gpus: float = Field(default=0.0, ge=0)
+    """GPUs Ray reserves for the reward-model worker."""
+    reward_model_dtype: Literal["float32", "bfloat16", "int8"] = "float32"
+    """Parameter dtype of the reward-model worker (`float32`, `bfloat16`; `int8` refused as for the reference)."""
+    logp_gap_every: int = Field(default=10, ge=0)
+    """With `reference_dtype=bfloat16` on a worker: every N steps log `ref/logp_gap_mean` and `ref/logp_gap_max`, |logp_bf16 - logp_fp32| over a sample of the batch's agent tokens (the worker then keeps a float32 copy too). 0: never."""
+    logp_gap_tokens: int = Field(default=256, ge=1)
+    """Agent tokens (the batch's first, row by row) in each `ref/logp_gap` sample."""
+
+    @field_validator("reference_dtype", "reward_model_dtype")
+    @classmethod
+    def _no_int8(cls, v: str, info: Any) -> str:
+        if v == "int8":
+            raise ValueError(f"placement.{info.field_name}=int8: no clean int8 inference path on this "
+                             "platform (torch.ao dynamic quantization is deprecated; torchao is not "
+                             "installed); use float32 or bfloat16")
+        return v
+
+
 class Config(_Section):
     env: EnvConfig = Field(default_factory=EnvConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -328,6 +362,7 @@ class Config(_Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
     log: LogConfig = Field(default_factory=LogConfig)
+    placement: PlacementConfig = Field(default_factory=PlacementConfig)
     seed: int = 0
     """Seed of tasks, sampling, and initialisation."""
     out: str = "runs/latest"
@@ -346,6 +381,17 @@ class Config(_Section):
                 f"algo.overlong_buffer ({self.algo.overlong_buffer}) must be <= rollout.max_tokens "
                 f"({self.rollout.max_tokens}): the penalty zone is the last `overlong_buffer` tokens "
                 "of the turn budget")
+        return self
+
+    @model_validator(mode="after")
+    def _reward_worker_needs_a_model(self) -> Config:
+        if self.placement.reward_model == "worker":
+            kw = self.env.wrapper_kwargs
+            paths = [kw.get("classifier", {}).get("model"), kw.get("safety", {}).get("classifier")]
+            if not any(n in self.env.wrappers for n in ("classifier", "safety")) or not any(paths):
+                raise ValueError("placement.reward_model=worker needs a classifier or safety wrapper with "
+                                 "a model path (env.wrapper_kwargs.classifier.model or "
+                                 "env.wrapper_kwargs.safety.classifier); the built-in lexicon has no model")
         return self
 
     @model_validator(mode="after")

@@ -368,6 +368,6 @@ def build_env(cfg: Config, split: str | None = None, rewards: Any = None) -> Any
         if rewards is None:
             from agentrl.rewards import RewardWrappers  # imported only when a wrapper is asked for
 
-            rewards = RewardWrappers(cfg.env.wrappers, cfg.env.wrapper_kwargs)
+            rewards = RewardWrappers.from_config(cfg)
         env = rewards.wrap(env)
     return env

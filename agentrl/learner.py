@@ -27,6 +27,7 @@ import json
 import math
 import random
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -359,6 +360,8 @@ class Learner:
         self.skip_zero_advantage = skip_zero_advantage
         self._share_ok = prefix_share_supported(model)
         self.ref_model = None
+        self.reference: Any = None  # a RemoteReference (placement.reference=worker), set by the loop
+        self.ref_seconds = 0.0
         self.lora = is_peft(model)  # LoRA: the reference is the base with adapters disabled
         if use_ref and not self.lora:
             self.ref_model = copy.deepcopy(model).eval()
@@ -407,10 +410,23 @@ class Learner:
     # -- forward passes -----------------------------------------------------------------------
     @torch.no_grad()
     def logprobs(self, batch: dict[str, Any], *, ref: bool = False) -> torch.Tensor:
-        """(B, T) logprobs of the policy (or the reference) on the batch, without gradient."""
+        """(B, T) logprobs of the policy (or the reference) on the batch, without gradient.
+        With `reference` set (a `agentrl.placement.RemoteReference`), the reference's come
+        from that worker. `ref_seconds` adds up the seconds spent on reference logprobs."""
+        if ref:
+            t0 = time.perf_counter()
+            try:
+                if self.reference is not None:
+                    return self.reference.logprobs(batch)
+                return self._logprobs(batch, ref=True)
+            finally:
+                self.ref_seconds += time.perf_counter() - t0
+        return self._logprobs(batch)
+
+    def _logprobs(self, batch: dict[str, Any], *, ref: bool = False) -> torch.Tensor:
         if ref and self.ref_model is None and self.lora:
             with self.model.disable_adapter():
-                return self.logprobs(batch)
+                return self._logprobs(batch)
         model = self.ref_model if ref else self.model
         home = batch["loss_mask"].device
         batch = _to(batch, self.device)

@@ -55,7 +55,8 @@ def learner_kwargs(cfg: Any, algo: Any, lr_schedule: Any) -> dict[str, Any]:
                 temperature=cfg.rollout.temperature, micro_batch_size=cfg.train.micro_batch_size,
                 prefix_share=cfg.train.prefix_share, compile=cfg.train.compile,
                 skip_zero_advantage=cfg.train.skip_zero_advantage,
-                use_ref=needs_reference(algo, cfg.algo), value_head=getattr(algo, "VALUE_HEAD", False),
+                use_ref=needs_reference(algo, cfg.algo) and cfg.placement.reference == "inline",
+                value_head=getattr(algo, "VALUE_HEAD", False),
                 lr_schedule=lr_schedule, device=cfg.train.device, precision=cfg.train.precision,
                 gradient_checkpointing=cfg.train.gradient_checkpointing,
                 max_nonfinite_steps=cfg.train.max_nonfinite_steps)
@@ -118,6 +119,8 @@ class LearnerGroup:
         self.optimizer_steps = 0
         self.nonfinite_streak = 0
         self.temperature = float(kwargs.get("temperature", 1.0))  # as Learner.temperature
+        self.reference: Any = None  # a RemoteReference (placement.reference=worker), as on Learner
+        self.ref_seconds = 0.0
         bundle: dict[str, float] = {"CPU": float(cpus)}
         if gpus:
             bundle["GPU"] = float(gpus)
@@ -180,10 +183,21 @@ class LearnerGroup:
         return out["metrics"]
 
     def logprobs(self, batch: dict[str, Any], *, ref: bool = False) -> torch.Tensor:
-        """(B, T) logprobs of the policy (or the reference), without gradient."""
+        """(B, T) logprobs of the policy (or the reference), without gradient; the reference's
+        from the reference worker when `reference` is set (`Learner.logprobs`)."""
+        import time
+
         import ray
 
-        return self._first("logprobs", ray.put(batch), ref)
+        if not ref:
+            return self._first("logprobs", ray.put(batch), ref)
+        t0 = time.perf_counter()
+        try:
+            if self.reference is not None:
+                return self.reference.logprobs(batch)
+            return self._first("logprobs", ray.put(batch), ref)
+        finally:
+            self.ref_seconds += time.perf_counter() - t0
 
     def logprobs_and_values(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`Learner.logprobs_and_values` over the ranks: logp (B, T), values (B, T), last (B,)."""

@@ -101,7 +101,9 @@ def make_engine(cfg: Config, model: Any, tok: Any, out: Path) -> Any:
         a `RolloutPool` of Ray workers (`rollout.num_workers > 0`) or of vLLM
         (`rollout.engine=vllm`), which hold their own envs and load the weights written to
         OUT/rollout_model; else an in-process `HFEngine` (`rollout.torch_threads`,
-        `rollout.compile`).
+        `rollout.compile`). Every engine holds its weights in `model.dtype` (the in-process
+        engine a copy cast to it; the learner keeps float32 master weights, its compute
+        precision is `train.precision`).
     """
     from agentrl.lora import plain_copy
 
@@ -113,8 +115,10 @@ def make_engine(cfg: Config, model: Any, tok: Any, out: Path) -> Any:
         return RolloutPool(cfg, out / "rollout_model")  # current weights = version 0
     from agentrl.rollout.engines.hf import HFEngine
 
-    return HFEngine(plain_copy(model).eval(), tok, torch_threads=cfg.rollout.torch_threads,
-                    compile=cfg.rollout.compile)
+    copy = plain_copy(model).eval()
+    if cfg.model.dtype != "float32":  # the pushed float32 weights are cast by `update_weights`
+        copy = copy.to(getattr(torch, cfg.model.dtype))
+    return HFEngine(copy, tok, torch_threads=cfg.rollout.torch_threads, compile=cfg.rollout.compile)
 
 
 def rollout_compile_note(cfg: Config, engine: Any) -> str:
@@ -139,7 +143,7 @@ def reward_wrappers(cfg: Config) -> Any:
         return None
     from agentrl.rewards import RewardWrappers
 
-    return RewardWrappers(cfg.env.wrappers, cfg.env.wrapper_kwargs)
+    return RewardWrappers.from_config(cfg)
 
 
 def heldout_envs(cfg: Config, rewards: Any = None) -> list[Any]:

@@ -56,6 +56,39 @@ def stage_seconds(metrics_path: str | Path) -> dict[str, float]:
     return totals
 
 
+PROFILE = (("generation", "generate"), ("env/tool/sandbox", "env"), ("reward model", "reward_model"),
+           ("reference", "reference"), ("reference worker busy", "reference_busy"),
+           ("old logprobs + values", "prepare"), ("policy update", "policy_update"), ("weight sync", "sync"),
+           ("learner idle", "learner_idle"), ("rollout idle", "rollout_idle"),
+           ("reference worker idle", "reference_idle"), ("reward model worker idle", "reward_model_idle"))
+"""The cost profile's stages: (label, `perf/<key>_s`). generation and env are wall seconds of
+the rollout's generate calls and env steps (the env's includes an inline reward model, which
+scores inside env steps); reward model is the model's busy seconds wherever it runs; reference
+is the seconds the loop spent on reference logprobs (computing them inline, or waiting for the
+worker); old logprobs + values is the learner's no-grad pass of PPO's `prepare`; policy update is
+the learner's update (PPO's value head shares its forward, backward and optimizer step, so the
+value update is inside it); the idle rows are the seconds each worker waited in the steps."""
+
+
+def cost_profile(stages: dict[str, float]) -> list[tuple[str, float, float]]:
+    """(label, seconds, share of the run's step seconds) for each `PROFILE` stage that was
+    logged, from `stage_seconds`' totals. Stages on other workers or threads overlap the
+    learner's (async mode, workers), so the shares may add up past 1."""
+    total = stages.get("step", 0.0)
+    return [(label, stages[key], stages[key] / total if total > 0 else float("nan"))
+            for label, key in PROFILE if key in stages]
+
+
+def format_profile(stages: dict[str, float]) -> str:
+    """`cost profile (s, share of step time): generation 12.1s 35% · ...` ("" when no stage
+    was logged)."""
+    rows = cost_profile(stages)
+    if not rows:
+        return ""
+    return ("cost profile (s, share of step time; stages of other workers overlap): "
+            + " · ".join(f"{label} {sec:.1f}s {share:.0%}" for label, sec, share in rows))
+
+
 def _first_last(rows: list[dict[str, Any]], key: str) -> tuple[float | None, float | None]:
     vals = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
     return (vals[0], vals[-1]) if vals else (None, None)
@@ -115,8 +148,10 @@ def summary_panel(summary: dict[str, Any], out: str | Path) -> Any:
     env_s = stages.get("env")  # env time is part of rollout time
     shown = [f"{k} {stages[k]:.1f}s" + (f" (env {env_s:.1f}s)" if k == "rollout" and env_s is not None else "")
              for k in STAGES if k in stages]
+    profile = format_profile(stages)
     lines = [
         "time per stage: " + (" · ".join(shown) if shown else "–"),
+        *([profile] if profile else []),
         f"checkpoint: {summary.get('checkpoint', '–')}",
         f"metrics: {out / 'metrics.jsonl'}"
         + (f" · TensorBoard: {out / 'tb'}" if (out / "tb").is_dir() else ""),

@@ -293,6 +293,12 @@ def build_loop(cfg: Config, algo: Any, out: Path, model: Any, tok: Any, renderer
 
     engine = make_engine(cfg, model, tok, out)
     learner = make_learner(cfg, algo, model, lr_schedule(cfg))
+    from agentrl.algos import needs_reference
+
+    if cfg.placement.reference == "worker" and needs_reference(algo, cfg.algo):
+        from agentrl.placement import make_reference
+
+        learner.reference = make_reference(cfg, model, tok, out, ck)
     for note in (learner.compile_note(), rollout_compile_note(cfg, engine)):
         if note:
             say(f"[compile] {note}")
@@ -301,6 +307,7 @@ def build_loop(cfg: Config, algo: Any, out: Path, model: Any, tok: Any, renderer
     start_step, version, extra = 0, 0, {}
     if ck is not None:
         extra = learner.load(ck)
+        restore_inline_reference(cfg, learner, ck, out)
         start_step, version = extra["step"], extra["policy_version"]
         engine.update_weights(merged_state_dict(model), version)
         say(f"[resume] from {ck} at step {start_step} (policy version {version})")
@@ -385,6 +392,26 @@ def restore_reward_state(lp: Loop, ck: Path) -> None:
         lp.say(f"[resume] {note}")
 
 
+def restore_inline_reference(cfg: Config, learner: Any, ck: Path, out: Path) -> None:
+    """A run that started with `placement.reference=worker` and resumes inline: its checkpoints
+    hold no reference weights (`ref_model.pt`), so the learner's frozen copy (made from the
+    resumed policy) is loaded from OUT/reference_model, the weights the run started from.
+
+    Raises:
+        ResumeError: neither is there (the learner would silently take the resumed policy as
+            its reference)."""
+    ref = getattr(learner, "ref_model", None)
+    if cfg.placement.reference != "inline" or ref is None or (ck / "ref_model.pt").exists() \
+            or (ck / "dcp").is_dir():  # (learner ranks' checkpoints keep the reference in dcp/)
+        return
+    if not (out / "reference_model" / "config.json").exists():
+        raise ResumeError(f"--resume {out}: {ck} has no reference weights (ref_model.pt) and "
+                          f"{out / 'reference_model'} does not exist")
+    from agentrl.model import load_model
+
+    ref.load_state_dict(load_model(out / "reference_model")[0].state_dict())
+
+
 def held_version(lp: Loop) -> int:
     """The policy version of the weights the engine holds."""
     return int(lp.engine.version if hasattr(lp.engine, "run") else lp.engine.policy_version)
@@ -446,9 +473,24 @@ def run_batch(lp: Loop, step: int) -> list[Trajectory]:
     asynchronous run samples the same tasks; each task run `group_size` times."""
     cfg = lp.cfg
     with lp.env_sets.lease() as (envs_, pool_):  # several batches may be in flight
-        return collect(lp.engine, lp.renderer, envs_, task_seeds(cfg, step), cfg.algo.group_size,
-                       lp.params, cfg, pool_, group_base=step * cfg.rollout.tasks_per_step,
-                       sample_seed=cfg.seed * 100_003 + step, make_env=partial(lp.new_env, "train"))
+        trajs = collect(lp.engine, lp.renderer, envs_, task_seeds(cfg, step), cfg.algo.group_size,
+                        lp.params, cfg, pool_, group_base=step * cfg.rollout.tasks_per_step,
+                        sample_seed=cfg.seed * 100_003 + step, make_env=partial(lp.new_env, "train"))
+    prefetch_reference(lp, trajs)
+    return trajs
+
+
+def prefetch_reference(lp: Loop, trajs: list[Trajectory]) -> None:
+    """The pipeline (`placement.reference=worker`): start the reference logprobs of a batch on
+    the worker as soon as it is sampled, without waiting. In sync mode they overlap the rest of
+    the step up to the point the loop needs them (the rollout metrics, collation and PPO's
+    policy/value pass); in async mode this runs on the actor thread, so the reference of batch
+    s+1 overlaps the learner's update of batch s. The loop's `learner.logprobs(batch, ref=True)`
+    takes the result when its batch has the same rows (`agentrl.placement.batch_key`); when
+    dynamic sampling or the staleness filter changed the rows, it is computed then."""
+    ref = getattr(lp.learner, "reference", None)
+    if ref is not None and trajs and not lp.cfg.algo.dynamic_sampling:
+        ref.prefetch(build_batch(trajs, lp.pad_id))
 
 
 def refill(lp: Loop, step: int, r: int) -> list[Trajectory]:
@@ -506,6 +548,7 @@ def rollout_metrics(lp: Loop, trajs: list[Trajectory], m: dict[str, float]) -> l
     Returns the trajectories fresh enough to train on (at most `train.max_staleness` versions
     behind the learner)."""
     m["perf/env_s"] = float(sum(t.timings.get("env", 0.0) for t in trajs))
+    m["perf/generate_s"] = float(sum(t.timings.get("generate", 0.0) for t in trajs))
     stale = [lp.version - t.policy_version for t in trajs]
     m["rollout/staleness_max"] = float(max(stale))
     for k in range(max(stale) + 1):  # staleness histogram (versions behind the learner)
@@ -590,11 +633,17 @@ def update(lp: Loop, trajs: list[Trajectory], step: int, m: dict[str, float]) ->
 
         sm = shape_batch(batch, trajs, cfg.algo, cfg.rollout.max_tokens)
         m.update({f"rollout/{k}": v for k, v in sm.items()})
+    ref0 = learner.ref_seconds
+    t_prep = time.perf_counter()
     if hasattr(algo, "prepare"):  # algorithm-specific passes: PPO values, DPO pairs, ...
         batch, pm = algo.prepare(batch, learner, cfg.algo)
         m.update({f"rollout/{k}": float(v) for k, v in pm.items()})
+    # the no-grad pass of `prepare` (PPO: old logprobs and values), its reference calls excluded
+    m["perf/prepare_s"] = time.perf_counter() - t_prep - (learner.ref_seconds - ref0)
     if needs_reference(algo, cfg.algo) and "ref_logprobs" not in batch:
         batch["ref_logprobs"] = learner.logprobs(batch, ref=True)
+    m["perf/reference_s"] = learner.ref_seconds - ref0  # computing (inline) or waiting (worker)
+    log_gap(lp, batch, step, m)
     batch["advantages"], gstats = algo.advantages(batch, cfg.algo)
     mark_trained(trajs, batch)
     # what the advantages were computed from (the kept groups' valid returns, under dynamic
@@ -602,11 +651,15 @@ def update(lp: Loop, trajs: list[Trajectory], step: int, m: dict[str, float]) ->
     m.update({f"adv/{k}": float(v) for k, v in gstats.items()})
     from agentrl.learner import NonFiniteGradientError
 
+    t_upd = time.perf_counter()
     try:
         upd = learner.update(batch, algo, cfg.algo, epochs=cfg.algo.update_epochs,
                              minibatches=cfg.algo.minibatches, seed=cfg.seed + step)
     except NonFiniteGradientError as e:
         raise NonFiniteGradientError(f"step {step + 1}: {e}") from None
+    # the learner's update (PPO: the value head shares the policy's forward, backward and
+    # optimizer step, so this is the policy and value update together)
+    m["perf/policy_update_s"] = time.perf_counter() - t_upd
     if upd.get("skipped_nonfinite"):
         lp.say(f"[warning] step {step + 1}: {upd['skipped_nonfinite']:.0f} optimizer step(s) skipped: "
                f"non-finite gradient norm (loss/skipped_nonfinite; {learner.nonfinite_streak} in a row, "
@@ -616,6 +669,35 @@ def update(lp: Loop, trajs: list[Trajectory], step: int, m: dict[str, float]) ->
     m["perf/update_s"] = time.perf_counter() - t0
     m["perf/update_tokens"] = float(batch["attention_mask"].sum())  # tokens the update forwarded
     return trajs
+
+
+def log_gap(lp: Loop, batch: dict[str, Any], step: int, m: dict[str, float]) -> None:
+    """Every `placement.logp_gap_every` steps with a bfloat16 reference worker: `ref/logp_gap_mean`
+    and `ref/logp_gap_max`, |logp_bf16 - logp_fp32| (nats) over the batch's first
+    `placement.logp_gap_tokens` agent tokens, and `ref/logp_gap_tokens` (how many)."""
+    p, ref = lp.cfg.placement, getattr(lp.learner, "reference", None)
+    if ref is None or ref.dtype == "float32" or not p.logp_gap_every or step % p.logp_gap_every:
+        return
+    g = ref.logp_gap(batch, p.logp_gap_tokens)
+    m.update({"ref/logp_gap_mean": g["mean"], "ref/logp_gap_max": g["max"], "ref/logp_gap_tokens": g["tokens"]})
+
+
+def worker_profile(lp: Loop, m: dict[str, float]) -> None:
+    """The workers' share of the step (call after `perf/step_s` is set): `perf/reward_model_s`
+    (seconds the reward model computed: in this process's env wrappers, or on its worker),
+    `perf/reference_busy_s` and `perf/reference_wait_s` (the reference worker computed / the
+    loop waited for it), and the idle seconds of each worker, `perf/<worker>_idle_s` = step
+    seconds - its busy seconds. Not logged for an inline reward model in Ray rollout workers
+    (its time is spent in their processes)."""
+    rm_here = lp.cfg.placement.reward_model == "worker" or lp.cfg.rollout.num_workers == 0
+    if lp.rewards is not None and hasattr(lp.rewards, "take_reward_model_seconds") and rm_here:
+        m["perf/reward_model_s"] = lp.rewards.take_reward_model_seconds()
+        if lp.cfg.placement.reward_model == "worker":
+            m["perf/reward_model_idle_s"] = max(0.0, m["perf/step_s"] - m["perf/reward_model_s"])
+    ref = getattr(lp.learner, "reference", None)
+    if ref is not None:
+        m.update(ref.take_metrics())
+        m["perf/reference_idle_s"] = max(0.0, m["perf/step_s"] - m["perf/reference_busy_s"])
 
 
 def sync(lp: Loop, source: Any, step: int, m: dict[str, float]) -> None:
@@ -684,7 +766,13 @@ def report(lp: Loop, before: dict[str, float], after: dict[str, float], final: P
     evaluations' `reward_mean` is left out of the summary when it equals their pass@1
     (`heldout_reward_is_pass@1`; OUT/eval/*/summary.json keep every metric); `stage_seconds`
     holds `sft` (the warm start's `sft_seconds`) and `stage_seconds(OUT/metrics.jsonl)`."""
-    from agentrl.summary import reward_repeats_pass1, stage_seconds, summary_panel
+    from agentrl.summary import (
+        cost_profile,
+        format_profile,
+        reward_repeats_pass1,
+        stage_seconds,
+        summary_panel,
+    )
 
     cfg, out, say = lp.cfg, lp.out, lp.say
     b, a = before["pass@1"], after["pass@1"]
@@ -696,6 +784,8 @@ def report(lp: Loop, before: dict[str, float], after: dict[str, float], final: P
                "checkpoint": str(final), **extra,
                "stage_seconds": {**({"sft": extra["sft_seconds"]} if extra.get("sft_seconds") else {}),
                                  **stage_seconds(out / "metrics.jsonl")}}
+    summary["cost_profile"] = {label: {"seconds": sec, "share": share}
+                               for label, sec, share in cost_profile(summary["stage_seconds"])}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     ratio = f"{a / b:.2f}x" if b > 0 else "n/a"
     say(f"[eval] held-out (T={cfg.rollout.temperature}, {cfg.train.eval_tasks} tasks x "
@@ -704,6 +794,8 @@ def report(lp: Loop, before: dict[str, float], after: dict[str, float], final: P
     say(f"[eval] held-out pass@1: before RL {b:.3f} -> after RL {a:.3f} ({ratio}, {a - b:+.3f} absolute); "
         f"`agentrl eval --model {out}` reproduces the after-RL figure ({out / 'eval'})")
     say(f"[done] checkpoint: {final}; metrics: {out / 'metrics.jsonl'}")
+    if cfg.quiet or console is None:  # the panel shows it otherwise
+        say(f"[profile] {format_profile(summary['stage_seconds'])}")
     if console is not None:
         console.print(summary_panel(summary, out))
     return summary
@@ -745,10 +837,12 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
     lp = build_loop(cfg, algo, out, model, tok, renderer, ck, say, reporter)
     try:
         return _evaluate_train_evaluate(lp, ck, sft_info, timings, console)
-    finally:  # learner ranks (Ray actors) are stopped whatever happened
+    finally:  # learner ranks and the reference worker (Ray actors) are stopped whatever happened
         reporter.stop()
         if hasattr(lp.learner, "shutdown"):
             lp.learner.shutdown()
+        if getattr(lp.learner, "reference", None) is not None:
+            lp.learner.reference.shutdown()
 
 
 def _evaluate_train_evaluate(lp: Loop, ck: Path | None, sft_info: dict[str, Any],
@@ -763,6 +857,7 @@ def _evaluate_train_evaluate(lp: Loop, ck: Path | None, sft_info: dict[str, Any]
     # 2) the RL loop
     bar = lp.reporter.stage("train", cfg.train.steps, unit="RL steps", every_s=0.0,
                             completed=lp.start_step)  # no terminal: a line per step
+    worker_profile(lp, {"perf/step_s": 0.0})  # the evaluation's model time is not a step's
     source = make_source(lp, lp.start_step)
     t_loop = time.perf_counter()
     stop = StopRequest()
@@ -778,9 +873,11 @@ def _evaluate_train_evaluate(lp: Loop, ck: Path | None, sft_info: dict[str, Any]
             trajs = update(lp, trajs, step, m)
             sync(lp, source, step, m)
             m["perf/step_s"] = m["perf/rollout_s"] + m["perf/update_s"] + m["perf/sync_s"]
+            worker_profile(lp, m)
             m["perf/loop_s"] = time.perf_counter() - t_loop  # wall clock since the loop started
             if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0 and step + 1 < cfg.train.steps:
                 m.update({f"eval/{k}": v for k, v in evaluate(lp, f"step_{step + 1}").items()})
+                worker_profile(lp, {"perf/step_s": 0.0})  # the evaluation's model time is not a step's
             line = log_step(lp, step, m, trajs)
             if cfg.train.save_every and (step + 1) % cfg.train.save_every == 0:
                 checkpoint(lp, step + 1)

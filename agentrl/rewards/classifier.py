@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -84,6 +85,8 @@ class SequenceClassifier:
                                if any(u in n.lower() for u in _UNSAFE_NAMES)), min(1, self.num_labels - 1))
         self.unsafe_label = self._resolve(unsafe_label, names, default=default_unsafe)
         self._lock = threading.Lock()
+        self.busy_s = 0.0
+        """Seconds spent in forwards (`take_busy`)."""
 
     def _resolve(self, label: int | str | None, names: dict[int, str], default: int) -> int:
         if label is None:
@@ -123,26 +126,44 @@ class SequenceClassifier:
             raise ValueError(f"{len(prompts)} prompts for {len(responses)} responses")
         out = []
         with self._lock, torch.no_grad():
+            t0 = time.perf_counter()
             for i in range(0, len(prompts), self.batch_size):
                 enc = self._encode(prompts[i:i + self.batch_size], responses[i:i + self.batch_size])
                 out.append(self.model(**enc).logits.float().numpy())
+            self.busy_s += time.perf_counter() - t0
         return np.concatenate(out).astype(np.float64) if out else np.zeros((0, self.num_labels))
 
     def score(self, prompts: Sequence[Prompt], responses: Sequence[str]) -> np.ndarray:
         """Reward-model score, shape (B,): the single output of a regression head, else the
         logit of `label`."""
-        lg = self.logits(prompts, responses)
-        return lg[:, 0] if self.num_labels == 1 else lg[:, self.label]
+        return score_from_logits(self.logits(prompts, responses), self.num_labels, self.label)
 
     def p_unsafe(self, prompts: Sequence[Prompt], responses: Sequence[str]) -> np.ndarray:
         """Unsafe probability, shape (B,): sigmoid of a single output, else the softmax
         probability of `unsafe_label`."""
-        lg = self.logits(prompts, responses)
-        if self.num_labels == 1:
-            return 1.0 / (1.0 + np.exp(-lg[:, 0]))
-        z = lg - lg.max(axis=1, keepdims=True)
-        p = np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)
-        return p[:, self.unsafe_label]
+        return p_unsafe_from_logits(self.logits(prompts, responses), self.num_labels, self.unsafe_label)
+
+    def take_busy(self) -> float:
+        """Seconds spent in forwards since the last call (then reset to 0)."""
+        with self._lock:
+            b, self.busy_s = self.busy_s, 0.0
+        return b
+
+
+def score_from_logits(lg: np.ndarray, num_labels: int, label: int) -> np.ndarray:
+    """Reward-model score (B,) from logits (B, num_labels): the single output of a regression
+    head, else the logit of `label`."""
+    return lg[:, 0] if num_labels == 1 else lg[:, label]
+
+
+def p_unsafe_from_logits(lg: np.ndarray, num_labels: int, unsafe_label: int) -> np.ndarray:
+    """Unsafe probability (B,) from logits (B, num_labels): sigmoid of a single output, else the
+    softmax probability of `unsafe_label`."""
+    if num_labels == 1:
+        return 1.0 / (1.0 + np.exp(-lg[:, 0]))
+    z = lg - lg.max(axis=1, keepdims=True)
+    p = np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)
+    return p[:, unsafe_label]
 
 
 def load_classifier(model: str | Path | Classifier | None, *, shared: bool = False, **kwargs: Any) -> Classifier:

@@ -9,6 +9,7 @@ connection pool, one constraint and one notion of "novel".
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -89,13 +90,18 @@ class RewardWrappers:
             safety: `classifier` (path or None), method/lam/cost/threshold/when, lr/budget/
             update_every (the shared multiplier), the rest to `SequenceClassifier`.
             curiosity: `CuriosityMemory` settings.
+        remote: score the classifier / safety model on its own Ray actor
+            (`agentrl.placement.RemoteClassifier` keywords: dtype, cpus, gpus, torch_threads,
+            ray_address; `placement.reward_model=worker`); None: in this process.
 
     Raises:
         ValueError: an unknown name, a duplicate, or options for a name not in `names`
             (the message lists the allowed names).
     """
 
-    def __init__(self, names: Sequence[str], options: dict[str, dict[str, Any]] | None = None):
+    def __init__(self, names: Sequence[str], options: dict[str, dict[str, Any]] | None = None, *,
+                 remote: dict[str, Any] | None = None):
+        self.remote = remote
         options = {k: dict(v or {}) for k, v in (options or {}).items()}
         for n in names:
             if n not in WRAPPERS:
@@ -117,15 +123,43 @@ class RewardWrappers:
 
     def _make_classifier(self, opts: dict[str, Any]) -> Any:
         wrap, rest = _split(opts, _CLASSIFIER_WRAPPER_KEYS)
-        self.reward_model = load_classifier(rest.pop("model", None), **rest)
+        self.reward_model = self._classifier(rest.pop("model", None), rest)
         return lambda env: ClassifierReward(env, self.reward_model, **wrap)
 
     def _make_safety(self, opts: dict[str, Any]) -> Any:
         wrap, rest = _split(opts, _SAFETY_WRAPPER_KEYS)
         lag, rest = _split(rest, _LAGRANGE_KEYS)
-        self.safety_classifier = load_classifier(rest.pop("classifier", None), **rest)
+        self.safety_classifier = self._classifier(rest.pop("classifier", None), rest)
         self.multiplier = LagrangeMultiplier(wrap.get("lam", 1.0), **lag)
         return lambda env: SafetyReward(env, self.safety_classifier, multiplier=self.multiplier, **wrap)
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> RewardWrappers:
+        """The wrappers of a run's `cfg.env.wrappers`, the classifier on its worker when
+        `cfg.placement.reward_model=worker`."""
+        p = cfg.placement
+        remote = None
+        if p.reward_model == "worker":
+            remote = {"dtype": p.reward_model_dtype, "cpus": p.reward_model_cpus, "gpus": p.reward_model_gpus,
+                      "torch_threads": cfg.train.torch_threads, "ray_address": cfg.rollout.ray_address}
+        return cls(cfg.env.wrappers, cfg.env.wrapper_kwargs, remote=remote)
+
+    def _classifier(self, model: Any, kwargs: dict[str, Any]) -> Any:
+        if self.remote is not None and isinstance(model, (str, Path)):
+            from agentrl.placement import RemoteClassifier
+
+            return RemoteClassifier(model, **self.remote, **kwargs)
+        return load_classifier(model, **kwargs)
+
+    def take_reward_model_seconds(self) -> float:
+        """Seconds the classifier / safety models spent scoring since the last call (the
+        worker's busy time with `remote`; 0 for the lexicon)."""
+        seen, total = set(), 0.0
+        for c in (getattr(self, "reward_model", None), getattr(self, "safety_classifier", None)):
+            if c is not None and id(c) not in seen and hasattr(c, "take_busy"):
+                seen.add(id(c))
+                total += float(c.take_busy())
+        return total
 
     def _make_curiosity(self, opts: dict[str, Any]) -> Any:
         self.curiosity = CuriosityMemory(**opts)

@@ -176,7 +176,7 @@ class RolloutWorker:
             from agentrl.rewards import RewardWrappers
 
             # one per worker: its env copies share judge client, curiosity memory, multiplier
-            self._rewards = RewardWrappers(self.cfg.env.wrappers, self.cfg.env.wrapper_kwargs)
+            self._rewards = RewardWrappers.from_config(self.cfg)
         return self._rewards
 
     def _make_env(self, split: str) -> Any:

@@ -1,0 +1,387 @@
+"""Worker roles: the frozen reference model and the reward model on Ray actors of their own
+(`placement.reference=worker`, `placement.reward_model=worker`), with their own CPUs / GPUs
+and dtype. `inline` (the default) keeps today's behaviour: the reference is the learner's
+frozen copy, the reward model runs inside the env wrappers of the process that steps the envs.
+
+    driver ── RemoteReference ──▶ ReferenceActor (Ray actor: frozen policy copy, prefill only,
+       │        prefetch(batch)      no graph, dropout off; float32 | bfloat16)
+       │        logprobs(batch)
+       └── RemoteClassifier ───▶ ClassifierActor (Ray actor: SequenceClassifier)
+                (in the env wrappers: score / p_unsafe)
+
+The reference actor computes exactly what `Learner.logprobs(batch, ref=True)` computes (the same
+micro-batches of `train.micro_batch_size` rows, each trimmed to its longest row, the same
+`token_logprobs`), so in float32 its logprobs equal the inline ones bit for bit on CPU (tested;
+the stated tolerance is 1e-6 nats, float32 rounding, for other kernels or devices).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+REFERENCE_DTYPES = ("float32", "bfloat16")
+"""`placement.reference_dtype` / `placement.reward_model_dtype` values this build runs (int8 is
+refused at start-up: torch has no maintained int8 inference path for transformers models on
+CPU without `torchao`)."""
+
+
+def batch_key(batch: dict[str, Any]) -> str:
+    """A digest of a batch's `input_ids` and `attention_mask` (shape and values): the key under
+    which a prefetched reference result is found again when the same rows are collated later."""
+    h = hashlib.blake2b(digest_size=16)
+    for k in ("input_ids", "attention_mask"):
+        t = batch[k].detach().cpu().contiguous()
+        h.update(str(tuple(t.shape)).encode())
+        h.update(t.numpy().tobytes())
+    return h.hexdigest()
+
+
+class ReferenceActor:
+    """The frozen reference model in a process of its own (run as a Ray actor by
+    `RemoteReference`; a plain object in tests and in-process use).
+
+    Args:
+        model_dir: a Hugging Face model directory (the policy's weights when the run started).
+        dtype: `float32` or `bfloat16` parameters (bf16: the forward runs in bf16, the
+            log-softmax in float32 from upcast logits).
+        temperature: the sampler's temperature (logits are divided by it).
+        micro_batch_size: rows per forward (as the learner's `train.micro_batch_size`).
+        torch_threads: torch threads of the actor's process.
+        device: `cpu` or `cuda`.
+        keep_fp32: with `dtype=bfloat16`, also keep a float32 copy for `logp_gap`.
+
+    Raises:
+        ValueError: an unknown dtype.
+    """
+
+    def __init__(self, model_dir: str, *, dtype: str = "float32", temperature: float = 1.0,
+                 micro_batch_size: int = 16, torch_threads: int = 1, device: str = "cpu",
+                 keep_fp32: bool = False) -> None:
+        from agentrl.learner import disable_dropout
+        from agentrl.model import load_model
+
+        if dtype not in REFERENCE_DTYPES:
+            raise ValueError(f"reference dtype {dtype!r}; allowed: {', '.join(REFERENCE_DTYPES)}")
+        torch.set_num_threads(torch_threads)
+        self.device = torch.device(device)
+        fp32, _ = load_model(model_dir)
+        disable_dropout(fp32)
+        fp32.eval().requires_grad_(False)
+        self.fp32 = fp32.to(self.device) if (dtype == "float32" or keep_fp32) else None
+        self.model = fp32.to(self.device) if dtype == "float32" else \
+            load_model(model_dir, dtype=torch.bfloat16)[0].eval().requires_grad_(False).to(self.device)
+        disable_dropout(self.model)
+        self.dtype, self.temperature, self.micro_batch_size = dtype, temperature, micro_batch_size
+        self.busy_s = 0.0
+
+    def _logprobs(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                  lengths: torch.Tensor) -> torch.Tensor:
+        from agentrl.learner import _slice, token_logprobs
+
+        batch = {"input_ids": input_ids.to(self.device), "attention_mask": attention_mask.to(self.device),
+                 "lengths": lengths}
+        out = torch.zeros(input_ids.shape, dtype=torch.float32)
+        with torch.no_grad():
+            for idx in torch.split(torch.arange(input_ids.shape[0]), self.micro_batch_size):
+                sub = _slice(batch, idx.to(self.device))
+                lp, _ = token_logprobs(model, sub["input_ids"], sub["attention_mask"],
+                                       temperature=self.temperature)
+                out[idx, : lp.shape[1]] = lp.cpu()
+        return out
+
+    def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 lengths: torch.Tensor) -> torch.Tensor:
+        """(B, T) float32 teacher-forced logprobs of the reference (0 at t = 0 and on padding
+        past each micro-batch's longest row), as `Learner.logprobs(batch, ref=True)`.
+
+        Args:
+            input_ids, attention_mask: (B, T), right-padded; lengths: (B,) tokens per row."""
+        t0 = time.perf_counter()
+        try:
+            return self._logprobs(self.model, input_ids, attention_mask, lengths)
+        finally:
+            self.busy_s += time.perf_counter() - t0
+
+    def logp_gap(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, lengths: torch.Tensor,
+                 loss_mask: torch.Tensor, max_tokens: int) -> dict[str, float]:
+        """|logp_bf16 - logp_fp32| over the first `max_tokens` agent tokens (`loss_mask != 0`,
+        in row-major order) of the batch's rows: `{"mean", "max", "tokens"}`; all 0 for a
+        float32 reference (the two are the same model).
+
+        Raises:
+            ValueError: a bf16 reference made without `keep_fp32`."""
+        if self.dtype == "float32":
+            return {"mean": 0.0, "max": 0.0, "tokens": float(int((loss_mask != 0).sum()))}
+        if self.fp32 is None:
+            raise ValueError("logp_gap needs ReferenceActor(keep_fp32=True)")
+        t0 = time.perf_counter()
+        mask = (loss_mask != 0).flatten()
+        pick = mask.nonzero().flatten()[:max_tokens]
+        rows = torch.unique(pick // input_ids.shape[1])
+        sub = (input_ids[rows], attention_mask[rows], lengths[rows])
+        gap = (self._logprobs(self.model, *sub) - self._logprobs(self.fp32, *sub)).abs()
+        keep = torch.zeros(input_ids.numel(), dtype=torch.bool)
+        keep[pick] = True
+        g = gap[keep.view(input_ids.shape)[rows]]
+        self.busy_s += time.perf_counter() - t0
+        return {"mean": float(g.mean()) if len(g) else 0.0, "max": float(g.max()) if len(g) else 0.0,
+                "tokens": float(len(g))}
+
+    def take_busy(self) -> float:
+        """Seconds this actor spent computing since the last call (then reset to 0)."""
+        b, self.busy_s = self.busy_s, 0.0
+        return b
+
+
+def actor_options(cpus: float, gpus: float) -> dict[str, Any]:
+    """Ray actor options of a worker role: its reserved CPUs / GPUs, no restarts (a dead worker
+    fails the step with Ray's error, the run's checkpoint stays)."""
+    return {"num_cpus": cpus, "num_gpus": gpus, "max_restarts": 0}
+
+
+class RemoteReference:
+    """The driver's side of the reference worker: `logprobs(batch)` answers what
+    `Learner.logprobs(batch, ref=True)` would; `prefetch(batch)` starts that computation on the
+    worker without waiting, so that it overlaps the driver's own work (the pipeline,
+    docs/scale_out.md); a later `logprobs` of a batch with the same rows takes the result.
+
+    Args:
+        model_dir: the frozen policy's model directory (`save_reference_model`).
+        dtype, temperature, micro_batch_size, torch_threads, keep_fp32: see `ReferenceActor`.
+        cpus, gpus: the actor's Ray resources (`placement.reference_cpus` / `_gpus`); with
+            gpus > 0 the actor runs on its CUDA device.
+        ray_address: the cluster to join (None: a local one, or the one already up).
+
+    Attributes:
+        wait_s: seconds the driver waited for the worker's results (reset by `take_metrics`).
+    """
+
+    MAX_PENDING = 4
+    """Prefetched results kept at most (the oldest is dropped)."""
+
+    def __init__(self, model_dir: str | Path, *, dtype: str = "float32", temperature: float = 1.0,
+                 micro_batch_size: int = 16, torch_threads: int = 1, cpus: float = 1.0, gpus: float = 0.0,
+                 keep_fp32: bool = False, ray_address: str | None = None) -> None:
+        import ray
+
+        from agentrl.cluster import ensure_ray
+
+        ensure_ray(ray_address)
+        cls = ray.remote(**actor_options(cpus, gpus))(ReferenceActor)
+        self.actor = cls.remote(str(model_dir), dtype=dtype, temperature=temperature,
+                                micro_batch_size=micro_batch_size, torch_threads=torch_threads,
+                                device="cuda" if gpus > 0 else "cpu", keep_fp32=keep_fp32)
+        self.dtype = dtype
+        self._pending: OrderedDict[str, Any] = OrderedDict()
+        self._lock = threading.Lock()
+        self.wait_s = 0.0
+        self.prefetched = 0
+
+    @staticmethod
+    def _args(batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return (batch["input_ids"].cpu(), batch["attention_mask"].cpu(), batch["lengths"].cpu())
+
+    def prefetch(self, batch: dict[str, Any]) -> None:
+        """Start the reference logprobs of `batch` on the worker (returns at once)."""
+        key = batch_key(batch)
+        with self._lock:
+            if key not in self._pending:
+                self._pending[key] = self.actor.logprobs.remote(*self._args(batch))
+                while len(self._pending) > self.MAX_PENDING:
+                    self._pending.popitem(last=False)
+
+    def logprobs(self, batch: dict[str, Any]) -> torch.Tensor:
+        """(B, T) reference logprobs of `batch`, on the batch's device: the prefetched result
+        of the same rows when there is one, else computed now on the worker."""
+        import ray
+
+        key = batch_key(batch)
+        with self._lock:
+            ref = self._pending.pop(key, None)
+        if ref is not None:
+            self.prefetched += 1
+        else:
+            ref = self.actor.logprobs.remote(*self._args(batch))
+        t0 = time.perf_counter()
+        out = ray.get(ref)
+        self.wait_s += time.perf_counter() - t0
+        return out.to(batch["loss_mask"].device)
+
+    def logp_gap(self, batch: dict[str, Any], max_tokens: int) -> dict[str, float]:
+        """`ReferenceActor.logp_gap` on the worker: mean / max |logp_bf16 - logp_fp32| and the
+        token count over the first `max_tokens` agent tokens of `batch`."""
+        import ray
+
+        return ray.get(self.actor.logp_gap.remote(*self._args(batch), batch["loss_mask"].cpu(), max_tokens))
+
+    def take_metrics(self) -> dict[str, float]:
+        """`perf/reference_wait_s` (the driver waited), `perf/reference_busy_s` (the worker
+        computed) and `perf/reference_prefetched` (results taken from a prefetch) since the last
+        call."""
+        import ray
+
+        busy = float(ray.get(self.actor.take_busy.remote()))
+        m = {"perf/reference_wait_s": self.wait_s, "perf/reference_busy_s": busy,
+             "perf/reference_prefetched": float(self.prefetched)}
+        self.wait_s, self.prefetched = 0.0, 0
+        return m
+
+    def shutdown(self) -> None:
+        """Stop the actor."""
+        import ray
+
+        ray.kill(self.actor)
+
+
+def save_reference_model(model: Any, tok: Any, out: Path, checkpoint: Path | None = None) -> Path:
+    """Write the frozen reference's weights to OUT/reference_model, once: `model`'s plain
+    weights (LoRA merged: at the start of a run, the base). A resumed run keeps the directory of
+    its first start, so the reference stays the policy the run started from; a run started with
+    the inline reference and resumed with a worker takes the reference weights its `checkpoint`
+    saved (`ref_model.pt`).
+
+    Raises:
+        ValueError: resuming from a `checkpoint` that has neither (no reference to restore)."""
+    from agentrl.lora import plain_copy
+
+    target = out / "reference_model"
+    if (target / "config.json").exists():
+        return target
+    ref = plain_copy(model)
+    if checkpoint is not None:
+        if not (checkpoint / "ref_model.pt").exists():
+            raise ValueError(f"placement.reference=worker: resuming from {checkpoint}, which has no "
+                             f"reference weights (ref_model.pt) and {target} does not exist")
+        ref.load_state_dict(torch.load(checkpoint / "ref_model.pt", map_location="cpu"))
+    ref.save_pretrained(target)
+    tok.save_pretrained(target)
+    return target
+
+
+# -- the reward model -----------------------------------------------------------------------------
+class ClassifierActor:
+    """A `SequenceClassifier` in a process of its own (a Ray actor of `RemoteClassifier`).
+
+    Args:
+        path: the classifier's model directory; dtype: `float32` or `bfloat16` parameters;
+        torch_threads: torch threads of the process; kwargs: `SequenceClassifier` options."""
+
+    def __init__(self, path: str, *, dtype: str = "float32", torch_threads: int = 1, **kwargs: Any) -> None:
+        from agentrl.rewards.classifier import SequenceClassifier
+
+        if dtype not in REFERENCE_DTYPES:
+            raise ValueError(f"reward model dtype {dtype!r}; allowed: {', '.join(REFERENCE_DTYPES)}")
+        torch.set_num_threads(torch_threads)
+        self.clf = SequenceClassifier(path, **kwargs)
+        if dtype == "bfloat16":
+            self.clf.model.to(torch.bfloat16)
+        self.busy_s = 0.0
+
+    def logits(self, prompts: Sequence[Any], responses: Sequence[str]) -> np.ndarray:
+        """`SequenceClassifier.logits` (B, num_labels) float64."""
+        t0 = time.perf_counter()
+        try:
+            return self.clf.logits(prompts, responses)
+        finally:
+            self.busy_s += time.perf_counter() - t0
+
+    def meta(self) -> dict[str, int]:
+        """`num_labels`, `label`, `unsafe_label` of the loaded classifier."""
+        return {"num_labels": self.clf.num_labels, "label": self.clf.label, "unsafe_label": self.clf.unsafe_label}
+
+    def take_busy(self) -> float:
+        """Seconds spent scoring since the last call (then reset to 0)."""
+        b, self.busy_s = self.busy_s, 0.0
+        return b
+
+
+class RemoteClassifier:
+    """A classifier scored on its own Ray actor, with the interface of `SequenceClassifier`
+    (`score`, `p_unsafe`, `logits`), for the reward wrappers (`placement.reward_model=worker`).
+
+    The actor is named after the model path and options (`get_if_exists`): the driver's env
+    wrappers and those of every rollout worker of the run score on the same actor.
+
+    Args:
+        path: the classifier's model directory.
+        dtype, cpus, gpus: the actor's dtype and Ray resources (`placement.reward_model_*`).
+        torch_threads: torch threads of the actor.
+        ray_address: the cluster to join (None: a local one, or the one already up).
+        kwargs: `SequenceClassifier` options (label, unsafe_label, input_format, ...).
+
+    Raises:
+        FileNotFoundError: `path` is not a directory.
+    """
+
+    def __init__(self, path: str | Path, *, dtype: str = "float32", cpus: float = 1.0, gpus: float = 0.0,
+                 torch_threads: int = 1, ray_address: str | None = None, **kwargs: Any) -> None:
+        import json
+
+        import ray
+
+        from agentrl.cluster import ensure_ray
+
+        if not Path(path).is_dir():
+            raise FileNotFoundError(f"classifier model directory not found: {path}")
+        ensure_ray(ray_address)
+        spec = json.dumps([str(Path(path).resolve()), dtype, kwargs], sort_keys=True, default=str)
+        name = "agentrl_reward_model_" + hashlib.blake2b(spec.encode(), digest_size=8).hexdigest()
+        cls = ray.remote(**actor_options(cpus, gpus))(ClassifierActor)
+        self.actor = cls.options(name=name, get_if_exists=True, lifetime=None).remote(
+            str(path), dtype=dtype, torch_threads=torch_threads, **kwargs)
+        meta = ray.get(self.actor.meta.remote())
+        self.num_labels, self.label, self.unsafe_label = meta["num_labels"], meta["label"], meta["unsafe_label"]
+        self.wait_s = 0.0
+        self._lock = threading.Lock()
+
+    def logits(self, prompts: Sequence[Any], responses: Sequence[str]) -> np.ndarray:
+        """(B, num_labels) float64 logits, computed on the actor."""
+        import ray
+
+        if len(prompts) != len(responses):
+            raise ValueError(f"{len(prompts)} prompts for {len(responses)} responses")
+        t0 = time.perf_counter()
+        out = ray.get(self.actor.logits.remote(list(prompts), list(responses)))
+        with self._lock:
+            self.wait_s += time.perf_counter() - t0
+        return out
+
+    def score(self, prompts: Sequence[Any], responses: Sequence[str]) -> np.ndarray:
+        """As `SequenceClassifier.score`."""
+        from agentrl.rewards.classifier import score_from_logits
+
+        return score_from_logits(self.logits(prompts, responses), self.num_labels, self.label)
+
+    def p_unsafe(self, prompts: Sequence[Any], responses: Sequence[str]) -> np.ndarray:
+        """As `SequenceClassifier.p_unsafe`."""
+        from agentrl.rewards.classifier import p_unsafe_from_logits
+
+        return p_unsafe_from_logits(self.logits(prompts, responses), self.num_labels, self.unsafe_label)
+
+    def take_busy(self) -> float:
+        """Seconds the actor spent scoring since the last call (then reset to 0)."""
+        import ray
+
+        return float(ray.get(self.actor.take_busy.remote()))
+
+
+def make_reference(cfg: Any, model: Any, tok: Any, out: Path, checkpoint: Path | None = None) -> RemoteReference:
+    """The reference worker of a run (`placement.reference=worker`): OUT/reference_model
+    (`save_reference_model`) on a `RemoteReference` with `placement.reference_*`, the sampler's
+    temperature, `train.micro_batch_size` and `train.torch_threads`."""
+    p = cfg.placement
+    path = save_reference_model(model, tok, out, checkpoint)
+    return RemoteReference(path, dtype=p.reference_dtype, temperature=cfg.rollout.temperature,
+                           micro_batch_size=cfg.train.micro_batch_size, torch_threads=cfg.train.torch_threads,
+                           cpus=p.reference_cpus, gpus=p.reference_gpus,
+                           keep_fp32=p.reference_dtype != "float32" and p.logp_gap_every > 0,
+                           ray_address=cfg.rollout.ray_address)
