@@ -166,9 +166,16 @@ def test_decode_plain_is_strict():
             decode_plain(bad)
 
 
-@pytest.mark.xfail(strict=True, reason="known gap (docs/sandbox.md): a harness-aware solution "
-                   "forges tests without runner-held expectations (token read via gc)")
-def test_known_gap_token_forgery_on_tests_without_sites(pool):
-    code = ATTACKS["secret_via_gc"].replace("{entry}", "f")
-    r = pool.run_tests(code, ["assert f(2) == 2 * 2"])  # computed expectation: stays inside
-    assert r.verdict != "pass"
+@pytest.mark.parametrize("attack", sorted(ATTACKS))
+def test_attacks_fail_on_tests_without_runner_held_expectations(pool, attack):
+    """Tests whose expectation is computed in the run (no layer-1 site): before the split into
+    a test process and a solution process, reading the token (gc, frames) forged these."""
+    code = ATTACKS[attack].replace("{entry}", "f")
+    tests = ["assert f(2) == 2 * 2",                              # computed expectation
+             "for i in range(3):\n    assert f(i) == i * 2",        # in a loop
+             "import math\nassert math.isclose(f(1.5), 3.0)",      # tolerance
+             "def ref(x):\n    return 2 * x\nassert all(f(x) == ref(x) for x in range(4))"]
+    for test in tests:
+        r = pool.run_tests(code, [test])
+        assert r.verdict != "pass" and r.passed == 0, (attack, test, r)
+        assert pool.run_tests("def f(x):\n    return 2 * x\n", [test]).verdict == "pass", test
