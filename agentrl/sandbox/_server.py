@@ -1343,6 +1343,7 @@ def run_job(job, ctl_in):
     nproc_base = None if pids_cg else _count_own_processes()
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
+    solution = None  # (pid, pidfd) of the solution's process in a split run
     if job["mode"] == "tests":
         # T first; the tests and tokens go from the runner's pipe into T's without passing
         # through this process (so C, forked from it afterwards, never had them in memory)
@@ -1367,6 +1368,7 @@ def run_job(job, ctl_in):
                    limits, nproc_base, "solution")
         for fd in (call_r, call_w, ans_r, ans_w):
             os.close(fd)
+        solution = (cpid, os.pidfd_open(cpid))
     else:
         job.update(_recv(ctl_in) or {})
         pid = os.fork()
@@ -1384,6 +1386,9 @@ def run_job(job, ctl_in):
     for fd in (out_r, err_r, rep_r, pidfd):
         poller.register(fd, select.POLLIN)
     open_fds = {out_r, err_r, rep_r}
+    solution_status = None  # how the solution's process ended, if before the test program
+    if solution is not None:
+        poller.register(solution[1], select.POLLIN)
 
     def read_some(fd):
         nonlocal total_out
@@ -1411,6 +1416,9 @@ def run_job(job, ctl_in):
             if fd == pidfd:
                 _, status = os.waitpid(pid, 0)
                 poller.unregister(pidfd)
+            elif solution is not None and fd == solution[1]:
+                _, solution_status = os.waitpid(solution[0], 0)
+                poller.unregister(fd)
             else:
                 read_some(fd)
         if total_out > cap:
@@ -1431,6 +1439,8 @@ def run_job(job, ctl_in):
                 read_some(fd)
     for fd in (out_r, err_r, rep_r, pidfd):
         os.close(fd)
+    if solution is not None:
+        os.close(solution[1])
     ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     # Nothing of the run may reach the next one: files (any depth, inodes), POSIX queues,
@@ -1450,7 +1460,11 @@ def run_job(job, ctl_in):
         "stderr": b64(bufs[err_r]),
         "report": b64(bufs[rep_r]),
         "exit_code": os.WEXITSTATUS(status) if exited else None,
-        "signal": os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else None,
+        # the test program's signal, else the one that ended the solution's process early
+        # (SIGXCPU: its CPU limit) while the test program waited for it
+        "signal": (os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else
+                   os.WTERMSIG(solution_status) if solution_status is not None
+                   and os.WIFSIGNALED(solution_status) else None),
         "timeout": timeout,
         "output_limit": output_limit or total_out > cap,
         "wall_s": wall,
