@@ -179,3 +179,36 @@ def test_attacks_fail_on_tests_without_runner_held_expectations(pool, attack):
         r = pool.run_tests(code, [test])
         assert r.verdict != "pass" and r.passed == 0, (attack, test, r)
         assert pool.run_tests("def f(x):\n    return 2 * x\n", [test]).verdict == "pass", test
+
+
+def test_tokens_and_tests_never_reach_the_solution_process():
+    """The solution's process scans all of its writable memory (ctypes; its /proc/self/mem is
+    not readable, the process is non-dumpable) for 32-hex-digit strings:
+    the run's tokens (held by the test program) are never among them, nor a marker only the
+    tests contain; a marker in the solution's own source is (the scan works)."""
+    from agentrl.sandbox.worker import Worker
+
+    code = ("import ctypes, re\nMINE = 'abcdef0123456789' * 2\n"
+            "def f(x):\n    found = set()\n"
+            "    with open('/proc/self/maps') as m:\n"
+            "        for line in m:\n"
+            "            lo, hi = (int(v, 16) for v in line.split()[0].split('-'))\n"
+            "            if not line.split()[1].startswith('rw'):\n                continue\n"
+            "            found.update(re.findall(rb'[0-9a-f]{32}', ctypes.string_at(lo, hi - lo)))\n"
+            "    print(sorted(s.decode() for s in found))\n    return x\n")
+    test_marker = "fedcba9876543210" * 2
+    w = Worker("bwrap")
+    try:
+        for _ in range(2):  # a second run of the same worker: not the first's tests either
+            # (earlier runs' tokens can linger in the server's freed report buffers, hence in
+            # the solution's process; they are never valid again, every run has fresh ones)
+            job = make_job("tests", code, [f"assert f(1) == 1\nassert '{test_marker}'"] * 3,
+                           "", "", Limits(wall_s=20, cpu_s=20))
+            raw = w.run(job, 40)
+            out = base64.b64decode(raw["stdout"]).decode()
+            assert "abcdef0123456789" * 2 in out, out[:300]
+            assert test_marker not in out
+            assert not [t for t in job["tokens"] if t in out], (_, out[:200])
+            assert judge(job, raw, None, "bwrap").verdict == "pass"
+    finally:
+        w.shutdown()
