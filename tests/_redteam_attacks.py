@@ -84,6 +84,11 @@ ATTACKS: dict[str, str] = {
                            "            except Exception:\n                pass\n"
                            "    return _Eq()\n"
                            "def _forge_none():\n    pass\n"),
+    # names the tests use: builtins, and what setup imported
+    "shadow_test_names": ("def abs(*a, **k):\n    return 0\n"
+                          "def all(*a, **k):\n    return True\n"
+                          "def isclose(*a, **k):\n    return True\n"
+                          "def {entry}(*a, **k):\n    return None\n"),
     # early exits and fake reports
     "system_exit_0_module": "raise SystemExit(0)\ndef {entry}(*a, **k):\n    return None\n",
     "system_exit_0_in_call": "def {entry}(*a, **k):\n    raise SystemExit(0)\n",

@@ -174,11 +174,15 @@ def test_attacks_fail_on_tests_without_runner_held_expectations(pool, attack):
     tests = ["assert f(2) == 2 * 2",                              # computed expectation
              "for i in range(3):\n    assert f(i) == i * 2",        # in a loop
              "import math\nassert math.isclose(f(1.5), 3.0)",      # tolerance
-             "def ref(x):\n    return 2 * x\nassert all(f(x) == ref(x) for x in range(4))"]
+             "def ref(x):\n    return 2 * x\nassert all(f(x) == ref(x) for x in range(4))",
+             "assert abs(f(0.5) - 1.0) < 1e-9",                      # arithmetic
+             "assert isclose(f(1.5), 3.0)"]                          # a name setup imported
+    setup = "from math import isclose\n"
     for test in tests:
-        r = pool.run_tests(code, [test])
+        r = pool.run_tests(code, [test], setup=setup)
         assert r.verdict != "pass" and r.passed == 0, (attack, test, r)
-        assert pool.run_tests("def f(x):\n    return 2 * x\n", [test]).verdict == "pass", test
+        honest = pool.run_tests("def f(x):\n    return 2 * x\n", [test], setup=setup)
+        assert honest.verdict == "pass", test
 
 
 def test_tokens_and_tests_never_reach_the_solution_process():

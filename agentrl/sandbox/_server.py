@@ -500,29 +500,6 @@ def _h_truth(x, _check=_check):
     return True if x else False
 
 
-def _wrap(fn, _check=_check, _lazy=_LAZY, _t=_type, _checked=_CHECKED):
-    """``fn`` as tests see it: its results must be plain data (or lazy built-in iterables).
-
-    Checked, not copied (outputs can be gigabytes, e.g. MBPP+ Mbpp/255): comparisons and
-    asserts check their operands again when they use them.
-    """
-
-    def candidate(*args, **kwargs):
-        _checked[0] = None
-        r = fn(*args, **kwargs)
-        if _t(r) not in _lazy:
-            _check(r)
-            _checked[0] = r
-        return r
-
-    try:
-        candidate.__name__ = candidate.__qualname__ = _str(fn.__name__)
-        candidate.__doc__ = _str(fn.__doc__) if fn.__doc__ is not None else None
-    except _BaseException:
-        pass
-    return candidate
-
-
 def _bake(code, helpers, _t=_type, _code_type=types.CodeType):
     """``code`` with the helper placeholders among its constants (recursively) replaced by the
     helper functions: rebinding any *name* in the test's globals cannot reach them."""
@@ -627,7 +604,9 @@ def _restore_builtins():
 
 
 def _harness(job, finish):
-    """Run setup, solution and tests; report over fd 3; leave through ``finish`` (never returns)."""
+    """Run setup, solution and tests in one process; report over fd 3; leave through ``finish``
+    (never returns).  Used for ``run_code`` (no tests); ``run_tests`` splits the run in two
+    (``_test_program`` and ``_solution_process``)."""
     tokens = job["tokens"]
     tests = job["tests"]
     mode = job["mode"]
@@ -676,7 +655,6 @@ def _harness(job, finish):
     del job, tokens
     try:
         _exec(setup_c, ns)
-        before = _dict(ns)
         _exec(code_c, ns)
     except _SystemExit as e:
         if mode != "code" or e.code not in (None, 0):
@@ -686,13 +664,6 @@ def _harness(job, finish):
         _rep("R " + _describe(e, None))
         finish()
     _rep("C " + code_token)
-    # what tests see of the solution: its functions return plain-data copies of their results
-    wrapped = {}
-    if mode == "tests":
-        for key, value in _list(ns.items()):
-            if before.get(key, ns) is not value and _callable(value) \
-                    and not _isinstance(value, _type_type):
-                wrapped[key] = _wrap(value)
     for i in _range(_len(tests)):
         _settrace(None)
         _setprofile(None)
@@ -704,7 +675,6 @@ def _harness(job, finish):
             _rep(f"F {i} SyntaxError in test: {compiled[i]}")
             continue
         test_ns = _dict(ns)
-        test_ns.update(wrapped)
         test_ns["__builtins__"] = _dict(_BUILTINS)
         try:
             _exec(compiled[i], test_ns)
@@ -1055,6 +1025,7 @@ def _test_program(job, finish):
         finish()
     tokens, tests, imports = part["tokens"], part["tests"], part.get("imports") or []
     setup = job["setup"]
+    may_shadow = frozenset(job.get("site_callees") or ())
     del part, job
     module = _type(sys)("solution")
     ns = module.__dict__
@@ -1111,6 +1082,15 @@ def _test_program(job, finish):
         try:
             name, kind, payload = entry
             if _type(name) is not _str or not name.isidentifier() or name.startswith("__"):
+                continue
+            # the solution may not shadow what the tests rely on: a builtin (`abs`, `all`;
+            # unless the runner checks that name's results itself: MBPP's `sum` task) or a
+            # name `setup` imported (`from math import isclose`); it may replace functions
+            # the setup defines (HumanEval's prompt stubs the entry point and its helpers)
+            prior = ns.get(name, _MISSING)
+            if (name in _BUILTINS and name not in may_shadow) or (
+                    prior is not _MISSING and not (_type(prior) is types.FunctionType
+                                                   and prior.__globals__ is ns)):
                 continue
             if kind == "f":
                 solution_names[name] = _proxy(name)
