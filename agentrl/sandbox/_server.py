@@ -704,7 +704,10 @@ _HANDLE = "\x00agentrl:handle"
 
 
 def _msg_send(fd, blob):
-    """Write one message: an 8-byte length and ``blob`` (bytes)."""
+    """Write one message: an 8-byte length and ``blob`` (bytes; small ones in one write)."""
+    if _len(blob) < 1 << 16:
+        _write_all(fd, _pack_len(_len(blob)) + blob)
+        return
     _write_all(fd, _pack_len(_len(blob)))
     _write_all(fd, blob)
 
