@@ -7,7 +7,7 @@ messages are a 4-byte big-endian length followed by UTF-8 JSON.  Under bwrap it 
 namespace's init (pid 1): orphans are re-parented to it, and signals sent from inside the
 namespace cannot kill or stop it.
 
-Per job it forks one fresh child, which
+Per ``run_code`` job it forks one fresh child, which
 
 1. starts a new session, gets its own pipes for stdin/stdout/stderr and a report pipe on fd 3,
    a fresh work directory under /tmp and a cleared environment;
@@ -16,7 +16,11 @@ Per job it forks one fresh child, which
    namespace, writing one line per event to fd 3.  A passing test is reported with that test's
    per-run random token, written only after ``exec`` of the test returned normally.
 
-The server meanwhile reads the child's output (bounded), enforces the wall-time limit, and at the
+A ``run_tests`` job gets two children instead, the test program and the solution's process
+(section "split runs" below): the solution never runs in the process that holds the tests, the
+expected values or the tokens.
+
+The server meanwhile reads the children's output (bounded), enforces the wall-time limit, and at the
 end kills every process the run left behind, reaps them, wipes /tmp and removes SysV IPC
 objects, so that the next run starts clean.  It never executes solution code itself.
 """
