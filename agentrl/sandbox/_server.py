@@ -920,6 +920,7 @@ def _solution_process(job, streams):
         r = None
         flush()
         _msg_send(ANSWER_FD, out)
+        out = None  # EvalPlus outputs reach GiBs: hold neither the result nor its bytes
 
 
 _PLAIN_EXC = frozenset(v for v in builtins.__dict__.values()
