@@ -131,7 +131,9 @@ def _send(fd, obj):
 
 def _prctl(option, value):
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+        if not _LIBC:
+            _LIBC.append(ctypes.CDLL(None, use_errno=True))
+        _LIBC[0].prctl(option, value, 0, 0, 0)
     except (OSError, AttributeError):
         pass
 
@@ -1333,29 +1335,28 @@ def run_job(job, ctl_in):
     t0 = time.monotonic()
     solution = None  # (pid, pidfd) of the solution's process in a split run
     if job["mode"] == "tests":
-        # T first; the tests and tokens go from the runner's pipe into T's without passing
-        # through this process (so C, forked from it afterwards, never had them in memory)
+        # the solution's process first (it loads the solution meanwhile), then the test
+        # program; the tests and tokens then go from the runner's pipe into the test program's
+        # without passing through this process (C, forked from it, never has them in memory)
         tests_r, tests_w = os.pipe()
         call_r, call_w = os.pipe()
         ans_r, ans_w = os.pipe()
+        cpid = os.fork()
+        if cpid == 0:
+            _child(job, (stdin_fd, out_w, err_w, {CALL_FD: call_r, ANSWER_FD: ans_w}),
+                   limits, nproc_base, "solution")
         null = os.open("/dev/null", os.O_RDONLY)
         pid = os.fork()
         if pid == 0:
             _child(job, (null, out_w, err_w, {REPORT_FD: rep_w, TESTS_FD: tests_r,
                                               CALL_FD: call_w, ANSWER_FD: ans_r}),
                    limits, nproc_base, "tests")
-        os.close(null)
-        os.close(tests_r)
+        for fd in (null, tests_r, call_r, call_w, ans_r, ans_w):
+            os.close(fd)
         try:
             _forward_message(ctl_in, tests_w)
         finally:
             os.close(tests_w)
-        cpid = os.fork()
-        if cpid == 0:
-            _child(job, (stdin_fd, out_w, err_w, {CALL_FD: call_r, ANSWER_FD: ans_w}),
-                   limits, nproc_base, "solution")
-        for fd in (call_r, call_w, ans_r, ans_w):
-            os.close(fd)
         solution = (cpid, os.pidfd_open(cpid))
     else:
         job.update(_recv(ctl_in) or {})
