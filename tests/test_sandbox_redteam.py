@@ -2,8 +2,10 @@
 
 Every attack in ``_redteam_attacks.ATTACKS`` is submitted through ``CodeSandboxEnv.step`` on a
 built-in task and on HumanEval, HumanEval+, MBPP (sanitized) and MBPP+ tasks, and must get
-reward 0 while the task's reference solution gets 1.  docs/sandbox.md has the threat model and
-the table of verdicts before and after the change.
+reward 0 while the task's reference solution gets 1; the same attacks must also fail tests whose
+expectations are computed inside the run (which, before the tests and the solution ran in two
+processes, a solution reading the run's token could forge).  docs/sandbox.md has the threat
+model and the tables of verdicts before and after each change.
 """
 
 from __future__ import annotations
