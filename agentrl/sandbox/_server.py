@@ -1414,6 +1414,14 @@ def run_job(job, ctl_in):
             output_limit = True
             break
     wall = time.monotonic() - t0
+    if solution is not None and solution_status is None and not (timeout or output_limit):
+        # the test program has ended, so the solution's process reads end-of-file and exits
+        # now, or has just been ended by a signal (its CPU limit) that made the test program
+        # stop: wait a moment for its status rather than mistake it for our own kill
+        waiter = select.poll()
+        waiter.register(solution[1], select.POLLIN)
+        if waiter.poll(50):
+            _, solution_status = os.waitpid(solution[0], 0)
     clean = _kill_everything(CONTAINED)
     if status is None:
         try:
