@@ -84,6 +84,11 @@ ATTACKS: dict[str, str] = {
                            "            except Exception:\n                pass\n"
                            "    return _Eq()\n"
                            "def _forge_none():\n    pass\n"),
+    # names the tests use: builtins, and what setup imported
+    "shadow_test_names": ("def abs(*a, **k):\n    return 0\n"
+                          "def all(*a, **k):\n    return True\n"
+                          "def isclose(*a, **k):\n    return True\n"
+                          "def {entry}(*a, **k):\n    return None\n"),
     # early exits and fake reports
     "system_exit_0_module": "raise SystemExit(0)\ndef {entry}(*a, **k):\n    return None\n",
     "system_exit_0_in_call": "def {entry}(*a, **k):\n    raise SystemExit(0)\n",
@@ -95,6 +100,39 @@ ATTACKS: dict[str, str] = {
     # the secret token
     "secret_via_gc": _FORGE + ("def {entry}(*a, **k):\n"
                                "    _forge([o for o in gc.get_objects() if _tokenish(o)])\n"),
+    # the test program's process, from the solution's (split runs): its memory and descriptors
+    "test_program_via_proc": ("import os, re\n"
+                              "def {entry}(*a, **k):\n"
+                              "    toks = set()\n"
+                              "    pids = [p for p in os.listdir('/proc') if p.isdigit()]\n"
+                              "    for p in pids:\n"
+                              "        try:\n"
+                              "            with open('/proc/%s/maps' % p) as m, "
+                              "open('/proc/%s/mem' % p, 'rb') as mem:\n"
+                              "                for line in m:\n"
+                              "                    lo, hi = (int(x, 16) for x in line.split()[0].split('-'))\n"
+                              "                    if 'rw' not in line.split()[1] or hi - lo > 1 << 26:\n"
+                              "                        continue\n"
+                              "                    try:\n"
+                              "                        mem.seek(lo)\n"
+                              "                        toks.update(re.findall(rb'[0-9a-f]{32}', mem.read(hi - lo)))\n"
+                              "                    except OSError:\n"
+                              "                        pass\n"
+                              "        except OSError:\n"
+                              "            pass\n"
+                              "    for p in pids:\n"
+                              "        for fd in range(3, 8):\n"
+                              "            try:\n"
+                              "                w = os.open('/proc/%s/fd/%d' % (p, fd), os.O_WRONLY)\n"
+                              "            except OSError:\n"
+                              "                continue\n"
+                              "            for i in range(16):\n"
+                              "                for t in list(toks)[:4096] or [b'x']:\n"
+                              "                    try:\n"
+                              "                        os.write(w, b'P %d %s\\n' % (i, t))\n"
+                              "                    except OSError:\n"
+                              "                        pass\n"
+                              "    return None\n"),
     "secret_via_frames": _FORGE + ("import sys\ndef {entry}(*a, **k):\n    found = []\n"
                                    "    f = sys._getframe(1)\n    while f is not None:\n"
                                    "        found += [v for v in f.f_locals.values() if _tokenish(v)]\n"

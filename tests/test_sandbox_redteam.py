@@ -2,8 +2,10 @@
 
 Every attack in ``_redteam_attacks.ATTACKS`` is submitted through ``CodeSandboxEnv.step`` on a
 built-in task and on HumanEval, HumanEval+, MBPP (sanitized) and MBPP+ tasks, and must get
-reward 0 while the task's reference solution gets 1.  docs/sandbox.md has the threat model and
-the table of verdicts before and after the change.
+reward 0 while the task's reference solution gets 1; the same attacks must also fail tests whose
+expectations are computed inside the run (which, before the tests and the solution ran in two
+processes, a solution reading the run's token could forge).  docs/sandbox.md has the threat
+model and the tables of verdicts before and after each change.
 """
 
 from __future__ import annotations
@@ -166,9 +168,53 @@ def test_decode_plain_is_strict():
             decode_plain(bad)
 
 
-@pytest.mark.xfail(strict=True, reason="known gap (docs/sandbox.md): a harness-aware solution "
-                   "forges tests without runner-held expectations (token read via gc)")
-def test_known_gap_token_forgery_on_tests_without_sites(pool):
-    code = ATTACKS["secret_via_gc"].replace("{entry}", "f")
-    r = pool.run_tests(code, ["assert f(2) == 2 * 2"])  # computed expectation: stays inside
-    assert r.verdict != "pass"
+@pytest.mark.parametrize("attack", sorted(ATTACKS))
+def test_attacks_fail_on_tests_without_runner_held_expectations(pool, attack):
+    """Tests whose expectation is computed in the run (no layer-1 site): before the split into
+    a test process and a solution process, reading the token (gc, frames) forged these."""
+    code = ATTACKS[attack].replace("{entry}", "f")
+    tests = ["assert f(2) == 2 * 2",                              # computed expectation
+             "for i in range(3):\n    assert f(i) == i * 2",        # in a loop
+             "import math\nassert math.isclose(f(1.5), 3.0)",      # tolerance
+             "def ref(x):\n    return 2 * x\nassert all(f(x) == ref(x) for x in range(4))",
+             "assert abs(f(0.5) - 1.0) < 1e-9",                      # arithmetic
+             "assert isclose(f(1.5), 3.0)"]                          # a name setup imported
+    setup = "from math import isclose\n"
+    for test in tests:
+        r = pool.run_tests(code, [test], setup=setup)
+        assert r.verdict != "pass" and r.passed == 0, (attack, test, r)
+        honest = pool.run_tests("def f(x):\n    return 2 * x\n", [test], setup=setup)
+        assert honest.verdict == "pass", test
+
+
+def test_tokens_and_tests_never_reach_the_solution_process():
+    """The solution's process scans all of its writable memory (ctypes; its /proc/self/mem is
+    not readable, the process is non-dumpable) for 32-hex-digit strings:
+    the run's tokens (held by the test program) are never among them, nor a marker only the
+    tests contain; a marker in the solution's own source is (the scan works)."""
+    from agentrl.sandbox.worker import Worker
+
+    code = ("import ctypes, re\nMINE = 'abcdef0123456789' * 2\n"
+            "def f(x):\n    found = set()\n"
+            "    with open('/proc/self/maps') as m:\n"
+            "        for line in m:\n"
+            "            lo, hi = (int(v, 16) for v in line.split()[0].split('-'))\n"
+            "            if not line.split()[1].startswith('rw'):\n                continue\n"
+            "            found.update(re.findall(rb'[0-9a-f]{32}', ctypes.string_at(lo, hi - lo)))\n"
+            "    print(sorted(s.decode() for s in found))\n    return x\n")
+    test_marker = "fedcba9876543210" * 2
+    w = Worker("bwrap")
+    try:
+        for _ in range(2):  # a second run of the same worker: not the first's tests either
+            # (earlier runs' tokens can linger in the server's freed report buffers, hence in
+            # the solution's process; they are never valid again, every run has fresh ones)
+            job = make_job("tests", code, [f"assert f(1) == 1\nassert '{test_marker}'"] * 3,
+                           "", "", Limits(wall_s=20, cpu_s=20))
+            raw = w.run(job, 40)
+            out = base64.b64decode(raw["stdout"]).decode()
+            assert "abcdef0123456789" * 2 in out, out[:300]
+            assert test_marker not in out
+            assert not [t for t in job["tokens"] if t in out], (_, out[:200])
+            assert judge(job, raw, None, "bwrap").verdict == "pass"
+    finally:
+        w.shutdown()

@@ -7,7 +7,7 @@ messages are a 4-byte big-endian length followed by UTF-8 JSON.  Under bwrap it 
 namespace's init (pid 1): orphans are re-parented to it, and signals sent from inside the
 namespace cannot kill or stop it.
 
-Per job it forks one fresh child, which
+Per ``run_code`` job it forks one fresh child, which
 
 1. starts a new session, gets its own pipes for stdin/stdout/stderr and a report pipe on fd 3,
    a fresh work directory under /tmp and a cleared environment;
@@ -16,7 +16,11 @@ Per job it forks one fresh child, which
    namespace, writing one line per event to fd 3.  A passing test is reported with that test's
    per-run random token, written only after ``exec`` of the test returned normally.
 
-The server meanwhile reads the child's output (bounded), enforces the wall-time limit, and at the
+A ``run_tests`` job gets two children instead, the test program and the solution's process
+(section "split runs" below): the solution never runs in the process that holds the tests, the
+expected values or the tokens.
+
+The server meanwhile reads the children's output (bounded), enforces the wall-time limit, and at the
 end kills every process the run left behind, reaps them, wipes /tmp and removes SysV IPC
 objects, so that the next run starts clean.  It never executes solution code itself.
 """
@@ -29,6 +33,7 @@ import functools
 import io
 import itertools
 import json
+import marshal
 import os
 import re
 import resource
@@ -64,6 +69,8 @@ _callable = builtins.callable
 _sys_modules = sys.modules
 _json_dumps = json.dumps
 _b64 = base64.b64encode
+_dumps = marshal.dumps
+_loads = marshal.loads
 
 REPORT_FD = 3
 # sys.setrecursionlimit() is capped at this: CPython 3.11+ keeps Python frames on the heap, so
@@ -124,7 +131,9 @@ def _send(fd, obj):
 
 def _prctl(option, value):
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+        if not _LIBC:
+            _LIBC.append(ctypes.CDLL(None, use_errno=True))
+        _LIBC[0].prctl(option, value, 0, 0, 0)
     except (OSError, AttributeError):
         pass
 
@@ -497,29 +506,6 @@ def _h_truth(x, _check=_check):
     return True if x else False
 
 
-def _wrap(fn, _check=_check, _lazy=_LAZY, _t=_type, _checked=_CHECKED):
-    """``fn`` as tests see it: its results must be plain data (or lazy built-in iterables).
-
-    Checked, not copied (outputs can be gigabytes, e.g. MBPP+ Mbpp/255): comparisons and
-    asserts check their operands again when they use them.
-    """
-
-    def candidate(*args, **kwargs):
-        _checked[0] = None
-        r = fn(*args, **kwargs)
-        if _t(r) not in _lazy:
-            _check(r)
-            _checked[0] = r
-        return r
-
-    try:
-        candidate.__name__ = candidate.__qualname__ = _str(fn.__name__)
-        candidate.__doc__ = _str(fn.__doc__) if fn.__doc__ is not None else None
-    except _BaseException:
-        pass
-    return candidate
-
-
 def _bake(code, helpers, _t=_type, _code_type=types.CodeType):
     """``code`` with the helper placeholders among its constants (recursively) replaced by the
     helper functions: rebinding any *name* in the test's globals cannot reach them."""
@@ -624,7 +610,9 @@ def _restore_builtins():
 
 
 def _harness(job, finish):
-    """Run setup, solution and tests; report over fd 3; leave through ``finish`` (never returns)."""
+    """Run setup, solution and tests in one process; report over fd 3; leave through ``finish``
+    (never returns).  Used for ``run_code`` (no tests); ``run_tests`` splits the run in two
+    (``_test_program`` and ``_solution_process``)."""
     tokens = job["tokens"]
     tests = job["tests"]
     mode = job["mode"]
@@ -673,7 +661,6 @@ def _harness(job, finish):
     del job, tokens
     try:
         _exec(setup_c, ns)
-        before = _dict(ns)
         _exec(code_c, ns)
     except _SystemExit as e:
         if mode != "code" or e.code not in (None, 0):
@@ -683,13 +670,6 @@ def _harness(job, finish):
         _rep("R " + _describe(e, None))
         finish()
     _rep("C " + code_token)
-    # what tests see of the solution: its functions return plain-data copies of their results
-    wrapped = {}
-    if mode == "tests":
-        for key, value in _list(ns.items()):
-            if before.get(key, ns) is not value and _callable(value) \
-                    and not _isinstance(value, _type_type):
-                wrapped[key] = _wrap(value)
     for i in _range(_len(tests)):
         _settrace(None)
         _setprofile(None)
@@ -701,7 +681,6 @@ def _harness(job, finish):
             _rep(f"F {i} SyntaxError in test: {compiled[i]}")
             continue
         test_ns = _dict(ns)
-        test_ns.update(wrapped)
         test_ns["__builtins__"] = _dict(_BUILTINS)
         try:
             _exec(compiled[i], test_ns)
@@ -713,21 +692,490 @@ def _harness(job, finish):
     finish()
 
 
-def _child(job, fds, limits, nproc_base):
-    """Runs in the forked child: isolate, limit, then hand over to the harness."""
-    stdin_fd, out_w, err_w, rep_w = fds
-    rep = rep_w
+# ---------------------------------------------------------------- split runs: tests and solution
+#
+# ``run_tests`` runs two processes per run.  The test program (T: setup, tests, references,
+# expected values, the per-run tokens) never executes solution code; the solution runs in its
+# own process (C), forked from the server before the tests and tokens ever reach this process
+# (they are spliced from the runner's pipe straight into T's).  Every call a test makes to a
+# function the solution defined goes to C as plain data and comes back as plain data (a
+# marshal blob of exact built-in types, checked by T after loading) or as an exception; C can
+# only choose the bytes of its answers, which an honest function could have returned too.
+
+_pack_len = struct.Struct(">Q").pack
+_unpack_len = struct.Struct(">Q").unpack
+_bytearray = bytearray
+_memoryview = memoryview
+_HANDLE = "\x00agentrl:handle"
+
+
+def _msg_send(fd, blob):
+    """Write one message: an 8-byte length and ``blob`` (bytes; small ones in one write)."""
+    if _len(blob) < 1 << 16:
+        _write_all(fd, _pack_len(_len(blob)) + blob)
+        return
+    _write_all(fd, _pack_len(_len(blob)))
+    _write_all(fd, blob)
+
+
+def _write_all(fd, data):
+    view = _memoryview(data)
+    while view:
+        view = view[_write(fd, view):]
+
+
+def _msg_recv(fd):
+    """Read one message's bytes; None at end of file (the other side is gone)."""
+    head = _read_exact(fd, 8)
+    if head is None:
+        return None
+    n = _unpack_len(head)[0]
+    buf = _bytearray(n)
+    view = _memoryview(buf)
+    got = 0
+    while got < n:
+        k = os.readv(fd, [view[got:]])
+        if not k:
+            return None
+        got += k
+    return buf
+
+
+class SolutionProcessDied(BaseException):
+    """The solution's process ended while a test waited for it (not an ``Exception``: a test's
+    ``except Exception`` must not turn a dead solution into an expected failure)."""
+
+
+class SolutionError(Exception):
+    """An exception of a type the test program does not have (one the solution defined)."""
+
+
+class _Remote:
+    """An object of the solution that is not plain data, seen from the test program: opaque,
+    it can only be passed back to the solution's functions (MBPP's ``Pair``); comparing,
+    asserting or computing with it fails."""
+
+    __slots__ = ("_agentrl_id", "_agentrl_type")
+
+    def __init__(self, ident, tname):
+        self._agentrl_id = ident
+        self._agentrl_type = tname
+
+    def __repr__(self):
+        return f"<solution object of type {self._agentrl_type}>"
+
+
+def _to_wire(x, depth=0, _t=_type):
+    """Arguments of a call -> what marshal can carry: handles become markers, the stdlib's dict
+    subclasses dicts; anything else that is not plain data raises TypeError."""
+    t = _t(x)
+    if t is _Remote:
+        return (_HANDLE, x._agentrl_id)
+    if t in (int, float, complex, str, bytes, bool) or x is None or x is Ellipsis:
+        return x
+    if depth > MAX_DEPTH:
+        raise TypeError("argument nested too deeply")
+    if t is list:
+        return [_to_wire(v, depth + 1) for v in x]
+    if t is tuple:
+        return tuple(_to_wire(v, depth + 1) for v in x)
+    if t is set or t is frozenset:
+        return t(_to_wire(v, depth + 1) for v in x)
+    if t in _DICTS:
+        return {_to_wire(k, depth + 1): _to_wire(v, depth + 1) for k, v in _dict_items(x)}
+    raise TypeError(f"an argument of type {t.__name__} cannot be passed to the solution "
+                    "(it runs in another process; only plain data and its own objects)")
+
+
+def _from_wire(x, handles, depth=0, _t=_type):
+    """Inverse of ``_to_wire`` in the solution's process (markers -> its objects)."""
+    t = _t(x)
+    if t is tuple:
+        if _len(x) == 2 and x[0] == _HANDLE and _t(x[1]) is int:
+            return handles[x[1]]
+        return tuple(_from_wire(v, handles, depth + 1) for v in x)
+    if t is list:
+        return [_from_wire(v, handles, depth + 1) for v in x]
+    if t is dict:
+        return {_from_wire(k, handles, depth + 1): _from_wire(v, handles, depth + 1)
+                for k, v in x.items()}
+    if t is set or t is frozenset:
+        return t(_from_wire(v, handles, depth + 1) for v in x)
+    return x
+
+
+_MUTABLE = (list, dict, set, bytearray)
+
+
+def _solution_process(job, streams):
+    """C: run setup and the solution, describe its namespace to T, then serve T's calls."""
+    module = _type(sys)("solution")
+    ns = module.__dict__
+    ns["__builtins__"] = builtins
+    sys.modules["__main__"] = module
+    sys.modules["solution"] = module
+
+    def flush():
+        for stream in streams:
+            try:
+                stream.flush()
+            except BaseException:  # noqa: BLE001
+                pass
+
+    def answer(obj):
+        flush()
+        _msg_send(ANSWER_FD, _dumps(obj))
+
+    try:
+        setup_c = compile(job["setup"], "<setup>", "exec")
+        try:
+            code_c = compile(job["code"], "<solution>", "exec")
+        except MemoryError as e:
+            return answer(("R", _describe(e)))
+        except BaseException as e:  # noqa: BLE001
+            return answer(("S", _describe(e)))
+        del job
+        exec(setup_c, ns)
+        before = dict(ns)
+        exec(code_c, ns)
+    except BaseException as e:  # noqa: BLE001 - SystemExit included: the module did not finish
+        return answer(("R", _describe(e)))
+    manifest = []
+    handles = {}
+    for key, value in list(ns.items()):
+        try:
+            if type(key) is not str or (key.startswith("__") and key.endswith("__")):
+                continue
+            if before.get(key, _MISSING) is value:
+                continue
+            if type(value) is types.ModuleType:
+                manifest.append((key, "m", str(value.__name__)))
+            elif callable(value):
+                manifest.append((key, "f", None))
+            else:
+                try:
+                    manifest.append((key, "v", _dumps(value)))
+                except (ValueError, TypeError):
+                    handles[len(handles) + 1] = value
+                    manifest.append((key, "h", (len(handles), str(type(value).__name__))))
+        except BaseException:  # noqa: BLE001 - a hostile value: leave the name out
+            continue
+    answer(("ok", tuple(manifest)))
+    while True:
+        blob = _msg_recv(CALL_FD)
+        if blob is None:
+            _exit(0)
+        try:
+            _, target, args, kwargs, wired = _loads(blob)
+            blob = None
+            if wired:
+                args = _from_wire(args, handles)
+                kwargs = _from_wire(kwargs, handles)
+            fn = ns[target[1]] if target[0] == "n" else handles[target[1]]
+            before_args = {}
+            for i, a in enumerate(args):
+                if type(a) in _MUTABLE:
+                    try:
+                        before_args[i] = _dumps(a)
+                    except (ValueError, TypeError):
+                        pass
+            r = fn(*args, **kwargs)
+            changed = []
+            for i, old in before_args.items():
+                try:
+                    new = _dumps(args[i])
+                except (ValueError, TypeError):  # now holds something that is not plain data
+                    new = None
+                if new != old:
+                    changed.append((i, new))
+            changed = tuple(changed)
+            kind = "r"
+            if type(r) in _LAZY:
+                kind, r = "i", list(r)
+            elif type(r) is re.Match:
+                kind, r = "m", r.group(0)
+            elif type(r) is range:
+                kind, r = "g", (r.start, r.stop, r.step)
+        except BaseException as e:  # noqa: BLE001 - relayed to the test as its own exception
+            try:
+                t = type(e)
+                desc = (str(t.__module__), str(t.__qualname__), _describe(e).partition(": ")[2])
+            except BaseException:  # noqa: BLE001
+                desc = ("builtins", "Exception", "<unprintable>")
+            try:
+                answer(("e", *desc))
+            except BaseException:  # noqa: BLE001
+                _exit(1)
+            continue
+        try:
+            try:
+                out = _dumps((kind, r, changed))
+            except (ValueError, TypeError):  # e.g. a Counter inside: as a dict
+                out = _dumps((kind, _to_wire(r), changed))
+        except BaseException:  # noqa: BLE001 - not plain data: an opaque handle for T
+            handles[len(handles) + 1] = r
+            try:
+                tname = str(type(r).__name__)
+            except BaseException:  # noqa: BLE001
+                tname = "?"
+            out = _dumps(("h", (len(handles), tname), changed))
+        r = None
+        flush()
+        _msg_send(ANSWER_FD, out)
+        out = None  # EvalPlus outputs reach GiBs: hold neither the result nor its bytes
+
+
+_PLAIN_EXC = frozenset(v for v in builtins.__dict__.values()
+                       if _isinstance(v, type) and issubclass(v, BaseException))
+_DEAD = [False]
+
+
+def _exception_from(module, qualname, message):
+    """The exception T raises for one the solution raised (built-in types keep their type)."""
+    cls = _BUILTINS.get(qualname) if module == "builtins" else None
+    if cls in _PLAIN_EXC:
+        try:
+            return cls(message)
+        except _BaseException:
+            pass
+    return SolutionError(f"{qualname}: {message}" if message else qualname)
+
+
+def _call(target, args, kwargs, _t=_type, _check=_check, _checked=_CHECKED):
+    """T: call the solution's function ``target`` in C and return its result as plain data."""
+    _checked[0] = None
+    if _DEAD[0]:
+        raise SolutionProcessDied("the solution's process has ended")
+    try:
+        blob = _dumps(("c", target, args, kwargs, False))
+    except (ValueError, TypeError):
+        blob = _dumps(("c", target, _to_wire(args), _to_wire(kwargs), True))
+    try:
+        _msg_send(CALL_FD, blob)
+        blob = None
+        answer = _msg_recv(ANSWER_FD)
+    except OSError:
+        answer = None
+    if answer is None:
+        _DEAD[0] = True
+        raise SolutionProcessDied("the solution's process ended during the call")
+    try:
+        msg = _loads(answer)
+    except _BaseException:
+        raise _AssertionError("the solution's process sent a malformed answer") from None
+    answer = None
+    if _t(msg) is not tuple or not msg or _t(msg[0]) is not _str:
+        raise _AssertionError("the solution's process sent a malformed answer")
+    kind = msg[0]
+    if kind == "e" and _len(msg) == 4 and all(_t(x) is _str for x in msg[1:]):
+        raise _exception_from(msg[1], msg[2], msg[3])
+    if _len(msg) != 3 or _t(msg[2]) is not tuple:
+        raise _AssertionError("the solution's process sent a malformed answer")
+    for item in msg[2]:  # arguments the call changed in place: the same change here
+        if _t(item) is tuple and _len(item) == 2 and _t(item[0]) is int \
+                and 0 <= item[0] < _len(args):
+            if item[1] is None:
+                raise _AssertionError("not plain data: the solution put an object that is not "
+                                      "plain data into an argument")
+            if _t(item[1]) is not bytes:
+                continue
+            new, old = _loads(item[1]), args[item[0]]
+            if _t(new) is _t(old) and _t(old) in _MUTABLE:
+                _check(new)
+                if _t(old) is dict or _t(old) is set:
+                    old.clear()
+                    old.update(new)
+                else:
+                    old[:] = new
+    value = msg[1]
+    if kind == "h":
+        if _t(value) is tuple and _len(value) == 2 and _t(value[0]) is int \
+                and _t(value[1]) is _str:
+            return _Remote(value[0], value[1])
+        raise _AssertionError("the solution's process sent a malformed answer")
+    if kind == "m" and (_t(value) is _str or _t(value) is bytes):
+        return re.fullmatch(b"(?s).*" if _t(value) is bytes else "(?s).*", value)
+    if kind == "g" and _t(value) is tuple and _len(value) == 3:
+        return range(*value)
+    _check(value)
+    if kind == "i" and _t(value) is list:
+        return iter(value)
+    if kind != "r":
+        raise _AssertionError("the solution's process sent a malformed answer")
+    _checked[0] = value
+    return value
+
+
+def _proxy(name):
+    """T's stand-in for the solution's callable ``name``."""
+
+    def candidate(*args, **kwargs):
+        return _call(("n", name), args, kwargs)
+
+    candidate.__name__ = candidate.__qualname__ = name
+    return candidate
+
+
+def _read_all(fd):
+    chunks = []
+    while True:
+        b = os.read(fd, 1 << 20)
+        if not b:
+            return b"".join(chunks)
+        chunks.append(b)
+
+
+def _test_program(job, finish):
+    """T: setup, then the tests against proxies of the solution's names; reports on fd 3."""
+    try:
+        part = json.loads(_read_all(TESTS_FD))
+        os.close(TESTS_FD)
+    except _BaseException as e:
+        _rep("X tests not received: " + _describe(e))
+        finish()
+    tokens, tests, imports = part["tokens"], part["tests"], part.get("imports") or []
+    setup = job["setup"]
+    may_shadow = frozenset(job.get("site_callees") or ())
+    del part, job
+    module = _type(sys)("solution")
+    ns = module.__dict__
+    ns["__builtins__"] = builtins
+    sys.modules["__main__"] = module
+    sys.modules["solution"] = module
+    try:
+        setup_c = _compile(setup, "<setup>", "exec")
+    except _BaseException as e:
+        _rep("R " + _describe(e) + " [in setup]")
+        finish()
+    helpers = {"\x00agentrl:agentrl_cmp": _h_cmp, "\x00agentrl:agentrl_chain": _h_chain,
+               "\x00agentrl:agentrl_truth": _h_truth}
+    compiled = []
+    saved_filters = warnings.filters[:]
+    warnings.simplefilter("ignore")  # "'str' object is not callable": the helper placeholders
+    for i, src in enumerate(tests):
+        try:
+            c = _compile(src, f"<test {i}>", "exec")
+            expect = functools.partial(_rep_expect, i)
+            compiled.append(_bake(c, {**helpers, "\x00agentrl:agentrl_expect": expect}))
+        except _BaseException as e:
+            compiled.append(_describe(e))
+    warnings.filters[:] = saved_filters
+    getattr(warnings, "_filters_mutated", lambda: None)()
+    for name in imports:
+        try:
+            __import__(name)
+        except _BaseException:
+            pass
+    modules = _snapshot_modules(imports) if imports else ()
+    try:
+        _exec(setup_c, ns)
+    except _BaseException as e:
+        _rep("R " + _describe(e) + " [in setup]")
+        finish()
+    # what the solution's process says it defined (untrusted: names, kinds and plain values only)
+    blob = _msg_recv(ANSWER_FD)
+    try:
+        msg = _loads(blob) if blob is not None else None
+    except _BaseException:
+        msg = None
+    if _type(msg) is not tuple or _len(msg) != 2 or _type(msg[0]) is not _str:
+        _rep("R the solution's process ended before it finished loading")
+        finish()
+    if msg[0] in ("S", "R") and _type(msg[1]) is _str:
+        _rep(msg[0] + " " + msg[1])
+        finish()
+    if msg[0] != "ok" or _type(msg[1]) is not tuple:
+        _rep("R the solution's process sent a malformed answer")
+        finish()
+    solution_names = {}
+    for entry in msg[1]:
+        try:
+            name, kind, payload = entry
+            if _type(name) is not _str or not name.isidentifier() or name.startswith("__"):
+                continue
+            # the solution may not shadow what the tests rely on: a builtin (`abs`, `all`;
+            # unless the runner checks that name's results itself: MBPP's `sum` task) or a
+            # name `setup` imported (`from math import isclose`); it may replace functions
+            # the setup defines (HumanEval's prompt stubs the entry point and its helpers)
+            prior = ns.get(name, _MISSING)
+            if (name in _BUILTINS and name not in may_shadow) or (
+                    prior is not _MISSING and not (_type(prior) is types.FunctionType
+                                                   and prior.__globals__ is ns)):
+                continue
+            if kind == "f":
+                solution_names[name] = _proxy(name)
+            elif kind == "m" and _type(payload) is _str and payload in _sys_modules:
+                solution_names[name] = _sys_modules[payload]  # T's own copy of the module
+            elif kind == "v" and _type(payload) is bytes:
+                value = _loads(payload)
+                _check(value)
+                solution_names[name] = value
+            elif kind == "h" and _type(payload) is tuple and _type(payload[0]) is int \
+                    and _type(payload[1]) is _str:
+                solution_names[name] = _Remote(payload[0], payload[1])
+        except _BaseException:
+            continue
+    del msg, blob
+    _rep("C " + tokens[0])
+    test_tokens = tokens[1:]
+    del tokens
+    for i in _range(_len(tests)):
+        _restore_builtins()
+        _restore_modules(modules)
+        _CHECKED[0] = None
+        _rep(f"T {i}")
+        if _isinstance(compiled[i], _str):
+            _rep(f"F {i} SyntaxError in test: {compiled[i]}")
+            continue
+        test_ns = _dict(ns)
+        test_ns.update(solution_names)
+        test_ns["__builtins__"] = _dict(_BUILTINS)
+        try:
+            _exec(compiled[i], test_ns)
+        except _BaseException as e:
+            _rep(f"F {i} " + _describe(e, tests[i], f"<test {i}>"))
+            continue
+        _rep(f"P {i} {test_tokens[i]}")
+    _rep("D")
+    finish()
+
+
+# Descriptors of a run's processes (besides 0-2): the harness (T) reports on REPORT_FD, reads the
+# tests on TESTS_FD, sends calls on CALL_FD and reads their answers on ANSWER_FD; the solution's
+# process (C) has only CALL_FD (to read calls) and ANSWER_FD (to answer), never REPORT_FD.
+TESTS_FD, CALL_FD, ANSWER_FD = 4, 5, 6
+
+
+def _child(job, fds, limits, nproc_base, role="harness"):
+    """Runs in a forked child: isolate, limit, then hand over to ``role``.
+
+    ``fds`` is (stdin, stdout, stderr, {target fd: source fd}); ``role`` is ``harness`` (the
+    single-process harness: ``run_code``), ``tests`` (the test program of a split run, T) or
+    ``solution`` (the solution's process of a split run, C).
+    """
+    stdin_fd, out_w, err_w, keep = fds
+    rep = keep.get(REPORT_FD, err_w)
     try:
         if CGROUP is not None:  # before anything else: every page of the run is charged there
             for fd in CGROUP["procs"]:
                 os.pwrite(fd, b"0", 0)
-        os.dup2(rep_w, REPORT_FD)
-        rep = REPORT_FD
+        high = {}
+        for k, (target, src) in enumerate(sorted(keep.items())):
+            high[target] = os.dup2(src, 200 + k)
         os.setsid()
         os.dup2(stdin_fd, 0)
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
-        os.closerange(REPORT_FD + 1, 1 << 16)
+        for target, src in high.items():
+            os.dup2(src, target)
+        rep = REPORT_FD if REPORT_FD in keep else 2
+        os.closerange(max(keep, default=2) + 1, 1 << 16)
+        for fd in range(3, max(keep, default=2)):
+            if fd not in keep:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
         work = f"{TMP_ROOT}/run{os.getpid()}"
         os.mkdir(work, 0o700)
         os.chdir(work)
@@ -736,7 +1184,15 @@ def _child(job, fds, limits, nproc_base):
             PATH="/usr/bin:/bin", HOME=work, TMPDIR=work, LANG="C.UTF-8",
             OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
         )
-        _restore_signals()
+        if role == "tests":
+            # the test program keeps ignoring every catchable signal (the solution's process
+            # could otherwise interrupt it, e.g. raise KeyboardInterrupt inside a try block) and
+            # stays non-dumpable: the solution's process (same uid) cannot ptrace it or read
+            # its memory or descriptors (/proc/<pid>/mem, /proc/<pid>/fd, pidfd_getfd)
+            _prctl(PR_SET_DUMPABLE, 0)
+            sys.path[:] = [p for p in sys.path if p.startswith("/") and not p.startswith(TMP_ROOT)]
+        else:
+            _restore_signals()
         _new_session_keyring()
         mb = 1 << 20
         cpu = max(1, int(-(-limits["cpu_s"] // 1)))
@@ -778,7 +1234,12 @@ def _child(job, fds, limits, nproc_base):
         _exit(0)
 
     try:
-        _harness(job, finish)
+        if role == "tests":
+            _test_program(job, finish)
+        elif role == "solution":
+            _solution_process(job, (out, err))
+        else:
+            _harness(job, finish)
     finally:
         _exit(0)
 
@@ -807,8 +1268,47 @@ def _clean_dirs():
     return (TMP_ROOT, "/dev/shm", "/dev/mqueue") if CONTAINED else (TMP_ROOT,)
 
 
-def run_job(job):
-    """Run one job in a fresh child; return the raw observations for the runner to judge."""
+def _forward_message(src, dst):
+    """Move the next control message (4-byte length + body) from ``src`` to ``dst`` with
+    ``splice`` (kernel to kernel: its bytes never enter this process's memory); a control
+    channel that is not a pipe falls back to read/write.  Raises EOFError if ``src`` ends."""
+    head = _read_exact(src, 4)
+    if head is None:
+        raise EOFError("control channel closed")
+    n = struct.unpack(">I", head)[0]
+    sink = dst
+    while n:
+        try:
+            k = os.splice(src, sink, n)
+        except OSError as e:
+            if e.errno == 32 and sink == dst:  # EPIPE: the reader died; keep the stream in step
+                sink = os.open("/dev/null", os.O_WRONLY)
+                continue
+            if e.errno not in (22, 95) and sink == dst:  # not EINVAL/EOPNOTSUPP: a real error
+                raise
+            data = os.read(src, min(n, 1 << 20))
+            k = len(data)
+            if sink == dst:
+                try:
+                    _write_all(dst, data)
+                except OSError:
+                    pass
+        except AttributeError:  # no os.splice
+            data = os.read(src, min(n, 1 << 20))
+            k = len(data)
+            _write_all(dst, data)
+        if not k:
+            raise EOFError("control channel closed")
+        n -= k
+    if sink != dst:
+        os.close(sink)
+
+
+def run_job(job, ctl_in):
+    """Run one job in fresh children; return the raw observations for the runner to judge.
+
+    The job's second message (tests, tokens, imports) is read from ``ctl_in`` here: forwarded
+    to the test program in ``tests`` mode, merged into ``job`` in ``code`` mode."""
     limits = job["limits"]
     cap = limits["output_bytes"]
     oom0 = 0
@@ -833,9 +1333,36 @@ def run_job(job):
     nproc_base = None if pids_cg else _count_own_processes()
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
-    pid = os.fork()
-    if pid == 0:
-        _child(job, (stdin_fd, out_w, err_w, rep_w), limits, nproc_base)
+    solution = None  # (pid, pidfd) of the solution's process in a split run
+    if job["mode"] == "tests":
+        # the solution's process first (it loads the solution meanwhile), then the test
+        # program; the tests and tokens then go from the runner's pipe into the test program's
+        # without passing through this process (C, forked from it, never has them in memory)
+        tests_r, tests_w = os.pipe()
+        call_r, call_w = os.pipe()
+        ans_r, ans_w = os.pipe()
+        cpid = os.fork()
+        if cpid == 0:
+            _child(job, (stdin_fd, out_w, err_w, {CALL_FD: call_r, ANSWER_FD: ans_w}),
+                   limits, nproc_base, "solution")
+        null = os.open("/dev/null", os.O_RDONLY)
+        pid = os.fork()
+        if pid == 0:
+            _child(job, (null, out_w, err_w, {REPORT_FD: rep_w, TESTS_FD: tests_r,
+                                              CALL_FD: call_w, ANSWER_FD: ans_r}),
+                   limits, nproc_base, "tests")
+        for fd in (null, tests_r, call_r, call_w, ans_r, ans_w):
+            os.close(fd)
+        try:
+            _forward_message(ctl_in, tests_w)
+        finally:
+            os.close(tests_w)
+        solution = (cpid, os.pidfd_open(cpid))
+    else:
+        job.update(_recv(ctl_in) or {})
+        pid = os.fork()
+        if pid == 0:
+            _child(job, (stdin_fd, out_w, err_w, {REPORT_FD: rep_w}), limits, nproc_base)
     for fd in (stdin_fd, out_w, err_w, rep_w):
         os.close(fd)
     pidfd = os.pidfd_open(pid)
@@ -848,6 +1375,9 @@ def run_job(job):
     for fd in (out_r, err_r, rep_r, pidfd):
         poller.register(fd, select.POLLIN)
     open_fds = {out_r, err_r, rep_r}
+    solution_status = None  # how the solution's process ended, if before the test program
+    if solution is not None:
+        poller.register(solution[1], select.POLLIN)
 
     def read_some(fd):
         nonlocal total_out
@@ -875,12 +1405,23 @@ def run_job(job):
             if fd == pidfd:
                 _, status = os.waitpid(pid, 0)
                 poller.unregister(pidfd)
+            elif solution is not None and fd == solution[1]:
+                _, solution_status = os.waitpid(solution[0], 0)
+                poller.unregister(fd)
             else:
                 read_some(fd)
         if total_out > cap:
             output_limit = True
             break
     wall = time.monotonic() - t0
+    if solution is not None and solution_status is None and not (timeout or output_limit):
+        # the test program has ended, so the solution's process reads end-of-file and exits
+        # now, or has just been ended by a signal (its CPU limit) that made the test program
+        # stop: wait a moment for its status rather than mistake it for our own kill
+        waiter = select.poll()
+        waiter.register(solution[1], select.POLLIN)
+        if waiter.poll(50):
+            _, solution_status = os.waitpid(solution[0], 0)
     clean = _kill_everything(CONTAINED)
     if status is None:
         try:
@@ -895,6 +1436,8 @@ def run_job(job):
                 read_some(fd)
     for fd in (out_r, err_r, rep_r, pidfd):
         os.close(fd)
+    if solution is not None:
+        os.close(solution[1])
     ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     # Nothing of the run may reach the next one: files (any depth, inodes), POSIX queues,
@@ -914,7 +1457,11 @@ def run_job(job):
         "stderr": b64(bufs[err_r]),
         "report": b64(bufs[rep_r]),
         "exit_code": os.WEXITSTATUS(status) if exited else None,
-        "signal": os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else None,
+        # the test program's signal, else the one that ended the solution's process early
+        # (SIGXCPU: its CPU limit) while the test program waited for it
+        "signal": (os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else
+                   os.WTERMSIG(solution_status) if solution_status is not None
+                   and os.WIFSIGNALED(solution_status) else None),
         "timeout": timeout,
         "output_limit": output_limit or total_out > cap,
         "wall_s": wall,
@@ -957,7 +1504,7 @@ def main():
         if job is None:
             return
         try:
-            result = run_job(job)
+            result = run_job(job, ctl_in)
         except Exception as e:  # noqa: BLE001 - report server faults to the runner
             result = {"server_error": f"{type(e).__name__}: {e}"}
         _send(ctl_out, result)

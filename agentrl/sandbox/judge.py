@@ -35,6 +35,7 @@ def make_job(mode: str, code: str, tests: list[str], setup: str, stdin: str,
     return {
         "mode": mode, "code": code, "tests": [r.source for r in rewritten], "setup": setup,
         "stdin": stdin, "imports": imports,
+        "site_callees": sorted({n for r in rewritten for n in r.site_callees}),
         "tokens": [secrets.token_hex(16) for _ in range(len(tests) + 1)],
         "limits": limits.to_dict(),
         # runner-only (never sent): the original tests and their expectations

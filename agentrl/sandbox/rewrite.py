@@ -58,6 +58,10 @@ class Rewritten:
     sites: tuple[Site, ...] = ()
     imports: tuple[str, ...] = ()
     line_map: dict[int, int] = field(default_factory=dict)
+    #: names called directly as a site's value (``assert sum(1, 2) == 3`` -> ``sum``): the
+    #: solution may define these even where they shadow a builtin (MBPP's ``sum`` task), since
+    #: the runner checks the value itself
+    site_callees: tuple[str, ...] = ()
 
 
 def _name(helper: str) -> ast.Constant:
@@ -179,12 +183,15 @@ def _rewrite_test(source: str) -> Rewritten:
                             if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
                             and s.name in called]
     sites: list[Site] = []
+    callees: set[str] = set()
     for body in bodies:
         for j, stmt in enumerate(body):
             found = _as_site(stmt) if isinstance(stmt, ast.Assert) else None
             if found is None:
                 continue
             mode, expected, value = found
+            if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
+                callees.add(value.func.id)
             text = "\n".join(lines[stmt.lineno - 1:(stmt.end_lineno or stmt.lineno)]).strip()
             call = ast.Call(_name("__agentrl_expect__"), [ast.Constant(len(sites)), value], [])
             body[j] = ast.copy_location(ast.Expr(ast.copy_location(call, stmt)), stmt)
@@ -200,4 +207,4 @@ def _rewrite_test(source: str) -> Rewritten:
     for new, old in zip(ast.walk(again), ast.walk(tree)):
         if isinstance(new, ast.stmt) and isinstance(old, ast.stmt):
             line_map.setdefault(new.lineno, old.lineno)
-    return Rewritten(out, tuple(sites), _imports(tree), line_map)
+    return Rewritten(out, tuple(sites), _imports(tree), line_map, tuple(sorted(callees)))

@@ -15,6 +15,8 @@ from .backends import STARTERS, BackendError, Channel
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 30.0
+#: Job keys sent in the second message (see ``_server.run_job``).
+SECOND_MESSAGE = ("tests", "tokens", "imports")
 GRACE_S = 5.0  # beyond the job's wall limit, for the server's own bookkeeping and cleanup
 
 
@@ -75,8 +77,12 @@ class Worker:
         max_bytes = 4 * (2 * lim["output_bytes"] + (1 << 20)) // 3 + (1 << 16)
         try:
             # keys starting with '_' stay with the runner (the expected values of rewritten
-            # tests must never enter the sandbox)
-            self._ch.send({k: v for k, v in job.items() if not k.startswith("_")})
+            # tests must never enter the sandbox); the tests and tokens go in a second message
+            # that the server forwards to the test program without reading it (the solution's
+            # process is forked from the server, and must never have had them in memory)
+            self._ch.send({k: v for k, v in job.items()
+                           if not k.startswith("_") and k not in SECOND_MESSAGE})
+            self._ch.send({k: job[k] for k in SECOND_MESSAGE if k in job})
             res = self._ch.recv(timeout, max_bytes)
         except (BackendError, TimeoutError):
             self.close(graceful=False)
