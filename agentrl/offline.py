@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from agentrl.config import Config
+from agentrl.jsonl import jsonl_rows
 from agentrl.trajectory import Trajectory
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -68,14 +69,7 @@ def load_conversations(path: str | Path) -> list[list[dict[str, str]]]:
     if not path.is_file():
         raise FileNotFoundError(f"sft dataset not found: {path}")
     out = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{n}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: invalid JSON ({e.msg})") from None
+    for where, row in jsonl_rows(path):
         msgs = row.get("messages") if isinstance(row, dict) else row
         if not isinstance(msgs, list) or not msgs:
             raise ValueError(f"{where}: expected {{\"messages\": [...]}} with at least one message")

@@ -27,13 +27,13 @@ The reference is `learner.ref_model`, the frozen copy of the starting policy (`N
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from agentrl.algos.losses import dpo_loss, sequence_logps
+from agentrl.jsonl import jsonl_rows
 
 NEEDS_REF = True
 
@@ -150,14 +150,7 @@ def load_preferences(path: str | Path) -> list[dict[str, Any]]:
     """
     path = Path(path)
     out = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{n}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: invalid JSON ({e.msg})") from None
+    for where, row in jsonl_rows(path):
         if not isinstance(row, dict):
             raise ValueError(f"{where}: each line must be a JSON object")
         missing = [k for k in ("prompt", "chosen", "rejected") if k not in row]

@@ -600,6 +600,26 @@ def _rep_expect(i, k, value, cap=1 << 18):
         pass
 
 
+def _compile_tests(tests):
+    """Each rewritten test compiled with the runner's helpers baked in (its code object), or
+    the description of its compile error (a str)."""
+    helpers = {"\x00agentrl:agentrl_cmp": _h_cmp, "\x00agentrl:agentrl_chain": _h_chain,
+               "\x00agentrl:agentrl_truth": _h_truth}
+    compiled = []
+    saved_filters = warnings.filters[:]
+    warnings.simplefilter("ignore")  # "'str' object is not callable": the helper placeholders
+    for i, src in enumerate(tests):
+        try:
+            c = _compile(src, f"<test {i}>", "exec")
+            expect = functools.partial(_rep_expect, i)
+            compiled.append(_bake(c, {**helpers, "\x00agentrl:agentrl_expect": expect}))
+        except _BaseException as e:
+            compiled.append(_describe(e))
+    warnings.filters[:] = saved_filters
+    getattr(warnings, "_filters_mutated", lambda: None)()
+    return compiled
+
+
 def _restore_builtins():
     try:
         for key in [k for k in _builtins_dict if k not in _BUILTINS]:
@@ -635,20 +655,7 @@ def _harness(job, finish):
     except _BaseException as e:
         _rep("S " + _describe(e))
         finish()
-    helpers = {"\x00agentrl:agentrl_cmp": _h_cmp, "\x00agentrl:agentrl_chain": _h_chain,
-               "\x00agentrl:agentrl_truth": _h_truth}
-    compiled = []
-    saved_filters = warnings.filters[:]
-    warnings.simplefilter("ignore")  # "'str' object is not callable": the helper placeholders
-    for i, src in enumerate(tests):
-        try:
-            c = _compile(src, f"<test {i}>", "exec")
-            expect = functools.partial(_rep_expect, i)
-            compiled.append(_bake(c, {**helpers, "\x00agentrl:agentrl_expect": expect}))
-        except _BaseException as e:
-            compiled.append(_describe(e))
-    warnings.filters[:] = saved_filters
-    getattr(warnings, "_filters_mutated", lambda: None)()
+    compiled = _compile_tests(tests)
     imports = job.get("imports") or []
     for name in imports:  # what tests import is loaded (and snapshotted) before the solution
         try:
@@ -1047,20 +1054,7 @@ def _test_program(job, finish):
     except _BaseException as e:
         _rep("R " + _describe(e) + " [in setup]")
         finish()
-    helpers = {"\x00agentrl:agentrl_cmp": _h_cmp, "\x00agentrl:agentrl_chain": _h_chain,
-               "\x00agentrl:agentrl_truth": _h_truth}
-    compiled = []
-    saved_filters = warnings.filters[:]
-    warnings.simplefilter("ignore")  # "'str' object is not callable": the helper placeholders
-    for i, src in enumerate(tests):
-        try:
-            c = _compile(src, f"<test {i}>", "exec")
-            expect = functools.partial(_rep_expect, i)
-            compiled.append(_bake(c, {**helpers, "\x00agentrl:agentrl_expect": expect}))
-        except _BaseException as e:
-            compiled.append(_describe(e))
-    warnings.filters[:] = saved_filters
-    getattr(warnings, "_filters_mutated", lambda: None)()
+    compiled = _compile_tests(tests)
     for name in imports:
         try:
             __import__(name)
