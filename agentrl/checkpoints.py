@@ -29,8 +29,8 @@ REWARD_STATE = "reward_state.safetensors"
 
 RUN_ARTEFACTS = ("config.json", "metrics.jsonl", "sft_metrics.jsonl", "summary.json", "eval_before.json",
                  "checkpoints", "rollouts", "eval", "tb", "base_model", "sft_model", "rollout_model",
-                 "reference_model")
-"""What `agentrl train` writes in OUT (`--overwrite` removes these; `checkpoints.old-*` too)."""
+                 "reference_model", "plots", "model", "merged")
+"""What `agentrl train` (and `plot`, `sft`, offline DPO, `merge`) writes in OUT (`--overwrite` removes these; `checkpoints.old-*` too)."""
 
 
 def _is_artefact(p: Path) -> bool:

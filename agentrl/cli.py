@@ -118,7 +118,7 @@ def train(
         raise typer.Exit(130) from None
     except NonFiniteGradientError as e:
         _fail(f"stopped: {e}")
-    except (OutError, ResumeError, PlacementError) as e:
+    except (OutError, ResumeError, PlacementError, ConfigError) as e:
         _fail(str(e))
     except BackendError as e:  # no isolated sandbox on this machine: say how to get one
         _fail(f"sandbox: {e}")

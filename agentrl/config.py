@@ -363,8 +363,8 @@ class Config(_Section):
     sft: SFTConfig = Field(default_factory=SFTConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
-    seed: int = 0
-    """Seed of tasks, sampling, and initialisation."""
+    seed: int = Field(0, ge=0)
+    """Seed of tasks, sampling, and initialisation (>= 0)."""
     out: str = "runs/latest"
     """Output directory (metrics.jsonl, checkpoints/, rollouts/)."""
     resume: str | None = None
@@ -457,9 +457,13 @@ def load_config(yaml_path: str | Path | None = None, overrides: list[str] | None
     data: dict[str, Any] = copy.deepcopy(base or {})
     if yaml_path:
         p = Path(yaml_path)
-        if not p.exists():
-            raise ConfigError(f"config file not found: {p}")
-        loaded = yaml.safe_load(p.read_text()) or {}
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}" if not p.exists()
+                              else f"config file {p} is not a file")
+        try:
+            loaded = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p}: invalid YAML ({' '.join(str(e).split())})") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"{p}: the top level must be a mapping of sections")
         data = _merge(data, loaded)
@@ -467,7 +471,12 @@ def load_config(yaml_path: str | Path | None = None, overrides: list[str] | None
         if "=" not in ov:
             raise ConfigError(f"override {ov!r} must be key=value (e.g. train.lr=1e-4)")
         k, _, v = ov.partition("=")
-        _set_dotted(data, k.strip(), yaml.safe_load(v) if v != "" else None)
+        try:
+            value = yaml.safe_load(v) if v != "" else None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"override {k.strip()}: invalid value {v!r} "
+                              f"({' '.join(str(e).split())})") from None
+        _set_dotted(data, k.strip(), value)
     for k, v in top.items():
         if v is None:
             continue

@@ -114,7 +114,10 @@ def _start(cfg: Config) -> tuple[Path, Any, Any, Any, int]:
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(cfg.model_dump_json(indent=1))
     torch.manual_seed(cfg.seed)
-    model, tok, _ = load_policy(cfg, out, None)
+    # the embedded model (no model.path) is built from the env's own tasks: never from this
+    # stage's file (preferences or conversations are not a task file)
+    model, tok, _ = load_policy(cfg.model_copy(update={"env": cfg.env.model_copy(update={"dataset": None})}),
+                                out, None)
     renderer = ChatRenderer(tok)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else renderer.end_of_turn_id
     return out, model, tok, renderer, pad_id

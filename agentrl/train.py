@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from agentrl.config import Config
+from agentrl.config import Config, ConfigError
 from agentrl.envs import import_env_modules, resolve_env_id
 from agentrl.episodes import episode_success, reward_component_means
 from agentrl.metrics_log import MetricsLog
@@ -193,11 +193,19 @@ def set_up(cfg: Config) -> tuple[Config, Any, Path]:
     resolve_env_id(cfg.env.name)  # fail early on an unknown env
     algo = get_algorithm(cfg.algo.name)
     cfg = cfg.model_copy(update={"algo": resolve_config(algo, cfg.algo)})  # e.g. GSPO's clips
-    check_options(algo, cfg.algo)  # an option the algorithm would ignore fails here
+    try:
+        check_options(algo, cfg.algo)  # an option the algorithm would ignore fails here
+    except ValueError as e:
+        raise ConfigError(f"config error: {e}") from None
     if cfg.algo.dynamic_sampling and cfg.algo.group_size < 2:
-        raise ValueError("algo.dynamic_sampling needs algo.group_size >= 2 (singleton groups "
-                         "carry no signal and would all be dropped)")
+        raise ConfigError("config error: algo.dynamic_sampling needs algo.group_size >= 2 "
+                          "(singleton groups carry no signal and would all be dropped)")
+    if cfg.sft.steps > 0 and not cfg.resume and not env_has_reference_answers(cfg.env.name):
+        raise ConfigError(f"config error: sft.steps={cfg.sft.steps}: env {cfg.env.name} offers no "
+                          "reference answers (reference_answer()) for the warm start: set sft.steps=0")
     out = Path(cfg.resume or cfg.out)
+    if cfg.resume:
+        check_resume_keeps_the_run(cfg, out)
     if not cfg.resume:
         from agentrl.checkpoints import check_out
 
@@ -211,6 +219,42 @@ def set_up(cfg: Config) -> tuple[Config, Any, Path]:
     except OSError as e:
         raise OutError(f"out: cannot write to {out}: {e.strerror or e}") from None
     return cfg, algo, out
+
+
+RESUME_FIXED = ("env.name", "algo.name", "env.dataset")
+"""Settings a resumed run keeps: changing one would continue another run's policy, optimizer and
+metrics under a different task or objective (start a new run for that)."""
+
+
+def check_resume_keeps_the_run(cfg: Config, out: Path) -> None:
+    """`--resume OUT` with a setting of `RESUME_FIXED` other than the run's (OUT/config.json)
+    is refused before anything is written, so the run's config.json stays the run's.
+
+    Raises:
+        ResumeError: names the setting, the run's value and the one asked for.
+    """
+    saved_file = out / "config.json"
+    if not saved_file.is_file():
+        return
+    saved = json.loads(saved_file.read_text())
+    now = json.loads(cfg.model_dump_json())
+    for key in RESUME_FIXED:
+        section, name = key.split(".")
+        was, want = saved.get(section, {}).get(name), now[section][name]
+        if was != want:
+            raise ResumeError(f"--resume {out}: the run was trained with {key}={was}, not {want}; "
+                              "a resumed run keeps its env and algorithm (start a new run with "
+                              "--out for another one)")
+
+
+def env_has_reference_answers(name: str) -> bool:
+    """Does env `name`'s class define `reference_answer()` (the warm start's targets)?"""
+    import gymnasium as gym
+    from gymnasium.envs.registration import load_env_creator
+
+    ep = gym.spec(resolve_env_id(name)).entry_point
+    cls = load_env_creator(ep) if isinstance(ep, str) else ep
+    return callable(getattr(cls, "reference_answer", None))
 
 
 class OutError(ValueError):
@@ -826,6 +870,13 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
         return json.loads((out / "summary.json").read_text())
     model, tok, path = load_policy(cfg, out, ck, reporter)
     renderer = ChatRenderer(tok)
+    if cfg.algo.name == "distill":  # per-token log-probabilities compared by id
+        from agentrl.algos.distill import check_teacher_tokenizer
+
+        try:
+            check_teacher_tokenizer(cfg.algo.teacher_path, tok)
+        except ValueError as e:
+            raise ConfigError(f"config error: {e}") from None
     sft_info: dict[str, Any] = {}
     if ck is None and cfg.sft.steps > 0:
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else renderer.end_of_turn_id

@@ -314,8 +314,8 @@ def test_async_k0_equals_sync(tmp_path):
     for k in w_sync:
         assert torch.allclose(w_sync[k], w_async[k], atol=1e-6), k
     assert s_sync["eval_after"]["policy_version"] == s_async["eval_after"]["policy_version"] == 3
-    for key in ("pass@1", "reward_mean", "tokens_mean"):
-        assert s_async["eval_after"][key] == s_sync["eval_after"][key], key
+    for key in ("pass@1", "reward_mean", "tokens_mean"):  # reward_mean: absent when it is pass@1
+        assert s_async["eval_after"].get(key) == s_sync["eval_after"].get(key), key
     assert threading.active_count() < 50
 
 

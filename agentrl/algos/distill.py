@@ -50,6 +50,27 @@ def load_teacher(path: str | Path, device: str | torch.device = "cpu") -> Any:
     return _TEACHERS[key]
 
 
+def check_teacher_tokenizer(path: str | Path, tok: Any) -> None:
+    """Refuse a teacher whose tokenizer is not the student's `tok` (the same vocabulary: token
+    string -> id), since per-token log-probabilities are compared by id.
+
+    Raises:
+        ValueError: the teacher's directory has no tokenizer, or its vocabulary differs (names
+            `algo.teacher_path`).
+    """
+    from transformers import AutoTokenizer
+
+    try:
+        theirs = AutoTokenizer.from_pretrained(str(path)).get_vocab()
+    except (OSError, ValueError) as e:
+        raise ValueError(f"algo.teacher_path={path}: no tokenizer to compare with the policy's "
+                         f"({e})") from None
+    if theirs != tok.get_vocab():
+        raise ValueError(f"algo.teacher_path={path}: the teacher's tokenizer is not the policy's "
+                         f"({len(theirs)} vs {len(tok.get_vocab())} tokens, or other ids): "
+                         "distillation compares log-probabilities token id by token id")
+
+
 @torch.no_grad()
 def teacher_logprobs(teacher: Any, batch: dict[str, Any], *, temperature: float = 1.0,
                      micro_batch_size: int = 16) -> torch.Tensor:

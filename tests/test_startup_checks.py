@@ -1,0 +1,100 @@
+"""Start-up checks found by a new-user pass: each is refused before anything is written (or
+done right), with a one-line message naming the setting."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+import agentrl.train as train_mod
+from agentrl.checkpoints import check_out
+from agentrl.config import ConfigError, load_config
+
+TOY = ["env.name=toy", "sft.steps=0", "rollout.tasks_per_step=2", "algo.group_size=2",
+       "train.eval_tasks=2", "train.eval_samples=1", "train.steps=1", "rollout.max_tokens=8",
+       "quiet=true", "log.tensorboard=false"]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, tiny_model_dir):
+    out = tmp_path_factory.mktemp("startup") / "run"
+    train_mod.train(load_config(None, TOY + [f"model.path={tiny_model_dir}", f"out={out}"]))
+    return out
+
+
+@pytest.mark.parametrize("override, key", [("algo.name=ppo", "algo.name"),
+                                            ("env.name=code_sandbox", "env.name")])
+def test_resume_with_another_env_or_algo_is_refused_and_the_run_config_kept(finished_run, tmp_path,
+                                                                            override, key):
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    before = (out / "config.json").read_text()
+    base = json.loads(before)
+    cfg = load_config(None, [override, "train.steps=2"], base=base).model_copy(update={"resume": str(out)})
+    with pytest.raises(train_mod.ResumeError, match=f"trained with {key}="):
+        train_mod.train(cfg)
+    assert (out / "config.json").read_text() == before  # a plain --resume still works after it
+
+
+def test_warm_start_on_an_env_without_reference_answers_fails_at_start_up(tmp_path):
+    assert train_mod.env_has_reference_answers("code_sandbox")
+    assert not train_mod.env_has_reference_answers("safety")
+    cfg = load_config(None, ["env.name=safety", "sft.steps=5", f"out={tmp_path / 'run'}"])
+    with pytest.raises(ConfigError, match="sft.steps=5: env safety offers no reference answers"):
+        train_mod.set_up(cfg)
+    assert not (tmp_path / "run").exists()
+
+
+def test_options_the_algorithm_ignores_are_config_errors(tmp_path):
+    cfg = load_config(None, ["algo.name=ppo", "algo.turn_advantages=true", f"out={tmp_path / 'r'}"])
+    with pytest.raises(ConfigError, match="^config error: .*turn_advantages"):
+        train_mod.set_up(cfg)
+
+
+def test_overwrite_removes_what_plot_sft_and_merge_write(tmp_path):
+    out = tmp_path / "run"
+    for d in ("plots", "model", "merged", "checkpoints"):
+        (out / d).mkdir(parents=True)
+    (out / "config.json").write_text("{}")
+    assert sorted(check_out(out, overwrite=True)) == ["checkpoints", "config.json", "merged", "model", "plots"]
+    assert list(out.iterdir()) == []
+
+
+def test_bad_yaml_and_values_name_the_file_or_key(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: [1, 2\n")
+    with pytest.raises(ConfigError, match="bad.yaml: invalid YAML"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="is not a file"):
+        load_config(tmp_path)
+    with pytest.raises(ConfigError, match="override env.kwargs: invalid value"):
+        load_config(None, ["env.kwargs={bad"])
+    with pytest.raises(ConfigError, match="seed"):
+        load_config(None, ["seed=-5"])
+
+
+def test_distill_teacher_with_another_tokenizer_is_refused(tiny_model_dir, tiny_tokenizer, tmp_path):
+    from agentrl.algos.distill import check_teacher_tokenizer
+    from agentrl.model import build_tiny_model
+
+    check_teacher_tokenizer(tiny_model_dir, tiny_tokenizer)  # the same tokenizer: accepted
+    other = build_tiny_model(tmp_path / "other", ["a completely different corpus of words"] * 30,
+                             hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
+                             vocab_size=300, seed=1)
+    with pytest.raises(ValueError, match="algo.teacher_path=.*not the policy's"):
+        check_teacher_tokenizer(other, tiny_tokenizer)
+
+
+def test_offline_dpo_builds_the_embedded_model_without_reading_the_preference_file(tmp_path):
+    from agentrl.offline import dpo_from_file
+
+    prefs = tmp_path / "prefs.jsonl"
+    prefs.write_text(json.dumps({"prompt": "Say yes.", "chosen": "yes", "rejected": "no"}) + "\n")
+    cfg = load_config(None, ["env.name=toy", "algo.name=dpo", "train.steps=1", f"out={tmp_path / 'run'}",
+                             "env.dataset=" + str(prefs), "model.hidden_size=16", "model.num_layers=1",
+                             "model.num_heads=2", "model.intermediate_size=32", "model.vocab_size=300",
+                             "log.tensorboard=false", "train.torch_threads=1"])
+    s = dpo_from_file(cfg, prefs, say=lambda m: None)
+    assert s["pairs"] == 1 and (tmp_path / "run" / "model" / "config.json").exists()
