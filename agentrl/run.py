@@ -47,6 +47,7 @@ def default_model_dir(cfg: Config, out: Path, reporter: Any = None) -> str:
     opening messages and reference answers of `TOKENIZER_TASKS` training tasks). Progress goes
     to `reporter` (`agentrl.progress.Reporter`; None: silent): the task texts as a stage with
     its ETA, then the tokenizer training and model build (one call) as start/end lines."""
+    from agentrl.envs import content_text
     from agentrl.model import build_tiny_model
     from agentrl.progress import Reporter
 
@@ -60,7 +61,7 @@ def default_model_dir(cfg: Config, out: Path, reporter: Any = None) -> str:
     with reporter.stage("model", TOKENIZER_TASKS, unit="task texts for the tokenizer") as st:
         for i in range(TOKENIZER_TASKS):
             obs, _ = env.reset(seed=500_000 + i)
-            texts.extend(m["content"] for m in obs)
+            texts.extend(content_text(m["content"]) for m in obs)
             if get is not None and get():
                 texts.append(get())
             st.advance()

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from agentrl.envs import message_images
 from agentrl.rollout.chat import ChatRenderer
 from agentrl.rollout.engines.base import Engine, SamplingParams, prompt_key
 from agentrl.trajectory import Trajectory
@@ -110,6 +111,29 @@ def _safe_step(env: Any, action: str, timeout_s: float | None = None) -> tuple[l
                                                "env_exception": True}
 
 
+class ImageObservationError(ValueError):
+    """An env sent an image to a policy that cannot see (a configuration error: the run stops)."""
+
+
+def check_images_allowed(env: Any, renderer: ChatRenderer, messages: list) -> None:
+    """Raise when `messages` carry image parts and `renderer` renders text only (a text-only
+    model's chat template would silently drop them).
+
+    Raises:
+        ImageObservationError: naming the env (its Gymnasium id, else its class) and the model
+            (the tokenizer's `name_or_path`).
+    """
+    if getattr(renderer, "accepts_images", False) or not message_images(messages):
+        return
+    spec = getattr(env, "spec", None)
+    env_name = getattr(spec, "id", None) or type(getattr(env, "unwrapped", env)).__name__
+    model = getattr(renderer.tokenizer, "name_or_path", "") or type(renderer.tokenizer).__name__
+    raise ImageObservationError(
+        f"env {env_name} sent an image observation, but the model {model!r} is text-only: "
+        "use a vision-language model (model.vision=true builds the embedded tiny one, or "
+        "model.path=<a local VLM directory>), or an env without images")
+
+
 def _closer(env: Any) -> Callable[[], Any] | None:
     close = getattr(env, "close", None)
     return close if callable(close) else None
@@ -128,6 +152,7 @@ def opening_prompt(env: Any, renderer: ChatRenderer, reset_kwargs: dict[str, Any
     obs, info = _safe_reset(env, reset_kwargs, reset_timeout_s)
     if obs is None:
         return None, bool(info.get("env_timeout"))
+    check_images_allowed(env, renderer, obs)
     ids = renderer.prompt_ids(obs, tools=info.get("tools"))
     return (ids if len(ids) < max_episode_tokens else None), False
 
@@ -267,6 +292,7 @@ class _Run:
             if obs is None:
                 tr.terminated = True
                 continue
+            check_images_allowed(self.envs[i], self.renderer, obs)
             tr.messages = list(obs)
             tr.append_context(self.renderer.prompt_ids(obs, tools=info.get("tools")))
             live.append(i)
@@ -331,6 +357,7 @@ class _Run:
             tr.terminated, tr.truncated = terminated, truncated
             if terminated or truncated:
                 continue
+            check_images_allowed(self.envs[i], self.renderer, obs)
             tr.append_context(self.renderer.close_turn(tr.token_ids[t.start:t.end]))
             tr.append_context(self.renderer.delta_ids(obs))
             tr.messages.extend(obs)

@@ -40,11 +40,15 @@ class ChatRenderer:
         glue_ids: ids the template puts after an assistant's end-of-turn (ChatML: "\\n"); they
             are context (loss_mask 0), never sampled.
         stop_ids: ids that end sampling: end-of-turn first, then the tokenizer's eos.
+        accepts_images: False: this renderer renders text only; an observation with image
+            parts is refused by the agent loop (`check_images_allowed`).
 
     Raises:
         ValueError: if the template does not render a conversation as a prefix-extension of its
             start (then deltas cannot be cut and the tokenizer needs a different template).
     """
+
+    accepts_images = False
 
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
