@@ -52,7 +52,7 @@ def default_model_dir(cfg: Config, out: Path, reporter: Any = None) -> str:
     from agentrl.progress import Reporter
 
     reporter = reporter or Reporter(enabled=False)
-    target = out / "base_model"
+    target = out / ("base_vlm" if cfg.model.vision else "base_model")
     if (target / "config.json").exists():
         return str(target)
     env = build_env(cfg, "train")
@@ -71,6 +71,12 @@ def default_model_dir(cfg: Config, out: Path, reporter: Any = None) -> str:
     m = cfg.model
     with reporter.stage("model", None, unit=f"training the tokenizer on {len(texts)} texts and "
                         "building the model"):
+        if m.vision:
+            from agentrl.vlm import build_tiny_vlm
+
+            return build_tiny_vlm(str(target), texts, hidden_size=m.hidden_size, num_layers=m.num_layers,
+                                  num_heads=m.num_heads, intermediate_size=m.intermediate_size,
+                                  vocab_size=m.vocab_size, seed=cfg.seed)
         return build_tiny_model(str(target), texts, hidden_size=m.hidden_size, num_layers=m.num_layers,
                                 num_heads=m.num_heads, intermediate_size=m.intermediate_size,
                                 vocab_size=m.vocab_size, seed=cfg.seed)
@@ -84,14 +90,36 @@ def load_policy(cfg: Config, out: Path, checkpoint: Path | None,
 
     Returns:
         `(model, tokenizer, directory loaded)`, the model in eval mode (`agentrl.model.load_model`).
+
+    Raises:
+        ValueError: a vision-language policy (`refuse_vision_policy`).
     """
     from agentrl.lora import load_checkpoint
     from agentrl.model import load_model
 
     if checkpoint is not None:
         return (*load_checkpoint(checkpoint), checkpoint)
+    refuse_vision_policy(cfg)
     path = cfg.model.path or default_model_dir(cfg, out, reporter)
     return (*load_model(path), path)
+
+
+def refuse_vision_policy(cfg: Config) -> None:
+    """Fail at start-up on a vision-language policy (`model.vision`, or a `model.path` holding
+    one): the engines and the learner do not take pixel values yet (docs/multimodal.md).
+
+    Raises:
+        ValueError: naming the key and what works today.
+    """
+    from agentrl.vlm import is_vlm_dir
+
+    which = ("model.vision=true" if cfg.model.vision else
+             f"model.path={cfg.model.path} (a vision-language model)"
+             if cfg.model.path and is_vlm_dir(cfg.model.path) else None)
+    if which:
+        raise ValueError(f"{which}: training or evaluating a vision-language policy is not "
+                         "implemented yet (the engines and the learner take no pixel values); "
+                         "what works today is in docs/multimodal.md")
 
 
 # -- engine -------------------------------------------------------------------------------------

@@ -244,6 +244,15 @@ def eval_command(
         return build_env(cfg, split_arg)
 
     out_dir = out or _default_out(cfg.env.name, model)
+    if not scripted:
+        from agentrl.run import refuse_vision_policy
+        from agentrl.vlm import is_vlm_dir
+
+        if model_dir is not None and is_vlm_dir(model_dir):
+            raise ValueError(f"{model_dir}: evaluating a vision-language policy is not implemented "
+                             "yet (docs/multimodal.md)")
+        if builtin:
+            refuse_vision_policy(cfg)
     if builtin:
         from agentrl.run import default_model_dir
 
