@@ -372,6 +372,10 @@ def register_builtin_envs() -> None:
                  short_name="self_propose",
                  description="propose Python tasks and solve buffered ones (deduce, abduce, induce); "
                              "the sandbox verifies")
+    register_env("agentrl/VisualCount-v0", "agentrl_envs.visual_count:VisualCountEnv",
+                 short_name="visual_count",
+                 description="look at a drawn board of coloured shapes; count them or say where one "
+                             "is (image observations: needs a vision-language policy)")
 
 
 # -- env state in checkpoints ---------------------------------------------------------------------
