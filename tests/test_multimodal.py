@@ -126,3 +126,78 @@ def test_text_only_model_errors_on_an_image_in_a_later_turn(tiny_tokenizer):
             run_episodes(eng, r, [env], [EpisodeSpec({"seed": 0})], p)
     finally:
         del gym.registry["test/LateImage-v0"]
+
+
+# -- rendering images in the agent loop (a vision renderer on the embedded tiny VLM) ------------
+@pytest.fixture(scope="module")
+def vlm(tmp_path_factory):
+    from agentrl.vlm import build_tiny_vlm, load_vlm
+
+    d = build_tiny_vlm(tmp_path_factory.mktemp("vlm") / "m", ["How many red squares are in the image?",
+                       "Wrong, look again.", "Which cell holds the circle? 1,2"] * 5,
+                       hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, vocab_size=320)
+    return load_vlm(d)
+
+
+def test_two_turn_image_episode_ids_masks_and_pixels_exact(vlm):
+    """A scripted two-turn `visual_count` episode (wrong, then right; the feedback repeats the
+    image): the ids are the template's rendering with each image's placeholder widened to
+    84x84 px -> 6x6 patches -> 36 / 2**2 = 9 ids, the mask is 1 exactly on the two sampled
+    turns, the placeholders are context (mask 0), and the pixels are the two boards'."""
+    import json
+
+    import torch
+
+    from agentrl.rollout.chat import VisionChatRenderer
+    from agentrl.vlm import IMAGE_PAD, VISION_END, VISION_START, encode_images
+    from agentrl_envs.visual_count import FEEDBACK, VisualCountEnv, draw, make_task
+
+    model, tok, ip = vlm
+    r = VisionChatRenderer(tok, ip)
+    assert r.accepts_images and r.image_token_id == tok.convert_tokens_to_ids(IMAGE_PAD)
+    task = make_task(3, questions=["where"])
+    wrong = f"{int(task.answer[0]) % 3 + 1},{task.answer[2]}"
+    answers = iter([wrong, task.answer])
+    eng = ScriptedEngine(tok, lambda prompt: next(answers))
+    env = VisualCountEnv(questions=["where"], max_turns=2, feedback_image=True, image_format="array")
+    p = SamplingParams(temperature=1.0, max_tokens=16, stop_token_ids=r.stop_ids)
+    [tr] = run_episodes(eng, r, [env], [EpisodeSpec({"options": {"task": 3}})], p)
+    assert [t.reward for t in tr.turns] == [0.0, 1.0] and tr.terminated
+
+    image = VISION_START + IMAGE_PAD * 9 + VISION_END
+    text = (f"<|im_start|>user\n{image}{task.question}<|im_end|>\n<|im_start|>assistant\n"
+            f"{wrong}<|im_end|>\n<|im_start|>user\n{FEEDBACK}{image}<|im_end|>\n<|im_start|>assistant\n"
+            f"{task.answer}<|im_end|>")
+    assert tr.token_ids == tok.encode(text, add_special_tokens=False)
+    im_end = r.end_of_turn_id
+    sampled = [t for t, m in zip(tr.token_ids, tr.loss_mask) if m]
+    assert sampled == (tok.encode(wrong, add_special_tokens=False) + [im_end]
+                       + tok.encode(task.answer, add_special_tokens=False) + [im_end])
+    pad = r.image_token_id
+    spans = tr.vision["image_spans"]
+    assert len(spans) == 2 and all(e - s == 9 for s, e in spans)
+    assert [i for i, t in enumerate(tr.token_ids) if t == pad] == [*range(*spans[0]), *range(*spans[1])]
+    assert all(tr.loss_mask[i] == 0 for s, e in spans for i in range(s, e))
+    board = draw(task.items)
+    want = encode_images(ip, [board, board])
+    assert torch.equal(tr.vision["pixel_values"], want["pixel_values"])
+    assert tr.vision["image_grid_thw"].tolist() == [[1, 6, 6], [1, 6, 6]]
+    # the trajectory feeds the model as is: placeholders match the images' features
+    ids = torch.tensor([tr.token_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids, pixel_values=tr.vision["pixel_values"],
+                       image_grid_thw=tr.vision["image_grid_thw"], mm_token_type_ids=(ids == pad).long()).logits
+    assert logits.shape[1] == len(tr.token_ids) and torch.isfinite(logits).all()
+    d = json.loads(json.dumps(tr.to_dict()))
+    assert d["vision"] == {"image_grid_thw": [[1, 6, 6], [1, 6, 6]], "image_spans": spans}
+    assert d["messages"][0]["content"][0] == {"type": "image", "image": "<image 84x84>"}
+
+
+def test_text_trajectories_keep_their_dict_shape(tiny_tokenizer):
+    from agentrl.trajectory import Trajectory
+
+    tr = Trajectory()
+    tr.append_context([1, 2])
+    d = tr.to_dict()
+    assert "vision" not in d and tr.vision is None
+    assert Trajectory.from_dict(d).to_dict() == d

@@ -294,12 +294,26 @@ class _Run:
                 continue
             check_images_allowed(self.envs[i], self.renderer, obs)
             tr.messages = list(obs)
-            tr.append_context(self.renderer.prompt_ids(obs, tools=info.get("tools")))
+            self.append_observation(tr, obs, tools=info.get("tools"), opening=True)
             live.append(i)
         reset_s = time.perf_counter() - t0
         for tr in self.trajs:
             tr.timings["env"] += reset_s / max(n, 1)
         return live
+
+    def append_observation(self, tr: Trajectory, msgs: list, *, tools: list | None = None,
+                           opening: bool = False) -> None:
+        """Append the ids of observation `msgs` to `tr` as context: the opening prompt (with
+        `tools`) or a delta after an assistant turn. With a vision renderer the images' pixel
+        inputs and placeholder spans go with them (`Trajectory.append_images`)."""
+        r = self.renderer
+        if not r.accepts_images:
+            tr.append_context(r.prompt_ids(msgs, tools=tools) if opening else r.delta_ids(msgs))
+            return
+        ids, px = r.prompt_inputs(msgs, tools) if opening else r.delta_inputs(msgs)
+        start = len(tr.token_ids)
+        tr.append_context(ids)
+        tr.append_images(start, ids, px, r.image_token_id)
 
     def make_room(self, live: list[int]) -> list[int]:
         """Truncate the episodes that reached `max_episode_tokens`; returns the others."""
@@ -359,7 +373,7 @@ class _Run:
                 continue
             check_images_allowed(self.envs[i], self.renderer, obs)
             tr.append_context(self.renderer.close_turn(tr.token_ids[t.start:t.end]))
-            tr.append_context(self.renderer.delta_ids(obs))
+            self.append_observation(tr, obs)
             tr.messages.extend(obs)
             still.append(i)
         return still
