@@ -201,3 +201,49 @@ def test_text_trajectories_keep_their_dict_shape(tiny_tokenizer):
     d = tr.to_dict()
     assert "vision" not in d and tr.vision is None
     assert Trajectory.from_dict(d).to_dict() == d
+
+
+def test_vision_engine_and_learner_logprobs_agree_on_an_unchanged_policy(vlm):
+    """Case L4 for images: two-turn `visual_count` episodes sampled by `VisionHFEngine` from
+    ids + pixels; the teacher-forced logprobs of the same (unchanged) model on the whole
+    trajectory equal the sampler's on every sampled token (ratio 1 up to float32 rounding),
+    no vision token is ever sampled, and the pixels matter to the sampler."""
+    import torch
+
+    from agentrl.models.vision_logprobs import vision_logprobs
+    from agentrl.rollout.chat import VisionChatRenderer
+    from agentrl.rollout.engines.hf_vision import VisionHFEngine
+    from agentrl_envs.visual_count import VisualCountEnv
+
+    torch.manual_seed(0)
+    model, tok, ip = vlm
+    r = VisionChatRenderer(tok, ip)
+    eng = VisionHFEngine(model, image_token_id=r.image_token_id, banned_ids=r.vision_token_ids)
+    envs = [VisualCountEnv(max_turns=2, feedback_image=True) for _ in range(2)]
+    p = SamplingParams(temperature=1.0, max_tokens=6, stop_token_ids=r.stop_ids)
+    trs = run_episodes(eng, r, envs, [EpisodeSpec({"options": {"task": k}}) for k in (1, 2)], p, seed=0)
+    n_checked = 0
+    for tr in trs:
+        assert len(tr.vision["image_spans"]) == len(tr.turns)  # an image per opening/feedback
+        lp = vision_logprobs(model, tr.token_ids, tr.vision, image_token_id=r.image_token_id,
+                             banned_ids=r.vision_token_ids)
+        mask = torch.tensor(tr.loss_mask, dtype=torch.bool)
+        sampler = torch.tensor(tr.sampler_logprobs)
+        assert torch.allclose(lp[mask], sampler[mask], atol=1e-4), (lp[mask] - sampler[mask]).abs().max()
+        assert (lp[mask] - sampler[mask]).exp().sub(1).abs().max() < 1e-3  # ratio 1
+        sampled = [t for t, m in zip(tr.token_ids, tr.loss_mask) if m]
+        assert not set(sampled) & set(r.vision_token_ids)
+        n_checked += int(mask.sum())
+    assert n_checked >= 4
+    # same seed and ids, other pixels: other logprobs (the engine looks at the image)
+    tr = trs[0]
+    first = tr.turns[0].start
+    prompt, vis = tr.token_ids[:first], tr.vision
+    n0 = int(vis["image_grid_thw"][0].prod())
+    one = {"pixel_values": vis["pixel_values"][:n0], "image_grid_thw": vis["image_grid_thw"][:1]}
+    other = {"pixel_values": -one["pixel_values"], "image_grid_thw": one["image_grid_thw"]}
+    q = SamplingParams(temperature=1.0, max_tokens=1, stop_token_ids=r.stop_ids, seed=0)
+    a, b = eng.generate([prompt, prompt], q, images=[one, other])
+    assert a.logprobs != b.logprobs or a.token_ids != b.token_ids
+    with pytest.raises(ValueError, match="1 image entries for 2 prompts"):
+        eng.generate([prompt, prompt], q, images=[one])

@@ -333,7 +333,14 @@ class _Run:
         cap = min(self.params.max_tokens, max(room.values()))
         p = replace(self.params, max_tokens=cap, seed=seed, seed_offsets=offsets)
         t0 = time.perf_counter()
-        outs = self.engine.generate([self.trajs[i].token_ids for i in live], p)
+        if self.renderer.accepts_images:  # the engine gets each episode's images so far
+            if not getattr(self.engine, "accepts_images", False):
+                raise ValueError(f"engine {type(self.engine).__name__} takes no images; a vision "
+                                 "renderer needs one that does (VisionHFEngine)")
+            outs = self.engine.generate([self.trajs[i].token_ids for i in live], p,  # type: ignore[call-arg]
+                                        images=[self.trajs[i].vision for i in live])
+        else:
+            outs = self.engine.generate([self.trajs[i].token_ids for i in live], p)
         gen_s = time.perf_counter() - t0
         actions = []
         for i, out in zip(live, outs):
