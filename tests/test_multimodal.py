@@ -247,3 +247,18 @@ def test_vision_engine_and_learner_logprobs_agree_on_an_unchanged_policy(vlm):
     assert a.logprobs != b.logprobs or a.token_ids != b.token_ids
     with pytest.raises(ValueError, match="1 image entries for 2 prompts"):
         eng.generate([prompt, prompt], q, images=[one])
+
+
+def test_vision_forward_inputs_checks_placeholders():
+    import torch
+
+    from agentrl.models.vision_logprobs import vision_forward_inputs
+
+    grid = torch.tensor([[1, 4, 6]])  # 24 patches -> 6 placeholders
+    vis = {"pixel_values": torch.zeros(24, 1176), "image_grid_thw": grid}
+    ok = vision_forward_inputs([1, 9, 9, 9, 9, 9, 9, 2], vis, 9)
+    assert ok["mm_token_type_ids"].tolist() == [[0, 1, 1, 1, 1, 1, 1, 0]]
+    assert set(ok) == {"input_ids", "pixel_values", "image_grid_thw", "mm_token_type_ids"}
+    with pytest.raises(ValueError, match="5 image placeholder ids for images of 6 merged patches"):
+        vision_forward_inputs([1, 9, 9, 9, 9, 9, 2], vis, 9)
+    assert set(vision_forward_inputs([1, 2], None, 9)) == {"input_ids"}
