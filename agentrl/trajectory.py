@@ -214,8 +214,10 @@ def collate(trajs: list[Trajectory], pad_id: int, *, pad_to: int | None = None) 
 
     Returns:
         dict with `input_ids` (B,T) long, `attention_mask` (B,T) long, `loss_mask` (B,T) float,
-        `sampler_logprobs` (B,T) float, `token_rewards` (B,T) float, `lengths` (B,) long.
-        Padding has attention 0 and loss_mask 0, so it never adds to a loss or a return.
+        `sampler_logprobs` (B,T) float, `token_rewards` (B,T) float, `lengths` (B,) long;
+        plus `vision` (a list of B `Trajectory.vision`, None for a row without images) when
+        any trajectory has images. Padding has attention 0 and loss_mask 0, so it never adds
+        to a loss or a return.
     """
     import torch
 
@@ -234,7 +236,7 @@ def collate(trajs: list[Trajectory], pad_id: int, *, pad_to: int | None = None) 
         slp[i, :n] = torch.tensor(t.sampler_logprobs, dtype=torch.float32)
         rew[i, :n] = torch.tensor(t.token_rewards(), dtype=torch.float32)
     lengths = torch.tensor([len(t.token_ids) for t in trajs], dtype=torch.long)
-    return {
+    out: dict[str, Any] = {
         "input_ids": input_ids,
         "attention_mask": attention,
         "loss_mask": loss_mask,
@@ -242,3 +244,6 @@ def collate(trajs: list[Trajectory], pad_id: int, *, pad_to: int | None = None) 
         "token_rewards": rew,
         "lengths": lengths,
     }
+    if any(t.vision is not None for t in trajs):  # a text batch has no "vision" key
+        out["vision"] = [t.vision for t in trajs]
+    return out

@@ -262,3 +262,48 @@ def test_vision_forward_inputs_checks_placeholders():
     with pytest.raises(ValueError, match="5 image placeholder ids for images of 6 merged patches"):
         vision_forward_inputs([1, 9, 9, 9, 9, 9, 2], vis, 9)
     assert set(vision_forward_inputs([1, 2], None, 9)) == {"input_ids"}
+
+
+def test_learner_takes_pixel_values_ratio_one_then_a_grpo_step(vlm, tmp_path):
+    """The Learner on a batch of image episodes (`collate` adds `vision`): its logprobs of the
+    unchanged policy equal the sampler's (ratio 1, case L4), its micro-batch split does not
+    change them, and one GRPO step has a finite loss and moves the weights, text and vision
+    tower alike."""
+    import copy
+    import math
+
+    import torch
+
+    from agentrl.algos import get_algorithm
+    from agentrl.config import AlgoConfig
+    from agentrl.learner import Learner
+    from agentrl.rollout.chat import VisionChatRenderer
+    from agentrl.rollout.engines.hf_vision import VisionHFEngine
+    from agentrl.train import build_batch
+    from agentrl_envs.visual_count import VisualCountEnv
+
+    torch.manual_seed(0)
+    model, tok, ip = vlm
+    model = copy.deepcopy(model)  # trained below: keep the module's copy unchanged
+    r = VisionChatRenderer(tok, ip)
+    eng = VisionHFEngine(model, image_token_id=r.image_token_id, banned_ids=r.vision_token_ids)
+    envs = [VisualCountEnv(max_turns=2, feedback_image=True) for _ in range(4)]
+    p = SamplingParams(temperature=1.0, max_tokens=5, stop_token_ids=r.stop_ids)
+    specs = [EpisodeSpec({"options": {"task": k}}, group_id=k // 2) for k in range(4)]
+    trs = run_episodes(eng, r, envs, specs, p, seed=1)
+    for i, tr in enumerate(trs):  # rewards that differ within each group (random answers all fail)
+        tr.turns[-1].reward = float(i % 2)
+    batch = build_batch(trs, pad_id=tok.pad_token_id)
+    assert len(batch["vision"]) == 4
+    mask = batch["loss_mask"].bool()
+    for mbs in (1, 3):
+        lp = Learner(model, lr=1e-3, micro_batch_size=mbs).logprobs(batch)
+        assert (lp[mask] - batch["sampler_logprobs"][mask]).abs().max() < 1e-4
+    before = {k: v.detach().clone() for k, v in model.named_parameters()}
+    cfg = AlgoConfig(name="grpo")
+    algo = get_algorithm("grpo")
+    batch["advantages"], _ = algo.advantages(batch, cfg)
+    m = Learner(model, lr=1e-2, micro_batch_size=2).update(batch, algo, cfg)
+    assert math.isfinite(m["loss"]) and m["grad_norm"] > 0
+    moved = {k for k, v in model.named_parameters() if not torch.equal(v, before[k])}
+    assert any("visual" in k for k in moved) and any("language_model" in k for k in moved)

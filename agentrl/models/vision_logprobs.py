@@ -14,6 +14,14 @@ from typing import Any
 import torch
 
 
+def vision_token_ids(config: Any) -> list[int]:
+    """The vision special token ids of a vision-language model's config (`image_token_id`,
+    `video_token_id`, `vision_start_token_id`, `vision_end_token_id`, those it has): the ids a
+    sampler never produces and the learner removes the same way."""
+    names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+    return sorted({int(getattr(config, n)) for n in names if getattr(config, n, None) is not None})
+
+
 def vision_forward_inputs(token_ids: Sequence[int], vision: dict[str, Any] | None, image_token_id: int
                           ) -> dict[str, torch.Tensor]:
     """The keyword inputs of one row's forward: `input_ids` (1, T), and with images
