@@ -106,7 +106,7 @@ def load_policy(cfg: Config, out: Path, checkpoint: Path | None,
 
 def refuse_vision_policy(cfg: Config) -> None:
     """Fail at start-up on a vision-language policy (`model.vision`, or a `model.path` holding
-    one): the engines and the learner do not take pixel values yet (docs/multimodal.md).
+    one): the run builder, the SFT warm start and checkpoints are text-only (docs/multimodal.md).
 
     Raises:
         ValueError: naming the key and what works today.
@@ -117,9 +117,9 @@ def refuse_vision_policy(cfg: Config) -> None:
              f"model.path={cfg.model.path} (a vision-language model)"
              if cfg.model.path and is_vlm_dir(cfg.model.path) else None)
     if which:
-        raise ValueError(f"{which}: training or evaluating a vision-language policy is not "
-                         "implemented yet (the engines and the learner take no pixel values); "
-                         "what works today is in docs/multimodal.md")
+        raise ValueError(f"{which}: training or evaluating a vision-language policy from the CLI "
+                         "is not wired yet (the run builder, the SFT warm start and checkpoints "
+                         "are text-only); what works today is in docs/multimodal.md")
 
 
 # -- engine -------------------------------------------------------------------------------------
