@@ -791,6 +791,8 @@ class Learner:
         tmp.mkdir(parents=True)
         self.model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        if getattr(tokenizer, "image_processor", None) is not None:  # a vision-language policy
+            tokenizer.image_processor.save_pretrained(tmp)
         torch.save({"optimizer": self.optimizer.state_dict(),
                     "scheduler": self.scheduler.state_dict(),
                     "optimizer_steps": self.optimizer_steps,

@@ -92,34 +92,71 @@ def load_policy(cfg: Config, out: Path, checkpoint: Path | None,
         `(model, tokenizer, directory loaded)`, the model in eval mode (`agentrl.model.load_model`).
 
     Raises:
-        ValueError: a vision-language policy (`refuse_vision_policy`).
+        ValueError: a vision-language policy with settings it cannot run with yet
+            (`check_vision_training`).
     """
     from agentrl.lora import load_checkpoint
     from agentrl.model import load_model
+    from agentrl.vlm import is_vlm_dir
 
     if checkpoint is not None:
+        if is_vlm_dir(checkpoint):
+            return (*_load_vlm_policy(checkpoint), checkpoint)
         return (*load_checkpoint(checkpoint), checkpoint)
-    refuse_vision_policy(cfg)
+    check_vision_training(cfg)
     path = cfg.model.path or default_model_dir(cfg, out, reporter)
+    if is_vlm_dir(path):
+        return (*_load_vlm_policy(path), path)
     return (*load_model(path), path)
 
 
-def refuse_vision_policy(cfg: Config) -> None:
-    """Fail at start-up on a vision-language policy (`model.vision`, or a `model.path` holding
-    one): the run builder, the SFT warm start and checkpoints are text-only (docs/multimodal.md).
+def _load_vlm_policy(path: str | Path) -> tuple[Any, Any]:
+    """`(model, tokenizer)` of a vision-language directory (`agentrl.vlm.load_vlm`), the image
+    processor carried as `tokenizer.image_processor` (for the renderer, the engine and the
+    checkpoints)."""
+    from agentrl.vlm import load_vlm
+
+    model, tok, image_processor = load_vlm(path)
+    tok.image_processor = image_processor
+    return model, tok
+
+
+def vision_engine(cfg: Config, path: str | Path) -> tuple[Any, Any]:
+    """`(VisionHFEngine, VisionChatRenderer)` of the vision-language directory `path` (for
+    `agentrl eval`): the model loaded with the Auto classes, in `model.dtype`."""
+    from agentrl.models.vision_logprobs import vision_token_ids
+    from agentrl.rollout.chat import VisionChatRenderer
+    from agentrl.rollout.engines.hf_vision import VisionHFEngine
+
+    model, tok = _load_vlm_policy(path)
+    if cfg.model.dtype != "float32":
+        model = model.to(getattr(torch, cfg.model.dtype))
+    engine = VisionHFEngine(model, image_token_id=model.config.image_token_id,
+                            banned_ids=vision_token_ids(model.config), torch_threads=cfg.rollout.torch_threads)
+    return engine, VisionChatRenderer(tok, tok.image_processor)
+
+
+def check_vision_training(cfg: Config) -> None:
+    """With a vision-language policy (`model.vision`, or a `model.path` holding one), refuse at
+    start-up what does not run with images yet: the SFT warm start, Ray rollout workers, vLLM,
+    LoRA, PPO's value head, a reference worker and learner ranks (docs/multimodal.md).
 
     Raises:
-        ValueError: naming the key and what works today.
+        ValueError: naming the key to change.
     """
     from agentrl.vlm import is_vlm_dir
 
-    which = ("model.vision=true" if cfg.model.vision else
-             f"model.path={cfg.model.path} (a vision-language model)"
-             if cfg.model.path and is_vlm_dir(cfg.model.path) else None)
-    if which:
-        raise ValueError(f"{which}: training or evaluating a vision-language policy from the CLI "
-                         "is not wired yet (the run builder, the SFT warm start and checkpoints "
-                         "are text-only); what works today is in docs/multimodal.md")
+    if not (cfg.model.vision or (cfg.model.path and is_vlm_dir(cfg.model.path))):
+        return
+    bad = [(cfg.sft.steps > 0, "sft.steps=0"), (cfg.rollout.num_workers > 0, "rollout.num_workers=0"),
+           (cfg.rollout.engine != "hf", "rollout.engine=hf"), (cfg.model.lora_r > 0, "model.lora_r=0"),
+           (cfg.algo.name == "ppo", "an algorithm without a value head (grpo, rloo, ...)"),
+           (cfg.placement.reference == "worker", "placement.reference other than worker"),
+           (cfg.train.learner_workers > 0, "train.learner_workers=0")]
+    need = [fix for hit, fix in bad if hit]
+    if need:
+        raise ValueError("a vision-language policy trains in-process on the hf engine only for now; "
+                         f"set {', '.join(need)} (docs/multimodal.md)")
 
 
 # -- engine -------------------------------------------------------------------------------------
@@ -136,6 +173,13 @@ def make_engine(cfg: Config, model: Any, tok: Any, out: Path) -> Any:
     """
     from agentrl.lora import plain_copy
 
+    if getattr(tok, "image_processor", None) is not None:  # a vision-language policy (in-process)
+        from agentrl.models.vision_logprobs import vision_token_ids
+        from agentrl.rollout.engines.hf_vision import VisionHFEngine
+
+        return VisionHFEngine(plain_copy(model).eval(), image_token_id=model.config.image_token_id,
+                              banned_ids=vision_token_ids(model.config),
+                              torch_threads=cfg.rollout.torch_threads)
     if cfg.rollout.num_workers > 0 or cfg.rollout.engine == "vllm":
         from agentrl.rollout.workers import RolloutPool  # Ray workers (or vLLM) hold the envs
 

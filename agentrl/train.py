@@ -825,7 +825,12 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
         say(f"[resume] {out} finished all {cfg.train.steps} steps already; nothing to do")
         return json.loads((out / "summary.json").read_text())
     model, tok, path = load_policy(cfg, out, ck, reporter)
-    renderer = ChatRenderer(tok)
+    if getattr(tok, "image_processor", None) is not None:  # a vision-language policy
+        from agentrl.rollout.chat import VisionChatRenderer
+
+        renderer: ChatRenderer = VisionChatRenderer(tok, tok.image_processor)
+    else:
+        renderer = ChatRenderer(tok)
     sft_info: dict[str, Any] = {}
     if ck is None and cfg.sft.steps > 0:
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else renderer.end_of_turn_id

@@ -102,23 +102,61 @@ def test_expand_image_pads_and_errors(tmp_path):
         load_vlm(tmp_path)
 
 
-def test_model_vision_builds_the_vlm_and_training_refuses_it_at_start_up(tmp_path, monkeypatch):
+def test_model_vision_builds_the_vlm_and_refuses_what_cannot_run_with_images(tmp_path, monkeypatch):
     import agentrl.run as run
     from agentrl.config import load_config
 
     monkeypatch.setattr(run, "TOKENIZER_TASKS", 20)  # the toy env's texts; keeps the test fast
-    cfg = load_config(None, ["env.name=toy", "model.vision=true", "model.hidden_size=32",
-                             "model.num_layers=1", "model.num_heads=2", "model.intermediate_size=64",
-                             "model.vocab_size=300"])
+    small = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2",
+             "model.intermediate_size=64", "model.vocab_size=300"]
+    cfg = load_config(None, ["env.name=toy", "model.vision=true", "sft.steps=0", *small])
     path = run.default_model_dir(cfg, tmp_path)
     assert path == str(tmp_path / "base_vlm") and is_vlm_dir(path)
-    model, tok, _ = load_vlm(path)
-    assert model.config.text_config.hidden_size == 32 and model.config.text_config.num_hidden_layers == 1
+    model, tok, where = run.load_policy(cfg, tmp_path, None)
+    assert where == path and model.config.text_config.hidden_size == 32
+    assert type(tok.image_processor).__name__.startswith("Qwen2VLImageProcessor")
     text = "Say the word apple."  # the toy env's prompt: the tokenizer learnt merges from it
     assert len(tok.encode(text, add_special_tokens=False)) < len(text) // 2
-    with pytest.raises(ValueError, match="model.vision=true: training or evaluating a vision-language"):
-        run.load_policy(cfg, tmp_path, None)
-    cfg2 = load_config(None, ["env.name=toy", f"model.path={path}"])
-    with pytest.raises(ValueError, match="a vision-language model"):
-        run.load_policy(cfg2, tmp_path, None)
+    for bad, key in [("sft.steps=5", "sft.steps=0"), ("rollout.num_workers=1", "rollout.num_workers=0"),
+                     ("algo.name=ppo", "without a value head"), ("train.learner_workers=2", "learner_workers=0")]:
+        with pytest.raises(ValueError, match=key):
+            run.load_policy(load_config(None, ["env.name=toy", "model.vision=true", "sft.steps=0", bad]),
+                            tmp_path, None)
+    with pytest.raises(ValueError, match="sft.steps=0"):  # a VLM model.path counts as vision too
+        run.load_policy(load_config(None, ["env.name=toy", f"model.path={path}"]), tmp_path, None)
     assert not is_vlm_dir(tmp_path)
+
+
+def test_train_and_eval_visual_count_on_the_embedded_vlm_subprocess(tmp_path):
+    """`agentrl train --env visual_count model.vision=true` runs 2 GRPO steps as a subprocess
+    (sampler and learner logprobs agree: `loss/logp_mismatch` < 1e-4), its checkpoint is a VLM
+    directory that the Auto classes load, and `agentrl eval` runs on it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText
+
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    cli = [sys.executable, "-m", "agentrl.cli"]
+    train = [*cli, "train", "--env", "visual_count", "--algo", "grpo", "--steps", "2", "--out", str(out),
+             "model.vision=true", "sft.steps=0", "rollout.tasks_per_step=2", "algo.group_size=2",
+             "train.eval_tasks=2", "train.eval_samples=1", "model.hidden_size=32", "model.num_layers=1",
+             "model.num_heads=2", "model.intermediate_size=64", "model.vocab_size=300",
+             "rollout.max_tokens=6"]
+    r = subprocess.run(train, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    gaps = [row["loss/logp_mismatch"] for row in rows if "loss/logp_mismatch" in row]
+    assert len(gaps) == 2 and max(gaps) < 1e-4
+    ck = out / "checkpoints" / "step_2"
+    assert is_vlm_dir(ck)
+    assert type(AutoModelForImageTextToText.from_pretrained(ck)).__name__ == "Qwen2VLForConditionalGeneration"
+    assert AutoImageProcessor.from_pretrained(ck).merge_size == 2
+    r = subprocess.run([*cli, "eval", "--model", str(out), "--out", str(tmp_path / "ev")], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    summary = json.loads((tmp_path / "ev" / "summary.json").read_text())
+    assert summary["overall"]["episodes"] >= 1 and summary["overall"]["env_errors"] == 0
