@@ -138,8 +138,8 @@ def vision_engine(cfg: Config, path: str | Path) -> tuple[Any, Any]:
 
 def check_vision_training(cfg: Config) -> None:
     """With a vision-language policy (`model.vision`, or a `model.path` holding one), refuse at
-    start-up what does not run with images yet: the SFT warm start, Ray rollout workers, vLLM,
-    LoRA, PPO's value head, a reference worker and learner ranks (docs/multimodal.md).
+    start-up what does not run with images yet: Ray rollout workers, vLLM, LoRA, PPO's value
+    head, a reference worker and learner ranks (docs/multimodal.md).
 
     Raises:
         ValueError: naming the key to change.
@@ -148,7 +148,7 @@ def check_vision_training(cfg: Config) -> None:
 
     if not (cfg.model.vision or (cfg.model.path and is_vlm_dir(cfg.model.path))):
         return
-    bad = [(cfg.sft.steps > 0, "sft.steps=0"), (cfg.rollout.num_workers > 0, "rollout.num_workers=0"),
+    bad = [(cfg.rollout.num_workers > 0, "rollout.num_workers=0"),
            (cfg.rollout.engine != "hf", "rollout.engine=hf"), (cfg.model.lora_r > 0, "model.lora_r=0"),
            (cfg.algo.name == "ppo", "an algorithm without a value head (grpo, rloo, ...)"),
            (cfg.placement.reference == "worker", "placement.reference other than worker"),

@@ -117,20 +117,23 @@ def test_model_vision_builds_the_vlm_and_refuses_what_cannot_run_with_images(tmp
     assert type(tok.image_processor).__name__.startswith("Qwen2VLImageProcessor")
     text = "Say the word apple."  # the toy env's prompt: the tokenizer learnt merges from it
     assert len(tok.encode(text, add_special_tokens=False)) < len(text) // 2
-    for bad, key in [("sft.steps=5", "sft.steps=0"), ("rollout.num_workers=1", "rollout.num_workers=0"),
+    for bad, key in [("rollout.num_workers=1", "rollout.num_workers=0"), ("model.lora_r=4", "lora_r=0"),
                      ("algo.name=ppo", "without a value head"), ("train.learner_workers=2", "learner_workers=0")]:
         with pytest.raises(ValueError, match=key):
             run.load_policy(load_config(None, ["env.name=toy", "model.vision=true", "sft.steps=0", bad]),
                             tmp_path, None)
-    with pytest.raises(ValueError, match="sft.steps=0"):  # a VLM model.path counts as vision too
-        run.load_policy(load_config(None, ["env.name=toy", f"model.path={path}"]), tmp_path, None)
+    with pytest.raises(ValueError, match="rollout.num_workers=0"):  # a VLM model.path is vision too
+        run.load_policy(load_config(None, ["env.name=toy", f"model.path={path}", "rollout.num_workers=1"]),
+                        tmp_path, None)
     assert not is_vlm_dir(tmp_path)
 
 
 def test_train_and_eval_visual_count_on_the_embedded_vlm_subprocess(tmp_path):
-    """`agentrl train --env visual_count model.vision=true` runs 2 GRPO steps as a subprocess
-    (sampler and learner logprobs agree: `loss/logp_mismatch` < 1e-4), its checkpoint is a VLM
-    directory that the Auto classes load, and `agentrl eval` runs on it."""
+    """`agentrl train --env visual_count model.vision=true` runs a 2-step SFT warm start on
+    image examples and 2 GRPO steps as a subprocess (sampler and learner logprobs agree:
+    `loss/logp_mismatch` < 1e-4), its SFT model and checkpoint are VLM directories that the Auto
+    classes load, and `agentrl eval` runs on it."""
+    import math
     import os
     import subprocess
     import sys
@@ -142,7 +145,8 @@ def test_train_and_eval_visual_count_on_the_embedded_vlm_subprocess(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     cli = [sys.executable, "-m", "agentrl.cli"]
     train = [*cli, "train", "--env", "visual_count", "--algo", "grpo", "--steps", "2", "--out", str(out),
-             "model.vision=true", "sft.steps=0", "rollout.tasks_per_step=2", "algo.group_size=2",
+             "model.vision=true", "sft.steps=2", "sft.batch_size=4", "rollout.tasks_per_step=2",
+             "algo.group_size=2",
              "train.eval_tasks=2", "train.eval_samples=1", "model.hidden_size=32", "model.num_layers=1",
              "model.num_heads=2", "model.intermediate_size=64", "model.vocab_size=300",
              "rollout.max_tokens=6"]
@@ -151,6 +155,9 @@ def test_train_and_eval_visual_count_on_the_embedded_vlm_subprocess(tmp_path):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     gaps = [row["loss/logp_mismatch"] for row in rows if "loss/logp_mismatch" in row]
     assert len(gaps) == 2 and max(gaps) < 1e-4
+    sft = [json.loads(line) for line in (out / "sft_metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in sft] == [0, 1] and all(math.isfinite(row["sft/loss"]) for row in sft)
+    assert is_vlm_dir(out / "sft_model")
     ck = out / "checkpoints" / "step_2"
     assert is_vlm_dir(ck)
     assert type(AutoModelForImageTextToText.from_pretrained(ck)).__name__ == "Qwen2VLForConditionalGeneration"
