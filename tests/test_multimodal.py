@@ -307,3 +307,34 @@ def test_learner_takes_pixel_values_ratio_one_then_a_grpo_step(vlm, tmp_path):
     assert math.isfinite(m["loss"]) and m["grad_norm"] > 0
     moved = {k for k, v in model.named_parameters() if not torch.equal(v, before[k])}
     assert any("visual" in k for k in moved) and any("language_model" in k for k in moved)
+
+
+class BadImageEnv(ImageEnv):
+    """Reset fine; the feedback carries a float image (an env bug)."""
+
+    def step(self, action):
+        return [{"role": "user", "content": [{"type": "image", "image": np.zeros((4, 4, 3))}]}], 0.0, False, False, {}
+
+
+class BadResetEnv(ImageEnv):
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return [{"role": "user", "content": [{"type": "image", "image": "cat.png"}]}], {"task_id": "bad"}
+
+
+def test_a_malformed_image_is_a_recorded_failed_step_not_a_crash(vlm):
+    from agentrl.rollout.chat import VisionChatRenderer
+
+    _, tok, ip = vlm
+    r = VisionChatRenderer(tok, ip)
+    eng = ScriptedEngine(tok, lambda prompt: "7")
+    p = SamplingParams(temperature=1.0, max_tokens=8, stop_token_ids=r.stop_ids)
+    bad_step, bad_reset, good = run_episodes(
+        eng, r, [BadImageEnv(), BadResetEnv(), ImageEnv()], [EpisodeSpec({"seed": s}) for s in range(3)], p,
+        error_reward=-1.0, max_episode_tokens=200)
+    assert bad_step.terminated and bad_step.turns[0].reward == -1.0
+    assert "step returned a bad observation: message 0: part 0: 'image' must be" in bad_step.info["errors"][0]
+    assert "float64" in bad_step.info["errors"][0]
+    assert bad_reset.terminated and not bad_reset.turns and "reset returned a bad observation" in bad_reset.info["error"]
+    assert bad_reset.task_id == "bad"
+    assert len(good.turns) >= 1 and good.vision is not None

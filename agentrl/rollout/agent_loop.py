@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from agentrl.envs import message_images
+from agentrl.envs import content_error, message_images
 from agentrl.rollout.chat import ChatRenderer
 from agentrl.rollout.engines.base import Engine, SamplingParams, prompt_key
 from agentrl.trajectory import Trajectory
@@ -89,9 +89,23 @@ def call_with_timeout(fn: Callable[[], Any], timeout_s: float | None, *,
     return box["value"]
 
 
+def _bad_parts(obs: Any) -> str | None:
+    """What is wrong with the content parts (list contents) of observation `obs`, or None.
+    String contents are not looked at here (the text path is unchanged)."""
+    for k, m in enumerate(obs or []):
+        if isinstance(m, dict) and isinstance(m.get("content"), list):
+            err = content_error(m["content"])
+            if err:
+                return f"message {k}: {err}"
+    return None
+
+
 def _safe_reset(env: Any, kw: dict[str, Any], timeout_s: float | None = None) -> tuple[list | None, dict]:
     try:
         obs, info = call_with_timeout(lambda: env.reset(**kw), timeout_s, on_late=_closer(env))
+        bad = _bad_parts(obs)
+        if bad:  # e.g. a float or RGBA image: recorded like a reset that raised
+            return None, {**dict(info or {}), "error": f"reset returned a bad observation: {bad}"}
         return obs, dict(info or {})
     except EnvCallTimeout as e:
         return None, {"error": f"reset {e}", "env_timeout": "reset"}
@@ -103,6 +117,10 @@ def _safe_step(env: Any, action: str, timeout_s: float | None = None) -> tuple[l
     try:
         obs, reward, terminated, truncated, info = call_with_timeout(
             lambda: env.step(action), timeout_s, on_late=_closer(env))
+        bad = _bad_parts(obs)
+        if bad:  # recorded like a step that raised (contract 7)
+            return [], float("nan"), True, False, {"error": f"step returned a bad observation: {bad}",
+                                                   "env_exception": True}
         return list(obs or []), float(reward), bool(terminated), bool(truncated), dict(info or {})
     except EnvCallTimeout as e:  # a penalised failure, like an env that raised (module doc)
         return [], float("nan"), True, False, {"error": f"step {e}", "env_timeout": "step"}
