@@ -52,6 +52,8 @@ class ModelConfig(_Section):
 
     path: str | None = None
     """Local Hugging Face model directory. None: build the embedded tiny default (see `tiny`)."""
+    vision: bool = False
+    """Embedded default (no `path`): build a tiny vision-language model (Qwen2-VL: the text sizes below, a 2-block vision tower of width 32, a PIL image processor) in OUT/base_vlm instead of the text model, for envs whose observations carry images (docs/multimodal.md). Runs in-process on the hf engine only: with images Ray rollout workers, vLLM, LoRA, PPO's value head, a reference worker and learner ranks are refused at start-up."""
     hidden_size: int = Field(default=128, ge=8)
     """Embedded default: hidden size of the tiny Qwen2 model."""
     num_layers: int = Field(default=4, ge=1)

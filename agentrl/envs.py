@@ -3,7 +3,8 @@ observations are chat messages, and registration through Gymnasium's own registr
 
 Contract (docs/design.md):
 - `reset(seed=None, options=None) -> (messages, info)`: the opening messages
-  (`[{"role": "system"|"user", "content": str}, ...]`). `options={"task": ...}` picks a task.
+  (`[{"role": "system"|"user", "content": str | parts}, ...]`; parts are text and image parts,
+  `ChatMessages`). `options={"task": ...}` picks a task.
 - `step(action: str) -> (messages, reward, terminated, truncated, info)`: `messages` are the new
   messages that follow the agent's turn (a `user` feedback or `tool` results; `[]` when the
   episode ends). `reward` is the scalar reward of that agent turn.
@@ -32,7 +33,13 @@ Message = dict[str, Any]
 
 
 class ChatMessages(spaces.Space):
-    """Observation space: a list of chat messages, each a dict with str `role` and `content`."""
+    """Observation space: a list of chat messages, each a dict with str `role` and `content`.
+
+    `content` is a str, or a list of parts as in the OpenAI / Hugging Face chat formats:
+    `{"type": "text", "text": str}` and `{"type": "image", "image": img}`, where `img` is a
+    PIL image or an `(H, W, 3)` uint8 numpy array (`is_image`). `contains` is False for any
+    other shape of content; `content_error` says what is wrong.
+    """
 
     ROLES = ("system", "user", "assistant", "tool")
 
@@ -49,7 +56,7 @@ class ChatMessages(spaces.Space):
 
     def contains(self, x: Any) -> bool:
         return isinstance(x, list) and all(
-            isinstance(m, dict) and m.get("role") in self.ROLES and isinstance(m.get("content"), str)
+            isinstance(m, dict) and m.get("role") in self.ROLES and content_error(m.get("content")) is None
             for m in x
         )
 
@@ -58,6 +65,57 @@ class ChatMessages(spaces.Space):
 
     def __eq__(self, other: Any) -> bool:
         return isinstance(other, ChatMessages)
+
+
+def is_image(x: Any) -> bool:
+    """Whether `x` is an image an observation may carry: a PIL image, or a numpy array of
+    shape `(H, W, 3)` (H, W >= 1), dtype uint8 (RGB, 0-255)."""
+    if isinstance(x, np.ndarray):
+        return x.dtype == np.uint8 and x.ndim == 3 and x.shape[2] == 3 and x.shape[0] > 0 and x.shape[1] > 0
+    try:
+        from PIL import Image
+    except ImportError:  # pillow missing: nothing can be a PIL image
+        return False
+    return isinstance(x, Image.Image)
+
+
+def content_error(content: Any) -> str | None:
+    """What is wrong with a message's `content`, or None when it is valid: a str, or a list of
+    `{"type": "text", "text": str}` / `{"type": "image", "image": PIL image or (H, W, 3) uint8
+    array}` parts (`ChatMessages`)."""
+    if isinstance(content, str):
+        return None
+    if not isinstance(content, list):
+        return f"content must be a str or a list of parts, got {type(content).__name__}"
+    for k, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text":
+            if not isinstance(part.get("text"), str):
+                return f"part {k}: a text part needs a str 'text'"
+        elif kind == "image":
+            img = part.get("image")
+            if not is_image(img):
+                got = (f"array {img.shape} {img.dtype}" if isinstance(img, np.ndarray)
+                       else type(img).__name__)
+                return f"part {k}: 'image' must be a PIL image or an (H, W, 3) uint8 array, got {got}"
+        else:
+            return f"part {k}: type must be 'text' or 'image', got {part!r:.80}"
+    return None
+
+
+def content_text(content: Any) -> str:
+    """The text of a message's `content`: the str itself, or its text parts joined (images
+    dropped)."""
+    if isinstance(content, str):
+        return content
+    return "".join(p["text"] for p in content or [] if isinstance(p, dict) and p.get("type") == "text")
+
+
+def message_images(messages: list[Message]) -> list[Any]:
+    """The images of `messages`' image parts, in order of appearance (as the chat template
+    renders them)."""
+    return [p["image"] for m in messages if isinstance(m.get("content"), list)
+            for p in m["content"] if isinstance(p, dict) and p.get("type") == "image"]
 
 
 class AgentText(spaces.Space):
@@ -314,6 +372,10 @@ def register_builtin_envs() -> None:
                  short_name="self_propose",
                  description="propose Python tasks and solve buffered ones (deduce, abduce, induce); "
                              "the sandbox verifies")
+    register_env("agentrl/VisualCount-v0", "agentrl_envs.visual_count:VisualCountEnv",
+                 short_name="visual_count",
+                 description="look at a drawn board of coloured shapes; count them or say where one "
+                             "is (image observations: needs a vision-language policy)")
 
 
 # -- env state in checkpoints ---------------------------------------------------------------------

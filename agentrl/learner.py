@@ -43,7 +43,8 @@ from agentrl.prefix_share import prefix_share_supported, prefix_shared_logprobs
 
 def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
                    temperature: float = 1.0, with_entropy: bool = False,
-                   entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   entropy_grad: bool = False, vision: list[dict[str, Any] | None] | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Teacher-forced log-probability of every token given the tokens before it.
 
     Args:
@@ -54,15 +55,47 @@ def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Te
         with_entropy: also return the per-token entropy of the tempered distribution (nats).
         entropy_grad: keep the entropy in the autograd graph (for an entropy bonus); else it is
             computed without gradient (a metric).
+        vision: per row its `Trajectory.vision` (None: no images), for a vision-language
+            model: then each row runs its own forward with its pixels (`_vision_logits`) and
+            the vision special tokens have probability 0, as in `VisionHFEngine`. None (a text
+            batch): one batched forward, as always.
 
     Returns:
         logp (B, T) float32 with `logp[:, t] = log p(input_ids[:, t] | input_ids[:, :t])` and
         `logp[:, 0] = 0` (the first token has no context); entropy (B, T) or None, aligned the
         same way (entropy of the distribution that produced token t).
     """
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+    if vision is not None:
+        logits = _vision_logits(model, input_ids, attention_mask, vision)
+    else:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
     with full_precision(logits):
         return _logp_entropy(logits, input_ids, temperature, with_entropy, entropy_grad)
+
+
+def _vision_logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   vision: list[dict[str, Any] | None]) -> torch.Tensor:
+    """(B, T, V) float32 logits of a vision-language model, one forward per row (its real
+    tokens and its images, `agentrl.models.vision_logprobs.vision_forward_inputs`), the vision
+    special tokens set to the lowest float32 (probability 0, as the sampler's -inf; finite so
+    that the entropy stays finite). Padding positions get 0 logits (their mask is 0)."""
+    from agentrl.models.vision_logprobs import vision_forward_inputs, vision_token_ids
+
+    cfg = getattr(model, "config", None)
+    image_id = getattr(cfg, "image_token_id", None)
+    if image_id is None:
+        raise ValueError("a batch with images needs a vision-language model (its config has no image_token_id)")
+    banned = vision_token_ids(cfg)
+    rows = []
+    for i, vis in enumerate(vision):
+        n = int(attention_mask[i].sum())
+        inputs = vision_forward_inputs(input_ids[i, :n].tolist(), vis, int(image_id))
+        inputs = {k: v.to(input_ids.device) for k, v in inputs.items()}
+        lg = model(**inputs).logits[0].float()
+        if banned:
+            lg = lg.index_fill(-1, torch.tensor(banned, device=lg.device), torch.finfo(torch.float32).min)
+        rows.append(torch.nn.functional.pad(lg, (0, 0, 0, input_ids.shape[1] - n)))
+    return torch.stack(rows)
 
 
 def token_logprobs_values(model: Any, value_head: torch.nn.Module, input_ids: torch.Tensor,
@@ -251,7 +284,9 @@ def _slice(batch: dict[str, Any], idx: torch.Tensor) -> dict[str, Any]:
     width = int(batch["lengths"][idx].max())
     out: dict[str, Any] = {}
     for k, v in batch.items():
-        if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == batch["input_ids"].shape[0]:
+        if k == "vision":  # per-row list (`collate`)
+            v = [v[i] for i in idx.tolist()]
+        elif isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == batch["input_ids"].shape[0]:
             v = v[idx]
             if v.dim() == 2:
                 v = v[:, :width]
@@ -435,7 +470,7 @@ class Learner:
             sub = _slice(batch, idx)
             with self.autocast():
                 lp, _ = token_logprobs(model, sub["input_ids"], sub["attention_mask"],
-                                       temperature=self.temperature)
+                                       temperature=self.temperature, vision=sub.get("vision"))
             if real:
                 out[idx, : lp.shape[1]] = lp
         if self.dp is not None:  # every rank filled its rows, the others are 0
@@ -468,10 +503,13 @@ class Learner:
             episode (case A11).
 
         Raises:
-            ValueError: the learner has no value head.
+            ValueError: the learner has no value head, or the batch has images.
         """
         if self.value_head is None:
             raise ValueError("logprobs_and_values needs Learner(value_head=True)")
+        if "vision" in batch:
+            raise ValueError("a value head (ppo) on a batch with images is not supported yet "
+                             "(docs/multimodal.md)")
         home = batch["loss_mask"].device
         batch = _to(batch, self.device)
         mask = batch["loss_mask"]
@@ -578,11 +616,15 @@ class Learner:
                     ent_grad = getattr(cfg, "entropy_coef", 0) > 0
                     with self.autocast():  # bf16: the forward; logp, values, loss in float32
                         if self.value_head is not None:
+                            if "vision" in sub:
+                                raise ValueError("a value head (ppo) on a batch with images is not "
+                                                 "supported yet (docs/multimodal.md)")
                             logp, ent, v_after = token_logprobs_values(
                                 self.model, self.value_head, sub["input_ids"], sub["attention_mask"],
                                 temperature=self.temperature, with_entropy=True, entropy_grad=ent_grad)
                             kw["values"] = values_before(v_after)
-                        elif self.prefix_share and self._share_ok:  # logp, ent: 0 off loss positions
+                        elif self.prefix_share and self._share_ok and "vision" not in sub:
+                            # logp, ent: 0 off loss positions
                             logp, ent = prefix_shared_logprobs(
                                 self.model, sub["input_ids"], sub["attention_mask"], sub["loss_mask"],
                                 temperature=self.temperature, with_entropy=True, entropy_grad=ent_grad,
@@ -590,7 +632,8 @@ class Learner:
                         else:
                             logp, ent = token_logprobs(self.model, sub["input_ids"],
                                                        sub["attention_mask"], temperature=self.temperature,
-                                                       with_entropy=True, entropy_grad=ent_grad)
+                                                       with_entropy=True, entropy_grad=ent_grad,
+                                                       vision=sub.get("vision"))
                     if single:
                         sub["old_logprobs"] = logp.detach()
                     loss, m = algo.loss(logp, sub, cfg, num_tokens=max(num_tokens, 1.0),
@@ -748,6 +791,8 @@ class Learner:
         tmp.mkdir(parents=True)
         self.model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        if getattr(tokenizer, "image_processor", None) is not None:  # a vision-language policy
+            tokenizer.image_processor.save_pretrained(tmp)
         torch.save({"optimizer": self.optimizer.state_dict(),
                     "scheduler": self.scheduler.state_dict(),
                     "optimizer_steps": self.optimizer_steps,

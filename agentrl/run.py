@@ -47,11 +47,12 @@ def default_model_dir(cfg: Config, out: Path, reporter: Any = None) -> str:
     opening messages and reference answers of `TOKENIZER_TASKS` training tasks). Progress goes
     to `reporter` (`agentrl.progress.Reporter`; None: silent): the task texts as a stage with
     its ETA, then the tokenizer training and model build (one call) as start/end lines."""
+    from agentrl.envs import content_text
     from agentrl.model import build_tiny_model
     from agentrl.progress import Reporter
 
     reporter = reporter or Reporter(enabled=False)
-    target = out / "base_model"
+    target = out / ("base_vlm" if cfg.model.vision else "base_model")
     if (target / "config.json").exists():
         return str(target)
     env = build_env(cfg, "train")
@@ -60,7 +61,7 @@ def default_model_dir(cfg: Config, out: Path, reporter: Any = None) -> str:
     with reporter.stage("model", TOKENIZER_TASKS, unit="task texts for the tokenizer") as st:
         for i in range(TOKENIZER_TASKS):
             obs, _ = env.reset(seed=500_000 + i)
-            texts.extend(m["content"] for m in obs)
+            texts.extend(content_text(m["content"]) for m in obs)
             if get is not None and get():
                 texts.append(get())
             st.advance()
@@ -70,6 +71,12 @@ def default_model_dir(cfg: Config, out: Path, reporter: Any = None) -> str:
     m = cfg.model
     with reporter.stage("model", None, unit=f"training the tokenizer on {len(texts)} texts and "
                         "building the model"):
+        if m.vision:
+            from agentrl.vlm import build_tiny_vlm
+
+            return build_tiny_vlm(str(target), texts, hidden_size=m.hidden_size, num_layers=m.num_layers,
+                                  num_heads=m.num_heads, intermediate_size=m.intermediate_size,
+                                  vocab_size=m.vocab_size, seed=cfg.seed)
         return build_tiny_model(str(target), texts, hidden_size=m.hidden_size, num_layers=m.num_layers,
                                 num_heads=m.num_heads, intermediate_size=m.intermediate_size,
                                 vocab_size=m.vocab_size, seed=cfg.seed)
@@ -83,14 +90,73 @@ def load_policy(cfg: Config, out: Path, checkpoint: Path | None,
 
     Returns:
         `(model, tokenizer, directory loaded)`, the model in eval mode (`agentrl.model.load_model`).
+
+    Raises:
+        ValueError: a vision-language policy with settings it cannot run with yet
+            (`check_vision_training`).
     """
     from agentrl.lora import load_checkpoint
     from agentrl.model import load_model
+    from agentrl.vlm import is_vlm_dir
 
     if checkpoint is not None:
+        if is_vlm_dir(checkpoint):
+            return (*_load_vlm_policy(checkpoint), checkpoint)
         return (*load_checkpoint(checkpoint), checkpoint)
+    check_vision_training(cfg)
     path = cfg.model.path or default_model_dir(cfg, out, reporter)
+    if is_vlm_dir(path):
+        return (*_load_vlm_policy(path), path)
     return (*load_model(path), path)
+
+
+def _load_vlm_policy(path: str | Path) -> tuple[Any, Any]:
+    """`(model, tokenizer)` of a vision-language directory (`agentrl.vlm.load_vlm`), the image
+    processor carried as `tokenizer.image_processor` (for the renderer, the engine and the
+    checkpoints)."""
+    from agentrl.vlm import load_vlm
+
+    model, tok, image_processor = load_vlm(path)
+    tok.image_processor = image_processor
+    return model, tok
+
+
+def vision_engine(cfg: Config, path: str | Path) -> tuple[Any, Any]:
+    """`(VisionHFEngine, VisionChatRenderer)` of the vision-language directory `path` (for
+    `agentrl eval`): the model loaded with the Auto classes, in `model.dtype`."""
+    from agentrl.models.vision_logprobs import vision_token_ids
+    from agentrl.rollout.chat import VisionChatRenderer
+    from agentrl.rollout.engines.hf_vision import VisionHFEngine
+
+    model, tok = _load_vlm_policy(path)
+    if cfg.model.dtype != "float32":
+        model = model.to(getattr(torch, cfg.model.dtype))
+    engine = VisionHFEngine(model, image_token_id=model.config.image_token_id,
+                            banned_ids=vision_token_ids(model.config), torch_threads=cfg.rollout.torch_threads)
+    return engine, VisionChatRenderer(tok, tok.image_processor)
+
+
+def check_vision_training(cfg: Config) -> None:
+    """With a vision-language policy (`model.vision`, or a `model.path` holding one), refuse at
+    start-up what does not run with images yet: Ray rollout workers, vLLM, LoRA, PPO's value
+    head, a reference worker and learner ranks (docs/multimodal.md).
+
+    Raises:
+        ValueError: naming the key to change.
+    """
+    from agentrl.vlm import is_vlm_dir
+
+    if not (cfg.model.vision or (cfg.model.path and is_vlm_dir(cfg.model.path))):
+        return
+    bad = [(cfg.rollout.num_workers > 0, "rollout.num_workers=0"),
+           (cfg.rollout.engine != "hf", "rollout.engine=hf"), (cfg.model.lora_r > 0, "model.lora_r=0"),
+           (cfg.algo.name == "ppo", "an algorithm without a value head (grpo, rloo, ...)"),
+           (cfg.placement.reference == "worker", "placement.reference other than worker"),
+           (cfg.train.learner_workers > 0, "train.learner_workers=0")]
+    need = [fix for hit, fix in bad if hit]
+    if need:
+        raise ValueError("a vision-language policy trains in-process on the hf engine only for now; "
+                         f"set {', '.join(need)} (docs/multimodal.md)")
 
 
 # -- engine -------------------------------------------------------------------------------------
@@ -107,6 +173,13 @@ def make_engine(cfg: Config, model: Any, tok: Any, out: Path) -> Any:
     """
     from agentrl.lora import plain_copy
 
+    if getattr(tok, "image_processor", None) is not None:  # a vision-language policy (in-process)
+        from agentrl.models.vision_logprobs import vision_token_ids
+        from agentrl.rollout.engines.hf_vision import VisionHFEngine
+
+        return VisionHFEngine(plain_copy(model).eval(), image_token_id=model.config.image_token_id,
+                              banned_ids=vision_token_ids(model.config),
+                              torch_threads=cfg.rollout.torch_threads)
     if cfg.rollout.num_workers > 0 or cfg.rollout.engine == "vllm":
         from agentrl.rollout.workers import RolloutPool  # Ray workers (or vLLM) hold the envs
 

@@ -30,8 +30,9 @@ from agentrl.trajectory import Trajectory, collate
 
 def sft_examples(env: Any, renderer: ChatRenderer, n: int, *, seed: int) -> list[Trajectory]:
     """Reset `env` with seeds `seed .. seed+n-1` and build one supervised example per task:
-    context = the opening messages + generation prompt (mask 0), target = the reference answer's
-    ids + end-of-turn (mask 1). Tasks without a reference answer are skipped.
+    context = the opening messages + generation prompt (mask 0; with a vision renderer their
+    images too, `Trajectory.vision`), target = the reference answer's ids + end-of-turn (mask 1).
+    Tasks without a reference answer are skipped.
 
     Raises:
         ValueError: if the env offers no reference answers at all.
@@ -47,7 +48,12 @@ def sft_examples(env: Any, renderer: ChatRenderer, n: int, *, seed: int) -> list
         if not ans:
             continue
         tr = Trajectory(task_id=str(info.get("task_id", "")))
-        tr.append_context(renderer.prompt_ids(obs, tools=info.get("tools")))
+        if renderer.accepts_images:  # a vision renderer: the images go with the example
+            ctx, px = renderer.prompt_inputs(obs, tools=info.get("tools"))  # type: ignore[attr-defined]
+            tr.append_context(ctx)
+            tr.append_images(0, ctx, px, renderer.image_token_id)  # type: ignore[attr-defined]
+        else:
+            tr.append_context(renderer.prompt_ids(obs, tools=info.get("tools")))
         ids = tok.encode(ans, add_special_tokens=False) + [renderer.end_of_turn_id]
         tr.append_sampled(ids, [0.0] * len(ids), text=ans)
         out.append(tr)
@@ -80,7 +86,8 @@ def sft_train(model: Any, examples: list[Trajectory], *, steps: int, lr: float, 
             order += torch.randperm(len(examples), generator=gen).tolist()
         idx, order = order[:batch_size], order[batch_size:]
         batch = collate([examples[i] for i in idx], pad_id)
-        logp, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"])
+        logp, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"],
+                                 vision=batch.get("vision"))
         mask = batch["loss_mask"]
         loss = -(logp * mask).sum() / mask.sum().clamp(min=1)
         opt.zero_grad(set_to_none=True)
@@ -157,7 +164,15 @@ def warm_start(cfg: Config, model: Any, tok: Any, renderer: ChatRenderer, pad_id
     def stop(done: int) -> bool:  # pass@1 / pass@k on training tasks (never the held-out split)
         if (sc.stop_pass_rate is None and sc.stop_pass_at_k is None) or done < sc.min_steps:
             return False
-        eng = HFEngine(plain_copy(model).eval(), tok, torch_threads=cfg.rollout.torch_threads)
+        if getattr(tok, "image_processor", None) is not None:  # a vision-language policy
+            from agentrl.models.vision_logprobs import vision_token_ids
+            from agentrl.rollout.engines.hf_vision import VisionHFEngine
+
+            eng: Any = VisionHFEngine(plain_copy(model).eval(), image_token_id=model.config.image_token_id,
+                                      banned_ids=vision_token_ids(model.config),
+                                      torch_threads=cfg.rollout.torch_threads)
+        else:
+            eng = HFEngine(plain_copy(model).eval(), tok, torch_threads=cfg.rollout.torch_threads)
         envs_ = [build_env(cfg, "train") for _ in range(k * sc.check_tasks)]
         with ThreadPoolExecutor(cfg.rollout.env_threads) as p_:
             r = evaluate(eng, renderer, envs_, cfg, p_, n_tasks=sc.check_tasks, samples=k,
@@ -192,4 +207,6 @@ def warm_start(cfg: Config, model: Any, tok: Any, renderer: ChatRenderer, pad_id
         f"({seconds:.0f} s)" + (f", train pass@1 {checks[-1][1]:.3f}" if checks else ""))
     model.save_pretrained(out / "sft_model")
     tok.save_pretrained(out / "sft_model")
+    if getattr(tok, "image_processor", None) is not None:
+        tok.image_processor.save_pretrained(out / "sft_model")
     return info

@@ -869,7 +869,12 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
         say(f"[resume] {out} finished all {cfg.train.steps} steps already; nothing to do")
         return json.loads((out / "summary.json").read_text())
     model, tok, path = load_policy(cfg, out, ck, reporter)
-    renderer = ChatRenderer(tok)
+    if getattr(tok, "image_processor", None) is not None:  # a vision-language policy
+        from agentrl.rollout.chat import VisionChatRenderer
+
+        renderer: ChatRenderer = VisionChatRenderer(tok, tok.image_processor)
+    else:
+        renderer = ChatRenderer(tok)
     if cfg.algo.name == "distill":  # per-token log-probabilities compared by id
         from agentrl.algos.distill import check_teacher_tokenizer
 

@@ -46,6 +46,10 @@ class Trajectory:
         info: env infos and flags (`error`, `verdict`, `reward_components`, ...).
         timings: seconds per stage (`generate`, `env`).
         bootstrap_value: V(s_T) for a truncated episode when the learner supplies it (PPO).
+        vision: None for a text episode; with images (`append_images`): `pixel_values`
+            (float32 tensor, patches of every image in order x patch features), `image_grid_thw`
+            (int64 tensor, images x 3) and `image_spans` (`[start, end)` token positions of each
+            image's placeholder ids, all context: loss_mask 0).
     """
 
     token_ids: list[int] = field(default_factory=list)
@@ -60,6 +64,7 @@ class Trajectory:
     policy_version: int = 0
     info: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    vision: dict[str, Any] | None = None
 
     # -- building -------------------------------------------------------------------------
     def append_context(self, ids: list[int]) -> None:
@@ -82,6 +87,40 @@ class Trajectory:
         self.sampler_logprobs.extend(logprobs)
         self.turns.append(turn)
         return turn
+
+    def append_images(self, start: int, ids: list[int], pixels: dict[str, Any], image_token_id: int) -> None:
+        """Record the images of context `ids` just appended at position `start`: their pixel
+        inputs (`agentrl.vlm.encode_images`) and the spans of their placeholder runs.
+
+        Raises:
+            ValueError: the runs of `image_token_id` in `ids` are not one per image, or
+                `ids` is not what `token_ids` holds at `start`.
+        """
+        import torch
+
+        if self.token_ids[start:start + len(ids)] != list(ids):
+            raise ValueError("append_images: ids are not the context appended at start")
+        grid = pixels["image_grid_thw"]
+        if len(grid) == 0:
+            return
+        spans, k = [], 0
+        while k < len(ids):
+            if ids[k] == image_token_id:
+                j = k
+                while j < len(ids) and ids[j] == image_token_id:
+                    j += 1
+                spans.append([start + k, start + j])
+                k = j
+            else:
+                k += 1
+        if len(spans) != len(grid):
+            raise ValueError(f"{len(spans)} placeholder runs for {len(grid)} images")
+        v = self.vision or {"pixel_values": None, "image_grid_thw": None, "image_spans": []}
+        pv = pixels["pixel_values"]
+        v["pixel_values"] = pv if v["pixel_values"] is None else torch.cat([v["pixel_values"], pv])
+        v["image_grid_thw"] = grid if v["image_grid_thw"] is None else torch.cat([v["image_grid_thw"], grid])
+        v["image_spans"] = v["image_spans"] + spans
+        self.vision = v
 
     # -- reading --------------------------------------------------------------------------
     @property
@@ -128,14 +167,41 @@ class Trajectory:
             raise ValueError("trajectory has agent turns but loss_mask sums to 0")
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable dict (for rollouts/*.jsonl and eval results)."""
-        return dataclasses.asdict(self)
+        """A JSON-serialisable dict (for rollouts/*.jsonl and eval results). Without images it
+        has no `vision` key; with them, `vision` keeps `image_grid_thw` and `image_spans` (not
+        the pixels) and the messages' images become `{"type": "image", "image": "<image
+        HxW>"}` placeholders."""
+        vision, messages = self.vision, self.messages
+        if vision is None:
+            d = dataclasses.asdict(self)
+            d.pop("vision")
+            return d
+        d = dataclasses.asdict(dataclasses.replace(self, vision=None, messages=[]))
+        d["messages"] = [_json_message(m) for m in messages]
+        d["vision"] = {"image_grid_thw": vision["image_grid_thw"].tolist(),
+                       "image_spans": [list(s) for s in vision["image_spans"]]}
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Trajectory:
         d = dict(d)
         d["turns"] = [Turn(**t) for t in d.get("turns", [])]
         return cls(**d)
+
+
+def _json_message(m: dict[str, Any]) -> dict[str, Any]:
+    """`m` with each image part's image replaced by the text `<image HxW>`."""
+    if not isinstance(m.get("content"), list):
+        return dict(m)
+    parts = []
+    for p in m["content"]:
+        if isinstance(p, dict) and p.get("type") == "image":
+            img = p.get("image")
+            w, h = img.size if hasattr(img, "size") and not hasattr(img, "shape") else (img.shape[1], img.shape[0])
+            parts.append({"type": "image", "image": f"<image {h}x{w}>"})
+        else:
+            parts.append(dict(p))
+    return {**m, "content": parts}
 
 
 def collate(trajs: list[Trajectory], pad_id: int, *, pad_to: int | None = None) -> dict[str, Any]:
@@ -148,8 +214,10 @@ def collate(trajs: list[Trajectory], pad_id: int, *, pad_to: int | None = None) 
 
     Returns:
         dict with `input_ids` (B,T) long, `attention_mask` (B,T) long, `loss_mask` (B,T) float,
-        `sampler_logprobs` (B,T) float, `token_rewards` (B,T) float, `lengths` (B,) long.
-        Padding has attention 0 and loss_mask 0, so it never adds to a loss or a return.
+        `sampler_logprobs` (B,T) float, `token_rewards` (B,T) float, `lengths` (B,) long;
+        plus `vision` (a list of B `Trajectory.vision`, None for a row without images) when
+        any trajectory has images. Padding has attention 0 and loss_mask 0, so it never adds
+        to a loss or a return.
     """
     import torch
 
@@ -168,7 +236,7 @@ def collate(trajs: list[Trajectory], pad_id: int, *, pad_to: int | None = None) 
         slp[i, :n] = torch.tensor(t.sampler_logprobs, dtype=torch.float32)
         rew[i, :n] = torch.tensor(t.token_rewards(), dtype=torch.float32)
     lengths = torch.tensor([len(t.token_ids) for t in trajs], dtype=torch.long)
-    return {
+    out: dict[str, Any] = {
         "input_ids": input_ids,
         "attention_mask": attention,
         "loss_mask": loss_mask,
@@ -176,3 +244,6 @@ def collate(trajs: list[Trajectory], pad_id: int, *, pad_to: int | None = None) 
         "token_rewards": rew,
         "lengths": lengths,
     }
+    if any(t.vision is not None for t in trajs):  # a text batch has no "vision" key
+        out["vision"] = [t.vision for t in trajs]
+    return out

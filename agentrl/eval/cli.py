@@ -244,6 +244,12 @@ def eval_command(
         return build_env(cfg, split_arg)
 
     out_dir = out or _default_out(cfg.env.name, model)
+    if not scripted and use_pool:
+        from agentrl.vlm import is_vlm_dir
+
+        if (cfg.model.vision if builtin else model_dir is not None and is_vlm_dir(model_dir)):
+            raise ValueError("a vision-language policy is evaluated in-process only for now: set "
+                             "rollout.num_workers=0 (--workers 0) (docs/multimodal.md)")
     if builtin:
         from agentrl.run import default_model_dir
 
@@ -277,10 +283,17 @@ def eval_command(
         def rollout(specs: list[Any], params: Any, s: int | None) -> list[Any]:
             return pool.run(specs, params, s, split=split_arg)
     else:
-        from agentrl.rollout.workers import make_engine
+        from agentrl.vlm import is_vlm_dir
 
-        engine, tokenizer = make_engine(cfg, str(model_dir))
-        renderer = ChatRenderer(tokenizer)
+        if is_vlm_dir(str(model_dir)):  # a vision-language policy: in-process vision engine
+            from agentrl.run import vision_engine
+
+            engine, renderer = vision_engine(cfg, str(model_dir))
+        else:
+            from agentrl.rollout.workers import make_engine
+
+            engine, tokenizer = make_engine(cfg, str(model_dir))
+            renderer = ChatRenderer(tokenizer)
         model_label = str(model_dir)
 
     meta = {"env": cfg.env.name, "model": model_label, "dataset": cfg.env.dataset, "split": split_arg,

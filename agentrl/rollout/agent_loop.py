@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from agentrl.envs import content_error, message_images
 from agentrl.rollout.chat import ChatRenderer
 from agentrl.rollout.engines.base import Engine, SamplingParams, prompt_key
 from agentrl.trajectory import Trajectory
@@ -88,9 +89,23 @@ def call_with_timeout(fn: Callable[[], Any], timeout_s: float | None, *,
     return box["value"]
 
 
+def _bad_parts(obs: Any) -> str | None:
+    """What is wrong with the content parts (list contents) of observation `obs`, or None.
+    String contents are not looked at here (the text path is unchanged)."""
+    for k, m in enumerate(obs or []):
+        if isinstance(m, dict) and isinstance(m.get("content"), list):
+            err = content_error(m["content"])
+            if err:
+                return f"message {k}: {err}"
+    return None
+
+
 def _safe_reset(env: Any, kw: dict[str, Any], timeout_s: float | None = None) -> tuple[list | None, dict]:
     try:
         obs, info = call_with_timeout(lambda: env.reset(**kw), timeout_s, on_late=_closer(env))
+        bad = _bad_parts(obs)
+        if bad:  # e.g. a float or RGBA image: recorded like a reset that raised
+            return None, {**dict(info or {}), "error": f"reset returned a bad observation: {bad}"}
         return obs, dict(info or {})
     except EnvCallTimeout as e:
         return None, {"error": f"reset {e}", "env_timeout": "reset"}
@@ -102,12 +117,39 @@ def _safe_step(env: Any, action: str, timeout_s: float | None = None) -> tuple[l
     try:
         obs, reward, terminated, truncated, info = call_with_timeout(
             lambda: env.step(action), timeout_s, on_late=_closer(env))
+        bad = _bad_parts(obs)
+        if bad:  # recorded like a step that raised (contract 7)
+            return [], float("nan"), True, False, {"error": f"step returned a bad observation: {bad}",
+                                                   "env_exception": True}
         return list(obs or []), float(reward), bool(terminated), bool(truncated), dict(info or {})
     except EnvCallTimeout as e:  # a penalised failure, like an env that raised (module doc)
         return [], float("nan"), True, False, {"error": f"step {e}", "env_timeout": "step"}
     except Exception as e:  # noqa: BLE001 - contract 7
         return [], float("nan"), True, False, {"error": f"step failed: {_short_error(e)}",
                                                "env_exception": True}
+
+
+class ImageObservationError(ValueError):
+    """An env sent an image to a policy that cannot see (a configuration error: the run stops)."""
+
+
+def check_images_allowed(env: Any, renderer: ChatRenderer, messages: list) -> None:
+    """Raise when `messages` carry image parts and `renderer` renders text only (a text-only
+    model's chat template would silently drop them).
+
+    Raises:
+        ImageObservationError: naming the env (its Gymnasium id, else its class) and the model
+            (the tokenizer's `name_or_path`).
+    """
+    if getattr(renderer, "accepts_images", False) or not message_images(messages):
+        return
+    spec = getattr(env, "spec", None)
+    env_name = getattr(spec, "id", None) or type(getattr(env, "unwrapped", env)).__name__
+    model = getattr(renderer.tokenizer, "name_or_path", "") or type(renderer.tokenizer).__name__
+    raise ImageObservationError(
+        f"env {env_name} sent an image observation, but the model {model!r} is text-only: "
+        "use a vision-language model (model.vision=true builds the embedded tiny one, or "
+        "model.path=<a local VLM directory>), or an env without images")
 
 
 def _closer(env: Any) -> Callable[[], Any] | None:
@@ -128,6 +170,7 @@ def opening_prompt(env: Any, renderer: ChatRenderer, reset_kwargs: dict[str, Any
     obs, info = _safe_reset(env, reset_kwargs, reset_timeout_s)
     if obs is None:
         return None, bool(info.get("env_timeout"))
+    check_images_allowed(env, renderer, obs)
     ids = renderer.prompt_ids(obs, tools=info.get("tools"))
     return (ids if len(ids) < max_episode_tokens else None), False
 
@@ -267,13 +310,28 @@ class _Run:
             if obs is None:
                 tr.terminated = True
                 continue
+            check_images_allowed(self.envs[i], self.renderer, obs)
             tr.messages = list(obs)
-            tr.append_context(self.renderer.prompt_ids(obs, tools=info.get("tools")))
+            self.append_observation(tr, obs, tools=info.get("tools"), opening=True)
             live.append(i)
         reset_s = time.perf_counter() - t0
         for tr in self.trajs:
             tr.timings["env"] += reset_s / max(n, 1)
         return live
+
+    def append_observation(self, tr: Trajectory, msgs: list, *, tools: list | None = None,
+                           opening: bool = False) -> None:
+        """Append the ids of observation `msgs` to `tr` as context: the opening prompt (with
+        `tools`) or a delta after an assistant turn. With a vision renderer the images' pixel
+        inputs and placeholder spans go with them (`Trajectory.append_images`)."""
+        r = self.renderer
+        if not r.accepts_images:
+            tr.append_context(r.prompt_ids(msgs, tools=tools) if opening else r.delta_ids(msgs))
+            return
+        ids, px = r.prompt_inputs(msgs, tools) if opening else r.delta_inputs(msgs)
+        start = len(tr.token_ids)
+        tr.append_context(ids)
+        tr.append_images(start, ids, px, r.image_token_id)
 
     def make_room(self, live: list[int]) -> list[int]:
         """Truncate the episodes that reached `max_episode_tokens`; returns the others."""
@@ -293,7 +351,14 @@ class _Run:
         cap = min(self.params.max_tokens, max(room.values()))
         p = replace(self.params, max_tokens=cap, seed=seed, seed_offsets=offsets)
         t0 = time.perf_counter()
-        outs = self.engine.generate([self.trajs[i].token_ids for i in live], p)
+        if self.renderer.accepts_images:  # the engine gets each episode's images so far
+            if not getattr(self.engine, "accepts_images", False):
+                raise ValueError(f"engine {type(self.engine).__name__} takes no images; a vision "
+                                 "renderer needs one that does (VisionHFEngine)")
+            outs = self.engine.generate([self.trajs[i].token_ids for i in live], p,  # type: ignore[call-arg]
+                                        images=[self.trajs[i].vision for i in live])
+        else:
+            outs = self.engine.generate([self.trajs[i].token_ids for i in live], p)
         gen_s = time.perf_counter() - t0
         actions = []
         for i, out in zip(live, outs):
@@ -331,8 +396,9 @@ class _Run:
             tr.terminated, tr.truncated = terminated, truncated
             if terminated or truncated:
                 continue
+            check_images_allowed(self.envs[i], self.renderer, obs)
             tr.append_context(self.renderer.close_turn(tr.token_ids[t.start:t.end]))
-            tr.append_context(self.renderer.delta_ids(obs))
+            self.append_observation(tr, obs)
             tr.messages.extend(obs)
             still.append(i)
         return still

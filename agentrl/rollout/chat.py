@@ -40,11 +40,15 @@ class ChatRenderer:
         glue_ids: ids the template puts after an assistant's end-of-turn (ChatML: "\\n"); they
             are context (loss_mask 0), never sampled.
         stop_ids: ids that end sampling: end-of-turn first, then the tokenizer's eos.
+        accepts_images: False: this renderer renders text only; an observation with image
+            parts is refused by the agent loop (`check_images_allowed`).
 
     Raises:
         ValueError: if the template does not render a conversation as a prefix-extension of its
             start (then deltas cannot be cut and the tokenizer needs a different template).
     """
+
+    accepts_images = False
 
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
@@ -92,3 +96,79 @@ class ChatRenderer:
         """The text of a sampled turn as the env sees it: without the trailing stop token."""
         ids = sampled_ids[:-1] if sampled_ids and sampled_ids[-1] in self.stop_ids else sampled_ids
         return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+
+class VisionChatRenderer(ChatRenderer):
+    """`ChatRenderer` for a vision-language model: image parts render through the chat
+    template (one image placeholder each, e.g. Qwen2-VL's `<|vision_start|><|image_pad|>
+    <|vision_end|>`), the placeholder is widened to one id per merged patch as the model's
+    processor would (`agentrl.vlm.expand_image_pads`), and the images go through the image
+    processor. Deltas are cut exactly as in `ChatRenderer`, so history is never re-rendered.
+
+    Args:
+        tokenizer: the model's tokenizer (its chat template must render image parts).
+        image_processor: a Qwen2-VL-style image processor (returns `pixel_values` and
+            `image_grid_thw`; has `merge_size`).
+        image_token: the placeholder token (default the tokenizer's `image_token`, else
+            `<|image_pad|>`).
+
+    Attributes:
+        image_token_id: the placeholder's id.
+        vision_token_ids: ids of the vision special tokens the tokenizer has (a sampler must
+            never produce them: the model's forward counts placeholders against images).
+
+    Raises:
+        ValueError: the tokenizer lacks the placeholder token, or the template problems of
+            `ChatRenderer`.
+    """
+
+    accepts_images = True
+
+    def __init__(self, tokenizer: Any, image_processor: Any, image_token: str | None = None):
+        from agentrl.vlm import IMAGE_PAD, VISION_TOKENS
+
+        super().__init__(tokenizer)
+        self.image_processor = image_processor
+        token = image_token or getattr(tokenizer, "image_token", None) or IMAGE_PAD
+        vocab = tokenizer.get_vocab()
+        if token not in vocab:
+            raise ValueError(f"tokenizer has no image placeholder token {token!r}")
+        self.image_token_id = vocab[token]
+        self.merge_size = int(getattr(image_processor, "merge_size", 2))
+        self.vision_token_ids = sorted({vocab[t] for t in (*VISION_TOKENS, token) if t in vocab})
+
+    def _with_images(self, ids: list[int], messages: list[Message]) -> tuple[list[int], dict[str, Any]]:
+        from agentrl.envs import message_images
+        from agentrl.vlm import encode_images, expand_image_pads, image_token_counts
+
+        px = encode_images(self.image_processor, message_images(list(messages)))
+        counts = image_token_counts(px["image_grid_thw"], self.merge_size)
+        return expand_image_pads(ids, self.image_token_id, counts), px
+
+    def prompt_inputs(self, messages: list[Message], tools: list[dict] | None = None
+                      ) -> tuple[list[int], dict[str, Any]]:
+        """Ids of the opening messages (placeholders widened) + the generation prompt, and
+        `encode_images` of their images in order.
+
+        Raises:
+            ValueError: the template rendered a different number of placeholders than there
+                are images.
+        """
+        return self._with_images(super().prompt_ids(messages, tools=tools), messages)
+
+    def delta_inputs(self, new_messages: list[Message]) -> tuple[list[int], dict[str, Any]]:
+        """`ChatRenderer.delta_ids` of `new_messages` with placeholders widened, and
+        `encode_images` of their images in order.
+
+        Raises:
+            ValueError: as `prompt_inputs`, and as `ChatRenderer.delta_ids`.
+        """
+        return self._with_images(super().delta_ids(new_messages), new_messages)
+
+    def prompt_ids(self, messages: list[Message], tools: list[dict] | None = None) -> list[int]:
+        """The ids of `prompt_inputs` (what the engine is fed, placeholders widened)."""
+        return self.prompt_inputs(messages, tools)[0]
+
+    def delta_ids(self, new_messages: list[Message]) -> list[int]:
+        """The ids of `delta_inputs`."""
+        return self.delta_inputs(new_messages)[0]

@@ -60,11 +60,12 @@ class LockedEngine:
         self.engine = engine
         self.lock = lock if lock is not None else threading.RLock()
 
-    def generate(self, prompts: list[list[int]], params: Any) -> list[Any]:
+    def generate(self, prompts: list[list[int]], params: Any, **kw: Any) -> list[Any]:
         """The wrapped engine's `generate` (prompt token ids -> `len(prompts) * params.n`
-        completions), holding `lock`; blocks while another call holds it."""
+        completions; `kw`: e.g. `images=` for a vision engine), holding `lock`; blocks while
+        another call holds it."""
         with self.lock:
-            return self.engine.generate(prompts, params)
+            return self.engine.generate(prompts, params, **kw)
 
     def update_weights(self, state_dict: dict[str, Any], version: int) -> Any:
         """The wrapped engine's `update_weights`, holding `lock` (so it lands between two

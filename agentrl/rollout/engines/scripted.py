@@ -25,7 +25,11 @@ class ScriptedEngine:
         self.policy = policy
         self.policy_version = 0
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+    accepts_images = True
+    """Images (`images=`) are accepted and ignored: the policy sees the prompt ids only."""
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 images: Any = None) -> list[Completion]:
         out = []
         for p in prompts:
             for _ in range(params.n):
