@@ -191,12 +191,12 @@ def show_episode(out_dir: str | Path, step: int | None = None, index: int = 0,
             f"· policy v{traj.policy_version} · return {traj.episode_return:.3g} · {ending}")
     group = [t.episode_return for t in load_group(out_dir, step, traj.group_id)]
     roles = " → ".join(m.get("role", "?") for m in traj.messages)
-    legend = (f"trained tokens (loss_mask=1) {OPEN}like this{CLOSE}" if marks else
-              "trained tokens (loss_mask=1) highlighted, context (loss_mask=0) dim")
+    legend = (f"sampled tokens (loss_mask=1) {OPEN}like this{CLOSE}" if marks else
+              "sampled tokens (loss_mask=1) highlighted, context (loss_mask=0) dim")
     console.print(head, style="bold", markup=False, highlight=False)
     console.print(training_note(traj, group), markup=False, highlight=False)
     console.print(f"roles: {roles}", markup=False, highlight=False)
-    console.print(f"{legend}; {traj.num_sampled} of {len(traj.token_ids)} tokens trained",
+    console.print(f"{legend}; {traj.num_sampled} of {len(traj.token_ids)} tokens have loss_mask 1",
                   markup=False, highlight=False)
     console.rule()
     console.print(render_episode(traj, tok, marks=marks, trained=traj.info.get("trained", True) is not False),

@@ -180,7 +180,7 @@ def test_show_plain_wraps_trained_spans(run, tiny_tokenizer):
     tr = load_episode(out, 2, 1)
     assert "roles: user → assistant" in r.output and f"step 2 · episode 1 · task {tr.task_id}" in r.output
     head, body = r.output.split("─" * 20, 1)
-    assert f"trained tokens (loss_mask=1) {OPEN}like this{CLOSE}" in head  # the legend
+    assert f"sampled tokens (loss_mask=1) {OPEN}like this{CLOSE}" in head  # the legend
     body = body.lstrip("─\n")
     spans = re.findall(f"{OPEN}(.*?){CLOSE}", body, flags=re.S)
     assert len(spans) == len(tr.turns) >= 1
