@@ -116,6 +116,15 @@ def train(
     except RunInterrupted as e:
         console.print(f"[yellow]{escape(str(e))}[/yellow]")
         raise typer.Exit(130) from None
+    except KeyboardInterrupt:  # before the RL loop, or a second Ctrl-C: no save of its own
+        from agentrl.learner import latest_checkpoint
+
+        run = cfg.resume or cfg.out
+        ck = latest_checkpoint(run)
+        hint = (f"the newest checkpoint is {ck}: continue with --resume {run}" if ck is not None else
+                f"no step was saved: start again with --overwrite (or another --out than {run})")
+        console.print(f"[yellow]stopped: {escape(hint)}[/yellow]")
+        raise typer.Exit(130) from None
     except NonFiniteGradientError as e:
         _fail(f"stopped: {e}")
     except (OutError, ResumeError, PlacementError, ConfigError) as e:

@@ -67,7 +67,8 @@ def load_conversations(path: str | Path) -> list[list[dict[str, str]]]:
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"sft dataset not found: {path}")
+        raise FileNotFoundError(f"sft dataset {path} is a directory, not a JSONL file" if path.is_dir()
+                                else f"sft dataset not found: {path}")
     out = []
     for where, row in jsonl_rows(path):
         msgs = row.get("messages") if isinstance(row, dict) else row

@@ -98,3 +98,35 @@ def test_offline_dpo_builds_the_embedded_model_without_reading_the_preference_fi
                              "log.tensorboard=false", "train.torch_threads=1"])
     s = dpo_from_file(cfg, prefs, say=lambda m: None)
     assert s["pairs"] == 1 and (tmp_path / "run" / "model" / "config.json").exists()
+
+
+def test_ctrl_c_before_the_rl_loop_says_nothing_was_saved(tiny_model_dir, tmp_path):
+    """SIGINT during the warm start (no step saved yet): exit 130 and a line that says so."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run"
+    args = [a for a in TOY if not a.startswith("sft.steps")] + ["sft.steps=100000", "sft.min_steps=100000"]
+    proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "train", *args,
+                             f"model.path={tiny_model_dir}", f"out={out}"],
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not (out / "sft_metrics.jsonl").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-2000:]
+        time.sleep(0.05)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    text, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, text[-2000:]
+    assert "stopped: no step was saved: start again with --overwrite" in text, text[-2000:]
+
+
+def test_sft_dataset_that_is_a_directory_says_so(tmp_path):
+    from agentrl.offline import load_conversations
+
+    with pytest.raises(FileNotFoundError, match="is a directory, not a JSONL file"):
+        load_conversations(tmp_path)
