@@ -9,7 +9,11 @@ rates are measured before and after the sandbox and averaged (load drifts on sha
 
     python benchmarks/sandbox_throughput.py [--seconds 10] [--workers N] [--backend auto]
 
-Prints one line per measurement and the ratios sandbox/bare (target: >= 2).
+Prints one line per measurement and the ratios sandbox/bare (target: >= 2).  The program's
+asserts are runner-decided (``assert add(1, 2) == 3``), so ``run_tests`` runs them in one
+process; ``sandbox, two processes`` forces the split run (``force_split=True``) that tests
+computing their own expectations get (docs/sandbox.md, "One-process runs").  A tree without
+``force_split`` (before this change) measures its default path only.
 """
 
 from __future__ import annotations
@@ -66,15 +70,22 @@ def main() -> None:
     with SandboxPool(workers=workers, backend=args.backend) as pool:
         limits = Limits(wall_s=10.0, cpu_s=10.0)
 
-        def sandboxed() -> None:
-            r = pool.run_tests(CODE, TESTS, limits=limits)
+        import inspect
+        has_split = "force_split" in inspect.signature(pool.run_tests).parameters
+
+        def sandboxed(**kw) -> None:
+            r = pool.run_tests(CODE, TESTS, limits=limits, **kw)
             if r.verdict != "pass":
                 raise RuntimeError(f"benchmark program did not pass: {r}")
+
+        def split() -> None:
+            sandboxed(force_split=True)
 
         pool.map_tests([{"code": CODE, "tests": TESTS}] * workers)  # start the warm servers
         plain = [_rate(bare(), args.seconds, workers)]
         strict = [_rate(bare("-I", "-S"), args.seconds, workers)]
         sbx_rate, sbx_n = _rate(sandboxed, args.seconds, workers)
+        split_rate, split_n = _rate(split, args.seconds, workers) if has_split else (None, 0)
         plain.append(_rate(bare(), args.seconds, workers))
         strict.append(_rate(bare("-I", "-S"), args.seconds, workers))
         restarts = pool.restarts
@@ -84,9 +95,13 @@ def main() -> None:
         print(f"{label:22s}: {(r1 + r2) / 2:8.1f} / s  (before {r1:.1f} / s, {n1} runs; "
               f"after {r2:.1f} / s, {n2} runs)")
     print(f"{'sandbox run_tests':22s}: {sbx_rate:8.1f} / s  ({sbx_n} runs, {restarts} restarts)")
+    if split_rate is not None:
+        print(f"{'sandbox, two processes':22s}: {split_rate:8.1f} / s  ({split_n} runs)")
     for label, rates in (("bare python -c", plain), ("bare python -I -S -c", strict)):
         mean = (rates[0][0] + rates[1][0]) / 2
         print(f"ratio sandbox / {label:22s}: {sbx_rate / mean:6.2f}x")
+        if split_rate is not None:
+            print(f"ratio two processes / {label:16s}: {split_rate / mean:6.2f}x")
 
 
 if __name__ == "__main__":

@@ -27,8 +27,9 @@ def run_tests(code: str, tests: list[str], *, setup: str = "", names: list[str] 
       ``solution``; an ``if __name__ == "__main__":`` block does not run).
     tests: Python sources, each executed after the solution in a copy of its namespace with
       pristine builtins, e.g. ``'assert f(2) == 4'`` or a HumanEval ``def check(candidate):
-      ...`` followed by ``check(f)``.  A test passes iff the harness itself reports that its
-      ``exec`` returned without an exception.
+      ...`` followed by ``check(f)``.  A test passes iff it ran to its end and every
+      expectation the runner holds for it (``assert f(x) == <literal>`` and the like) was
+      reported with the expected value (docs/sandbox.md, "Reward hacking").
     setup: source run first in the solution's namespace (imports, helpers).
     names: one display name per test (default ``test_0``, ``test_1``, ...).
     limits: resource limits (default ``Limits()``); backend: ``auto``/``bwrap``/``docker``/

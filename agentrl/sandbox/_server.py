@@ -18,7 +18,9 @@ Per ``run_code`` job it forks one fresh child, which
 
 A ``run_tests`` job gets two children instead, the test program and the solution's process
 (section "split runs" below): the solution never runs in the process that holds the tests, the
-expected values or the tokens.
+expected values or the tokens.  Only a job whose every test is decided by runner-held sites
+(``split`` false in the job: the runner compares every value, and nothing in the job is secret)
+runs in one child like ``run_code``.
 
 The server meanwhile reads the children's output (bounded), enforces the wall-time limit, and at the
 end kills every process the run left behind, reaps them, wipes /tmp and removes SysV IPC
@@ -631,8 +633,10 @@ def _restore_builtins():
 
 def _harness(job, finish):
     """Run setup, solution and tests in one process; report over fd 3; leave through ``finish``
-    (never returns).  Used for ``run_code`` (no tests); ``run_tests`` splits the run in two
-    (``_test_program`` and ``_solution_process``)."""
+    (never returns).  Used for ``run_code`` (no tests) and for ``run_tests`` jobs whose
+    tests are all decided by runner-held sites (``split`` false: nothing this process reports
+    can grant a pass without the expected values); other ``run_tests`` jobs split the run in
+    two (``_test_program`` and ``_solution_process``)."""
     tokens = job["tokens"]
     tests = job["tests"]
     mode = job["mode"]
@@ -1328,7 +1332,7 @@ def run_job(job, ctl_in):
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
     solution = None  # (pid, pidfd) of the solution's process in a split run
-    if job["mode"] == "tests":
+    if job["mode"] == "tests" and job.get("split", True):
         # the solution's process first (it loads the solution meanwhile), then the test
         # program; the tests and tokens then go from the runner's pipe into the test program's
         # without passing through this process (C, forked from it, never has them in memory)

@@ -12,7 +12,9 @@ forged by the solution and are used only to explain failures, never to grant a p
 
 from __future__ import annotations
 
+import ast
 import base64
+import builtins
 import json
 import re
 import secrets
@@ -20,27 +22,55 @@ import signal
 from typing import Any
 
 from .result import Limits, SandboxResult, TestOutcome
-from .rewrite import Site, rewrite_test
+from .rewrite import Site, bound_names, rewrite_test
 
 
 def make_job(mode: str, code: str, tests: list[str], setup: str, stdin: str,
-             limits: Limits) -> dict:
-    """The JSON job for the server.  ``tokens[0]`` marks 'solution ran', ``tokens[1+i]`` test i."""
+             limits: Limits, force_split: bool = False) -> dict:
+    """The JSON job for the server.  ``tokens[0]`` marks 'solution ran', ``tokens[1+i]`` test i.
+
+    A ``tests`` job runs in two processes (``split``: the tests never share a process with
+    solution code, and the tokens are per-run secrets) unless every test is decided by its
+    runner-held sites alone (:func:`one_process_safe`, e.g. the built-in tasks'
+    ``assert f(x) == <literal>``): then it runs in one process, which is about twice as fast,
+    and its tokens are plain markers, since a pass there rests on the sites only and nothing
+    secret enters the process (docs/sandbox.md, "one-process runs").  ``force_split=True``
+    always splits.  Raises ValueError for an unknown ``mode``, TypeError for a source that is
+    neither str nor bytes.
+    """
     if mode not in ("tests", "code"):
         raise ValueError(f"mode must be 'tests' or 'code', got {mode!r}")
     code, setup = source_text(code, "code"), source_text(setup, "setup")
     tests = [source_text(t, "tests[]") for t in tests]
     rewritten = [rewrite_test(t) for t in tests]
     imports = sorted({name for r in rewritten for name in r.imports})
+    split = mode == "tests" and (force_split or not one_process_safe(rewritten, setup))
     return {
-        "mode": mode, "code": code, "tests": [r.source for r in rewritten], "setup": setup,
-        "stdin": stdin, "imports": imports,
+        "mode": mode, "split": split, "code": code, "tests": [r.source for r in rewritten],
+        "setup": setup, "stdin": stdin, "imports": imports,
         "site_callees": sorted({n for r in rewritten for n in r.site_callees}),
-        "tokens": [secrets.token_hex(16) for _ in range(len(tests) + 1)],
+        "tokens": ([secrets.token_hex(16) for _ in range(len(tests) + 1)] if split
+                   else [f"m{i}" for i in range(len(tests) + 1)]),
         "limits": limits.to_dict(),
         # runner-only (never sent): the original tests and their expectations
         "_tests": list(tests), "_rewritten": rewritten,
     }
+
+
+def one_process_safe(rewritten: list, setup: str) -> bool:
+    """May these rewritten tests run in one process with the solution?  Only if there is at
+    least one, every one is decided by its runner-held sites (``Rewritten.decided_by``), and
+    none of the names whose results the sites report is a builtin or bound by ``setup`` (then
+    trusted code, not the solution, would compute the reported value)."""
+    if not rewritten or any(r.decided_by is None for r in rewritten):
+        return False
+    names = {n for r in rewritten for n in r.decided_by}
+    if names & set(vars(builtins)):
+        return False
+    try:
+        return not names & bound_names(ast.parse(setup))
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return False
 
 
 def source_text(src: str | bytes, what: str) -> str:

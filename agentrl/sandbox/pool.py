@@ -129,12 +129,14 @@ class SandboxPool:
 
     def run_tests(self, code: str, tests: list[str], *, setup: str = "",
                   names: list[str] | None = None, limits: Limits | None = None,
-                  backend: str | None = None) -> SandboxResult:
-        """See :func:`agentrl.sandbox.run_tests` (``backend`` must be None or this pool's)."""
+                  backend: str | None = None, force_split: bool = False) -> SandboxResult:
+        """See :func:`agentrl.sandbox.run_tests` (``backend`` must be None or this pool's;
+        ``force_split``: two processes even where every test is runner-decided,
+        :func:`agentrl.sandbox.judge.make_job`)."""
         self._check_backend(backend)
         if names is not None and len(names) != len(tests):
             raise ValueError(f"names has {len(names)} entries for {len(tests)} tests")
-        job = make_job("tests", code, tests, setup, "", limits or self.limits)
+        job = make_job("tests", code, tests, setup, "", limits or self.limits, force_split)
         return self._run(job, names)
 
     def run_code(self, code: str, *, stdin: str = "", limits: Limits | None = None,

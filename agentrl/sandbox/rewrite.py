@@ -24,6 +24,7 @@ source are mapped back to the original for error messages (``line_map``).
 from __future__ import annotations
 
 import ast
+import builtins
 import functools
 import threading
 from dataclasses import dataclass, field
@@ -62,6 +63,11 @@ class Rewritten:
     #: solution may define these even where they shadow a builtin (MBPP's ``sum`` task), since
     #: the runner checks the value itself
     site_callees: tuple[str, ...] = ()
+    #: if the verdict of this test is decided by its sites alone (:func:`_runner_decided`):
+    #: the names whose results the sites report, which must come from the solution; else None.
+    #: Such a test cannot be forged by code running next to it, so it may run in one process
+    #: with the solution.
+    decided_by: tuple[str, ...] | None = None
 
 
 def _name(helper: str) -> ast.Constant:
@@ -142,6 +148,22 @@ def _as_site(node: ast.Assert) -> tuple[str, Any, ast.expr] | None:
     return None
 
 
+_BUILTIN_NAMES = frozenset(vars(builtins))
+
+
+def _shadowable(value: ast.expr) -> bool:
+    """May the solution define the callee of site value ``value`` even where it shadows a
+    builtin (MBPP's ``assert sum([1, 2]) == 3``)?  Only a direct call ``g(...)`` whose
+    arguments call nothing but builtins: where they call another name (``len(f(1))``), ``g``
+    wraps the result of the solution's function, and a solution that redefines ``len`` to
+    answer ``3`` must not pass."""
+    if not (isinstance(value, ast.Call) and isinstance(value.func, ast.Name)):
+        return False
+    inner = [n for a in (*value.args, *value.keywords) for n in ast.walk(a)
+             if isinstance(n, ast.Call)]
+    return all(isinstance(n.func, ast.Name) and n.func.id in _BUILTIN_NAMES for n in inner)
+
+
 def _imports(tree: ast.AST) -> tuple[str, ...]:
     names: set[str] = set()
     for n in ast.walk(tree):
@@ -150,6 +172,119 @@ def _imports(tree: ast.AST) -> tuple[str, ...]:
         elif isinstance(n, ast.ImportFrom) and n.module and not n.level:
             names.add(n.module)
     return tuple(sorted(names))
+
+
+def _is_site(stmt: ast.stmt) -> bool:
+    return (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
+            and isinstance(stmt.value.func, ast.Constant)
+            and stmt.value.func.value == PLACEHOLDER["__agentrl_expect__"])
+
+
+def _inert(stmt: ast.stmt) -> bool:
+    """A statement that checks nothing and runs no solution code: an import, ``pass``, a
+    docstring, or a literal bound to a name (HumanEval's ``METADATA = {...}``)."""
+    if isinstance(stmt, (ast.Import, ast.ImportFrom, ast.Pass)):
+        return True
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
+        return True
+    return (isinstance(stmt, ast.Assign) and all(isinstance(t, ast.Name) for t in stmt.targets)
+            and _literal(stmt.value)[0])
+
+
+def bound_names(tree: ast.AST) -> set[str]:
+    """Every name ``tree`` binds anywhere: assignments, definitions, imports, parameters."""
+    names: set[str] = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
+            names.add(n.id)
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(n.name)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in n.names)
+        elif isinstance(n, ast.arg):
+            names.add(n.arg)
+    return names
+
+
+def _direct_call(stmt: ast.stmt) -> str | None:
+    """The callee of a site whose value is a call of a bare name (``f(...)``), else None."""
+    value = stmt.value.args[1]  # type: ignore[attr-defined]
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
+        return value.func.id
+    return None
+
+
+def _runner_decided(tree: ast.Module, called: set[str]) -> tuple[str, ...] | None:
+    """The names test ``tree`` (sites already replaced) expects the solution to define, if its
+    verdict is decided by its sites alone; else None.
+
+    Decided by its sites alone means: every statement of the module body is a site, an inert
+    statement (:func:`_inert`), a plain function definition (no decorators, defaults or
+    annotations) that the module calls and whose body holds only sites and inert statements,
+    or such a call (``check(candidate)``, arguments names or constants); there is at least one
+    site; and the value of every site is the result of a direct call ``g(...)`` of a name
+    ``g`` that the test does not bind (at module level) or of a parameter of the function that
+    holds it, which the module-level calls bind to such a name.  Those names (returned) must
+    come from the solution: :func:`agentrl.sandbox.judge.make_job` still splits the run when
+    one of them is a builtin or bound by the job's ``setup``.
+
+    Then the only way through the test is to report, for every site, a value equal to the
+    expected one, which the runner holds; and since the value reported is the solution's own
+    result (no trusted code such as ``len`` or ``math.isclose`` computes it from that
+    result), code running beside the test that reports it itself achieves nothing that a
+    function returning those values could not: the one-process harness cannot be forged, with
+    or without the run's tokens (docs/sandbox.md, "One-process runs")."""
+    bound = bound_names(ast.Module([s for s in tree.body if not isinstance(s, ast.FunctionDef)], []))
+    bound |= {s.name for s in tree.body if isinstance(s, ast.FunctionDef)}
+    callees: set[str] = set()
+    params: dict[str, list[str]] = {}  # function -> its positional parameters
+    via: dict[str, set[int]] = {}  # function -> positions of parameters its sites call
+    sites = 0
+    for stmt in tree.body:
+        if _is_site(stmt):
+            g = _direct_call(stmt)
+            if g is None or g in bound:
+                return None
+            callees.add(g)
+            sites += 1
+        elif _inert(stmt):
+            continue
+        elif isinstance(stmt, ast.FunctionDef):
+            a = stmt.args
+            plain = (not stmt.decorator_list and stmt.returns is None and not a.defaults
+                     and not any(a.kw_defaults) and stmt.name in called
+                     and not a.posonlyargs and not a.kwonlyargs and not a.vararg and not a.kwarg
+                     and all(x.annotation is None for x in a.args))
+            if not plain or not all(_is_site(b) or _inert(b) for b in stmt.body):
+                return None
+            names = [x.arg for x in a.args]
+            local = bound_names(ast.Module([b for b in stmt.body if _inert(b)], []))
+            params[stmt.name], via[stmt.name] = names, set()
+            for b in stmt.body:
+                if not _is_site(b):
+                    continue
+                g = _direct_call(b)
+                if g is None or (g in local and g not in names) or (g in bound and g not in names):
+                    return None
+                if g in names:
+                    via[stmt.name].add(names.index(g))
+                else:
+                    callees.add(g)
+                sites += 1
+        elif (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
+              and isinstance(stmt.value.func, ast.Name) and stmt.value.func.id in params
+              and not stmt.value.keywords
+              and all(isinstance(x, (ast.Name, ast.Constant)) for x in stmt.value.args)):
+            args = stmt.value.args
+            if len(args) != len(params[stmt.value.func.id]):
+                return None
+            for k in via[stmt.value.func.id]:
+                if not isinstance(args[k], ast.Name) or args[k].id in bound:
+                    return None
+                callees.add(args[k].id)
+        else:
+            return None
+    return tuple(sorted(callees)) if sites else None
 
 
 _AST_LOCK = threading.Lock()
@@ -190,13 +325,14 @@ def _rewrite_test(source: str) -> Rewritten:
             if found is None:
                 continue
             mode, expected, value = found
-            if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
+            if _shadowable(value):
                 callees.add(value.func.id)
             text = "\n".join(lines[stmt.lineno - 1:(stmt.end_lineno or stmt.lineno)]).strip()
             call = ast.Call(_name("__agentrl_expect__"), [ast.Constant(len(sites)), value], [])
             body[j] = ast.copy_location(ast.Expr(ast.copy_location(call, stmt)), stmt)
             msg = stmt.msg.value if isinstance(stmt.msg, ast.Constant) else None
             sites.append(Site(mode, expected, text[:300], msg if isinstance(msg, str) else None))
+    decided = _runner_decided(tree, called)
     try:
         tree = ast.fix_missing_locations(_Plain().visit(tree))
         out = ast.unparse(tree)
@@ -207,4 +343,5 @@ def _rewrite_test(source: str) -> Rewritten:
     for new, old in zip(ast.walk(again), ast.walk(tree)):
         if isinstance(new, ast.stmt) and isinstance(old, ast.stmt):
             line_map.setdefault(new.lineno, old.lineno)
-    return Rewritten(out, tuple(sites), _imports(tree), line_map, tuple(sorted(callees)))
+    return Rewritten(out, tuple(sites), _imports(tree), line_map, tuple(sorted(callees)),
+                     decided)
