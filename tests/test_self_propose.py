@@ -112,19 +112,20 @@ def test_buffer_cap_drops_the_oldest_proposal_keeps_seeds():
 
 
 # -- solve ------------------------------------------------------------------------------------------
-# SEED_TASKS[0]: f(x) = 3x + 1 on inputs 2, 5, -1 -> 7, 16, -2
+# SEED_TASKS[0]: f(x) = x*x + 3x - 1 on inputs 2, 5, -1 -> 9, 39, -3
 @pytest.mark.parametrize("mode, text, reward", [
-    ("deduce", "f(2) = 3*2 + 1.\nOutput: 7", 1.0),
-    ("deduce", "7", 1.0),                     # no label: the last line
-    ("deduce", "Output: 8", 0.0),
-    ("deduce", "Output: 7.0", 0.0),           # plain-data comparison is type-exact
+    ("deduce", "f(2) = 4 + 6 - 1.\nOutput: 9", 1.0),
+    ("deduce", "9", 1.0),                     # no label: the last line
+    ("deduce", "Output: 10", 0.0),
+    ("deduce", "Output: 9.0", 0.0),           # plain-data comparison is type-exact
     ("deduce", "Output: True", 0.0),
     ("abduce", "Input: 2", 1.0),
+    ("abduce", "Input: -5", 1.0),             # 25 - 15 - 1: another input with output 9
     ("abduce", "Input: 3", 0.0),
     ("abduce", "Input: 'a'", 0.0),            # f raises on it: a wrong input
-    ("induce", "```python\ndef f(x):\n    return 3 * x + 1\n```", 1.0),
-    ("induce", "```python\ndef f(x):\n    return {2: 7, 5: 16}[x]\n```", 0.0),  # fails held-out -1
-    ("induce", "```python\ndef f(x):\n    return abs(3 * x + 1)\n```", 0.0),    # 2 on -1
+    ("induce", "```python\ndef f(x):\n    return x ** 2 + 3 * x - 1\n```", 1.0),
+    ("induce", "```python\ndef f(x):\n    return {2: 9, 5: 39}[x]\n```", 0.0),  # fails held-out -1
+    ("induce", "```python\ndef f(x):\n    return abs(x * x + 3 * x - 1)\n```", 0.0),  # 3 on -1
 ])
 def test_solve_episodes_exact_rewards(env, mode, text, reward):
     _, r, term, trunc, info = _solve(env, mode, text)
@@ -135,11 +136,11 @@ def test_solve_prompts_show_what_each_mode_needs(env):
     t = SEED_TASKS[0]
     obs, info = env.reset(options={"role": "solve", "mode": "induce", "task": t.to_dict()})
     text = obs[1]["content"]
-    assert "Input: 2\nOutput: 7" in text and "Input: 5\nOutput: 16" in text
-    assert "-1" not in text and "3 + 1" not in text  # held-out pair and program hidden
+    assert "Input: 2\nOutput: 9" in text and "Input: 5\nOutput: 39" in text
+    assert "-1" not in text and "3 * x" not in text  # held-out pair and program hidden
     assert info["group_key"] == "solve/induce" and info["task_key"] == t.key
     obs, _ = env.reset(options={"role": "solve", "mode": "abduce", "task": t.to_dict(), "pair": 1})
-    assert "Output: 16" in obs[1]["content"] and "Input:" not in obs[1]["content"].split("```")[-1][:20]
+    assert "Output: 39" in obs[1]["content"] and "Input:" not in obs[1]["content"].split("```")[-1][:20]
 
 
 def test_unparseable_solve_answers_score_zero(env):
