@@ -8,8 +8,9 @@ group has the same role, mode and task):
 - *propose* (probability `propose_fraction`): shown `num_examples` buffered tasks, write
   ```python def f(x): ...``` and 1..6 lines `Input: <literal>`. The sandbox runs it twice;
   a valid, deterministic, non-trivial, new task enters the buffer. Reward: `invalid_reward`
-  for a rejected proposal; a valid one gets 0 from `step` and its learnability from
-  `finish_batch` (called by the collector after the batch's solve episodes).
+  for a rejected proposal; a valid one gets 0 from `step` and its learnability (plus, with
+  `novelty_coef > 0`, a count-based novelty bonus) from `finish_batch` (called by the collector
+  after the batch's solve episodes).
 - *solve*, mode `deduce` (program + input -> `Output: <literal>`), `abduce` (program + output ->
   `Input: <literal>`) or `induce` (visible input/output pairs + a description -> a program that
   must also match the held-out pairs). Reward 1.0 when right, else 0.0.
