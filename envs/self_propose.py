@@ -8,8 +8,9 @@ group has the same role, mode and task):
 - *propose* (probability `propose_fraction`): shown `num_examples` buffered tasks, write
   ```python def f(x): ...``` and 1..6 lines `Input: <literal>`. The sandbox runs it twice;
   a valid, deterministic, non-trivial, new task enters the buffer. Reward: `invalid_reward`
-  for a rejected proposal; a valid one gets 0 from `step` and its learnability from
-  `finish_batch` (called by the collector after the batch's solve episodes).
+  for a rejected proposal; a valid one gets 0 from `step` and its learnability (plus, with
+  `novelty_coef > 0`, a count-based novelty bonus) from `finish_batch` (called by the collector
+  after the batch's solve episodes).
 - *solve*, mode `deduce` (program + input -> `Output: <literal>`), `abduce` (program + output ->
   `Input: <literal>`) or `induce` (visible input/output pairs + a description -> a program that
   must also match the held-out pairs). Reward 1.0 when right, else 0.0.
@@ -19,11 +20,14 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections import Counter
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
 from agentrl.envs import TextEnv
+from agentrl.rewards.curiosity import ngram_buckets
 from agentrl.sandbox import Limits, SandboxPool
 from agentrl.sandbox.pool import default_pool
 from agentrl_envs.self_propose_tasks import (
@@ -45,6 +49,7 @@ from agentrl_envs.self_propose_tasks import (
 
 MODES = ("deduce", "abduce", "induce")
 ROLES = ("propose", "solve")
+NOVELTY_N, NOVELTY_TABLE = 2, 1 << 16  # the curiosity bonus's count-based defaults
 SYSTEM_PROMPT = "You write and solve small Python tasks. Follow the answer format exactly."
 
 
@@ -52,6 +57,26 @@ def role_of(seed: int, propose_fraction: float) -> str:
     """The role of the episodes reset with `seed`: `propose` with probability
     `propose_fraction` (from `default_rng([seed, 1])`, independent of the task draw)."""
     return "propose" if np.random.default_rng([int(seed), 1]).random() < propose_fraction else "solve"
+
+
+@lru_cache(maxsize=4096)
+def program_buckets(src: str) -> frozenset[int]:
+    """The hashed word bigrams of a program's normalised source (`normalise`: comments and
+    formatting dropped), as the curiosity bonus counts a response
+    (`agentrl.rewards.curiosity.ngram_buckets`, n=2, 2**16 buckets)."""
+    return frozenset(int(b) for b in ngram_buckets(normalise(src), NOVELTY_N, NOVELTY_TABLE))
+
+
+def program_novelty(src: str, buffer_srcs: list[str]) -> float:
+    """Count-based novelty of program `src` against the programs `buffer_srcs` (the buffer's,
+    `src` itself included when it is there): mean over the buckets b of `src` of N[b]**-0.5,
+    N[b] = how many of `buffer_srcs` contain b (at least 1: `src` counts itself). 1.0 for a
+    program sharing no bigram with the others; 0.0 for one with no words."""
+    mine = program_buckets(src)
+    if not mine:
+        return 0.0
+    counts = Counter(b for s in buffer_srcs for b in program_buckets(s) if b in mine)
+    return float(np.mean([max(counts[b], 1) ** -0.5 for b in sorted(mine)]))
 
 
 def show_task(t: Task, i: int = 0) -> str:
@@ -76,6 +101,10 @@ class SelfProposeEnv(TextEnv):
         backend, pool: as in `code_sandbox`.
         allowed_imports: modules programs may import (default `ALLOWED_IMPORTS`: pure
             computation; the sandbox is the real boundary, this keeps tasks deterministic).
+        novelty_coef: weight of the proposer's novelty bonus (>= 0; 0, the default, turns it
+            off): `finish_batch` adds `novelty_coef * program_novelty(program, buffer)` to each
+            valid proposal's reward, the count-based bonus of `agentrl.rewards.curiosity` over
+            the programs in the buffer.
 
     Raises:
         ValueError: a bad argument, naming it.
@@ -85,7 +114,8 @@ class SelfProposeEnv(TextEnv):
                  num_examples: int = 3, invalid_reward: float = -0.5, buffer_cap: int = 256,
                  buffer: str | TaskBuffer = "default", split: str = "train",
                  limits: Limits | dict[str, Any] | None = None, backend: str = "auto",
-                 pool: SandboxPool | None = None, allowed_imports: list[str] | None = None):
+                 pool: SandboxPool | None = None, allowed_imports: list[str] | None = None,
+                 novelty_coef: float = 0.0):
         if not 0.0 <= propose_fraction <= 1.0:
             raise ValueError(f"propose_fraction: must be in [0, 1], got {propose_fraction}")
         modes = list(modes or MODES)
@@ -98,6 +128,9 @@ class SelfProposeEnv(TextEnv):
             raise ValueError(f"split: unknown {split!r}; allowed: train, heldout, test")
         if not math.isfinite(invalid_reward):
             raise ValueError(f"invalid_reward: must be finite, got {invalid_reward}")
+        if not (math.isfinite(novelty_coef) and novelty_coef >= 0):
+            raise ValueError(f"novelty_coef: must be finite and >= 0, got {novelty_coef}")
+        self.novelty_coef = float(novelty_coef)
         self.propose_fraction = float(propose_fraction)
         self.modes = modes
         self.num_examples = int(num_examples)
@@ -135,10 +168,17 @@ class SelfProposeEnv(TextEnv):
         list. The solve rate of a task is the mean success of the batch's solve episodes on it
         (its solver group); learnability is `1 - rate` when `0 < rate < 1`, else 0 (also 0, with
         `info["unscored"]`, when no solve episode of the batch ran it). Added to the proposer's
-        last-turn reward (which `step` left at 0 plus any wrapper shaping). Also sets
+        last-turn reward (which `step` left at 0 plus any wrapper shaping), and with
+        `novelty_coef > 0` the novelty bonus `novelty_coef * program_novelty(program, the
+        buffer's programs)` (the buffer as it is now, this batch's valid proposals included, so
+        the bonus does not depend on the order the proposals were made in). Also sets
         `env_stats["proposal_diversity"]` on every trajectory when the batch has valid
         proposals: distinct normalised programs (inputs ignored) / valid proposals."""
         rates: dict[str, list[float]] = {}
+        srcs: list[str] = []
+        if self.novelty_coef > 0:
+            with self.buffer.lock:
+                srcs = [b.src for b in self.buffer.tasks]
         for t in trajs:
             if t.info.get("role") == "solve" and t.turns:
                 rates.setdefault(t.info["task_key"], []).append(float(bool(t.turns[-1].info.get("success"))))
@@ -153,6 +193,12 @@ class SelfProposeEnv(TextEnv):
             score = 1.0 - rate if rate is not None and 0.0 < rate < 1.0 else 0.0
             last.reward += score
             last.info.update({"solve_rate": rate, "learnability": score, "unscored": got is None})
+            if self.novelty_coef > 0:
+                bonus = self.novelty_coef * program_novelty(last.info["program"], srcs)
+                last.reward += bonus
+                comps = dict(last.info.get("reward_components") or {})
+                comps["novelty"] = bonus  # logged as reward/novelty (per episode of the batch)
+                last.info.update({"novelty": bonus, "reward_components": comps})
         progs = [t.turns[-1].info["program_key"] for t in trajs if t.info.get("role") == "propose"
                  and t.turns and t.turns[-1].info.get("proposal_valid")]
         if progs:  # distinct programs (inputs ignored) per valid proposal of the batch
@@ -285,6 +331,7 @@ class SelfProposeEnv(TextEnv):
             return reject("duplicate", "this program and inputs are already in the buffer")
         info.update({"proposal_valid": True, "success": True, "task_key": task.key,
                      "program_key": hashlib.sha256(normalise(src).encode()).hexdigest()[:16],
+                     "program": src,
                      "error": None, "buffer_size": len(self.buffer.tasks)})
         return 0.0
 

@@ -319,16 +319,16 @@ def _seed(src: str, inputs: list[Any], outputs: list[Any]) -> Task:
 
 #: Built-in tasks the buffer starts from (outputs computed by hand; tests re-run them).
 SEED_TASKS: tuple[Task, ...] = (
-    _seed("def f(x):\n    return x * 3 + 1", [2, 5, -1], [7, 16, -2]),
-    _seed("def f(x):\n    return x[::-1]", ["abc", "hello", "xy"], ["cba", "olleh", "yx"]),
+    _seed("def f(x):\n    return x * x + 3 * x - 1", [2, 5, -1], [9, 39, -3]),
+    _seed("def f(x):\n    return x[1::2]", ["abc", "hello", "xy"], ["b", "el", "y"]),
     _seed("def f(x):\n    return sum(v for v in x if v % 2 == 0)", [[1, 2, 3, 4], [5, 7], [6]], [6, 0, 6]),
-    _seed("def f(x):\n    return len(set(x))", ["banana", "abc", "aaaa"], [3, 3, 1]),
+    _seed("def f(x):\n    return len(x) - len(set(x))", ["banana", "abc", "aaaa"], [3, 0, 3]),
     _seed("def f(x):\n    return [v * v for v in x]", [[1, 2, 3], [], [-2]], [[1, 4, 9], [], [4]]),
-    _seed("def f(x):\n    return x.upper().count('A')", ["banana", "Abba", "xyz"], [3, 2, 0]),
+    _seed("def f(x):\n    return x.count('a') + x.count('b')", ["banana", "Abba", "xyz"], [4, 3, 0]),
 )
 #: Held-out tasks for evaluation (deduce mode); never in the buffer.
 HELDOUT_TASKS: tuple[Task, ...] = (
-    _seed("def f(x):\n    return x * 2 - 3", [4, 0], [5, -3]),
+    _seed("def f(x):\n    return x * x - 3", [4, 0], [13, -3]),
     _seed("def f(x):\n    return x[0] + x[-1]", [[1, 2, 3], [4]], [4, 8]),
     _seed("def f(x):\n    return ''.join(sorted(x))", ["cab", "ba"], ["abc", "ab"]),
     _seed("def f(x):\n    return max(x) - min(x)", [[3, 9, 1], [5]], [8, 0]),

@@ -17,7 +17,7 @@ from agentrl.envs import env_state, load_env_state, make_env
 from agentrl.sandbox.pool import default_pool
 from agentrl.trajectory import Trajectory, Turn
 from agentrl_envs import self_propose_tasks as spt
-from agentrl_envs.self_propose import SelfProposeEnv, role_of
+from agentrl_envs.self_propose import SelfProposeEnv, program_novelty, role_of
 from agentrl_envs.self_propose_tasks import SEED_TASKS, ParseError, Task, TaskBuffer
 
 
@@ -112,19 +112,20 @@ def test_buffer_cap_drops_the_oldest_proposal_keeps_seeds():
 
 
 # -- solve ------------------------------------------------------------------------------------------
-# SEED_TASKS[0]: f(x) = 3x + 1 on inputs 2, 5, -1 -> 7, 16, -2
+# SEED_TASKS[0]: f(x) = x*x + 3x - 1 on inputs 2, 5, -1 -> 9, 39, -3
 @pytest.mark.parametrize("mode, text, reward", [
-    ("deduce", "f(2) = 3*2 + 1.\nOutput: 7", 1.0),
-    ("deduce", "7", 1.0),                     # no label: the last line
-    ("deduce", "Output: 8", 0.0),
-    ("deduce", "Output: 7.0", 0.0),           # plain-data comparison is type-exact
+    ("deduce", "f(2) = 4 + 6 - 1.\nOutput: 9", 1.0),
+    ("deduce", "9", 1.0),                     # no label: the last line
+    ("deduce", "Output: 10", 0.0),
+    ("deduce", "Output: 9.0", 0.0),           # plain-data comparison is type-exact
     ("deduce", "Output: True", 0.0),
     ("abduce", "Input: 2", 1.0),
+    ("abduce", "Input: -5", 1.0),             # 25 - 15 - 1: another input with output 9
     ("abduce", "Input: 3", 0.0),
     ("abduce", "Input: 'a'", 0.0),            # f raises on it: a wrong input
-    ("induce", "```python\ndef f(x):\n    return 3 * x + 1\n```", 1.0),
-    ("induce", "```python\ndef f(x):\n    return {2: 7, 5: 16}[x]\n```", 0.0),  # fails held-out -1
-    ("induce", "```python\ndef f(x):\n    return abs(3 * x + 1)\n```", 0.0),    # 2 on -1
+    ("induce", "```python\ndef f(x):\n    return x ** 2 + 3 * x - 1\n```", 1.0),
+    ("induce", "```python\ndef f(x):\n    return {2: 9, 5: 39}[x]\n```", 0.0),  # fails held-out -1
+    ("induce", "```python\ndef f(x):\n    return abs(x * x + 3 * x - 1)\n```", 0.0),  # 3 on -1
 ])
 def test_solve_episodes_exact_rewards(env, mode, text, reward):
     _, r, term, trunc, info = _solve(env, mode, text)
@@ -135,11 +136,11 @@ def test_solve_prompts_show_what_each_mode_needs(env):
     t = SEED_TASKS[0]
     obs, info = env.reset(options={"role": "solve", "mode": "induce", "task": t.to_dict()})
     text = obs[1]["content"]
-    assert "Input: 2\nOutput: 7" in text and "Input: 5\nOutput: 16" in text
-    assert "-1" not in text and "3 + 1" not in text  # held-out pair and program hidden
+    assert "Input: 2\nOutput: 9" in text and "Input: 5\nOutput: 39" in text
+    assert "-1" not in text and "3 * x" not in text  # held-out pair and program hidden
     assert info["group_key"] == "solve/induce" and info["task_key"] == t.key
     obs, _ = env.reset(options={"role": "solve", "mode": "abduce", "task": t.to_dict(), "pair": 1})
-    assert "Output: 16" in obs[1]["content"] and "Input:" not in obs[1]["content"].split("```")[-1][:20]
+    assert "Output: 39" in obs[1]["content"] and "Input:" not in obs[1]["content"].split("```")[-1][:20]
 
 
 def test_unparseable_solve_answers_score_zero(env):
@@ -185,6 +186,72 @@ def test_finish_batch_gives_learnability_by_hand(env):
     assert bad.episode_return == -0.5 and [s.episode_return for s in solves] == [0.0] * 6
     assert env.buffer.fresh == []
     assert p1.info["env_stats"]["proposal_diversity"] == 2 / 3  # programs p, q, q of 3 valid
+
+
+def _proposal_traj(env, text, group_id):
+    """A proposer trajectory of one real episode (the sandbox runs the proposal)."""
+    _, r, _, _, info = _propose(env, text)
+    t = Trajectory(group_id=group_id)
+    t.info = {"role": "propose", "group_key": "propose"}
+    t.turns = [Turn(0, 1, reward=r, info=info)]
+    return t
+
+
+def test_novelty_bonus_by_hand(pool):
+    """novelty = mean over the program's word bigrams b of N[b]**-0.5, N[b] = buffer programs
+    holding b. Buffer: seed `return x * 3 + 1` (bigrams def f, f x, x return, return x, x 3,
+    3 1), then this batch's P1 `return x * x - 1` (.., x x, x 1) and P2 `return x * x + 2`
+    (.., x x, x 2). P1: the 4 shared bigrams N=3, `x x` N=2, `x 1` N=1:
+    (4/sqrt(3) + 1/sqrt(2) + 1) / 6 = 0.669417976; P2 the same (order does not matter).
+    novelty_coef 0.5 -> bonus 0.334708988, added to valid proposals only."""
+    seed = Task("def f(x):\n    return x * 3 + 1", ("2",), ("7",))
+    env = SelfProposeEnv(buffer=TaskBuffer(seeds=(seed,)), pool=pool, novelty_coef=0.5,
+                         limits={"wall_s": 1.0, "cpu_s": 1.0})
+    p1 = _proposal_traj(env, VALID, 0)
+    p2 = _proposal_traj(env, VALID.replace("x * x - 1", "x * x + 2"), 0)
+    bad = _proposal_traj(env, "no code here", 0)
+    k1 = p1.turns[0].info["task_key"]
+    solves = [_traj("solve", k1, 1, success=s) for s in (True, False)]  # P1 solve rate 1/2
+    env.finish_batch([p1, p2, bad, *solves])
+    bonus = 0.5 * (4 / 3 ** 0.5 + 2 ** -0.5 + 1) / 6
+    assert bonus == pytest.approx(0.334708988, abs=1e-9)
+    assert p1.episode_return == pytest.approx(0.5 + bonus, abs=1e-12)  # learnability + novelty
+    assert p2.episode_return == pytest.approx(bonus, abs=1e-12) and p2.turns[0].info["unscored"]
+    assert p1.turns[0].info["novelty"] == p1.turns[0].info["reward_components"]["novelty"]
+    assert bad.episode_return == -0.5 and "novelty" not in bad.turns[0].info
+    assert [s.episode_return for s in solves] == [0.0, 0.0]
+    # a program sharing no bigram with the buffer: novelty 1
+    assert program_novelty("def g(y):\n    pass", [seed.src]) == 1.0
+    # the default (0) adds nothing
+    env0 = SelfProposeEnv(buffer=TaskBuffer(seeds=(seed,)), pool=pool)
+    q = _proposal_traj(env0, VALID, 0)
+    env0.finish_batch([q])
+    assert q.episode_return == 0.0 and "novelty" not in q.turns[0].info
+
+
+def test_novelty_state_is_the_buffer_so_resume_restores_it(pool):
+    """The bonus has no state of its own: it is computed from the buffer's programs, which the
+    checkpoint's env_state carries; a restored env gives the same bonus to the same proposal."""
+    kw = {"pool": pool, "novelty_coef": 1.0, "limits": {"wall_s": 1.0, "cpu_s": 1.0}}
+    a = SelfProposeEnv(buffer=TaskBuffer(), **kw)
+    a.finish_batch([_proposal_traj(a, VALID, 0)])
+    b = SelfProposeEnv(buffer=TaskBuffer(), **kw)
+    b.load_state_dict(json.loads(json.dumps(a.state_dict())))
+    nxt = VALID.replace("x * x - 1", "x * x + 2")
+    ta, tb = _proposal_traj(a, nxt, 0), _proposal_traj(b, nxt, 0)
+    a.finish_batch([ta])
+    b.finish_batch([tb])
+    assert ta.turns[0].info["novelty"] == tb.turns[0].info["novelty"] > 0
+    fresh = SelfProposeEnv(buffer=TaskBuffer(), **kw)  # without the first proposal: more novel
+    tf = _proposal_traj(fresh, nxt, 0)
+    fresh.finish_batch([tf])
+    assert tf.turns[0].info["novelty"] > ta.turns[0].info["novelty"]
+
+
+@pytest.mark.parametrize("coef", [-0.1, float("nan"), float("inf")])
+def test_bad_novelty_coef_is_refused_naming_it(coef):
+    with pytest.raises(ValueError, match="novelty_coef"):
+        SelfProposeEnv(buffer=TaskBuffer(), novelty_coef=coef)
 
 
 def test_phases_put_proposals_first_and_slots_pick_fresh_tasks(env):

@@ -1,0 +1,356 @@
+"""Does self-proposed training help on real code tasks? (issue 25)
+
+On the embedded model after the usual warm start (the main job's: `agentrl train --env
+code_sandbox --algo grpo` builds the tiny model and warm-starts it on the code_sandbox training
+split), held-out pass@1 before RL and after the same RL budget (the same steps, tasks per step,
+group size and token limits) of
+
+- (a) `self_propose` GRPO (`agentrl train --env self_propose model.path=<warm> sft.steps=0`), and
+- (b) ordinary `code_sandbox` GRPO (the main job, shortened to the same number of steps),
+
+measured on (1) the code_sandbox held-out split (`agentrl eval --env code_sandbox --split
+heldout`: `train.eval_tasks` tasks x `train.eval_samples` samples at T = 1, the list `agentrl
+train` evaluates) and (2) the first `--he-tasks` HumanEval problems
+(`agentrl eval --dataset HumanEval.jsonl.gz`). Every run is the CLI in a subprocess.
+
+The self_propose arm must never see a code_sandbox task (held-out or training split). Checked
+after its run (`leak_check`), on every prompt of every step (`train.log_rollouts_every=1`) and on
+its final task buffer: no prompt holds a code_sandbox statement, and every program it was shown
+is run in the sandbox on each code_sandbox task's hidden-test inputs: a program that gives a
+task's reference outputs on all of them "is" that task. Built-in tasks must match none (the
+check fails the run otherwise); programs the policy proposed itself are counted and reported
+(they can only come from its weights, i.e. the shared warm start).
+
+    python benchmarks/self_propose_vs_code.py                  # 30 RL steps per arm, seed 0
+    python benchmarks/self_propose_vs_code.py --steps 10 --he-tasks 20 --out /tmp/spvc
+
+Writes benchmarks/results/self_propose_vs_code.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+HUMANEVAL = ROOT.parent / "shared" / "data" / "HumanEval.jsonl.gz"
+STATEMENT_PREFIX = "Write a Python function `"  # every code_sandbox statement starts so (code_tasks.STATEMENT)
+_FENCE = re.compile(r"```(?:python|py|python3)?\n(.*?)```", re.S)
+
+
+# -- the leak check ---------------------------------------------------------------------------------
+def code_space() -> dict[str, Any]:
+    """Every single-argument code_sandbox task key (template x parameters x argument names, both
+    splits; the function name is not part of a key) with its hidden-test inputs and reference
+    outputs as canonical text (`self_propose_tasks.canon`), grouped by argument kind so a program
+    runs once per kind. Two-argument (`int2`) tasks are left out: `f(x)` takes one argument.
+
+    Returns:
+        `{"inputs": {kind: [input text, ...]}, "tasks": [{"key", "split", "kind", "idx": [input
+        positions], "outputs": [canonical text]}]}`.
+    """
+    from agentrl_envs import code_tasks as ct
+    from agentrl_envs.self_propose_tasks import canon
+
+    inputs: dict[str, list[str]] = {}
+    tasks = []
+    for tpl in ct.TEMPLATES:
+        if tpl.kind == "int2":
+            continue
+        for params in tpl.param_grid():
+            for args in ct.ARG_NAMES[tpl.kind]:
+                ins = list(ct.TEST_INPUTS[tpl.kind])
+                if tpl.kind == "str" and tpl.c:
+                    ins = ins[:-1] + [(ct.PROBE.format(c=params["c"]),)]
+                ref = eval(f"lambda {args}: {tpl.expr.format(a=args, b=args, **params)}")  # noqa: S307 - our own templates
+                pool = inputs.setdefault(tpl.kind, [])
+                idx = []
+                for (x,) in ins:
+                    s = canon(x)
+                    if s not in pool:
+                        pool.append(s)
+                    idx.append(pool.index(s))
+                outs = [canon(ref(ct._copy(x))) for (x,) in ins]
+                key = ct.task_key(tpl, params, args)
+                tasks.append({"key": key, "split": ct.key_split(key), "kind": tpl.kind, "idx": idx,
+                              "outputs": outs})
+    return {"inputs": inputs, "tasks": tasks}
+
+
+def behaviour_matches(src: str, space: dict[str, Any], pool: Any = None) -> list[dict[str, str]]:
+    """The code_sandbox tasks program `src` (defining `f(x)`) solves: run in the sandbox (never
+    here) on each kind's inputs, a task matches when every one of its hidden-test inputs gives
+    its reference output (exact canonical text; an error never matches).
+
+    Returns:
+        `[{"key", "split"}]`, empty when none (or when the program does not run).
+    """
+    from agentrl.sandbox import Limits
+    from agentrl.sandbox.pool import default_pool
+    from agentrl_envs.self_propose_tasks import harness, read_outputs
+
+    pool = pool or default_pool("auto")
+    got: dict[str, list[str]] = {}
+    for kind, ins in space["inputs"].items():
+        res = pool.run_code(harness(src, ins), limits=Limits(wall_s=2.0, cpu_s=2.0, memory_mb=256))
+        outs = read_outputs(res.stdout, len(ins)) if res.verdict == "pass" else None
+        if outs is not None:
+            got[kind] = outs
+    return [{"key": t["key"], "split": t["split"]} for t in space["tasks"]
+            if t["kind"] in got and all(got[t["kind"]][i] == o for i, o in zip(t["idx"], t["outputs"]))]
+
+
+def shown_programs(text: str) -> list[str]:
+    """The ```python blocks of a prompt that define `f` (the programs self_propose shows)."""
+    out = []
+    for block in _FENCE.findall(text):
+        try:
+            tree = ast.parse(block)
+        except SyntaxError:
+            continue
+        if any(isinstance(n, ast.FunctionDef) and n.name == "f" for n in tree.body):
+            out.append(block.strip())
+    return out
+
+
+def leak_check(prompts: list[str], buffer_tasks: list[dict[str, Any]], pool: Any = None) -> dict[str, Any]:
+    """Did the self_propose run see a code_sandbox task? `prompts`: the user messages of all its
+    training episodes; `buffer_tasks`: its final buffer (`Task.to_dict`s).
+
+    Returns:
+        `statement_prompts` (prompts holding a code_sandbox statement: must be 0),
+        `builtin_matches` (built-in tasks behaving like a code_sandbox task: must be 0),
+        `proposed_matches` (programs the policy proposed that do, with the splits they fall in),
+        `programs_checked`, `prompts_checked`, and `ok` (the two musts).
+    """
+    from agentrl_envs.self_propose_tasks import HELDOUT_TASKS, SEED_TASKS, normalise
+
+    space = code_space()
+    builtin = {normalise(t.src) for t in (*SEED_TASKS, *HELDOUT_TASKS)}
+    progs: dict[str, str] = {}  # normalised -> origin
+    for t in buffer_tasks:
+        progs.setdefault(normalise(t["src"]), "builtin" if normalise(t["src"]) in builtin else "proposed")
+    for p in prompts:
+        for src in shown_programs(p):
+            try:
+                n = normalise(src)
+            except SyntaxError:
+                continue
+            progs.setdefault(n, "builtin" if n in builtin else "proposed")
+    for t in (*SEED_TASKS, *HELDOUT_TASKS):
+        progs.setdefault(normalise(t.src), "builtin")
+    builtin_hits, proposed_hits = [], []
+    for src, origin in sorted(progs.items()):
+        hits = behaviour_matches(src, space, pool)
+        if hits:
+            row = {"program": src, "tasks": len(hits), "splits": sorted({h["split"] for h in hits}),
+                   "example": hits[0]["key"]}
+            (builtin_hits if origin == "builtin" else proposed_hits).append(row)
+    statement = sum(STATEMENT_PREFIX in p for p in prompts)
+    return {"prompts_checked": len(prompts), "programs_checked": len(progs),
+            "code_tasks_compared": len(space["tasks"]), "statement_prompts": statement,
+            "builtin_matches": builtin_hits, "proposed_matches": proposed_hits,
+            "ok": statement == 0 and not builtin_hits}
+
+
+# -- the runs ---------------------------------------------------------------------------------------
+def cli(args: list[str], log: Path) -> float:
+    """`python -m agentrl.cli ARGS` in a subprocess (log to `log`); returns its wall seconds.
+
+    Raises:
+        RuntimeError: it failed (with the log's tail).
+    """
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "agentrl.cli", *args], env=env, capture_output=True, text=True)
+    log.write_text(r.stdout + r.stderr)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(args[:3])} failed (rc {r.returncode}):\n{(r.stdout + r.stderr)[-3000:]}")
+    return time.perf_counter() - t0
+
+
+def evaluate(model: Path, out: Path, seed: int, he_tasks: int, samples: int,
+             overrides: list[str]) -> dict[str, Any]:
+    """Held-out code_sandbox and HumanEval-subset pass@1 (and pass@`samples`) of `model`
+    (`overrides`: the arms' config overrides, e.g. a smaller `train.eval_tasks`)."""
+    res: dict[str, Any] = {}
+    common = ["--samples", str(samples), "--k", f"1,{samples}", "--temperature", "1.0", "--seed", str(seed)]
+    for name, extra in (("code_heldout", ["--split", "heldout"]),
+                        ("humaneval", ["--dataset", str(HUMANEVAL), "--max-tasks", str(he_tasks)])):
+        d = out / name
+        wall = cli(["eval", "--env", "code_sandbox", "--model", str(model), "--out", str(d), *common, *extra,
+                    *overrides],
+                   out / f"{name}.log")
+        s = json.loads((d / "summary.json").read_text())["overall"]
+        res[name] = {k: s.get(k) for k in ("pass@1", "pass@1_se", f"pass@{samples}", f"pass@{samples}_se",
+                                           "tasks", "episodes")} | {"wall_s": wall}
+    return res
+
+
+def weight_change(a: Path, b: Path) -> float:
+    """Largest absolute difference between the weights of two model folders (model.safetensors)."""
+    from safetensors.torch import load_file
+
+    wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    return max(float((wa[k].float() - wb[k].float()).abs().max()) for k in wa)
+
+
+def rollout_prompts(run: Path) -> list[str]:
+    """The user messages of every logged training episode of `run` (OUT/rollouts/*.jsonl)."""
+    out = []
+    for f in sorted((run / "rollouts").glob("step_*.jsonl")):
+        for line in f.read_text().splitlines():
+            for m in json.loads(line).get("messages", []):
+                if m.get("role") == "user" and isinstance(m.get("content"), str):
+                    out.append(m["content"])
+    return out
+
+
+def failure_reasons(run: Path, top: int = 8) -> list[list[Any]]:
+    """The most common (group key, why the episode failed) of a self_propose run's logged
+    episodes: `invalid_reason` for proposals, the first words of `error` for answers."""
+    from collections import Counter
+
+    c: Counter[tuple[str, str]] = Counter()
+    for f in sorted((run / "rollouts").glob("step_*.jsonl")):
+        for line in f.read_text().splitlines():
+            t = json.loads(line)
+            if not t.get("turns"):
+                continue
+            info = t["turns"][-1].get("info", {})
+            if info.get("success"):
+                continue
+            why = info.get("invalid_reason") or ""
+            err = str(info.get("error") or "")
+            c[(t.get("info", {}).get("group_key", "?"), f"{why}: {err}"[:60] if why else err[:60])] += 1
+    return [[k[0], k[1], n] for k, n in c.most_common(top)]
+
+
+def arm_metrics(run: Path) -> dict[str, Any]:
+    """Means over the RL steps of a run's per-role metrics, and its RL seconds."""
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "rollout/reward_mean" in r]
+    keys = sorted({k for r in rows for k in r if k.startswith(("rollout/", "env/")) and
+                   (k.endswith(("pass_rate", "reward_mean", "buffer_size", "proposal_diversity")))})
+    out = {k: sum(r[k] for r in rows if k in r) / max(1, sum(k in r for r in rows)) for k in keys}
+    s = json.loads((run / "summary.json").read_text())
+    out.update({"steps": len(rows), "rl_s": s.get("rl_s"), "sft_steps": s.get("sft_steps"),
+                "eval_before": {k: s["eval_before"].get(k) for k in ("pass@1", "pass@1_se")},
+                "eval_after": {k: s["eval_after"].get(k) for k in ("pass@1", "pass@1_se")}})
+    if rows and "env/buffer_size" in rows[-1]:
+        out["final_buffer_size"] = rows[-1]["env/buffer_size"]
+    return out
+
+
+def commit() -> str:
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    h = git("rev-parse", "--short", "HEAD") or "unknown"
+    return h + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def markdown(res: dict[str, Any]) -> str:
+    """The results table (benchmarks/results/self_propose_vs_code.md)."""
+    k = res["eval_samples"]
+    lines = [f"# self_propose vs code_sandbox GRPO (seed {res['seed']}, commit `{res['commit']}`, {res['date']})", "",
+             f"Command: `{res['command']}`; {res['steps']} RL steps per arm x {res['tasks_per_step']} tasks x "
+             f"{res['group_size']} samples; total {res['total_s'] / 60:.1f} min on {os.cpu_count()} cores.", "",
+             f"Held-out code: {res['models']['warm']['code_heldout']['tasks']} code_sandbox held-out tasks x {k} "
+             f"samples at T=1; HumanEval: the first {res['he_tasks']} problems x {k} samples. ± one standard "
+             "error over tasks.", "",
+             f"| model | code held-out pass@1 | pass@{k} | HumanEval pass@1 | pass@{k} |", "| --- | --- | --- | --- | --- |"]
+    for name, label in (("warm", "warm start (before RL)"), ("self_propose", "(a) + self_propose GRPO"),
+                        ("code_grpo", "(b) + code_sandbox GRPO")):
+        m = res["models"][name]
+        c, h = m["code_heldout"], m["humaneval"]
+
+        def f(d: dict[str, Any], key: str) -> str:
+            v, se = d.get(key), d.get(f"{key}_se")
+            return "n/a" if v is None else f"{v:.3f}" + (f" ± {se:.3f}" if se is not None else "")
+
+        lines.append(f"| {label} | {f(c, 'pass@1')} | {f(c, f'pass@{k}')} | {f(h, 'pass@1')} | {f(h, f'pass@{k}')} |")
+    a = res["arms"]["self_propose"]
+    lk = res["leak_check"]
+    lines += ["", f"Wall: code_sandbox arm {res['train_walls_s']['code_grpo'] / 60:.1f} min (warm start "
+              f"{res['arms']['code_grpo']['sft_steps']} SFT steps included; RL {res['arms']['code_grpo']['rl_s']:.0f} s), "
+              f"self_propose arm {res['train_walls_s']['self_propose'] / 60:.1f} min (RL "
+              f"{res['arms']['self_propose']['rl_s']:.0f} s); load average {res['load_1min']:.1f} at the end."]
+    lines += ["", "self_propose arm (means over its steps): " + ", ".join(
+        f"{key.split('rollout/')[-1]} {v:.3f}" for key, v in a.items()
+        if isinstance(v, float) and key.endswith("pass_rate")) + f"; final buffer {a.get('final_buffer_size')}.",
+        "", f"Leak check: {lk['prompts_checked']} training prompts, {lk['programs_checked']} programs run against "
+        f"{lk['code_tasks_compared']} code_sandbox tasks: statements in prompts {lk['statement_prompts']}, "
+        f"built-in tasks matching {len(lk['builtin_matches'])}, policy-proposed programs matching "
+        f"{len(lk['proposed_matches'])} -> {'ok' if lk['ok'] else 'FAILED'}.", "",
+        "Largest absolute weight change from the warm start: " + ", ".join(
+            f"{n} {v:.3g}" for n, v in res["max_abs_weight_change"].items()) + ".", "",
+        "Most common self_propose failures (group, reason, episodes): " + "; ".join(
+            f"{g} `{r}` {n}" for g, r, n in res["self_propose_failures"]) + ".", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=30, help="RL steps per arm (the main job runs 360)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--he-tasks", type=int, default=40, help="HumanEval problems evaluated (the first N)")
+    ap.add_argument("--out", default="/tmp/agentrl_self_propose_vs_code")
+    ap.add_argument("--no-results", action="store_true", help="do not write benchmarks/results (a smoke run)")
+    ap.add_argument("overrides", nargs="*", help="config overrides key=value for both arms (e.g. sft.steps=20)")
+    args = ap.parse_args()
+    from agentrl.config import load_config
+
+    cfg = load_config(None, args.overrides)
+    samples = cfg.train.eval_samples
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t_all = time.perf_counter()
+    code_run, sp_run = out / "code_grpo", out / "self_propose"
+    common = ["--algo", "grpo", "--steps", str(args.steps), "--overwrite", "--quiet", f"seed={args.seed}",
+              "train.save_every=0", *args.overrides]
+    # (b), which also makes the warm start: the main job, shortened to --steps RL steps
+    walls = {"code_grpo": cli(["train", "--env", "code_sandbox", "--out", str(code_run), *common],
+                              out / "code_grpo.log")}
+    warm = code_run / "sft_model"
+    # (a) from the same warm-started weights; every prompt logged for the leak check
+    walls["self_propose"] = cli(["train", "--env", "self_propose", "--out", str(sp_run), *common,
+                                 f"model.path={warm}", "sft.steps=0", "train.log_rollouts_every=1"],
+                                out / "self_propose.log")
+    final = f"checkpoints/step_{args.steps}"
+    models = {}
+    for name, path in (("warm", warm), ("self_propose", sp_run / final), ("code_grpo", code_run / final)):
+        models[name] = evaluate(path, out / f"eval_{name}", args.seed, args.he_tasks, samples,
+                                args.overrides)
+    state = json.loads((sp_run / final / "agentrl_state.json").read_text())
+    lk = leak_check(rollout_prompts(sp_run), state["env_state"]["buffer"]["tasks"])
+    moved = {name: weight_change(warm, run / final) for name, run in (("self_propose", sp_run),
+                                                                      ("code_grpo", code_run))}
+    res = {"commit": commit(), "date": time.strftime("%Y-%m-%d"), "seed": args.seed, "steps": args.steps,
+           "tasks_per_step": cfg.rollout.tasks_per_step, "group_size": cfg.algo.group_size,
+           "eval_samples": samples, "he_tasks": args.he_tasks, "overrides": args.overrides,
+           "command": "python benchmarks/self_propose_vs_code.py " + " ".join(sys.argv[1:]),
+           "models": models, "arms": {"code_grpo": arm_metrics(code_run), "self_propose": arm_metrics(sp_run)},
+           "self_propose_failures": failure_reasons(sp_run), "train_walls_s": walls, "leak_check": lk, "max_abs_weight_change": moved, "total_s": time.perf_counter() - t_all,
+           "load_1min": os.getloadavg()[0]}
+    md = markdown(res)
+    print(md)
+    if not args.no_results:
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / "self_propose_vs_code.json").write_text(json.dumps(res, indent=1))
+        (RESULTS / "self_propose_vs_code.md").write_text(md)
+    if not lk["ok"]:
+        raise SystemExit(f"leak check failed: {json.dumps(lk)[:2000]}")
+
+
+if __name__ == "__main__":
+    main()
