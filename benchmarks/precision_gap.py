@@ -2,8 +2,8 @@
 against float32, and what it does to the KL term and the loss, on real sampled trajectories.
 
 Per model (`--models`): the embedded default (hidden 128, 4 layers, 0.9M parameters) and a
-~21M-parameter Qwen2 built by the same builder from a config (hidden 512, 6 layers, 8 heads,
-MLP 1536, the same 1024-token tokenizer), both with random initial weights, then:
+Qwen2 of 19.3M parameters (key `qwen2-21M`) built by the same builder from a config (hidden
+512, 6 layers, 8 heads, MLP 1536, the same 1024-token tokenizer), both with random initial weights, then:
 
 1. `train()` in a subprocess on the main job's env (`code_sandbox`, GRPO, `algo.kl_coef`): a
    short supervised warm start of `--sft-steps` steps on reference solutions (so the
@@ -21,11 +21,12 @@ MLP 1536, the same 1024-token tokenizer), both with random initial weights, then
    sample), and the seconds of one reference pass over the batch (1 thread, after a warm-up
    pass; on a shared machine only indicative).
 5. The KL term and the loss with each reference, at the start of the update (logp = old, the
-   float32 learner's): token-mean k1 and k3 (`agentrl.algos.losses.kl`, k3 the default
+   float32 learner's): token-mean k1 and k3 over the whole batch (`agentrl.algos.losses.kl`, k3 the default
    `algo.kl_kind`), the per-sequence k1 sum (the KL of the reward in PPO / RLOO /
-   REINFORCE++), GRPO's loss (`grpo.loss`, `algo.kl_coef`) and its difference from the float32
-   reference's, and the relative L2 difference of the loss gradient w.r.t. the policy's
-   parameters. Twice: for the policy after the RL steps, and for the policy at RL start (= the
+   REINFORCE++); on the first `--grad-rows` rows, GRPO's loss (`grpo.loss`, `algo.kl_coef`)
+   and its difference from the float32 reference's, and the L2 norm of the change of the loss
+   gradient w.r.t. the policy's parameters (against the policy-gradient part's norm when that
+   is not 0). Twice: for the policy after the RL steps, and for the policy at RL start (= the
    reference, the situation of every run's first step: the float32 KL is exactly 0, so what a
    reduced reference shows there is its rounding alone).
 
@@ -307,7 +308,7 @@ def main() -> None:
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
                            text=True, cwd=Path(__file__).resolve().parent).stdout.strip()
     meta = {"commit": commit + ("+dirty" if dirty else ""), "torch": torch.__version__,
-            "args": " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("out", "work")),
+            "args": " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("out", "work") and v is not None),
             "uptime_start": os.getloadavg()}
     results: dict = {}
     with tempfile.TemporaryDirectory(prefix="precision_gap_") as tmp:
