@@ -124,6 +124,22 @@ class RolloutConfig(_Section):
     """Async: backpressure: at most `queue_size + batches_in_flight` batches ahead of the learner."""
     batches_in_flight: int = Field(default=2, ge=1)
     """Async: batches sampling at once (needs `train.max_staleness >= 2` for 2 during updates)."""
+    colocate: bool = False
+    """Colocated GPU mode (vLLM and the learner on the same GPUs, vLLM asleep while the learner trains and woken with the new weights for rollout): not built yet, so `true` is refused at start-up. Without CUDA there is nothing to share (and vLLM's CPU build has no sleep mode); with CUDA the engine's `sleep`/`wake_up` exist (`VLLMEngine`) but the loop that drives them is not written (docs/scale_out.md). Today: separate GPUs for the learner and `rollout.worker_gpus`."""
+
+    @field_validator("colocate")
+    @classmethod
+    def _colocate_not_built(cls, v: bool) -> bool:
+        if v:
+            import torch
+
+            where = ("this machine has no CUDA device (torch.cuda.is_available() is False), so there is "
+                     "no GPU to share, and vLLM's CPU build has no sleep mode" if not torch.cuda.is_available()
+                     else "the colocated loop (vLLM sleeps during the update, wakes with the new weights) "
+                          "is not built yet")
+            raise ValueError(f"rollout.colocate=true: {where}; use rollout.colocate=false (the learner and "
+                             "the rollout engines on their own devices: rollout.worker_gpus, train.learner_gpus)")
+        return v
 
 
 class AlgoConfig(_Section):
@@ -332,7 +348,7 @@ class PlacementConfig(_Section):
     reference_gpus: float = Field(default=0.0, ge=0)
     """GPUs Ray reserves for the reference worker (> 0: it runs on CUDA)."""
     reference_dtype: Literal["float32", "bfloat16", "int8"] = "float32"
-    """Parameter dtype of the reference worker: `float32` or `bfloat16` (its logprobs then differ from float32 ones by bf16 rounding; `ref/logp_gap_*` measures it). `int8` is refused: this build has no maintained int8 inference path (torch's `torch.ao` dynamic quantization is deprecated and `torchao` is not a dependency)."""
+    """Parameter dtype of the reference worker: `float32`, `bfloat16`, or `int8` (CPU only: torch's dynamic int8 quantization of every Linear layer, per-channel weights, `agentrl.placement.quantize_int8`; refused at start-up where torch lacks it). Its logprobs then differ from float32 ones by the rounding; `ref/logp_gap_*` measures it (figures: docs/scale_out.md)."""
     reward_model: Literal["inline", "worker"] = "inline"
     """`inline`: the classifier / safety reward model runs in the env wrappers of whichever process steps the envs. `worker`: on a Ray actor of its own (one per model path, shared by the driver's and every rollout worker's envs); needs a model path (`env.wrapper_kwargs.classifier.model` or `.safety.classifier`). The same scores as inline (tested)."""
     reward_model_cpus: float = Field(default=1.0, gt=0)
@@ -340,20 +356,35 @@ class PlacementConfig(_Section):
     reward_model_gpus: float = Field(default=0.0, ge=0)
     """GPUs Ray reserves for the reward-model worker."""
     reward_model_dtype: Literal["float32", "bfloat16", "int8"] = "float32"
-    """Parameter dtype of the reward-model worker (`float32`, `bfloat16`; `int8` refused as for the reference)."""
+    """Parameter dtype of the reward-model worker: `float32`, `bfloat16`, or `int8` (CPU only, as for the reference)."""
     logp_gap_every: int = Field(default=10, ge=0)
-    """With `reference_dtype=bfloat16` on a worker: every N steps log `ref/logp_gap_mean` and `ref/logp_gap_max`, |logp_bf16 - logp_fp32| over a sample of the batch's agent tokens (the worker then keeps a float32 copy too). 0: never."""
+    """With `reference_dtype` bfloat16 or int8 on a worker: every N steps log `ref/logp_gap_mean` and `ref/logp_gap_max`, |logp_dtype - logp_fp32| over a sample of the batch's agent tokens (the worker then keeps a float32 copy too). 0: never."""
     logp_gap_tokens: int = Field(default=256, ge=1)
     """Agent tokens (the batch's first, row by row) in each `ref/logp_gap` sample."""
 
     @field_validator("reference_dtype", "reward_model_dtype")
     @classmethod
-    def _no_int8(cls, v: str, info: Any) -> str:
+    def _int8_where_available(cls, v: str, info: Any) -> str:
         if v == "int8":
-            raise ValueError(f"placement.{info.field_name}=int8: no clean int8 inference path on this "
-                             "platform (torch.ao dynamic quantization is deprecated; torchao is not "
-                             "installed); use float32 or bfloat16")
+            from agentrl.placement import int8_unavailable
+
+            why = int8_unavailable()
+            if why is not None:
+                raise ValueError(f"placement.{info.field_name}=int8: {why}; use float32 or bfloat16")
         return v
+
+    @model_validator(mode="after")
+    def _dtype_of_a_worker(self) -> PlacementConfig:
+        for role in ("reference", "reward_model"):
+            dtype = getattr(self, f"{role}_dtype")
+            if dtype != "float32" and getattr(self, role) != "worker":
+                raise ValueError(f"placement.{role}_dtype={dtype} applies to a worker only: set "
+                                 f"placement.{role}=worker (inline, the reference runs in the learner's "
+                                 "train.precision and the reward model in float32)")
+            if dtype == "int8" and getattr(self, f"{role}_gpus") > 0:
+                raise ValueError(f"placement.{role}_dtype=int8 runs on the CPU only (torch's dynamic int8 "
+                                 f"kernels); set placement.{role}_gpus=0 or use bfloat16 on a GPU")
+        return self
 
 
 class Config(_Section):

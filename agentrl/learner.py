@@ -548,7 +548,9 @@ class Learner:
         et al. 2025) is added for the loss. Each micro-batch gets `max_len` = `cfg.norm_len`
         (when set) or the batch's padded width, the L_max of `seq-mean-token-sum-norm`. The
         sampler/learner mismatch, mean |old_logprobs - sampler_logprobs| over agent tokens, is
-        reported every update as `logp_mismatch`.
+        reported every update as `logp_mismatch`, and its largest value on an agent token as
+        `logp_mismatch_max` (nats; with `model.dtype=bfloat16` the engine's bf16 gap to the
+        float32 learner, every step, over every agent token).
 
         `batch["unit_size"]` (int, default 1) keeps consecutive rows together: rows
         `k*u .. k*u+u-1` always share a minibatch and a micro-batch (DPO pairs, u = 2).
@@ -575,6 +577,7 @@ class Learner:
         if not single and "old_logprobs" not in batch:
             batch["old_logprobs"] = self.logprobs(batch)
         mism = [0.0, 0.0]  # sum of |old - sampler| over agent tokens, token count
+        mism_max = -math.inf  # the largest |old - sampler| on an agent token
         if tis_cap is not None and "tis_weights" not in batch and "sampler_logprobs" in batch:
             batch["tis_weights"] = tis_weights(batch["old_logprobs"], batch["sampler_logprobs"],
                                                batch["loss_mask"], cap=tis_cap,
@@ -582,8 +585,10 @@ class Learner:
                                                mode=getattr(cfg, "tis_mode", "truncate"))
         if not single and "sampler_logprobs" in batch:
             mask = batch["loss_mask"]
-            mism = [float(((batch["old_logprobs"] - batch["sampler_logprobs"]).abs() * mask).sum()),
-                    float(mask.sum())]
+            gap = (batch["old_logprobs"] - batch["sampler_logprobs"]).abs()
+            mism = [float((gap * mask).sum()), float(mask.sum())]
+            if bool((mask != 0).any()):
+                mism_max = float(gap[mask != 0].max())
         micro_rows = max(unit, self.micro_batch_size // unit * unit)
         idle = self._idle_rows(batch, algo, cfg)  # (B,) bool or None
         batch = _to(batch, self.device)  # the caller's batch keeps its tensors where they are
@@ -643,9 +648,11 @@ class Learner:
                     if not real:  # a dummy micro-batch (collectives only): no metrics
                         continue
                     if single and "sampler_logprobs" in sub:
-                        mism[0] += float(((logp.detach() - sub["sampler_logprobs"]).abs()
-                                          * sub["loss_mask"]).sum())
+                        gap = (logp.detach() - sub["sampler_logprobs"]).abs()
+                        mism[0] += float((gap * sub["loss_mask"]).sum())
                         mism[1] += float(sub["loss_mask"].sum())
+                        if bool((sub["loss_mask"] != 0).any()):
+                            mism_max = max(mism_max, float(gap[sub["loss_mask"] != 0].max()))
                     mask = sub["loss_mask"]
                     # weight of a micro-batch's means: its share of the forwarded agent tokens
                     w = float(mask.sum()) / fwd_tokens if fwd_tokens > 0 else len(micro) / len(fwd)
@@ -683,6 +690,8 @@ class Learner:
                 self.optimizer.step()
                 self.scheduler.step()
                 self.optimizer_steps += 1
+        if mism_max > -math.inf:
+            highs["logp_mismatch_max"] = mism_max
         if self.dp is not None:  # every rank's micro-batch sums (a rank may have had none)
             tot = self.dp.reduce_floats({**sums, "__mism_abs": mism[0], "__mism_n": mism[1]})
             mism = [tot.pop("__mism_abs", 0.0), tot.pop("__mism_n", 0.0)]

@@ -4,7 +4,7 @@ and dtype. `inline` (the default) keeps today's behaviour: the reference is the 
 frozen copy, the reward model runs inside the env wrappers of the process that steps the envs.
 
     driver ── RemoteReference ──▶ ReferenceActor (Ray actor: frozen policy copy, prefill only,
-       │        prefetch(batch)      no graph, dropout off; float32 | bfloat16)
+       │        prefetch(batch)      no graph, dropout off; float32 | bfloat16 | int8)
        │        logprobs(batch)
        └── RemoteClassifier ───▶ ClassifierActor (Ray actor: SequenceClassifier)
                 (in the env wrappers: score / p_unsafe)
@@ -28,10 +28,53 @@ from typing import Any
 import numpy as np
 import torch
 
-REFERENCE_DTYPES = ("float32", "bfloat16")
-"""`placement.reference_dtype` / `placement.reward_model_dtype` values this build runs (int8 is
-refused at start-up: torch has no maintained int8 inference path for transformers models on
-CPU without `torchao`)."""
+REFERENCE_DTYPES = ("float32", "bfloat16", "int8")
+"""`placement.reference_dtype` / `placement.reward_model_dtype` values: `int8` is torch's dynamic
+int8 quantization of the Linear layers, on CPU only, where `int8_unavailable()` is None."""
+
+
+def int8_unavailable() -> str | None:
+    """Why this platform cannot run an int8 model (`quantize_int8`), or None when it can: torch
+    must have `torch.ao.quantization.quantize_dynamic` (deprecated since torch 2.10 in favour of
+    `torchao`, still shipped by 2.13) and a quantized CPU kernel engine (fbgemm / x86 / onednn /
+    qnnpack). The config checks this at start-up, so that a torch without it is refused then,
+    naming the key, and not in the middle of a run."""
+    try:
+        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic  # noqa: F401
+    except ImportError as e:
+        return (f"torch {torch.__version__} has no torch.ao.quantization.quantize_dynamic ({e}); "
+                "int8 needs it (or a port to torchao, not built)")
+    engines = set(torch.backends.quantized.supported_engines) - {"none"}
+    if not engines & {"fbgemm", "x86", "onednn", "qnnpack"}:
+        return f"torch {torch.__version__} has no quantized CPU kernels (engines: {sorted(engines) or 'none'})"
+    return None
+
+
+def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `model` (float32, on CPU) whose `nn.Linear` layers are dynamically quantized to
+    int8: weights int8, symmetric, one scale per output channel (`per_channel_dynamic_qconfig`);
+    activations quantized to 8 bits per call from their observed range, the matmul in int8 with
+    int32 accumulation, the output float32 (torch `quantize_dynamic`, the fbgemm / x86 kernels).
+    Embeddings, norms, rotary and the softmax stay float32. A tied output head (`lm_head`
+    sharing the embedding) becomes an int8 copy of the embedding; the embedding stays float32.
+    Deprecation warnings of `torch.ao.quantization` (torch >= 2.10) are silenced here only.
+
+    Raises:
+        RuntimeError: the platform has no int8 path (`int8_unavailable`'s reason)."""
+    why = int8_unavailable()
+    if why is not None:
+        raise RuntimeError(why)
+    import warnings
+
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    with warnings.catch_warnings():
+        # torch >= 2.10: "torch.ao.quantization is deprecated" (DeprecationWarning) and
+        # "torch.quantize_per_channel ... are deprecated" (UserWarning)
+        warnings.filterwarnings("ignore", message=r"(?s).*torch\.(ao\.quantization|quantize_per).*deprecated")
+        q = quantize_dynamic(model.float().cpu(), {torch.nn.Linear: per_channel_dynamic_qconfig},
+                             dtype=torch.qint8, inplace=False)
+    return q
 
 
 def batch_key(batch: dict[str, Any]) -> str:
@@ -51,16 +94,18 @@ class ReferenceActor:
 
     Args:
         model_dir: a Hugging Face model directory (the policy's weights when the run started).
-        dtype: `float32` or `bfloat16` parameters (bf16: the forward runs in bf16, the
-            log-softmax in float32 from upcast logits).
+        dtype: `float32`, `bfloat16` (the forward runs in bf16, the log-softmax in float32 from
+            upcast logits) or `int8` (`quantize_int8`: Linear layers dynamically quantized, CPU
+            only).
         temperature: the sampler's temperature (logits are divided by it).
         micro_batch_size: rows per forward (as the learner's `train.micro_batch_size`).
         torch_threads: torch threads of the actor's process.
         device: `cpu` or `cuda`.
-        keep_fp32: with `dtype=bfloat16`, also keep a float32 copy for `logp_gap`.
+        keep_fp32: with `dtype` other than float32, also keep a float32 copy for `logp_gap`.
 
     Raises:
-        ValueError: an unknown dtype.
+        ValueError: an unknown dtype, or int8 on a device other than the CPU.
+        RuntimeError: int8 on a platform without it (`int8_unavailable`).
     """
 
     def __init__(self, model_dir: str, *, dtype: str = "float32", temperature: float = 1.0,
@@ -71,14 +116,20 @@ class ReferenceActor:
 
         if dtype not in REFERENCE_DTYPES:
             raise ValueError(f"reference dtype {dtype!r}; allowed: {', '.join(REFERENCE_DTYPES)}")
+        if dtype == "int8" and torch.device(device).type != "cpu":
+            raise ValueError(f"reference dtype int8 runs on the CPU only (torch's dynamic int8 kernels), not {device}")
         torch.set_num_threads(torch_threads)
         self.device = torch.device(device)
         fp32, _ = load_model(model_dir)
         disable_dropout(fp32)
         fp32.eval().requires_grad_(False)
         self.fp32 = fp32.to(self.device) if (dtype == "float32" or keep_fp32) else None
-        self.model = fp32.to(self.device) if dtype == "float32" else \
-            load_model(model_dir, dtype=torch.bfloat16)[0].eval().requires_grad_(False).to(self.device)
+        if dtype == "float32":
+            self.model = fp32.to(self.device)
+        elif dtype == "int8":
+            self.model = quantize_int8(fp32).eval()
+        else:
+            self.model = load_model(model_dir, dtype=torch.bfloat16)[0].eval().requires_grad_(False).to(self.device)
         disable_dropout(self.model)
         self.dtype, self.temperature, self.micro_batch_size = dtype, temperature, micro_batch_size
         self.busy_s = 0.0
@@ -113,16 +164,16 @@ class ReferenceActor:
 
     def logp_gap(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, lengths: torch.Tensor,
                  loss_mask: torch.Tensor, max_tokens: int) -> dict[str, float]:
-        """|logp_bf16 - logp_fp32| over the first `max_tokens` agent tokens (`loss_mask != 0`,
+        """|logp_dtype - logp_fp32| (bf16 or int8 against float32) over the first `max_tokens` agent tokens (`loss_mask != 0`,
         in row-major order) of the batch's rows: `{"mean", "max", "tokens"}`; all 0 for a
         float32 reference (the two are the same model).
 
         Raises:
-            ValueError: a bf16 reference made without `keep_fp32`."""
+            ValueError: a bf16 or int8 reference made without `keep_fp32`."""
         if self.dtype == "float32":
             return {"mean": 0.0, "max": 0.0, "tokens": float(int((loss_mask != 0).sum()))}
         if self.fp32 is None:
-            raise ValueError("logp_gap needs ReferenceActor(keep_fp32=True)")
+            raise ValueError(f"logp_gap of a {self.dtype} reference needs ReferenceActor(keep_fp32=True)")
         t0 = time.perf_counter()
         mask = (loss_mask != 0).flatten()
         pick = mask.nonzero().flatten()[:max_tokens]
@@ -217,7 +268,7 @@ class RemoteReference:
         return out.to(batch["loss_mask"].device)
 
     def logp_gap(self, batch: dict[str, Any], max_tokens: int) -> dict[str, float]:
-        """`ReferenceActor.logp_gap` on the worker: mean / max |logp_bf16 - logp_fp32| and the
+        """`ReferenceActor.logp_gap` on the worker: mean / max |logp_dtype - logp_fp32| and the
         token count over the first `max_tokens` agent tokens of `batch`."""
         import ray
 
@@ -272,8 +323,12 @@ class ClassifierActor:
     """A `SequenceClassifier` in a process of its own (a Ray actor of `RemoteClassifier`).
 
     Args:
-        path: the classifier's model directory; dtype: `float32` or `bfloat16` parameters;
-        torch_threads: torch threads of the process; kwargs: `SequenceClassifier` options."""
+        path: the classifier's model directory; dtype: `float32`, `bfloat16` parameters, or
+        `int8` (`quantize_int8`, CPU only); torch_threads: torch threads of the process;
+        kwargs: `SequenceClassifier` options.
+
+    Raises:
+        ValueError: an unknown dtype. RuntimeError: int8 without the platform's int8 path."""
 
     def __init__(self, path: str, *, dtype: str = "float32", torch_threads: int = 1, **kwargs: Any) -> None:
         from agentrl.rewards.classifier import SequenceClassifier
@@ -284,6 +339,8 @@ class ClassifierActor:
         self.clf = SequenceClassifier(path, **kwargs)
         if dtype == "bfloat16":
             self.clf.model.to(torch.bfloat16)
+        elif dtype == "int8":
+            self.clf.model = quantize_int8(self.clf.model).eval()
         self.busy_s = 0.0
 
     def logits(self, prompts: Sequence[Any], responses: Sequence[str]) -> np.ndarray:

@@ -362,11 +362,16 @@ def test_tis_weights_and_mismatch_in_the_update(tiny_model_dir):
     assert torch.all(w[mask == 0] == 0) and not w.requires_grad
     n0, n = float(mask[0].sum()), float(mask.sum())
     assert m["logp_mismatch"] == pytest.approx((1.0 * n0 + 0.5 * (n - n0)) / n, abs=1e-4)
+    assert m["logp_mismatch_max"] == pytest.approx(1.0, abs=1e-4)  # row 0's +1.0
     # without TIS the mismatch is still measured (single-step shortcut path)
     batch2 = build_batch(_trajs(), pad_id=0)
+    true2 = learner.logprobs(batch2)  # the weights the update's forward will see
     batch2["advantages"], _ = grpo.advantages(batch2, AlgoConfig(name="grpo"))
     m2 = learner.update(batch2, grpo, AlgoConfig(name="grpo"))
     assert m2["logp_mismatch"] > 0  # sampler logprobs of _trajs are a constant -3.0
+    gap2 = (true2 + 3.0).abs()[batch2["loss_mask"] != 0]
+    assert m2["logp_mismatch"] == pytest.approx(float(gap2.mean()), abs=1e-4)
+    assert m2["logp_mismatch_max"] == pytest.approx(float(gap2.max()), abs=1e-4)
 
 
 # -- per-turn group advantages -------------------------------------------------------------------
