@@ -197,6 +197,8 @@ class AlgoConfig(_Section):
     """PPO: adaptive KL controller horizon (samples)."""
     turn_advantages: bool = False
     """Group-relative advantages per turn (multi-turn episodes) instead of per episode: grpo, dr_grpo, cispo. Other algorithms refuse it at start-up."""
+    turn_credit: Literal["episode", "gigpo"] = "episode"
+    """Credit assignment of grpo, dr_grpo and cispo: `episode` (the group advantage of the episode, or per turn with `turn_advantages`) or `gigpo`: GiGPO's step-level credit, A = A_episode + step_weight * A_step over anchor states (docs/algorithms.md), reading `step_weight`, `gamma` (default then GiGPO's 0.95) and `scale`; `--algo grpo algo.turn_credit=gigpo` is the same run as `--algo gigpo` (tested). `--algo gigpo` always uses it; other algorithms refuse it at start-up."""
 
     @field_validator("name")
     @classmethod
@@ -211,6 +213,16 @@ class AlgoConfig(_Section):
         if v is not None and not Path(v).is_dir():
             raise ValueError(f"teacher model directory not found: {v!r} (a local Hugging Face model directory)")
         return v
+
+    @model_validator(mode="after")
+    def _one_turn_credit(self) -> AlgoConfig:
+        if self.turn_credit == "gigpo" and self.turn_advantages:
+            raise ValueError("algo.turn_credit=gigpo and algo.turn_advantages=true are two credit "
+                             "assignments of turns: set one of them")
+        if self.name == "gigpo" and self.turn_credit == "episode" and "turn_credit" in self.model_fields_set:
+            raise ValueError("algo.turn_credit=episode with algo.name=gigpo: GiGPO is step-level credit "
+                             "(use algo.name=grpo for episode-level advantages)")
+        return self
 
     @model_validator(mode="after")
     def _distill_needs_a_teacher(self) -> AlgoConfig:

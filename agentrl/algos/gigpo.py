@@ -19,6 +19,10 @@ are all equal, gives A^S = 0 (as a singleton or flat GRPO group). `scale="none"`
 divisions. omega is `algo.step_weight` (paper: 1), gamma `algo.gamma` (`DEFAULTS`: the paper's
 0.95 when the user did not set it).
 
+The same advantages are an option of grpo, dr_grpo and cispo, `algo.turn_credit=gigpo`
+(`grpo.advantages` calls `advantages` here): `--algo grpo algo.turn_credit=gigpo` is this
+algorithm (same defaults, same run; `--algo gigpo` has `turn_credit=gigpo` always).
+
 For single-turn episodes A^S_i0 = A^E_i up to the discount (all turn-0 states are the prompt),
 so the advantage is (1 + omega) A^E.
 """
@@ -37,7 +41,7 @@ from agentrl.algos.turns import turn_index
 DEFAULTS = {"gamma": 0.95}
 """Feng et al. 2025, sec. 5.1 (discount of the step returns)."""
 
-OPTIONS = ("dual_clip", "tis_cap", "overlong_buffer", "mask_truncated")
+OPTIONS = ("turn_credit", "dual_clip", "tis_cap", "overlong_buffer", "mask_truncated")
 
 
 def turn_states(input_ids: Tensor, loss_mask: Tensor) -> list[list[tuple[int, ...]]]:
@@ -116,22 +120,26 @@ def step_advantages(input_ids: Tensor, token_rewards: Tensor, loss_mask: Tensor,
     return torch.where(turn >= 0, adv, 0.0).to(torch.float32)
 
 
-def advantages(batch: dict[str, Any], cfg: Any) -> tuple[torch.Tensor, dict[str, float]]:
+def advantages(batch: dict[str, Any], cfg: Any, *, scale: str | None = None
+               ) -> tuple[torch.Tensor, dict[str, float]]:
     """A^E + step_weight * A^S on agent tokens.
 
     Args:
         batch: `scores` (B,) (NaN excluded), `group_ids` (B,), `input_ids`, `loss_mask`,
             `token_rewards` (B, T).
         cfg: AlgoConfig (`scale`, `gamma`, `step_weight`).
+        scale: overrides `cfg.scale` ("std" | "none"; dr_grpo's `turn_credit=gigpo` passes
+            "none").
 
     Returns:
         (B, T) advantages (0 off the mask) and the group metrics plus `step_adv_abs_mean`
         (mean |A^S| over agent tokens).
     """
-    ep = expand_to_tokens(group_advantages(batch["scores"], batch["group_ids"], scale=cfg.scale),
+    scale = scale or cfg.scale
+    ep = expand_to_tokens(group_advantages(batch["scores"], batch["group_ids"], scale=scale),
                           batch["loss_mask"])
     step = step_advantages(batch["input_ids"], batch["token_rewards"], batch["loss_mask"],
-                           batch["group_ids"], gamma=cfg.gamma, scale=cfg.scale)
+                           batch["group_ids"], gamma=cfg.gamma, scale=scale)
     stats = group_stats(batch["scores"], batch["group_ids"])
     m = batch["loss_mask"] != 0
     stats["step_adv_abs_mean"] = float(step[m].abs().mean()) if bool(m.any()) else 0.0
