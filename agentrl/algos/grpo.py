@@ -27,7 +27,7 @@ import torch
 
 from agentrl.algos.advantages import expand_to_tokens, group_advantages, group_stats
 from agentrl.algos.losses import aggregate, kl, ppo_policy_loss
-from agentrl.algos.turns import turn_group_advantages
+from agentrl.algos.turns import gigpo_advantages, turn_group_advantages
 
 OPTIONS = ("turn_advantages", "turn_credit", "dual_clip", "tis_cap", "overlong_buffer", "mask_truncated")
 
@@ -47,9 +47,7 @@ def advantages(batch: dict[str, Any], cfg: Any) -> tuple[torch.Tensor, dict[str,
     """
     scale = "none" if cfg.name == "dr_grpo" else cfg.scale
     if getattr(cfg, "turn_credit", "episode") == "gigpo":
-        from agentrl.algos import gigpo
-
-        return gigpo.advantages(batch, cfg, scale=scale)
+        return gigpo_advantages(batch, cfg, scale=scale)
     stats = group_stats(batch["scores"], batch["group_ids"])
     if getattr(cfg, "turn_advantages", False):
         return turn_group_advantages(batch["token_rewards"], batch["loss_mask"],
