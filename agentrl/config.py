@@ -213,6 +213,8 @@ class AlgoConfig(_Section):
     """PPO: adaptive KL controller horizon (samples)."""
     turn_advantages: bool = False
     """Group-relative advantages per turn (multi-turn episodes) instead of per episode: grpo, dr_grpo, cispo. Other algorithms refuse it at start-up."""
+    turn_credit: Literal["episode", "gigpo"] = "episode"
+    """Credit assignment of grpo, dr_grpo and cispo: `episode` (the group advantage of the episode, or per turn with `turn_advantages`) or `gigpo`: GiGPO's step-level credit, A = A_episode + step_weight * A_step over anchor states (docs/algorithms.md), reading `step_weight`, `gamma` (default then GiGPO's 0.95) and `scale`; `--algo grpo algo.turn_credit=gigpo` is the same run as `--algo gigpo` (tested). `--algo gigpo` always uses it; other algorithms refuse it at start-up."""
 
     @field_validator("name")
     @classmethod
@@ -227,6 +229,16 @@ class AlgoConfig(_Section):
         if v is not None and not Path(v).is_dir():
             raise ValueError(f"teacher model directory not found: {v!r} (a local Hugging Face model directory)")
         return v
+
+    @model_validator(mode="after")
+    def _one_turn_credit(self) -> AlgoConfig:
+        if self.turn_credit == "gigpo" and self.turn_advantages:
+            raise ValueError("algo.turn_credit=gigpo and algo.turn_advantages=true are two credit "
+                             "assignments of turns: set one of them")
+        if self.name == "gigpo" and self.turn_credit == "episode" and "turn_credit" in self.model_fields_set:
+            raise ValueError("algo.turn_credit=episode with algo.name=gigpo: GiGPO is step-level credit "
+                             "(use algo.name=grpo for episode-level advantages)")
+        return self
 
     @model_validator(mode="after")
     def _distill_needs_a_teacher(self) -> AlgoConfig:
@@ -339,7 +351,7 @@ class LogConfig(_Section):
 
 
 class PlacementConfig(_Section):
-    """Section `placement`: where the reference and reward models run (docs/scale_out.md)."""
+    """Section `placement`: where the reference, the distillation teacher and the reward models run (docs/scale_out.md)."""
 
     reference: Literal["inline", "worker"] = "inline"
     """`inline`: the KL reference is the learner's frozen copy of the policy, its logprobs computed in the step. `worker`: a Ray actor of its own holds the frozen reference (the run's starting weights, written to OUT/reference_model), prefill only, no graph, dropout off; its logprobs are started as soon as a batch is collated (in async mode as soon as it is sampled) and overlap the learner's own work. Same logprobs as inline in float32 (bit-equal on CPU, tested; stated tolerance 1e-6 nats)."""
@@ -349,6 +361,14 @@ class PlacementConfig(_Section):
     """GPUs Ray reserves for the reference worker (> 0: it runs on CUDA)."""
     reference_dtype: Literal["float32", "bfloat16", "int8"] = "float32"
     """Parameter dtype of the reference worker: `float32`, `bfloat16`, or `int8` (CPU only: torch's dynamic int8 quantization of every Linear layer, per-channel weights, `agentrl.placement.quantize_int8`; refused at start-up where torch lacks it). Its logprobs then differ from float32 ones by the rounding; `ref/logp_gap_*` measures it (figures: docs/scale_out.md)."""
+    teacher: Literal["inline", "worker"] = "inline"
+    """distill: where the teacher (`algo.teacher_path`) runs. `inline`: a frozen copy in the driver process, on the learner's device, its logprobs computed in the step. `worker`: a Ray actor of its own (the reference worker's machinery: prefill only, no graph, dropout off, its own CPUs / GPUs and dtype), its logprobs started as soon as a batch is sampled and overlapping the rest of the step (`perf/teacher_*`). Same logprobs as inline in float32 (bit-equal on CPU, tested; stated tolerance 1e-6 nats). Other algorithms refuse `worker` at start-up."""
+    teacher_cpus: float = Field(default=1.0, gt=0)
+    """CPUs Ray reserves for the teacher worker."""
+    teacher_gpus: float = Field(default=0.0, ge=0)
+    """GPUs Ray reserves for the teacher worker (> 0: it runs on CUDA)."""
+    teacher_dtype: Literal["float32", "bfloat16", "int8"] = "float32"
+    """Parameter dtype of the teacher worker: `float32`, `bfloat16` (its logprobs then differ from float32 ones by the rounding; `teacher/logp_gap_*` measures it every `logp_gap_every` steps); or `int8` (CPU only, as for the reference)."""
     reward_model: Literal["inline", "worker"] = "inline"
     """`inline`: the classifier / safety reward model runs in the env wrappers of whichever process steps the envs. `worker`: on a Ray actor of its own (one per model path, shared by the driver's and every rollout worker's envs); needs a model path (`env.wrapper_kwargs.classifier.model` or `.safety.classifier`). The same scores as inline (tested)."""
     reward_model_cpus: float = Field(default=1.0, gt=0)
@@ -358,11 +378,11 @@ class PlacementConfig(_Section):
     reward_model_dtype: Literal["float32", "bfloat16", "int8"] = "float32"
     """Parameter dtype of the reward-model worker: `float32`, `bfloat16`, or `int8` (CPU only, as for the reference)."""
     logp_gap_every: int = Field(default=10, ge=0)
-    """With `reference_dtype` bfloat16 or int8 on a worker: every N steps log `ref/logp_gap_mean` and `ref/logp_gap_max`, |logp_dtype - logp_fp32| over a sample of the batch's agent tokens (the worker then keeps a float32 copy too). 0: never."""
+    """With `reference_dtype` bfloat16 or int8 on a worker: every N steps log `ref/logp_gap_mean` and `ref/logp_gap_max`, |logp_dtype - logp_fp32| over a sample of the batch's agent tokens (the worker then keeps a float32 copy too). the same for a bf16 or int8 teacher worker as `teacher/logp_gap_*`. 0: never."""
     logp_gap_tokens: int = Field(default=256, ge=1)
     """Agent tokens (the batch's first, row by row) in each `ref/logp_gap` sample."""
 
-    @field_validator("reference_dtype", "reward_model_dtype")
+    @field_validator("reference_dtype", "teacher_dtype", "reward_model_dtype")
     @classmethod
     def _int8_where_available(cls, v: str, info: Any) -> str:
         if v == "int8":
@@ -375,7 +395,7 @@ class PlacementConfig(_Section):
 
     @model_validator(mode="after")
     def _dtype_of_a_worker(self) -> PlacementConfig:
-        for role in ("reference", "reward_model"):
+        for role in ("reference", "teacher", "reward_model"):
             dtype = getattr(self, f"{role}_dtype")
             if dtype != "float32" and getattr(self, role) != "worker":
                 raise ValueError(f"placement.{role}_dtype={dtype} applies to a worker only: set "
@@ -414,6 +434,13 @@ class Config(_Section):
                 f"algo.overlong_buffer ({self.algo.overlong_buffer}) must be <= rollout.max_tokens "
                 f"({self.rollout.max_tokens}): the penalty zone is the last `overlong_buffer` tokens "
                 "of the turn budget")
+        return self
+
+    @model_validator(mode="after")
+    def _teacher_worker_needs_distill(self) -> Config:
+        if self.placement.teacher == "worker" and self.algo.name != "distill":
+            raise ValueError(f"placement.teacher=worker: algo.name={self.algo.name} has no teacher "
+                             "(only distill reads algo.teacher_path); set placement.teacher=inline")
         return self
 
     @model_validator(mode="after")

@@ -395,7 +395,8 @@ class Learner:
         self.skip_zero_advantage = skip_zero_advantage
         self._share_ok = prefix_share_supported(model)
         self.ref_model = None
-        self.reference: Any = None  # a RemoteReference (placement.reference=worker), set by the loop
+        self.reference: Any = None  # a RemoteFrozenModel (placement.reference=worker), set by the loop
+        self.teacher: Any = None  # distill's teacher worker (placement.teacher=worker), set by the loop
         self.ref_seconds = 0.0
         self.lora = is_peft(model)  # LoRA: the reference is the base with adapters disabled
         if use_ref and not self.lora:
@@ -446,7 +447,7 @@ class Learner:
     @torch.no_grad()
     def logprobs(self, batch: dict[str, Any], *, ref: bool = False) -> torch.Tensor:
         """(B, T) logprobs of the policy (or the reference) on the batch, without gradient.
-        With `reference` set (a `agentrl.placement.RemoteReference`), the reference's come
+        With `reference` set (a `agentrl.placement.RemoteFrozenModel`), the reference's come
         from that worker. `ref_seconds` adds up the seconds spent on reference logprobs."""
         if ref:
             t0 = time.perf_counter()

@@ -1,18 +1,23 @@
-"""Worker roles: the frozen reference model and the reward model on Ray actors of their own
-(`placement.reference=worker`, `placement.reward_model=worker`), with their own CPUs / GPUs
-and dtype. `inline` (the default) keeps today's behaviour: the reference is the learner's
-frozen copy, the reward model runs inside the env wrappers of the process that steps the envs.
+"""Worker roles: the frozen reference model, the distillation teacher and the reward model on
+Ray actors of their own (`placement.reference=worker`, `placement.teacher=worker`,
+`placement.reward_model=worker`), with their own CPUs / GPUs and dtype. `inline` (the default)
+keeps today's behaviour: the reference is the learner's frozen copy, the teacher a frozen model
+in the driver process (`agentrl.algos.distill.load_teacher`), the reward model runs inside the
+env wrappers of the process that steps the envs.
 
-    driver ── RemoteReference ──▶ ReferenceActor (Ray actor: frozen policy copy, prefill only,
-       │        prefetch(batch)      no graph, dropout off; float32 | bfloat16 | int8)
-       │        logprobs(batch)
+    driver ── RemoteFrozenModel ─▶ FrozenModelActor (Ray actor: a frozen model, prefill only,
+       │        prefetch(batch)       no graph, dropout off; float32 | bfloat16 | int8)
+       │        logprobs(batch)       role "reference": the policy's starting weights
+       │                              role "teacher": `algo.teacher_path` (distill)
        └── RemoteClassifier ───▶ ClassifierActor (Ray actor: SequenceClassifier)
                 (in the env wrappers: score / p_unsafe)
 
-The reference actor computes exactly what `Learner.logprobs(batch, ref=True)` computes (the same
-micro-batches of `train.micro_batch_size` rows, each trimmed to its longest row, the same
-`token_logprobs`), so in float32 its logprobs equal the inline ones bit for bit on CPU (tested;
-the stated tolerance is 1e-6 nats, float32 rounding, for other kernels or devices).
+The reference and the teacher are the same machinery: a frozen causal LM whose teacher-forced
+log-probabilities of a batch are computed by `frozen_logprobs` (the same micro-batches of
+`train.micro_batch_size` rows, each trimmed to its longest row, the same `token_logprobs`), in the
+driver or on a `FrozenModelActor`. So in float32 a worker's logprobs equal the inline ones bit
+for bit on CPU (tested for both roles; the stated tolerance is 1e-6 nats, float32 rounding, for
+other kernels or devices).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import numpy as np
 import torch
 
 REFERENCE_DTYPES = ("float32", "bfloat16", "int8")
-"""`placement.reference_dtype` / `placement.reward_model_dtype` values: `int8` is torch's dynamic
+"""`placement.reference_dtype` / `teacher_dtype` / `reward_model_dtype` values: `int8` is torch's dynamic
 int8 quantization of the Linear layers, on CPU only, where `int8_unavailable()` is None."""
 
 
@@ -88,12 +93,46 @@ def batch_key(batch: dict[str, Any]) -> str:
     return h.hexdigest()
 
 
-class ReferenceActor:
-    """The frozen reference model in a process of its own (run as a Ray actor by
-    `RemoteReference`; a plain object in tests and in-process use).
+def frozen_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    lengths: torch.Tensor, *, temperature: float = 1.0,
+                    micro_batch_size: int = 16) -> torch.Tensor:
+    """(B, T) float32 teacher-forced log-probabilities of a frozen `model` (no gradient): each
+    token given those before it, at `temperature` (`agentrl.learner.token_logprobs`), computed
+    in micro-batches of `micro_batch_size` rows, each trimmed to its longest row (as
+    `Learner.logprobs`); 0 at t = 0 and past each micro-batch's longest row. On the CPU.
 
     Args:
-        model_dir: a Hugging Face model directory (the policy's weights when the run started).
+        model: a causal LM, on any device (the inputs are moved to it).
+        input_ids, attention_mask: (B, T), right-padded; lengths: (B,) tokens per row.
+
+    Raises:
+        ValueError: a token id outside the model's vocabulary (another tokenizer).
+    """
+    from agentrl.learner import _slice, token_logprobs
+
+    vocab = model.get_input_embeddings().weight.shape[0]
+    if input_ids.numel() and int(input_ids.max()) >= vocab:
+        raise ValueError(f"token id {int(input_ids.max())} is outside the frozen model's vocabulary "
+                         f"of {vocab}: it must use the policy's tokenizer")
+    device = next(model.parameters()).device
+    batch = {"input_ids": input_ids.cpu(), "attention_mask": attention_mask.cpu(), "lengths": lengths.cpu()}
+    out = torch.zeros(input_ids.shape, dtype=torch.float32)
+    with torch.no_grad():
+        for idx in torch.split(torch.arange(input_ids.shape[0]), max(micro_batch_size, 1)):
+            sub = _slice(batch, idx)
+            lp, _ = token_logprobs(model, sub["input_ids"].to(device), sub["attention_mask"].to(device),
+                                   temperature=temperature)
+            out[idx, : lp.shape[1]] = lp.float().cpu()
+    return out
+
+
+class FrozenModelActor:
+    """A frozen causal LM in a process of its own (run as a Ray actor by `RemoteFrozenModel`;
+    a plain object in tests and in-process use): the KL reference (the policy's starting
+    weights) or the distillation teacher (`algo.teacher_path`).
+
+    Args:
+        model_dir: a Hugging Face model directory.
         dtype: `float32`, `bfloat16` (the forward runs in bf16, the log-softmax in float32 from
             upcast logits) or `int8` (`quantize_int8`: Linear layers dynamically quantized, CPU
             only).
@@ -115,9 +154,9 @@ class ReferenceActor:
         from agentrl.model import load_model
 
         if dtype not in REFERENCE_DTYPES:
-            raise ValueError(f"reference dtype {dtype!r}; allowed: {', '.join(REFERENCE_DTYPES)}")
+            raise ValueError(f"frozen model dtype {dtype!r}; allowed: {', '.join(REFERENCE_DTYPES)}")
         if dtype == "int8" and torch.device(device).type != "cpu":
-            raise ValueError(f"reference dtype int8 runs on the CPU only (torch's dynamic int8 kernels), not {device}")
+            raise ValueError(f"frozen model dtype int8 runs on the CPU only (torch's dynamic int8 kernels), not {device}")
         torch.set_num_threads(torch_threads)
         self.device = torch.device(device)
         fp32, _ = load_model(model_dir)
@@ -136,26 +175,20 @@ class ReferenceActor:
 
     def _logprobs(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                   lengths: torch.Tensor) -> torch.Tensor:
-        from agentrl.learner import _slice, token_logprobs
-
-        batch = {"input_ids": input_ids.to(self.device), "attention_mask": attention_mask.to(self.device),
-                 "lengths": lengths}
-        out = torch.zeros(input_ids.shape, dtype=torch.float32)
-        with torch.no_grad():
-            for idx in torch.split(torch.arange(input_ids.shape[0]), self.micro_batch_size):
-                sub = _slice(batch, idx.to(self.device))
-                lp, _ = token_logprobs(model, sub["input_ids"], sub["attention_mask"],
-                                       temperature=self.temperature)
-                out[idx, : lp.shape[1]] = lp.cpu()
-        return out
+        return frozen_logprobs(model, input_ids, attention_mask, lengths, temperature=self.temperature,
+                               micro_batch_size=self.micro_batch_size)
 
     def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                  lengths: torch.Tensor) -> torch.Tensor:
-        """(B, T) float32 teacher-forced logprobs of the reference (0 at t = 0 and on padding
-        past each micro-batch's longest row), as `Learner.logprobs(batch, ref=True)`.
+        """(B, T) float32 teacher-forced logprobs of the frozen model (`frozen_logprobs`): for
+        the reference what `Learner.logprobs(batch, ref=True)` computes, for the teacher what
+        `agentrl.algos.distill.teacher_logprobs` computes inline.
 
         Args:
-            input_ids, attention_mask: (B, T), right-padded; lengths: (B,) tokens per row."""
+            input_ids, attention_mask: (B, T), right-padded; lengths: (B,) tokens per row.
+
+        Raises:
+            ValueError: a token id outside the model's vocabulary."""
         t0 = time.perf_counter()
         try:
             return self._logprobs(self.model, input_ids, attention_mask, lengths)
@@ -166,14 +199,14 @@ class ReferenceActor:
                  loss_mask: torch.Tensor, max_tokens: int) -> dict[str, float]:
         """|logp_dtype - logp_fp32| (bf16 or int8 against float32) over the first `max_tokens` agent tokens (`loss_mask != 0`,
         in row-major order) of the batch's rows: `{"mean", "max", "tokens"}`; all 0 for a
-        float32 reference (the two are the same model).
+        float32 model (the two are the same model).
 
         Raises:
-            ValueError: a bf16 or int8 reference made without `keep_fp32`."""
+            ValueError: a bf16 or int8 model loaded without `keep_fp32`."""
         if self.dtype == "float32":
             return {"mean": 0.0, "max": 0.0, "tokens": float(int((loss_mask != 0).sum()))}
         if self.fp32 is None:
-            raise ValueError(f"logp_gap of a {self.dtype} reference needs ReferenceActor(keep_fp32=True)")
+            raise ValueError("logp_gap needs FrozenModelActor(keep_fp32=True)")
         t0 = time.perf_counter()
         mask = (loss_mask != 0).flatten()
         pick = mask.nonzero().flatten()[:max_tokens]
@@ -199,16 +232,19 @@ def actor_options(cpus: float, gpus: float) -> dict[str, Any]:
     return {"num_cpus": cpus, "num_gpus": gpus, "max_restarts": 0}
 
 
-class RemoteReference:
-    """The driver's side of the reference worker: `logprobs(batch)` answers what
-    `Learner.logprobs(batch, ref=True)` would; `prefetch(batch)` starts that computation on the
-    worker without waiting, so that it overlaps the driver's own work (the pipeline,
+class RemoteFrozenModel:
+    """The driver's side of a frozen-model worker (`FrozenModelActor`), the reference's or the
+    teacher's: `logprobs(batch)` answers what the inline model would (`frozen_logprobs`; for the
+    reference `Learner.logprobs(batch, ref=True)`); `prefetch(batch)` starts that computation on
+    the worker without waiting, so that it overlaps the driver's own work (the pipeline,
     docs/scale_out.md); a later `logprobs` of a batch with the same rows takes the result.
 
     Args:
-        model_dir: the frozen policy's model directory (`save_reference_model`).
-        dtype, temperature, micro_batch_size, torch_threads, keep_fp32: see `ReferenceActor`.
-        cpus, gpus: the actor's Ray resources (`placement.reference_cpus` / `_gpus`); with
+        model_dir: the frozen model's directory (the reference: `save_reference_model`; the
+            teacher: `algo.teacher_path`).
+        role: `reference` or `teacher`: names the metrics (`perf/<role>_wait_s`, ...).
+        dtype, temperature, micro_batch_size, torch_threads, keep_fp32: see `FrozenModelActor`.
+        cpus, gpus: the actor's Ray resources (`placement.<role>_cpus` / `_gpus`); with
             gpus > 0 the actor runs on its CUDA device.
         ray_address: the cluster to join (None: a local one, or the one already up).
 
@@ -219,15 +255,17 @@ class RemoteReference:
     MAX_PENDING = 4
     """Prefetched results kept at most (the oldest is dropped)."""
 
-    def __init__(self, model_dir: str | Path, *, dtype: str = "float32", temperature: float = 1.0,
-                 micro_batch_size: int = 16, torch_threads: int = 1, cpus: float = 1.0, gpus: float = 0.0,
-                 keep_fp32: bool = False, ray_address: str | None = None) -> None:
+    def __init__(self, model_dir: str | Path, *, role: str = "reference", dtype: str = "float32",
+                 temperature: float = 1.0, micro_batch_size: int = 16, torch_threads: int = 1,
+                 cpus: float = 1.0, gpus: float = 0.0, keep_fp32: bool = False,
+                 ray_address: str | None = None) -> None:
         import ray
 
         from agentrl.cluster import ensure_ray
 
         ensure_ray(ray_address)
-        cls = ray.remote(**actor_options(cpus, gpus))(ReferenceActor)
+        self.role = role
+        cls = ray.remote(**actor_options(cpus, gpus))(FrozenModelActor)
         self.actor = cls.remote(str(model_dir), dtype=dtype, temperature=temperature,
                                 micro_batch_size=micro_batch_size, torch_threads=torch_threads,
                                 device="cuda" if gpus > 0 else "cpu", keep_fp32=keep_fp32)
@@ -242,7 +280,7 @@ class RemoteReference:
         return (batch["input_ids"].cpu(), batch["attention_mask"].cpu(), batch["lengths"].cpu())
 
     def prefetch(self, batch: dict[str, Any]) -> None:
-        """Start the reference logprobs of `batch` on the worker (returns at once)."""
+        """Start the frozen model's logprobs of `batch` on the worker (returns at once)."""
         key = batch_key(batch)
         with self._lock:
             if key not in self._pending:
@@ -251,8 +289,11 @@ class RemoteReference:
                     self._pending.popitem(last=False)
 
     def logprobs(self, batch: dict[str, Any]) -> torch.Tensor:
-        """(B, T) reference logprobs of `batch`, on the batch's device: the prefetched result
-        of the same rows when there is one, else computed now on the worker."""
+        """(B, T) float32 logprobs of the frozen model on `batch`, on the batch's device: the
+        prefetched result of the same rows when there is one, else computed now on the worker.
+
+        Raises:
+            ray.exceptions.RayTaskError: from the actor (e.g. a token id outside its vocabulary)."""
         import ray
 
         key = batch_key(batch)
@@ -268,21 +309,21 @@ class RemoteReference:
         return out.to(batch["loss_mask"].device)
 
     def logp_gap(self, batch: dict[str, Any], max_tokens: int) -> dict[str, float]:
-        """`ReferenceActor.logp_gap` on the worker: mean / max |logp_dtype - logp_fp32| and the
+        """`FrozenModelActor.logp_gap` on the worker: mean / max |logp_dtype - logp_fp32| and the
         token count over the first `max_tokens` agent tokens of `batch`."""
         import ray
 
         return ray.get(self.actor.logp_gap.remote(*self._args(batch), batch["loss_mask"].cpu(), max_tokens))
 
     def take_metrics(self) -> dict[str, float]:
-        """`perf/reference_wait_s` (the driver waited), `perf/reference_busy_s` (the worker
-        computed) and `perf/reference_prefetched` (results taken from a prefetch) since the last
-        call."""
+        """`perf/<role>_wait_s` (the driver waited), `perf/<role>_busy_s` (the worker computed)
+        and `perf/<role>_prefetched` (results taken from a prefetch) since the last call."""
         import ray
 
         busy = float(ray.get(self.actor.take_busy.remote()))
-        m = {"perf/reference_wait_s": self.wait_s, "perf/reference_busy_s": busy,
-             "perf/reference_prefetched": float(self.prefetched)}
+        r = self.role
+        m = {f"perf/{r}_wait_s": self.wait_s, f"perf/{r}_busy_s": busy,
+             f"perf/{r}_prefetched": float(self.prefetched)}
         self.wait_s, self.prefetched = 0.0, 0
         return m
 
@@ -431,14 +472,28 @@ class RemoteClassifier:
         return float(ray.get(self.actor.take_busy.remote()))
 
 
-def make_reference(cfg: Any, model: Any, tok: Any, out: Path, checkpoint: Path | None = None) -> RemoteReference:
-    """The reference worker of a run (`placement.reference=worker`): OUT/reference_model
-    (`save_reference_model`) on a `RemoteReference` with `placement.reference_*`, the sampler's
-    temperature, `train.micro_batch_size` and `train.torch_threads`."""
+def make_frozen_worker(cfg: Any, role: str, model_dir: str | Path) -> RemoteFrozenModel:
+    """A frozen-model worker of a run: `model_dir` on a `RemoteFrozenModel` with the role's
+    `placement.<role>_dtype` / `_cpus` / `_gpus`, the sampler's temperature,
+    `train.micro_batch_size` and `train.torch_threads` (a bf16 worker keeps a float32 copy when
+    `placement.logp_gap_every > 0`)."""
     p = cfg.placement
-    path = save_reference_model(model, tok, out, checkpoint)
-    return RemoteReference(path, dtype=p.reference_dtype, temperature=cfg.rollout.temperature,
-                           micro_batch_size=cfg.train.micro_batch_size, torch_threads=cfg.train.torch_threads,
-                           cpus=p.reference_cpus, gpus=p.reference_gpus,
-                           keep_fp32=p.reference_dtype != "float32" and p.logp_gap_every > 0,
-                           ray_address=cfg.rollout.ray_address)
+    dtype = getattr(p, f"{role}_dtype")
+    return RemoteFrozenModel(model_dir, role=role, dtype=dtype, temperature=cfg.rollout.temperature,
+                             micro_batch_size=cfg.train.micro_batch_size,
+                             torch_threads=cfg.train.torch_threads, cpus=getattr(p, f"{role}_cpus"),
+                             gpus=getattr(p, f"{role}_gpus"),
+                             keep_fp32=dtype != "float32" and p.logp_gap_every > 0,
+                             ray_address=cfg.rollout.ray_address)
+
+
+def make_reference(cfg: Any, model: Any, tok: Any, out: Path, checkpoint: Path | None = None) -> RemoteFrozenModel:
+    """The reference worker of a run (`placement.reference=worker`): OUT/reference_model
+    (`save_reference_model`) on a `make_frozen_worker` of role `reference`."""
+    return make_frozen_worker(cfg, "reference", save_reference_model(model, tok, out, checkpoint))
+
+
+def make_teacher(cfg: Any) -> RemoteFrozenModel:
+    """The distillation teacher's worker (`placement.teacher=worker`): `algo.teacher_path` on a
+    `make_frozen_worker` of role `teacher`."""
+    return make_frozen_worker(cfg, "teacher", cfg.algo.teacher_path)

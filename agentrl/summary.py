@@ -58,14 +58,17 @@ def stage_seconds(metrics_path: str | Path) -> dict[str, float]:
 
 PROFILE = (("generation", "generate"), ("env/tool/sandbox", "env"), ("reward model", "reward_model"),
            ("reference", "reference"), ("reference worker busy", "reference_busy"),
+           ("teacher worker busy", "teacher_busy"),
            ("old logprobs + values", "prepare"), ("policy update", "policy_update"), ("weight sync", "sync"),
            ("learner idle", "learner_idle"), ("rollout idle", "rollout_idle"),
-           ("reference worker idle", "reference_idle"), ("reward model worker idle", "reward_model_idle"))
+           ("reference worker idle", "reference_idle"), ("teacher worker idle", "teacher_idle"),
+           ("reward model worker idle", "reward_model_idle"))
 """The cost profile's stages: (label, `perf/<key>_s`). generation and env are wall seconds of
 the rollout's generate calls and env steps (the env's includes an inline reward model, which
 scores inside env steps); reward model is the model's busy seconds wherever it runs; reference
 is the seconds the loop spent on reference logprobs (computing them inline, or waiting for the
-worker); old logprobs + values is the learner's no-grad pass of PPO's `prepare`; policy update is
+worker); old logprobs + values is the learner's no-grad pass of the algorithm's `prepare` (PPO's
+values; distill's, with the inline teacher's forward or the wait for its worker); policy update is
 the learner's update (PPO's value head shares its forward, backward and optimizer step, so the
 value update is inside it); the idle rows are the seconds each worker waited in the steps."""
 

@@ -343,6 +343,10 @@ def build_loop(cfg: Config, algo: Any, out: Path, model: Any, tok: Any, renderer
         from agentrl.placement import make_reference
 
         learner.reference = make_reference(cfg, model, tok, out, ck)
+    if cfg.placement.teacher == "worker" and cfg.algo.name == "distill":
+        from agentrl.placement import make_teacher
+
+        learner.teacher = make_teacher(cfg)
     for note in (learner.compile_note(), rollout_compile_note(cfg, engine)):
         if note:
             say(f"[compile] {note}")
@@ -524,17 +528,29 @@ def run_batch(lp: Loop, step: int) -> list[Trajectory]:
     return trajs
 
 
+def frozen_workers(learner: Any) -> list[Any]:
+    """The learner's frozen-model workers (`agentrl.placement.RemoteFrozenModel`): the
+    reference's (`placement.reference=worker`) and the teacher's (`placement.teacher=worker`),
+    those that are set."""
+    return [w for w in (getattr(learner, "reference", None), getattr(learner, "teacher", None))
+            if w is not None]
+
+
 def prefetch_reference(lp: Loop, trajs: list[Trajectory]) -> None:
-    """The pipeline (`placement.reference=worker`): start the reference logprobs of a batch on
-    the worker as soon as it is sampled, without waiting. In sync mode they overlap the rest of
-    the step up to the point the loop needs them (the rollout metrics, collation and PPO's
-    policy/value pass); in async mode this runs on the actor thread, so the reference of batch
-    s+1 overlaps the learner's update of batch s. The loop's `learner.logprobs(batch, ref=True)`
-    takes the result when its batch has the same rows (`agentrl.placement.batch_key`); when
-    dynamic sampling or the staleness filter changed the rows, it is computed then."""
-    ref = getattr(lp.learner, "reference", None)
-    if ref is not None and trajs and not lp.cfg.algo.dynamic_sampling:
-        ref.prefetch(build_batch(trajs, lp.pad_id))
+    """The pipeline (`placement.reference=worker`, `placement.teacher=worker`): start the
+    reference's and the teacher's logprobs of a batch on their workers as soon as it is
+    sampled, without waiting. In sync mode they overlap the rest of the step up to the point
+    the loop needs them (the rollout metrics, collation and PPO's or distill's own policy pass);
+    in async mode this runs on the actor thread, so the logprobs of batch s+1 overlap the
+    learner's update of batch s. The loop's `learner.logprobs(batch, ref=True)` (and distill's
+    `prepare`) takes the result when its batch has the same rows
+    (`agentrl.placement.batch_key`); when dynamic sampling or the staleness filter changed the
+    rows, it is computed then."""
+    workers = frozen_workers(lp.learner)
+    if workers and trajs and not lp.cfg.algo.dynamic_sampling:
+        batch = build_batch(trajs, lp.pad_id)
+        for w in workers:
+            w.prefetch(batch)
 
 
 def refill(lp: Loop, step: int, r: int) -> list[Trajectory]:
@@ -716,20 +732,27 @@ def update(lp: Loop, trajs: list[Trajectory], step: int, m: dict[str, float]) ->
 
 
 def log_gap(lp: Loop, batch: dict[str, Any], step: int, m: dict[str, float]) -> None:
-    """Every `placement.logp_gap_every` steps with a bfloat16 reference worker: `ref/logp_gap_mean`
-    and `ref/logp_gap_max`, |logp_bf16 - logp_fp32| (nats) over the batch's first
-    `placement.logp_gap_tokens` agent tokens, and `ref/logp_gap_tokens` (how many)."""
-    p, ref = lp.cfg.placement, getattr(lp.learner, "reference", None)
-    if ref is None or ref.dtype == "float32" or not p.logp_gap_every or step % p.logp_gap_every:
+    """Every `placement.logp_gap_every` steps with a bfloat16 reference (teacher) worker:
+    `ref/logp_gap_mean` and `ref/logp_gap_max` (`teacher/...`), |logp_bf16 - logp_fp32| (nats)
+    over the batch's first `placement.logp_gap_tokens` agent tokens, and `ref/logp_gap_tokens`
+    (how many)."""
+    p = lp.cfg.placement
+    if not p.logp_gap_every or step % p.logp_gap_every:
         return
-    g = ref.logp_gap(batch, p.logp_gap_tokens)
-    m.update({"ref/logp_gap_mean": g["mean"], "ref/logp_gap_max": g["max"], "ref/logp_gap_tokens": g["tokens"]})
+    for w in frozen_workers(lp.learner):
+        if w.dtype == "float32":
+            continue
+        g = w.logp_gap(batch, p.logp_gap_tokens)
+        prefix = "ref" if w.role == "reference" else w.role
+        m.update({f"{prefix}/logp_gap_mean": g["mean"], f"{prefix}/logp_gap_max": g["max"],
+                  f"{prefix}/logp_gap_tokens": g["tokens"]})
 
 
 def worker_profile(lp: Loop, m: dict[str, float]) -> None:
     """The workers' share of the step (call after `perf/step_s` is set): `perf/reward_model_s`
     (seconds the reward model computed: in this process's env wrappers, or on its worker),
-    `perf/reference_busy_s` and `perf/reference_wait_s` (the reference worker computed / the
+    `perf/reference_busy_s` and `perf/reference_wait_s` (`perf/teacher_...`: the reference
+    (teacher) worker computed / the
     loop waited for it), and the idle seconds of each worker, `perf/<worker>_idle_s` = step
     seconds - its busy seconds. Not logged for an inline reward model in Ray rollout workers
     (its time is spent in their processes)."""
@@ -738,10 +761,9 @@ def worker_profile(lp: Loop, m: dict[str, float]) -> None:
         m["perf/reward_model_s"] = lp.rewards.take_reward_model_seconds()
         if lp.cfg.placement.reward_model == "worker":
             m["perf/reward_model_idle_s"] = max(0.0, m["perf/step_s"] - m["perf/reward_model_s"])
-    ref = getattr(lp.learner, "reference", None)
-    if ref is not None:
-        m.update(ref.take_metrics())
-        m["perf/reference_idle_s"] = max(0.0, m["perf/step_s"] - m["perf/reference_busy_s"])
+    for w in frozen_workers(lp.learner):
+        m.update(w.take_metrics())
+        m[f"perf/{w.role}_idle_s"] = max(0.0, m["perf/step_s"] - m[f"perf/{w.role}_busy_s"])
 
 
 def sync(lp: Loop, source: Any, step: int, m: dict[str, float]) -> None:
@@ -893,12 +915,12 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
     lp = build_loop(cfg, algo, out, model, tok, renderer, ck, say, reporter)
     try:
         return _evaluate_train_evaluate(lp, ck, sft_info, timings, console)
-    finally:  # learner ranks and the reference worker (Ray actors) are stopped whatever happened
+    finally:  # learner ranks, reference and teacher workers (Ray actors) are stopped whatever happened
         reporter.stop()
         if hasattr(lp.learner, "shutdown"):
             lp.learner.shutdown()
-        if getattr(lp.learner, "reference", None) is not None:
-            lp.learner.reference.shutdown()
+        for w in frozen_workers(lp.learner):
+            w.shutdown()
 
 
 def _evaluate_train_evaluate(lp: Loop, ck: Path | None, sft_info: dict[str, Any],

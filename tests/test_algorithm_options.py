@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from agentrl.algos import check_options, get_algorithm, resolve_config
+from agentrl.algos import ALGORITHMS, check_options, get_algorithm, resolve_config
 from agentrl.algos.losses import cispo_policy_loss, tis_weights
 from agentrl.algos.shaping import (
     apply_overlong_shaping,
@@ -338,6 +338,97 @@ def test_gigpo_defaults_and_groups_stay_apart():
     assert torch.all(adv[1] == 0)
     assert torch.allclose(adv[0, [2, 5]], t([-1.414214, -0.707107]), atol=1e-5)
     assert torch.allclose(adv[2, [2, 5]], t([1.414214, 0.707107]), atol=1e-5)
+
+
+# per-turn groups on the 3-episode, 2-turn batch (`_gigpo_batch`), by hand:
+#   turn 0 returns-to-go [1, 0, 1.5]: std = A^E = [0.218218, -1.091089, 0.872872];
+#     none = R - mean = [0.166667, -0.833333, 0.666667]
+#   turn 1 returns [1, 0, 1], mean 2/3, std sqrt(1/3) = 0.577350:
+#     std [0.577350, -1.154701, 0.577350]; none [0.333333, -0.666667, 0.333333]
+PER_TURN = {"std": ([0.218218, -1.091089, 0.872872], [0.577350, -1.154701, 0.577350]),
+            "none": ([0.166667, -0.833333, 0.666667], [0.333333, -0.666667, 0.333333])}
+
+
+def _per_turn_expected(scale):
+    t0, t1 = PER_TURN[scale]
+    return t([[0, 0, a, 0, 0, b] for a, b in zip(t0, t1)])
+
+
+def _algo_cfg(name, tmp_path, **kw):
+    extra = {"teacher_path": str(tmp_path)} if name == "distill" else {}
+    return AlgoConfig(name=name, **extra, **kw)
+
+
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_every_algorithm_uses_or_refuses_turn_advantages(name, tmp_path):
+    """Issue #24: `algo.turn_advantages` is never silently ignored. An algorithm that lists it in
+    its OPTIONS really computes per-turn group advantages (hand values above); every other one
+    refuses it, in `check_options` and at the start of `agentrl train` (nothing written)."""
+    from agentrl.train import set_up
+
+    algo = get_algorithm(name)
+    cfg = _algo_cfg(name, tmp_path, turn_advantages=True)
+    if "turn_advantages" in getattr(algo, "OPTIONS", ()):
+        check_options(algo, cfg)
+        adv, _ = algo.advantages(_gigpo_batch(), cfg)
+        scale = "none" if name == "dr_grpo" else "std"
+        assert torch.allclose(adv, _per_turn_expected(scale), atol=1e-5)
+        episode, _ = algo.advantages(_gigpo_batch(), _algo_cfg(name, tmp_path))
+        assert not torch.allclose(adv, episode)  # it changed something
+        return
+    supporters = [n for n in ALGORITHMS if "turn_advantages" in getattr(get_algorithm(n), "OPTIONS", ())]
+    assert supporters == ["grpo", "dr_grpo", "cispo"]
+    with pytest.raises(ValueError, match=rf"algo.turn_advantages=True is not supported by "
+                                         rf"algo.name={name}; supported by: grpo, dr_grpo, cispo"):
+        check_options(algo, cfg)
+    over = [f"algo.name={name}", "algo.turn_advantages=true", f"out={tmp_path / 'r'}"]
+    if name == "distill":
+        over.append(f"algo.teacher_path={tmp_path}")
+    with pytest.raises(ConfigError, match=r"config error: algo.turn_advantages=True"):
+        set_up(load_config(None, over))
+    assert not (tmp_path / "r").exists()
+
+
+def test_turn_credit_gigpo_on_grpo_is_gigpo():
+    """`--algo grpo algo.turn_credit=gigpo` resolves to GiGPO's settings and gives GiGPO's
+    advantages (hand values of `test_gigpo_advantages_by_hand`); dr_grpo's has no std."""
+    gigpo, grpo = get_algorithm("gigpo"), get_algorithm("grpo")
+    cfg = resolve_config(grpo, load_config(None, ["algo.turn_credit=gigpo"]).algo)
+    assert cfg.gamma == 0.95 and resolve_config(gigpo, AlgoConfig(name="gigpo")).gamma == 0.95
+    assert resolve_config(grpo, AlgoConfig(turn_credit="gigpo", gamma=1.0)).gamma == 1.0  # set: kept
+    assert resolve_config(grpo, AlgoConfig()).gamma == 1.0  # episode credit: unchanged
+    cispo = resolve_config(get_algorithm("cispo"), AlgoConfig(name="cispo", turn_credit="gigpo"))
+    assert (cispo.gamma, cispo.clip_low) == (0.95, 1.0)  # GiGPO's gamma under CISPO's own defaults
+    kw = {"gamma": 1.0, "step_weight": 0.5}
+    adv, stats = grpo.advantages(_gigpo_batch(), AlgoConfig(turn_credit="gigpo", **kw))
+    exp = t([[0, 0, 0.327327, 0, 0, 0.571771], [0, 0, -1.636634, 0, 0, -1.444642],
+             [0, 0, 1.309307, 0, 0, 0.872872]])
+    assert torch.allclose(adv, exp, atol=1e-5) and stats["step_adv_abs_mean"] > 0
+    ref, _ = gigpo.advantages(_gigpo_batch(), AlgoConfig(name="gigpo", **kw))
+    assert torch.equal(adv, ref)
+    c_adv, _ = get_algorithm("cispo").advantages(_gigpo_batch(),
+                                                 AlgoConfig(name="cispo", turn_credit="gigpo", **kw))
+    assert torch.equal(c_adv, ref)
+    # dr_grpo: A^E = R - mean = [1/6, -5/6, 2/3]; turn 1 anchor [7, 8]: [0.5, -0.5], row 2: 0
+    #   turn 0: 1.5 A^E = [0.25, -1.25, 1.0]; turn 1: A^E + 0.5 A^S = [0.416667, -1.083333, 0.666667]
+    d_adv, _ = grpo.advantages(_gigpo_batch(), AlgoConfig(name="dr_grpo", turn_credit="gigpo", **kw))
+    assert torch.allclose(d_adv, t([[0, 0, 0.25, 0, 0, 0.416667], [0, 0, -1.25, 0, 0, -1.083333],
+                                    [0, 0, 1.0, 0, 0, 0.666667]]), atol=1e-5)
+
+
+def test_turn_credit_refused_where_it_would_be_ignored_or_contradicts(tmp_path):
+    for name in ("gspo", "rloo", "reinforce_pp", "ppo", "dpo", "distill"):
+        with pytest.raises(ValueError, match=rf"algo.turn_credit='gigpo' is not supported by "
+                                             rf"algo.name={name}; supported by: grpo, dr_grpo, "
+                                             rf"cispo, gigpo"):
+            check_options(get_algorithm(name), _algo_cfg(name, tmp_path, turn_credit="gigpo"))
+    check_options(get_algorithm("gigpo"), AlgoConfig(name="gigpo", turn_credit="gigpo"))
+    with pytest.raises(ConfigError, match="algo.turn_credit=gigpo and algo.turn_advantages=true"):
+        load_config(None, ["algo.turn_credit=gigpo", "algo.turn_advantages=true"])
+    with pytest.raises(ConfigError, match="algo.turn_credit=episode with algo.name=gigpo"):
+        load_config(None, ["algo.name=gigpo", "algo.turn_credit=episode"])
+    with pytest.raises(ConfigError, match="algo.turn_credit"):
+        load_config(None, ["algo.turn_credit=step"])
 
 
 # -- helpers -------------------------------------------------------------------------------------

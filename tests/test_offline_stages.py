@@ -130,3 +130,17 @@ def test_cli_offline_dpo_bad_line_is_a_clear_error(tiny_model_dir, tmp_path):
     p = _cli("train", "--algo", "dpo", "--dataset", str(bad), "--model", tiny_model_dir,
              "--out", str(tmp_path / "bad"), cwd=tmp_path)
     assert p.returncode == 2 and "bad.jsonl:1: rejected: must be" in " ".join(p.stdout.split())
+
+
+def test_offline_dpo_refuses_options_it_would_ignore(tiny_model_dir, tmp_path):
+    """Per-turn credit, clipping, TIS and overlong shaping act on sampled turns; a preference
+    file has none: each is refused before OUT is written (issue #24: no option silently
+    ignored)."""
+    prefs = _jsonl(tmp_path / "prefs.jsonl", PAIRS)
+    for opt, shown in (("algo.turn_advantages=true", "True"), ("algo.overlong_buffer=4", "4"),
+                       ("algo.tis_cap=2", "2.0"), ("algo.turn_credit=gigpo", "'gigpo'")):
+        cfg = _cfg(tiny_model_dir, tmp_path / "run", "algo.name=dpo", opt)
+        key = opt.split("=")[0]
+        with pytest.raises(ValueError, match=rf"config error: {key}={shown}: offline DPO"):
+            dpo_from_file(cfg, prefs, say=lambda m: None)
+        assert not (tmp_path / "run").exists()

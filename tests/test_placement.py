@@ -1,6 +1,6 @@
 """Placement of the models of a run (issue #23): the rollout engine's dtype in-process, the
 reference and reward models on Ray workers of their own, the pipeline, the measured bf16 gap
-and the cost profile."""
+and the cost profile; the distillation teacher on its worker (issue #24)."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def _batch(tok_vocab: int, B: int = 5, T: int = 24, seed: int = 0) -> dict:
 def _learner_and_worker(tiny_model_dir, tmp_path, dtype="float32", keep_fp32=False):
     from agentrl.learner import Learner
     from agentrl.model import load_model
-    from agentrl.placement import RemoteReference, save_reference_model
+    from agentrl.placement import RemoteFrozenModel, save_reference_model
 
     model, tok = load_model(tiny_model_dir)
     learner = Learner(model, lr=1e-3, use_ref=True, micro_batch_size=2, temperature=0.7)
@@ -82,8 +82,8 @@ def _learner_and_worker(tiny_model_dir, tmp_path, dtype="float32", keep_fp32=Fal
     with torch.no_grad():  # the policy moves on; the reference must not
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    remote = RemoteReference(ref_dir, dtype=dtype, temperature=0.7, micro_batch_size=2, cpus=0.5,
-                             keep_fp32=keep_fp32)
+    remote = RemoteFrozenModel(ref_dir, dtype=dtype, temperature=0.7, micro_batch_size=2, cpus=0.5,
+                               keep_fp32=keep_fp32)
     return learner, remote, model
 
 
@@ -153,10 +153,10 @@ def test_int8_reference_within_tolerance_of_float32(embedded_model_dir):
     tolerance of float32 (mean |gap| < 0.03 nats, max < 0.1; measured 0.009-0.011 and
     0.026-0.039 on these random weights) and not equal to them (it is quantized), and
     `logp_gap` reports exactly that gap."""
-    from agentrl.placement import ReferenceActor
+    from agentrl.placement import FrozenModelActor
 
-    fp32 = ReferenceActor(embedded_model_dir, temperature=0.7, micro_batch_size=2)
-    q = ReferenceActor(embedded_model_dir, dtype="int8", temperature=0.7, micro_batch_size=2, keep_fp32=True)
+    fp32 = FrozenModelActor(embedded_model_dir, temperature=0.7, micro_batch_size=2)
+    q = FrozenModelActor(embedded_model_dir, dtype="int8", temperature=0.7, micro_batch_size=2, keep_fp32=True)
     layer = q.model.model.layers[0]
     for lin in (layer.self_attn.q_proj, layer.mlp.down_proj, q.model.lm_head):
         assert lin.weight().dtype == torch.qint8
@@ -172,7 +172,7 @@ def test_int8_reference_within_tolerance_of_float32(embedded_model_dir):
         assert gap["mean"] == pytest.approx(float(diff.mean()), rel=1e-5)
         assert gap["max"] == pytest.approx(float(diff.max()), rel=1e-5)
     with pytest.raises(ValueError, match="int8 runs on the CPU only"):
-        ReferenceActor(embedded_model_dir, dtype="int8", device="cuda")
+        FrozenModelActor(embedded_model_dir, dtype="int8", device="cuda")
 
 
 def test_int8_reward_model_within_tolerance_of_float32(tmp_path):
@@ -464,3 +464,90 @@ def test_resume_inline_after_a_worker_run_keeps_the_reference(ray_up, tmp_path, 
     model, _ = load_model(latest_checkpoint(out))
     for k, v in model.state_dict().items():
         assert torch.allclose(v, full[k], atol=1e-6, rtol=0), k
+
+
+# -- the distillation teacher on its own worker (issue #24; real Ray) --------------------------------
+def _teacher_dir(base_dir, out, seed=1):
+    """A teacher with the policy's tokenizer: `base_dir`'s weights moved by N(0, 0.05^2)."""
+    from agentrl.model import load_model
+
+    model, tok = load_model(base_dir)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return str(out)
+
+
+@pytest.mark.slow
+def test_teacher_worker_equals_inline_teacher(ray_up, tiny_model_dir, tmp_path):
+    """`placement.teacher=worker` runs the reference worker's machinery (`RemoteFrozenModel`,
+    role `teacher`) on `algo.teacher_path`: its float32 logprobs equal distill's inline teacher
+    bit for bit on CPU (stated tolerance 1e-6 nats: float32 rounding of other kernels or
+    devices), a prefetched result is the one taken, and the metrics are `perf/teacher_*`."""
+    from agentrl.algos.distill import load_teacher, teacher_logprobs
+    from agentrl.placement import RemoteFrozenModel
+
+    teacher_dir = _teacher_dir(tiny_model_dir, tmp_path / "teacher")
+    teacher = load_teacher(teacher_dir)
+    remote = RemoteFrozenModel(teacher_dir, role="teacher", temperature=0.7, micro_batch_size=2, cpus=0.5)
+    try:
+        batch = _batch(teacher.config.vocab_size)
+        inline = teacher_logprobs(teacher, batch, temperature=0.7, micro_batch_size=2)
+        mask = batch["loss_mask"] != 0
+        assert inline[mask].max() < 0 and torch.all(inline[:, 0] == 0)  # real logprobs, 0 at t = 0
+        remote.prefetch(batch)
+        got = remote.logprobs(batch)
+        assert remote.prefetched == 1
+        assert torch.allclose(got, inline, atol=1e-6, rtol=0)
+        assert torch.equal(got, inline)  # same function, shapes and weights: exact on CPU
+        from agentrl.model import load_model
+
+        student, _ = load_model(tiny_model_dir)  # the teacher is not the student
+        assert (teacher_logprobs(student, batch, temperature=0.7, micro_batch_size=2) - inline)[mask].abs().max() > 1e-3
+        m = remote.take_metrics()
+        assert set(m) == {"perf/teacher_wait_s", "perf/teacher_busy_s", "perf/teacher_prefetched"}
+        assert m["perf/teacher_busy_s"] > 0 and m["perf/teacher_prefetched"] == 1
+    finally:
+        remote.shutdown()
+
+
+def test_teacher_worker_is_refused_without_distill_and_its_dtype_needs_the_worker():
+    from agentrl.config import ConfigError
+
+    with pytest.raises(ConfigError, match="placement.teacher=worker: algo.name=grpo has no teacher"):
+        load_config(overrides=["placement.teacher=worker"])
+    with pytest.raises(ConfigError, match="placement.teacher_dtype=int8 applies to a worker only"):
+        load_config(overrides=["placement.teacher_dtype=int8"])
+    with pytest.raises(ConfigError, match="placement.teacher_dtype=int8 runs on the CPU only"):
+        load_config(overrides=["placement.teacher=worker", "placement.teacher_dtype=int8",
+                               "placement.teacher_gpus=1"])
+
+
+@pytest.mark.slow
+def test_train_distill_with_teacher_worker_equals_inline(ray_up, tmp_path):
+    """3 steps of `--algo distill` with the teacher on a worker, pipelined (prefetched as soon as
+    each batch is sampled), are the inline run: the same per-step losses and reverse KL, the
+    same final weights (float32, CPU: bit-equal; asserted to 1e-6), and every step used the
+    prefetch."""
+    from agentrl.run import default_model_dir
+
+    base = default_model_dir(load_config(None, TINY), tmp_path / "base")
+    teacher = _teacher_dir(base, tmp_path / "teacher")
+    algo = ["algo.name=distill", f"algo.teacher_path={teacher}", f"model.path={base}"]
+    w_in, m_in = _run(tmp_path, "inline", algo)
+    w_wk, m_wk = _run(tmp_path, "worker", algo + ["placement.teacher=worker", "placement.teacher_cpus=0.5"])
+    assert len(m_in) == len(m_wk) == 3
+    assert all(r["rollout/reverse_kl"] > 1e-3 for r in m_in)  # the teacher differs: a signal
+    assert all(r["perf/teacher_prefetched"] == 1 for r in m_wk)  # the pipeline's result was used
+    assert sum(r["perf/teacher_busy_s"] for r in m_wk) > 0
+    assert all(0 <= r["perf/teacher_idle_s"] <= r["perf/step_s"] for r in m_wk)
+    assert not any("perf/teacher_busy_s" in r for r in m_in)
+    for k in w_in:
+        assert torch.allclose(w_in[k], w_wk[k], atol=1e-6, rtol=0), k
+    for a, b in zip(m_in, m_wk):
+        assert a["loss/loss"] == pytest.approx(b["loss/loss"], abs=1e-6)
+        assert a["rollout/reverse_kl"] == pytest.approx(b["rollout/reverse_kl"], abs=1e-6)
+        assert a["adv/reverse_kl"] == pytest.approx(b["adv/reverse_kl"], abs=1e-6)

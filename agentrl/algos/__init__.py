@@ -54,6 +54,7 @@ ALGORITHMS: dict[str, str] = {
 
 OPTIONAL: dict[str, Any] = {
     "turn_advantages": False,
+    "turn_credit": "episode",
     "dual_clip": None,
     "tis_cap": None,
     "overlong_buffer": 0,
@@ -105,12 +106,17 @@ def resolve_config(algo: ModuleType, cfg: Any) -> Any:
 
     A field counts as set when it is in pydantic's `cfg.model_fields_set` (given in a YAML file,
     an override or a keyword), so an explicit value equal to the global default is kept.
-    Objects without `model_fields_set` (e.g. a `SimpleNamespace` in tests) are returned as is.
+    With `turn_credit=gigpo` GiGPO's `DEFAULTS` (its gamma) are filled in too, under the
+    algorithm's own, so that `--algo grpo algo.turn_credit=gigpo` resolves to `--algo gigpo`'s
+    settings. Objects without `model_fields_set` (e.g. a `SimpleNamespace` in tests) are
+    returned as is.
 
     Returns:
         a copy of `cfg` (the input is not modified), or `cfg` itself when nothing changes.
     """
-    defaults = getattr(algo, "DEFAULTS", {})
+    defaults = dict(getattr(algo, "DEFAULTS", {}))
+    if getattr(cfg, "turn_credit", "episode") == "gigpo":  # GiGPO's credit brings GiGPO's gamma
+        defaults = {**get_algorithm("gigpo").DEFAULTS, **defaults}
     fields_set = getattr(cfg, "model_fields_set", None)
     if not defaults or fields_set is None:
         return cfg

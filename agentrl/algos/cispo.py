@@ -21,7 +21,8 @@ CISPO does. With one optimizer step per batch (the default) r = 1 and CISPO is R
 the group baseline; the weight matters with `update_epochs`/`minibatches` > 1 or a stale
 (async) sampler.
 
-Options: per-turn groups (`turn_advantages`), truncated IS (`tis_cap`, `tis_level`,
+Options: per-turn groups (`turn_advantages`), GiGPO's step-level credit (`turn_credit=gigpo`,
+as grpo), truncated IS (`tis_cap`, `tis_level`,
 `tis_mode`), the overlong shaping and masking of the training loop.
 """
 
@@ -38,9 +39,9 @@ from agentrl.algos.losses import cispo_policy_loss
 DEFAULTS = {"clip_low": 1.0}
 """No lower bound on the IS weight (MiniMax-M1, sec. 3.1)."""
 
-OPTIONS = ("turn_advantages", "tis_cap", "overlong_buffer", "mask_truncated")
+OPTIONS = ("turn_advantages", "turn_credit", "tis_cap", "overlong_buffer", "mask_truncated")
 
-#: group-relative advantages, as GRPO (per episode or per turn)
+#: group-relative advantages, as GRPO (per episode, per turn, or GiGPO's step-level credit)
 advantages = grpo.advantages
 
 

@@ -15,8 +15,13 @@ token is pushed toward what the teacher would have said in that context. `log pi
 temperature. A teacher equal to the student gives exactly 0.
 
 The teacher (`algo.teacher_path`, a local Hugging Face directory with the policy's tokenizer)
-is loaded once per process, frozen, in eval mode, on the learner's device; its forward runs in
-`prepare` without gradient.
+is frozen, in eval mode, dropout off. Inline (`placement.teacher=inline`) it is loaded once per
+process on the learner's device and its forward runs in `prepare` without gradient; on a worker
+(`placement.teacher=worker`) it is a `agentrl.placement.RemoteFrozenModel` set as
+`learner.teacher` by the training loop, which starts its logprobs as soon as a batch is sampled
+(the reference worker's pipeline), and `prepare` takes the result. Both compute
+`agentrl.placement.frozen_logprobs` (the same micro-batches, trimmed the same way), so the two
+are equal (bit for bit in float32 on CPU, tested).
 """
 
 from __future__ import annotations
@@ -35,17 +40,20 @@ _TEACHERS: dict[tuple[str, str], Any] = {}
 
 
 def load_teacher(path: str | Path, device: str | torch.device = "cpu") -> Any:
-    """The frozen teacher at `path` on `device` (loaded once per process and device).
+    """The frozen teacher at `path` on `device` (loaded once per process and device; eval mode,
+    no gradient, dropout off).
 
     Raises:
         FileNotFoundError: `path` is not a directory (from `agentrl.model.load_model`).
     """
     key = (str(Path(path).resolve()), str(device))
     if key not in _TEACHERS:
+        from agentrl.learner import disable_dropout
         from agentrl.model import load_model
 
         model, _ = load_model(path)
         model.requires_grad_(False)
+        disable_dropout(model)
         _TEACHERS[key] = model.to(device).eval()
     return _TEACHERS[key]
 
@@ -74,39 +82,47 @@ def check_teacher_tokenizer(path: str | Path, tok: Any) -> None:
 @torch.no_grad()
 def teacher_logprobs(teacher: Any, batch: dict[str, Any], *, temperature: float = 1.0,
                      micro_batch_size: int = 16) -> torch.Tensor:
-    """(B, T) log pi_teacher of every token of `batch["input_ids"]` given those before it
-    (`agentrl.learner.token_logprobs`), 0 at t = 0, on the batch's device.
+    """(B, T) float32 log pi_teacher of every token of `batch["input_ids"]` given those before
+    it, 0 at t = 0 and on padding, on the batch's device: `agentrl.placement.frozen_logprobs`
+    of the inline `teacher` model (what a teacher worker computes).
+
+    Args:
+        teacher: the frozen teacher (`load_teacher`).
+        batch: `input_ids`, `attention_mask` (B, T), `lengths` (B,).
+        temperature: the sampler's (logits / temperature).
+        micro_batch_size: rows per forward.
 
     Raises:
-        ValueError: a token id is outside the teacher's vocabulary (another tokenizer).
+        ValueError: a token id is outside the teacher's vocabulary (another tokenizer; names
+            `algo.teacher_path`).
     """
-    from agentrl.learner import token_logprobs
+    from agentrl.placement import frozen_logprobs
 
-    ids, att = batch["input_ids"], batch["attention_mask"]
-    vocab = teacher.get_input_embeddings().weight.shape[0]
-    if ids.numel() and int(ids.max()) >= vocab:
-        raise ValueError(f"algo.teacher_path: token id {int(ids.max())} is outside the teacher's "
-                         f"vocabulary of {vocab}: the teacher must use the policy's tokenizer")
-    device = next(teacher.parameters()).device
-    out = torch.zeros(ids.shape, dtype=torch.float32)
-    for rows in torch.split(torch.arange(ids.shape[0]), max(micro_batch_size, 1)):
-        lp, _ = token_logprobs(teacher, ids[rows].to(device), att[rows].to(device),
-                               temperature=temperature)
-        out[rows, : lp.shape[1]] = lp.float().cpu()
-    return out.to(ids.device)
+    try:
+        out = frozen_logprobs(teacher, batch["input_ids"], batch["attention_mask"], batch["lengths"],
+                              temperature=temperature, micro_batch_size=micro_batch_size)
+    except ValueError as e:
+        raise ValueError(f"algo.teacher_path: {e}") from None
+    return out.to(batch["input_ids"].device)
 
 
 def prepare(batch: dict[str, Any], learner: Any, cfg: Any) -> tuple[dict[str, Any], dict]:
-    """`old_logprobs` (the student, learner forward) and `teacher_logprobs` (B, T).
+    """`old_logprobs` (the student, learner forward) and `teacher_logprobs` (B, T): from the
+    teacher worker when `learner.teacher` is set (`placement.teacher=worker`; a prefetched
+    result of the same rows when the loop started one), else from the inline teacher.
 
     Returns:
         the batch and `reverse_kl` (mean over agent tokens of log pi_student - log pi_teacher).
     """
     batch["old_logprobs"] = learner.logprobs(batch)
-    teacher = load_teacher(cfg.teacher_path, getattr(learner, "device", "cpu"))
-    batch["teacher_logprobs"] = teacher_logprobs(
-        teacher, batch, temperature=float(getattr(learner, "temperature", 1.0)),
-        micro_batch_size=int(getattr(learner, "micro_batch_size", 16)))
+    remote = getattr(learner, "teacher", None)
+    if remote is not None:
+        batch["teacher_logprobs"] = remote.logprobs(batch)
+    else:
+        teacher = load_teacher(cfg.teacher_path, getattr(learner, "device", "cpu"))
+        batch["teacher_logprobs"] = teacher_logprobs(
+            teacher, batch, temperature=float(getattr(learner, "temperature", 1.0)),
+            micro_batch_size=int(getattr(learner, "micro_batch_size", 16)))
     m = batch["loss_mask"] != 0
     gap = (batch["old_logprobs"] - batch["teacher_logprobs"])[m]
     return batch, {"reverse_kl": float(gap.mean()) if gap.numel() else 0.0}

@@ -9,6 +9,9 @@ Options:
 - dual clip (`cfg.dual_clip`): negative-advantage tokens' loss bounded by -A * c;
 - per-turn groups (`cfg.turn_advantages`): turn k of the
   episodes of a group is normalised against the other episodes' turn k (`turns.py`);
+- GiGPO's step-level credit (`cfg.turn_credit="gigpo"`): the advantages of `gigpo.py`
+  (episode + `step_weight` x anchor-state advantages), so `--algo grpo algo.turn_credit=gigpo`
+  is `--algo gigpo`;
 - dynamic sampling (`cfg.dynamic_sampling`, DAPO): groups without signal are dropped and the
   batch refilled by the training loop (`agentrl.train.dynamic_sampling`);
 - truncated importance sampling (`cfg.tis_cap`, `tis_level`, `tis_mode`): `Learner.update`
@@ -24,9 +27,9 @@ import torch
 
 from agentrl.algos.advantages import expand_to_tokens, group_advantages, group_stats
 from agentrl.algos.losses import aggregate, kl, ppo_policy_loss
-from agentrl.algos.turns import turn_group_advantages
+from agentrl.algos.turns import gigpo_advantages, turn_group_advantages
 
-OPTIONS = ("turn_advantages", "dual_clip", "tis_cap", "overlong_buffer", "mask_truncated")
+OPTIONS = ("turn_advantages", "turn_credit", "dual_clip", "tis_cap", "overlong_buffer", "mask_truncated")
 
 
 def advantages(batch: dict[str, Any], cfg: Any) -> tuple[torch.Tensor, dict[str, float]]:
@@ -36,12 +39,15 @@ def advantages(batch: dict[str, Any], cfg: Any) -> tuple[torch.Tensor, dict[str,
         batch: needs `scores` (B,) episode returns (NaN = failed reward, excluded), `group_ids`
             (B,), `loss_mask` (B, T).
         cfg: AlgoConfig (`scale`; `turn_advantages` when present: per-turn groups, which also
-            need `token_rewards` (B, T)).
+            need `token_rewards` (B, T); `turn_credit="gigpo"`: `gigpo.advantages`, which also
+            needs `input_ids` and `token_rewards` (B, T) and reads `gamma`, `step_weight`).
 
     Returns:
         advantages (B, T) (0 off the loss mask) and group metrics.
     """
     scale = "none" if cfg.name == "dr_grpo" else cfg.scale
+    if getattr(cfg, "turn_credit", "episode") == "gigpo":
+        return gigpo_advantages(batch, cfg, scale=scale)
     stats = group_stats(batch["scores"], batch["group_ids"])
     if getattr(cfg, "turn_advantages", False):
         return turn_group_advantages(batch["token_rewards"], batch["loss_mask"],

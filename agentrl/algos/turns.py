@@ -15,10 +15,12 @@ advantage.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
-from agentrl.algos.advantages import GroupIds, group_advantages
+from agentrl.algos.advantages import GroupIds, expand_to_tokens, group_advantages, group_stats
 
 
 def turn_index(loss_mask: Tensor) -> Tensor:
@@ -103,3 +105,106 @@ def turn_group_advantages(token_rewards: Tensor, loss_mask: Tensor, group_ids: G
         return torch.zeros(loss_mask.shape, dtype=torch.float32, device=loss_mask.device)
     adv = adv_turn.gather(1, turn.clamp(min=0))
     return torch.where(turn >= 0, adv, 0.0).to(torch.float32)
+
+
+# -- GiGPO's step-level credit (agentrl/algos/gigpo.py has the formulas and sources) -----------
+def turn_states(input_ids: Tensor, loss_mask: Tensor) -> list[list[tuple[int, ...]]]:
+    """The state of each turn: the ids of the context tokens just before it.
+
+    Args:
+        input_ids: (B, T) token ids.
+        loss_mask: (B, T) 0/1.
+
+    Returns:
+        per row, one tuple per turn: `input_ids[b, e:s]` where s is the turn's first token and
+        e the end of the previous turn (0 for the first turn).
+    """
+    m = (loss_mask != 0).tolist()
+    ids = input_ids.tolist()
+    out: list[list[tuple[int, ...]]] = []
+    for row, mrow in zip(ids, m):
+        states, prev_end, t = [], 0, 0
+        while t < len(mrow):
+            if mrow[t]:
+                states.append(tuple(row[prev_end:t]))
+                while t < len(mrow) and mrow[t]:
+                    t += 1
+                prev_end = t
+            else:
+                t += 1
+        out.append(states)
+    return out
+
+
+def discounted_turn_returns(token_rewards: Tensor, loss_mask: Tensor, gamma: float) -> tuple[Tensor, Tensor]:
+    """R_k = sum_{j >= k} gamma^(j - k) r_j over the turns of each row (r_j: the sum of turn j's
+    rewards on its tokens; rewards at masked positions are ignored).
+
+    Returns:
+        (returns (B, K) float64, exists (B, K) bool); 0 where a row has no turn k.
+    """
+    turn = turn_index(loss_mask)
+    b = loss_mask.shape[0]
+    k_max = int(turn.max()) + 1 if turn.numel() and int(turn.max()) >= 0 else 0
+    width = max(k_max, 1)
+    m = turn >= 0
+    r = torch.where(m, token_rewards.to(torch.float64), 0.0)
+    per_turn = torch.zeros(b, width, dtype=torch.float64).scatter_add_(1, turn.clamp(min=0), r)
+    counts = torch.zeros(b, width, dtype=torch.long).scatter_add_(1, turn.clamp(min=0), m.long())
+    per_turn, exists = per_turn[:, :k_max], counts[:, :k_max] > 0
+    ret = torch.zeros_like(per_turn)
+    acc = torch.zeros(b, dtype=torch.float64)
+    for k in range(k_max - 1, -1, -1):
+        acc = torch.where(exists[:, k], per_turn[:, k] + gamma * acc, 0.0)
+        ret[:, k] = acc
+    return ret, exists
+
+
+def step_advantages(input_ids: Tensor, token_rewards: Tensor, loss_mask: Tensor,
+                    group_ids: GroupIds, *, gamma: float, scale: str = "std") -> Tensor:
+    """(B, T) float32 step-level advantages A^S of each turn's tokens (0 off the mask): the
+    discounted turn returns normalised within anchor groups (group id, state).
+
+    Raises:
+        ValueError: group_ids of another length than the batch.
+    """
+    gids = group_ids.tolist() if isinstance(group_ids, Tensor) else list(group_ids)
+    if len(gids) != loss_mask.shape[0]:
+        raise ValueError(f"group_ids has {len(gids)} entries, batch has {loss_mask.shape[0]} rows")
+    returns, exists = discounted_turn_returns(token_rewards, loss_mask, gamma)
+    if returns.shape[1] == 0:
+        return torch.zeros(loss_mask.shape, dtype=torch.float32)
+    states = turn_states(input_ids, loss_mask)
+    rows, turns = exists.nonzero(as_tuple=True)
+    keys = [(gids[r], states[r][k]) for r, k in zip(rows.tolist(), turns.tolist())]
+    adv_turn = torch.zeros_like(returns)
+    adv_turn[rows, turns] = group_advantages(returns[rows, turns], keys, scale=scale)
+    turn = turn_index(loss_mask)
+    adv = adv_turn.gather(1, turn.clamp(min=0))
+    return torch.where(turn >= 0, adv, 0.0).to(torch.float32)
+
+
+def gigpo_advantages(batch: dict[str, Any], cfg: Any, *, scale: str | None = None
+               ) -> tuple[torch.Tensor, dict[str, float]]:
+    """GiGPO's advantages (`agentrl.algos.gigpo`): A^E + step_weight * A^S on agent tokens.
+
+    Args:
+        batch: `scores` (B,) (NaN excluded), `group_ids` (B,), `input_ids`, `loss_mask`,
+            `token_rewards` (B, T).
+        cfg: AlgoConfig (`scale`, `gamma`, `step_weight`).
+        scale: overrides `cfg.scale` ("std" | "none"; dr_grpo's `turn_credit=gigpo` passes
+            "none").
+
+    Returns:
+        (B, T) advantages (0 off the mask) and the group metrics plus `step_adv_abs_mean`
+        (mean |A^S| over agent tokens).
+    """
+    scale = scale or cfg.scale
+    ep = expand_to_tokens(group_advantages(batch["scores"], batch["group_ids"], scale=scale),
+                          batch["loss_mask"])
+    step = step_advantages(batch["input_ids"], batch["token_rewards"], batch["loss_mask"],
+                           batch["group_ids"], gamma=cfg.gamma, scale=scale)
+    stats = group_stats(batch["scores"], batch["group_ids"])
+    m = batch["loss_mask"] != 0
+    stats["step_adv_abs_mean"] = float(step[m].abs().mean()) if bool(m.any()) else 0.0
+    return ep.to(torch.float32) + cfg.step_weight * step, stats
