@@ -23,6 +23,15 @@ check fails the run otherwise); programs the policy proposed itself are counted 
 
     python benchmarks/self_propose_vs_code.py                  # 30 RL steps per arm, seed 0
     python benchmarks/self_propose_vs_code.py --steps 10 --he-tasks 20 --out /tmp/spvc
+    python benchmarks/self_propose_vs_code.py --steps 10 --sp-warm 60 --warm /tmp/spvc/code_grpo/sft_model
+
+`--sp-warm N` gives arm (a) a warm start of its own: N SFT steps on self_propose reference
+answers (`SelfProposeEnv.reference_answer`: built from the seed tasks, never a code_sandbox task)
+on top of the code warm start, before its RL (the code warm start, then the self_propose one:
+sequential, not one mixed stage); the model between the two is evaluated too (`sp_warm`).
+`--warm DIR` reuses the code warm start of an earlier run (its `sft_model`): arm (b) is then
+`agentrl train --env code_sandbox model.path=DIR sft.steps=0`, and `--no-warm-eval` skips
+evaluating DIR again (its figures are the earlier run's: evaluation is deterministic).
 
 Writes benchmarks/results/self_propose_vs_code.json and .md.
 """
@@ -265,13 +274,16 @@ def markdown(res: dict[str, Any]) -> str:
     lines = [f"# self_propose vs code_sandbox GRPO (seed {res['seed']}, commit `{res['commit']}`, {res['date']})", "",
              f"Command: `{res['command']}`; {res['steps']} RL steps per arm x {res['tasks_per_step']} tasks x "
              f"{res['group_size']} samples; total {res['total_s'] / 60:.1f} min on {os.cpu_count()} cores.", "",
-             f"Held-out code: {res['models']['warm']['code_heldout']['tasks']} code_sandbox held-out tasks x {k} "
+             f"Held-out code: {res['models']['code_grpo']['code_heldout']['tasks']} code_sandbox held-out tasks x {k} "
              f"samples at T=1; HumanEval: the first {res['he_tasks']} problems x {k} samples. ± one standard "
              "error over tasks.", "",
              f"| model | code held-out pass@1 | pass@{k} | HumanEval pass@1 | pass@{k} |", "| --- | --- | --- | --- | --- |"]
-    for name, label in (("warm", "warm start (before RL)"), ("self_propose", "(a) + self_propose GRPO"),
-                        ("code_grpo", "(b) + code_sandbox GRPO")):
-        m = res["models"][name]
+    for name, label in (("warm", "warm start (before RL)"),
+                        ("sp_warm", f"warm start + {res.get('sp_warm', 0)} SFT steps on self_propose references"),
+                        ("self_propose", "(a) + self_propose GRPO"), ("code_grpo", "(b) + code_sandbox GRPO")):
+        m = res["models"].get(name)
+        if m is None:
+            continue
         c, h = m["code_heldout"], m["humaneval"]
 
         def f(d: dict[str, Any], key: str) -> str:
@@ -305,6 +317,10 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--he-tasks", type=int, default=40, help="HumanEval problems evaluated (the first N)")
     ap.add_argument("--out", default="/tmp/agentrl_self_propose_vs_code")
+    ap.add_argument("--sp-warm", type=int, default=0,
+                    help="SFT steps of arm (a) on self_propose reference answers before its RL (0: none)")
+    ap.add_argument("--warm", default=None, help="reuse this code warm start (an earlier run's sft_model)")
+    ap.add_argument("--no-warm-eval", action="store_true", help="do not evaluate the code warm start")
     ap.add_argument("--no-results", action="store_true", help="do not write benchmarks/results (a smoke run)")
     ap.add_argument("overrides", nargs="*", help="config overrides key=value for both arms (e.g. sft.steps=20)")
     args = ap.parse_args()
@@ -319,23 +335,33 @@ def main() -> None:
     common = ["--algo", "grpo", "--steps", str(args.steps), "--overwrite", "--quiet", f"seed={args.seed}",
               "train.save_every=0", *args.overrides]
     # (b), which also makes the warm start: the main job, shortened to --steps RL steps
-    walls = {"code_grpo": cli(["train", "--env", "code_sandbox", "--out", str(code_run), *common],
+    reuse = [f"model.path={args.warm}", "sft.steps=0"] if args.warm else []
+    walls = {"code_grpo": cli(["train", "--env", "code_sandbox", "--out", str(code_run), *common, *reuse],
                               out / "code_grpo.log")}
-    warm = code_run / "sft_model"
-    # (a) from the same warm-started weights; every prompt logged for the leak check
+    warm = Path(args.warm) if args.warm else code_run / "sft_model"
+    # (a) from the same warm-started weights (+ its own warm start with --sp-warm); every prompt
+    # logged for the leak check
+    sp_sft = ([f"sft.steps={args.sp_warm}", "sft.stop_pass_rate=null", "sft.stop_pass_at_k=null"]
+              if args.sp_warm else ["sft.steps=0"])
     walls["self_propose"] = cli(["train", "--env", "self_propose", "--out", str(sp_run), *common,
-                                 f"model.path={warm}", "sft.steps=0", "train.log_rollouts_every=1"],
+                                 f"model.path={warm}", *sp_sft, "train.log_rollouts_every=1"],
                                 out / "self_propose.log")
     final = f"checkpoints/step_{args.steps}"
     models = {}
-    for name, path in (("warm", warm), ("self_propose", sp_run / final), ("code_grpo", code_run / final)):
+    todo = ([] if args.no_warm_eval else [("warm", warm)]) + (
+        [("sp_warm", sp_run / "sft_model")] if args.sp_warm else []) + [
+        ("self_propose", sp_run / final), ("code_grpo", code_run / final)]
+    for name, path in todo:
         models[name] = evaluate(path, out / f"eval_{name}", args.seed, args.he_tasks, samples,
                                 args.overrides)
     state = json.loads((sp_run / final / "agentrl_state.json").read_text())
     lk = leak_check(rollout_prompts(sp_run), state["env_state"]["buffer"]["tasks"])
     moved = {name: weight_change(warm, run / final) for name, run in (("self_propose", sp_run),
                                                                       ("code_grpo", code_run))}
+    if args.sp_warm:
+        moved["self_propose_rl_only"] = weight_change(sp_run / "sft_model", sp_run / final)
     res = {"commit": commit(), "date": time.strftime("%Y-%m-%d"), "seed": args.seed, "steps": args.steps,
+           "sp_warm": args.sp_warm, "warm": str(warm),
            "tasks_per_step": cfg.rollout.tasks_per_step, "group_size": cfg.algo.group_size,
            "eval_samples": samples, "he_tasks": args.he_tasks, "overrides": args.overrides,
            "command": "python benchmarks/self_propose_vs_code.py " + " ".join(sys.argv[1:]),

@@ -33,6 +33,7 @@ from agentrl.sandbox.pool import default_pool
 from agentrl_envs.self_propose_tasks import (
     ALLOWED_IMPORTS,
     HELDOUT_TASKS,
+    SEED_TASKS,
     ParseError,
     Task,
     TaskBuffer,
@@ -44,6 +45,7 @@ from agentrl_envs.self_propose_tasks import (
     parse_proposal,
     read_outputs,
     shared_buffer,
+    task_key,
     trivial_reason,
 )
 
@@ -151,6 +153,7 @@ class SelfProposeEnv(TextEnv):
         self.task: Task | None = None
         self.pair = 0
         self._done = False
+        self._reference: str | None = None
 
     # -- loop hooks (agentrl.rollout.collect) ----------------------------------------------------
     def batch_phases(self, seeds: list[int]) -> list[list[int]]:
@@ -244,7 +247,7 @@ class SelfProposeEnv(TextEnv):
             role = "solve"
         if role not in ROLES:
             raise ValueError(f"options['role']: unknown {role!r}; allowed: {', '.join(ROLES)}")
-        self.role, self._done = role, False
+        self.role, self._done, self._reference = role, False, None
         if role == "propose":
             self.mode, self.task = None, None
             with self.buffer.lock:
@@ -257,6 +260,7 @@ class SelfProposeEnv(TextEnv):
                     "randomness. Aim for a task that is neither trivial nor impossible to predict.")
             if shown:
                 text += "\n\nExamples:\n\n" + "\n\n".join(show_task(t) for t in shown)
+            self._reference = self._reference_proposal(shown, seed)
             return self._obs(text), self._info("propose")
         self.task = self._solve_task(o, rng)
         mode = o.get("mode") or self.modes[int(rng.integers(len(self.modes)))]
@@ -280,7 +284,32 @@ class SelfProposeEnv(TextEnv):
             pairs = "\n".join(f"Input: {a}\nOutput: {b}" for a, b in zip(t.inputs[:seen], t.outputs[:seen]))
             text = ("Write `def f(x)` in a ```python block that maps each input to its output"
                     + (f" ({desc})" if desc else "") + f".\n{pairs}")
+        self._reference = (f"Output: {t.outputs[i]}" if mode == "deduce" else f"Input: {t.inputs[i]}"
+                           if mode == "abduce" else f"```python\n{t.src}\n```")
         return self._obs(text), self._info(f"solve/{mode}")
+
+    def reference_answer(self) -> str | None:
+        """The answer the sandbox accepts for the current episode, for the supervised warm start
+        (`agentrl.sft`, read right after `reset`): deduce `Output: <the stored output>`, abduce
+        `Input: <the shown pair's input>`, induce the task's program in a ```python block; for a
+        proposal, a seed task not among the prompt's examples with its inputs rotated (so its key
+        is new to the buffer), or None when every such rotation is already buffered."""
+        return self._reference
+
+    def _reference_proposal(self, shown: list[Task], seed: int | None) -> str | None:
+        """A valid proposal made from `SEED_TASKS`: the seed tasks whose program is not shown,
+        each with its inputs rotated by 1..n-1 places, those whose key is not in the buffer; one
+        of them drawn by `default_rng([seed, 2])` (independent of the episode's own draws)."""
+        shown_src = {normalise(t.src) for t in shown}
+        with self.buffer.lock:
+            keys = set(self.buffer.keys)
+        cands = [(t.src, t.inputs[r:] + t.inputs[:r]) for t in SEED_TASKS
+                 if normalise(t.src) not in shown_src for r in range(1, len(t.inputs))]
+        cands = [(src, ins) for src, ins in cands if task_key(src, list(ins)) not in keys]
+        if not cands:
+            return None
+        src, ins = cands[int(np.random.default_rng([int(seed or 0), 2]).integers(len(cands)))]
+        return f"```python\n{src}\n```\n" + "\n".join(f"Input: {v}" for v in ins)
 
     def step(self, action: str):
         """Grade the one answer. Returns ([], reward, True, False, info) with `role`, `mode`,
