@@ -55,6 +55,16 @@ HUMANEVAL_STYLE = ("METADATA = {'author': 'x'}\n\ndef check(candidate):\n"
     ("check(f)\ndef check(c):\n    assert c(1) == 2", "", None, False),  # call before def
     ("from math import isclose", "", None, False),  # no site at all
     ("assert f(1) == 2", "import (", ("f",), False),  # setup that does not parse
+    # found by a red-team review: names bound out of the rule's sight (a star import, `match`,
+    # `globals()`, a walrus) let the solution stand in for trusted code
+    ("assert isclose(f(0.5), 0.5)", "from math import *", ("isclose",), False),
+    ("assert isclose(f(0.5), 0.5)", "import math\nmatch math.isclose:\n    case isclose:\n        pass",
+     ("isclose",), False),
+    ("assert isclose(f(0.5), 0.5)", "import math\nglobals()['isclose'] = math.isclose", ("isclose",), False),
+    ("assert f(1) == 2", "import math\nfrom math import sqrt", ("f",), True),
+    ("from math import *\nassert isclose(f(0.5), 0.5)", "", None, False),
+    ("import operator\ndef check(candidate):\n    assert candidate((same := operator.eq) and 1) == 1\n"
+     "    assert same(candidate(2), 4)\ncheck(square)", "", None, False),
 ])
 def test_which_tests_may_run_in_one_process(test, setup, names, safe):
     rw = rewrite_test(test)
@@ -172,3 +182,30 @@ def test_a_task_named_like_a_builtin_still_works(pool):
     """MBPP's `sum`-style task: the solution defines the builtin's name, the site calls it."""
     code = "def sum(xs):\n    t = 0\n    for x in xs:\n        t += 2 * x\n    return t\n"
     assert pool.run_tests(code, ["assert sum([1, 2]) == 6", "assert sum(list(range(3))) == 6"]).verdict == "pass"
+
+
+@bwrap
+@pytest.mark.parametrize("setup, test", [
+    ("from math import *", "assert isclose(f(0.5), 0.479425538604203)"),
+    ("import math\nglobals()['isclose'] = math.isclose", "assert isclose(f(0.5), 0.479425538604203)"),
+    ("", "from math import *\nassert isclose(f(0.5), 0.479425538604203)"),
+])
+def test_a_solution_cannot_stand_in_for_a_trusted_predicate(pool, setup, test):
+    """The red-team review's one-process passes (a fake `isclose` defined by the solution,
+    with `math.__all__` emptied so a star import in the test binds nothing): now split, fail."""
+    cheat = "import math\nmath.__all__ = []\ndef f(x):\n    return 123.0\ndef isclose(*a, **k):\n    return True\n"
+    assert pool.run_tests(cheat, [test], setup=setup).verdict != "pass"
+    assert pool.run_tests("import math\ndef f(x):\n    return math.sin(x)\n", [test], setup=setup).verdict == "pass"
+
+
+def test_a_report_line_with_a_non_ascii_digit_is_skipped_not_a_crash():
+    """`'\u00b2'.isdigit()` is True but `int('\u00b2')` raises: the judge must skip the line."""
+    import base64
+
+    from agentrl.sandbox.judge import judge
+
+    job = make_job("tests", "", ["assert f(1) == 2"], "", "", Limits())
+    report = "C m0\nT 0\nE \u00b2 0 1\nE 0 \u00b2 1\nE 0 0 2\nP 0 m1\nD\n"
+    raw = {"report": base64.b64encode(report.encode()).decode(), "stdout": "", "stderr": "",
+           "exit_code": 0, "signal": None, "timeout": False, "output_limit": False}
+    assert judge(job, raw, None, "bwrap").verdict == "pass"

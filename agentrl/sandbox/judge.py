@@ -68,9 +68,16 @@ def one_process_safe(rewritten: list, setup: str) -> bool:
     if names & set(vars(builtins)):
         return False
     try:
-        return not names & bound_names(ast.parse(setup))
+        tree = ast.parse(setup)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return False
+    # a setup of anything but plain imports may bind names in ways bound_names cannot see
+    # (`from m import *`, `match ... case name`, `globals()[...] = ...`): split
+    if not all(isinstance(s, ast.Import) or (isinstance(s, ast.ImportFrom)
+                                             and all(a.name != "*" for a in s.names))
+               for s in tree.body):
+        return False
+    return not names & bound_names(tree)
 
 
 def source_text(src: str | bytes, what: str) -> str:
@@ -204,7 +211,7 @@ def judge(job: dict, raw: dict, names: list[str] | None, backend: str) -> Sandbo
             code_done = True
         elif kind in ("P", "F", "T", "E"):
             idx, _, tail = rest.partition(" ")
-            if not idx.isdigit() or int(idx) >= total:
+            if not (idx.isascii() and idx.isdecimal()) or int(idx) >= total:
                 continue
             i = int(idx)
             if kind == "P" and tail == tokens[1 + i]:
@@ -216,7 +223,7 @@ def judge(job: dict, raw: dict, names: list[str] | None, backend: str) -> Sandbo
             elif kind == "E" and rewritten[i] is not None:
                 k, _, body = tail.partition(" ")
                 sites = rewritten[i].sites
-                if not k.isdigit() or int(k) >= len(sites):
+                if not (k.isascii() and k.isdecimal()) or int(k) >= len(sites):
                     continue
                 sites_seen.setdefault(i, set()).add(int(k))
                 site = sites[int(k)]

@@ -233,7 +233,13 @@ def _runner_decided(tree: ast.Module, called: set[str]) -> tuple[str, ...] | Non
     result (no trusted code such as ``len`` or ``math.isclose`` computes it from that
     result), code running beside the test that reports it itself achieves nothing that a
     function returning those values could not: the one-process harness cannot be forged, with
-    or without the run's tokens (docs/sandbox.md, "One-process runs")."""
+    or without the run's tokens (docs/sandbox.md, "One-process runs").  A test with a star
+    import, a walrus, ``global``/``nonlocal`` or ``match`` anywhere is never decided here
+    (they bind names out of this rule's sight)."""
+    if any(isinstance(n, (ast.NamedExpr, ast.Global, ast.Nonlocal, ast.Match))
+           or (isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names))
+           for n in ast.walk(tree)):
+        return None  # names bound where the rule below does not look: split
     bound = bound_names(ast.Module([s for s in tree.body if not isinstance(s, ast.FunctionDef)], []))
     bound |= {s.name for s in tree.body if isinstance(s, ast.FunctionDef)}
     callees: set[str] = set()
