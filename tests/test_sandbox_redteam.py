@@ -218,3 +218,22 @@ def test_tokens_and_tests_never_reach_the_solution_process():
             assert judge(job, raw, None, "bwrap").verdict == "pass"
     finally:
         w.shutdown()
+
+
+@pytest.mark.parametrize("key", ["humaneval", "humaneval+"])
+@pytest.mark.parametrize("tid, cheat", [
+    ("HumanEval/50", "def encode_shift(s):\n    return s\n\ndef decode_shift(s):\n    return s\n"),
+    ("HumanEval/38", "def encode_cyclic(s):\n    return s\n\ndef decode_cyclic(s):\n    return s\n"),
+    ("HumanEval/32", "def poly(xs, x):\n    return 0.0\n\ndef find_zero(xs):\n    return 0.0\n"),
+])
+def test_prompt_helpers_the_tests_use_cannot_be_replaced(pool, key, tid, cheat):
+    """Found by a red-team review: the solution could redefine the prompt's helpers that the
+    tests check answers with (identity encode/decode, a zero `poly`) and pass; only the
+    setup's stubs (the entry point) may be replaced now."""
+    name = DATASET_TASKS[key][0]
+    if not (DATA / name).exists():
+        pytest.skip(f"{key}: data file missing")
+    task = next(t for t in load_dataset(str(DATA / name)) if t.task_id == tid)
+    reward, info = _step(pool, task, cheat)
+    assert reward == 0.0 and info["verdict"] != "pass", info
+    assert _step(pool, task, task.solution)[0] == 1.0

@@ -1047,6 +1047,7 @@ def _test_program(job, finish):
     tokens, tests, imports = part["tokens"], part["tests"], part.get("imports") or []
     setup = job["setup"]
     may_shadow = frozenset(job.get("site_callees") or ())
+    stubs = frozenset(job.get("setup_stubs") or ())
     del part, job
     module = _type(sys)("solution")
     ns = module.__dict__
@@ -1092,13 +1093,15 @@ def _test_program(job, finish):
             if _type(name) is not _str or not name.isidentifier() or name.startswith("__"):
                 continue
             # the solution may not shadow what the tests rely on: a builtin (`abs`, `all`;
-            # unless the runner checks that name's results itself: MBPP's `sum` task) or a
-            # name `setup` imported (`from math import isclose`); it may replace functions
-            # the setup defines (HumanEval's prompt stubs the entry point and its helpers)
+            # unless the runner checks that name's results itself: MBPP's `sum` task), a
+            # name `setup` imported (`from math import isclose`) or a helper it defines with
+            # a body (HumanEval's `encode_shift`, `poly`: tests check answers with them); it
+            # may replace the setup's stubs (HumanEval's prompt stubs the entry point)
             prior = ns.get(name, _MISSING)
             if (name in _BUILTINS and name not in may_shadow) or (
                     prior is not _MISSING and not (_type(prior) is types.FunctionType
-                                                   and prior.__globals__ is ns)):
+                                                   and prior.__globals__ is ns
+                                                   and name in stubs)):
                 continue
             if kind == "f":
                 solution_names[name] = _proxy(name)

@@ -49,12 +49,32 @@ def make_job(mode: str, code: str, tests: list[str], setup: str, stdin: str,
         "mode": mode, "split": split, "code": code, "tests": [r.source for r in rewritten],
         "setup": setup, "stdin": stdin, "imports": imports,
         "site_callees": sorted({n for r in rewritten for n in r.site_callees}),
+        "setup_stubs": setup_stubs(setup),
         "tokens": ([secrets.token_hex(16) for _ in range(len(tests) + 1)] if split
                    else [f"m{i}" for i in range(len(tests) + 1)]),
         "limits": limits.to_dict(),
         # runner-only (never sent): the original tests and their expectations
         "_tests": list(tests), "_rewritten": rewritten,
     }
+
+
+def setup_stubs(setup: str) -> list[str]:
+    """Functions ``setup`` defines at module level with no body but a docstring, ``pass`` or
+    ``...`` (HumanEval's prompt stubs its entry point this way): the only setup names the
+    solution may replace in a split run.  Setup functions with a real body (the prompt's
+    helpers: ``encode_shift``, ``poly``) stay the setup's, since tests check answers with them."""
+    try:
+        tree = ast.parse(setup)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return []
+
+    def empty(stmt: ast.stmt) -> bool:
+        return isinstance(stmt, ast.Pass) or (isinstance(stmt, ast.Expr)
+                                              and isinstance(stmt.value, ast.Constant))
+
+    return sorted(s.name for s in tree.body
+                  if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
+                  and all(empty(b) for b in s.body))
 
 
 def one_process_safe(rewritten: list, setup: str) -> bool:
