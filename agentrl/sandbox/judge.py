@@ -59,8 +59,9 @@ def make_job(mode: str, code: str, tests: list[str], setup: str, stdin: str,
 
 
 def setup_stubs(setup: str) -> list[str]:
-    """Functions ``setup`` defines at module level with no body but a docstring, ``pass`` or
-    ``...`` (HumanEval's prompt stubs its entry point this way): the only setup names the
+    """Functions ``setup`` defines at module level with no body but a docstring, ``pass``,
+    ``...`` or imports (HumanEval's prompt stubs its entry point this way; /115's has an
+    ``import math``): the only setup names the
     solution may replace in a split run.  Setup functions with a real body (the prompt's
     helpers: ``encode_shift``, ``poly``) stay the setup's, since tests check answers with them."""
     try:
@@ -69,8 +70,8 @@ def setup_stubs(setup: str) -> list[str]:
         return []
 
     def empty(stmt: ast.stmt) -> bool:
-        return isinstance(stmt, ast.Pass) or (isinstance(stmt, ast.Expr)
-                                              and isinstance(stmt.value, ast.Constant))
+        return isinstance(stmt, (ast.Pass, ast.Import, ast.ImportFrom)) or (
+            isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant))
 
     return sorted(s.name for s in tree.body
                   if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
