@@ -60,7 +60,7 @@ def test_ci_has_a_second_python():
         pytest.skip("no other Python installation on this machine")
 
 
-@pytest.mark.parametrize("exe", PYTHONS or [pytest.param(None, marks=pytest.mark.skip("none"))])
+@pytest.mark.parametrize("exe", PYTHONS or [pytest.param(None, marks=pytest.mark.skip(reason="no other Python installation on this machine"))])
 def test_sandbox_runs_the_callers_own_interpreter(exe):
     r = subprocess.run([exe, "-I", "-c", PROBE, str(ROOT)], capture_output=True, text=True,
                        timeout=120, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
