@@ -418,14 +418,29 @@ def build_env(cfg: Config, split: str | None = None, rewards: Any = None) -> Any
     """Make one env from the config (dataset, split, kwargs, turn limit) with the reward
     wrappers of `cfg.env.wrappers` stacked on it. `rewards` (a `RewardWrappers`) lets many env
     copies share one judge client, curiosity memory and Lagrange multiplier. The modules of
-    `cfg.env.imports` are imported first (in a Ray worker too)."""
+    `cfg.env.imports` are imported first (in a Ray worker too).
+
+    Raises:
+        ConfigError: the env's constructor refused the keywords (a TypeError or ValueError from
+            it: an unknown keyword in `env.kwargs`, a value it does not accept); the message
+            names the key and the keywords.
+    """
     import_env_modules(cfg.env.imports)
     kw = dict(cfg.env.kwargs)
     if cfg.env.dataset is not None:
         kw["dataset"] = cfg.env.dataset
     if split is not None and _env_accepts(cfg.env.name, "split"):
         kw["split"] = split
-    env = make_env(cfg.env.name, max_turns=cfg.env.max_turns, env_kwargs=kw)
+    try:
+        env = make_env(cfg.env.name, max_turns=cfg.env.max_turns, env_kwargs=kw)
+    except (TypeError, ValueError) as e:  # a keyword the env does not take, a value it refuses
+        from agentrl.config import ConfigError
+
+        key = ("env.kwargs" if cfg.env.kwargs else "env.dataset" if cfg.env.dataset is not None
+               else "env.name")
+        cause = e.__cause__ or e  # gymnasium re-raises the creator's error with its own text
+        raise ConfigError(f"config error: {key}: {cfg.env.name} cannot be made with keywords "
+                          f"{kw!r}: {type(cause).__name__}: {cause}") from e
     if cfg.env.wrappers:
         if rewards is None:
             from agentrl.rewards import RewardWrappers  # imported only when a wrapper is asked for

@@ -130,3 +130,16 @@ def test_sft_dataset_that_is_a_directory_says_so(tmp_path):
 
     with pytest.raises(FileNotFoundError, match="is a directory, not a JSONL file"):
         load_conversations(tmp_path)
+
+
+@pytest.mark.parametrize("kwarg, message", [
+    ("env.kwargs.nonsense=3", r"env\.kwargs: code_sandbox cannot be made .*'nonsense': 3.*"
+                              r"TypeError: .*unexpected keyword argument 'nonsense'"),
+    ("env.kwargs.max_turns=abc", r"env\.kwargs: code_sandbox .*'max_turns': 'abc'.*ValueError"),
+])
+def test_env_kwargs_the_env_refuses_are_config_errors_naming_the_key(tmp_path, kwarg, message):
+    from agentrl.envs import build_env
+
+    cfg = load_config(None, ["env.name=code_sandbox", kwarg, f"out={tmp_path / 'run'}"])
+    with pytest.raises(ConfigError, match=message):
+        build_env(cfg, "train")
