@@ -68,6 +68,19 @@ TARGET_TIME_RATIO = 0.5
 
 
 # -- running ------------------------------------------------------------------------------------
+def git_commit() -> str:
+    """The short hash of HEAD, `+dirty` when tracked files other than this benchmark's outputs
+    differ from it ("unknown" outside git)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", ".", ":!benchmarks/results",
+                                ":!docs/learning_vs_trl.png"], cwd=HERE.parent).returncode != 0
+        return head + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
 def build_warm(work: Path, extra: list[str], timeout: float) -> Path:
     """WORK/warm: the main job with `--steps 0` (model, tokenizer, warm start); reused when
     WORK/warm/sft_model exists."""
@@ -111,6 +124,7 @@ def run_side(side: str, warm: Path, work: Path, a: argparse.Namespace) -> dict[s
     res = json.loads((out / "result.json").read_text())
     res["process_wall_s"] = time.perf_counter() - t0
     res["loadavg_before"], res["loadavg_after"] = list(load0), list(os.getloadavg())
+    res["commit"] = git_commit()
     (out / "result.json").write_text(json.dumps(res, indent=1))
     cks = res["checkpoints"]
     print(f"[{side}] {res['steps_done']} steps, {len(cks)} checkpoints, last at "
@@ -196,7 +210,7 @@ def verdict(curves: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         v["time_ratio"] = reach["wall_s"] / best["wall_s"]
         v["time_met"] = v["time_ratio"] <= TARGET_TIME_RATIO
         v["time_note"] = (f"agentrl reached {best['pass@1']:.3f} at {reach['wall_s']:.0f} s, TRL at "
-                          f"{best['wall_s']:.0f} s: {v['time_ratio']:.2f}x TRL's time (target <= {TARGET_TIME_RATIO})")
+                          f"{best['wall_s']:.0f} s: {v['time_ratio']:.3f}x TRL's time (target <= {TARGET_TIME_RATIO})")
     xs = [p["samples"] for p in ours]
     matched = []
     for p in trl:
@@ -405,7 +419,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     header = (f"Budget {a.budget_s:.0f} s of training per side, a checkpoint every {a.every_s:.0f} s; "
               f"held-out evaluation {tag} (tasks x samples) at T={cfg.rollout.temperature}, seed {cfg.seed}; "
               f"trl {versions.get('trl')}, transformers {versions.get('transformers')}, torch {versions.get('torch')}; "
-              f"{os.cpu_count()} cores; written by benchmarks/learning_vs_trl.py on {time.strftime('%Y-%m-%d %H:%M')}.")
+              f"{os.cpu_count()} cores; written by benchmarks/learning_vs_trl.py on {time.strftime('%Y-%m-%d %H:%M')}. "
+              + "; ".join(f"{LABEL[s]} trained at commit `{results[s].get('commit', 'unrecorded')}`, "
+                          f"1-min load average {results[s]['loadavg_before'][0]:.1f} -> "
+                          f"{results[s]['loadavg_after'][0]:.1f}" for s in SIDES) + ".")
     md = "\n\n".join(["# Learning: agentrl vs TRL GRPOTrainer (main job)", header, "## Settings", settings,
                       "## Held-out pass@1", table, speed_line, "## Checks",
                       "\n".join(f"- {ln}" for ln in check_lines), "## Verdict", vt]) + "\n"
