@@ -532,7 +532,8 @@ def load_config(yaml_path: str | Path | None = None, overrides: list[str] | None
             raise ConfigError(f"override {ov!r} must be key=value (e.g. train.lr=1e-4)")
         k, _, v = ov.partition("=")
         try:
-            value = yaml.safe_load(v) if v != "" else None
+            # `None` (Python's spelling, as docs/config.md and our error hints write it) is null
+            value = yaml.safe_load(v) if v not in ("", "None") else None
         except yaml.YAMLError as e:
             raise ConfigError(f"override {k.strip()}: invalid value {v!r} "
                               f"({' '.join(str(e).split())})") from None

@@ -442,9 +442,17 @@ def build_env(cfg: Config, split: str | None = None, rewards: Any = None) -> Any
         raise ConfigError(f"config error: {key}: {cfg.env.name} cannot be made with keywords "
                           f"{kw!r}: {type(cause).__name__}: {cause}") from e
     if cfg.env.wrappers:
-        if rewards is None:
-            from agentrl.rewards import RewardWrappers  # imported only when a wrapper is asked for
+        try:
+            if rewards is None:
+                from agentrl.rewards import RewardWrappers  # imported only when a wrapper is asked for
 
-            rewards = RewardWrappers.from_config(cfg)
-        env = rewards.wrap(env)
+                rewards = RewardWrappers.from_config(cfg)
+            env = rewards.wrap(env)
+        except (TypeError, ValueError) as e:  # an unknown wrapper, a keyword it does not take
+            from agentrl.config import ConfigError
+
+            if isinstance(e, ConfigError):
+                raise
+            raise ConfigError(f"config error: env.wrappers / env.wrapper_kwargs: "
+                              f"{type(e).__name__}: {e}") from e
     return env

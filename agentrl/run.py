@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from agentrl.config import Config
+from agentrl.config import Config, ConfigError
 from agentrl.envs import _env_accepts, build_env
 
 __all__ = ["_env_accepts", "build_env", "default_model_dir", "heldout_envs", "load_policy", "make_engine",
@@ -59,12 +59,24 @@ def default_model_dir(cfg: Config, out: Path, reporter: Any = None) -> str:
     texts = []
     get = getattr(env.unwrapped, "reference_answer", None)
     with reporter.stage("model", TOKENIZER_TASKS, unit="task texts for the tokenizer") as st:
+        failed = 0
         for i in range(TOKENIZER_TASKS):
-            obs, _ = env.reset(seed=500_000 + i)
+            try:  # a reset that raises is a lost task here, as in rollouts (contract 7)
+                obs, _ = env.reset(seed=500_000 + i)
+            except Exception:  # noqa: BLE001 - the env's own failure, not ours
+                failed += 1
+                continue
+            if not isinstance(obs, list) or not all(isinstance(m, dict) and "content" in m for m in obs):
+                raise ConfigError(f"env {cfg.env.name}: reset(seed={500_000 + i}) returned "
+                                  f"{type(obs).__name__} {str(obs)[:80]!r}, not a list of chat "
+                                  "messages ({'role': ..., 'content': ...})")
             texts.extend(content_text(m["content"]) for m in obs)
             if get is not None and get():
                 texts.append(get())
             st.advance()
+    if failed == TOKENIZER_TASKS:
+        raise ConfigError(f"env {cfg.env.name}: every reset raised ({TOKENIZER_TASKS} of "
+                          f"{TOKENIZER_TASKS}) while gathering texts for the embedded tokenizer")
     feedback = getattr(env.unwrapped, "corpus_texts", None)
     if feedback is not None:
         texts.extend(feedback())

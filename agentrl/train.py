@@ -203,8 +203,10 @@ def set_up(cfg: Config) -> tuple[Config, Any, Path]:
     if cfg.sft.steps > 0 and not cfg.resume and not env_has_reference_answers(cfg.env.name):
         raise ConfigError(f"config error: sft.steps={cfg.sft.steps}: env {cfg.env.name} offers no "
                           "reference answers (reference_answer()) for the warm start: set sft.steps=0")
+    preflight(cfg)  # before check_out: an --overwrite that fails here has deleted nothing
     out = Path(cfg.resume or cfg.out)
-    if cfg.resume:
+    if cfg.resume:  # the run's own folder; a stray --out / --overwrite is not recorded in it
+        cfg = cfg.model_copy(update={"out": str(out), "overwrite": False})
         check_resume_keeps_the_run(cfg, out)
     if not cfg.resume:
         from agentrl.checkpoints import check_out
@@ -219,6 +221,38 @@ def set_up(cfg: Config) -> tuple[Config, Any, Path]:
     except OSError as e:
         raise OutError(f"out: cannot write to {out}: {e.strerror or e}") from None
     return cfg, algo, out
+
+
+def preflight(cfg: Config) -> None:
+    """Checks of the settings that would otherwise fail only after OUT was (re)written: the env
+    is built once (with its wrappers) and closed, `model.path` is a model directory, vLLM
+    imports when `rollout.engine=vllm`, and a vision policy runs only where images do
+    (`agentrl.run.check_vision_training`).
+
+    Raises:
+        ConfigError: naming the key (`env.kwargs`, `env.wrappers`, `env.wrapper_kwargs`,
+            `model.path`, `rollout.engine`, or the vision refusal's key).
+    """
+    import importlib.util
+
+    from agentrl.envs import build_env
+    from agentrl.run import check_vision_training
+
+    path = cfg.model.path
+    if path and not Path(path).is_dir():
+        raise ConfigError(f"config error: model.path: model directory not found: {path}")
+    if path and not (Path(path) / "config.json").is_file():
+        raise ConfigError(f"config error: model.path: {path} holds no config.json (not a Hugging "
+                          "Face model directory)")
+    if cfg.rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ConfigError("config error: rollout.engine=vllm: vLLM is not installed in this "
+                          "environment (docs/scale_out.md says how; or rollout.engine=hf)")
+    try:
+        check_vision_training(cfg)
+    except ValueError as e:
+        raise ConfigError(f"config error: {e}") from None
+    env = build_env(cfg, "train")  # ConfigError for keywords the env or a wrapper refuses
+    env.close()
 
 
 RESUME_FIXED = ("env.name", "algo.name", "env.dataset")

@@ -71,3 +71,10 @@ def test_docs_config_md_is_the_generated_reference():
     doc = Path(__file__).resolve().parent.parent / "docs" / "config.md"
     assert doc.read_text().strip() == config_reference().strip(), \
         "docs/config.md is stale: run `agentrl config --reference > docs/config.md`"
+
+
+@pytest.mark.parametrize("spelling", ["None", "null", "~", ""])
+def test_an_override_of_none_or_null_unsets_an_optional_key(spelling):
+    cfg = load_config(None, ["algo.name=gspo", f"algo.tis_cap={spelling}", "algo.dual_clip=3"])
+    assert cfg.algo.tis_cap is None and cfg.algo.dual_clip == 3.0
+    assert load_config(None, [f"algo.dual_clip={spelling}"]).algo.dual_clip is None

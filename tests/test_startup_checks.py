@@ -143,3 +143,75 @@ def test_env_kwargs_the_env_refuses_are_config_errors_naming_the_key(tmp_path, k
     cfg = load_config(None, ["env.name=code_sandbox", kwarg, f"out={tmp_path / 'run'}"])
     with pytest.raises(ConfigError, match=message):
         build_env(cfg, "train")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("env.kwargs.bogus=1", r"env\.kwargs: toy cannot be made .*'bogus'"),
+    ("env.wrappers=[judgee]", r"env\.wrappers / env\.wrapper_kwargs: .*unknown wrapper 'judgee'"),
+    ("model.path={missing}", r"model\.path: model directory not found: .*nope"),
+    ("model.path={empty}", r"model\.path: .*holds no config\.json"),
+])
+def test_a_failing_start_under_overwrite_deletes_nothing(finished_run, tmp_path, override, message):
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    before = sorted(p.relative_to(out).as_posix() for p in out.rglob("*"))
+    (tmp_path / "empty").mkdir()
+    override = override.format(missing=tmp_path / "nope", empty=tmp_path / "empty")
+    cfg = load_config(None, TOY + [override, f"out={out}", "overwrite=true"])
+    with pytest.raises(ConfigError, match=message):
+        train_mod.set_up(cfg)
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == before
+    # and a new run that fails the same way leaves no config.json to block the corrected rerun
+    fresh = tmp_path / "fresh"
+    with pytest.raises(ConfigError, match=message):
+        train_mod.set_up(load_config(None, TOY + [override, f"out={fresh}"]))
+    assert not fresh.exists()
+
+
+def test_resume_records_the_runs_own_folder_not_a_stray_out(finished_run, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    cfg = load_config(None, TOY + [f"out={tmp_path / 'other'}", "overwrite=true"],
+                      base=json.loads((out / "config.json").read_text()))
+    cfg = cfg.model_copy(update={"resume": str(out)})
+    cfg, _, got = train_mod.set_up(cfg)
+    saved = json.loads((out / "config.json").read_text())
+    assert got == out and saved["out"] == str(out) and saved["overwrite"] is False
+    assert not (tmp_path / "other").exists()
+
+
+class _FlakyResetEnv:
+    """Resets raise on one seed in 50; the others give a one-message task."""
+
+    def __new__(cls, bad_obs: bool = False):
+        from agentrl.envs import TextEnv
+
+        class Env(TextEnv):
+            def reset(self, *, seed=None, options=None):
+                super().reset(seed=seed)
+                if bad_obs:
+                    return "a string, not messages", {}
+                if seed is not None and seed % 50 == 7:
+                    raise RuntimeError("flaky reset")
+                return [{"role": "user", "content": f"say {seed % 10}"}], {"task_id": str(seed)}
+
+            def step(self, action):
+                return [], 0.0, True, False, {}
+
+        return Env()
+
+
+def test_embedded_model_survives_resets_that_raise_and_names_a_malformed_observation(tmp_path):
+    from agentrl.envs import register_env
+    from agentrl.run import default_model_dir
+
+    register_env("agentrl-test/FlakyReset-v0", _FlakyResetEnv, short_name="test_flaky_reset")
+    cfg = load_config(None, ["env.name=test_flaky_reset", "sft.steps=0"])
+    path = default_model_dir(cfg, tmp_path / "a")
+    assert (tmp_path / "a" / "base_model" / "config.json").is_file() and path.endswith("base_model")
+    register_env("agentrl-test/BadObs-v0", _FlakyResetEnv, short_name="test_bad_obs",
+                 kwargs={"bad_obs": True})
+    cfg = load_config(None, ["env.name=test_bad_obs", "sft.steps=0"])
+    with pytest.raises(ConfigError, match=r"env test_bad_obs: reset\(seed=500000\) returned str "
+                                          r"'a string, not messages', not a list of chat messages"):
+        default_model_dir(cfg, tmp_path / "b")
