@@ -254,13 +254,17 @@ def config_cmd(
     config: Annotated[Optional[str], typer.Option("--config", "-c", help="YAML file.")] = None,
     reference: Annotated[bool, typer.Option(help="Print the config reference (Markdown).")] = False,
 ) -> None:
-    """Print the resolved config (or the reference of every key)."""
+    """Print the resolved config, the algorithm's own defaults filled in as a run resolves them
+    (or the reference of every key)."""
     if reference:
         print(config_reference())
         return
     try:
         cfg = load_config(config, overrides)
-    except ConfigError as e:
+        from agentrl.algos import get_algorithm, resolve_config
+
+        cfg = cfg.model_copy(update={"algo": resolve_config(get_algorithm(cfg.algo.name), cfg.algo)})
+    except (ConfigError, ValueError) as e:
         _fail(str(e))
     import yaml
 

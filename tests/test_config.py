@@ -78,3 +78,17 @@ def test_an_override_of_none_or_null_unsets_an_optional_key(spelling):
     cfg = load_config(None, ["algo.name=gspo", f"algo.tis_cap={spelling}", "algo.dual_clip=3"])
     assert cfg.algo.tis_cap is None and cfg.algo.dual_clip == 3.0
     assert load_config(None, [f"algo.dual_clip={spelling}"]).algo.dual_clip is None
+
+
+def test_config_command_prints_the_algorithms_own_defaults_as_a_run_resolves_them():
+    import yaml
+
+    def show(*overrides):
+        out = subprocess.run([sys.executable, "-m", "agentrl.cli", "config", *overrides],
+                             capture_output=True, text=True, check=True).stdout
+        return yaml.safe_load(out)["algo"]
+
+    gspo = show("algo.name=gspo")
+    assert (gspo["clip_low"], gspo["clip_high"]) == (3e-4, 4e-4)  # GSPO's sequence-level clips
+    ppo = show("algo.name=ppo", "algo.minibatches=1")
+    assert (ppo["update_epochs"], ppo["minibatches"]) == (2, 1)  # what was set is kept
