@@ -201,6 +201,9 @@ def evaluate(model: Path, out: Path, seed: int, he_tasks: int, samples: int,
     common = ["--samples", str(samples), "--k", f"1,{samples}", "--temperature", "1.0", "--seed", str(seed)]
     for name, extra in (("code_heldout", ["--split", "heldout"]),
                         ("humaneval", ["--dataset", str(HUMANEVAL), "--max-tasks", str(he_tasks)])):
+        if name == "humaneval" and he_tasks == 0:  # --he-tasks 0: not evaluated (n/a)
+            res[name] = {}
+            continue
         d = out / name
         wall = cli(["eval", "--env", "code_sandbox", "--model", str(model), "--out", str(d), *common, *extra,
                     *overrides],
@@ -305,7 +308,8 @@ def markdown(res: dict[str, Any]) -> str:
              f"Command: `{res['command']}`; {res['steps']} RL steps per arm x {res['tasks_per_step']} tasks x "
              f"{res['group_size']} samples; total {res['total_s'] / 60:.1f} min on {os.cpu_count()} cores.", "",
              f"Held-out code: {res['models']['code_grpo']['code_heldout']['tasks']} code_sandbox held-out tasks x {k} "
-             f"samples at T=1; HumanEval: the first {res['he_tasks']} problems x {k} samples. ± one standard "
+             "samples at T=1; HumanEval: " + (f"the first {res['he_tasks']} problems x {k} samples" if res["he_tasks"]
+                                              else "not evaluated (--he-tasks 0)") + ". ± one standard "
              "error over tasks.", "",
              f"| model | code held-out pass@1 | pass@{k} | HumanEval pass@1 | pass@{k} |", "| --- | --- | --- | --- | --- |"]
     ex = res["arms"]["code_grpo"].get("sft_examples") or {}
@@ -353,7 +357,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=30, help="RL steps per arm (the main job runs 360)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--he-tasks", type=int, default=40, help="HumanEval problems evaluated (the first N)")
+    ap.add_argument("--he-tasks", type=int, default=40, help="HumanEval problems evaluated (the first N; 0: none)")
     ap.add_argument("--out", default="/tmp/agentrl_self_propose_vs_code")
     ap.add_argument("--sp-warm", type=int, default=0,
                     help="SFT steps of arm (a) on self_propose reference answers before its RL (0: none)")
