@@ -328,6 +328,18 @@ class SFTConfig(_Section):
     """Warm-start learning rate."""
     batch_size: int = Field(default=32, ge=1)
     """Warm-start sequences per step."""
+    mix_envs: dict[str, float] = Field(default_factory=dict)
+    """Other envs whose reference answers join the warm start in one mixed stage, each with its number of examples relative to the run's own env (`{self_propose: 1.0}`: as many self_propose examples as `env.name` ones, shuffled together), e.g. to learn a second env's answer formats without forgetting the first. Each is made by name on its training split with its default kwargs (`env.kwargs`, `env.dataset` and the wrappers are the run's env's only); the stop checks stay on `env.name`; the embedded model's tokenizer also trains on their texts."""
+
+    @field_validator("mix_envs")
+    @classmethod
+    def _positive_shares(cls, v: dict[str, float]) -> dict[str, float]:
+        import math
+
+        bad = {k: w for k, w in v.items() if not (math.isfinite(w) and w > 0)}
+        if bad:
+            raise ValueError(f"every share must be a finite number > 0, got {bad}")
+        return v
 
 
 class LogConfig(_Section):

@@ -456,3 +456,13 @@ def build_env(cfg: Config, split: str | None = None, rewards: Any = None) -> Any
             raise ConfigError(f"config error: env.wrappers / env.wrapper_kwargs: "
                               f"{type(e).__name__}: {e}") from e
     return env
+
+
+def build_named_env(cfg: Config, name: str, split: str | None = None) -> Any:
+    """Make env `name` other than the run's own (e.g. one of `sft.mix_envs`): its default
+    kwargs, on `split` when its constructor takes one, the modules of `cfg.env.imports`
+    imported first; none of the run's env kwargs, dataset or reward wrappers."""
+    import_env_modules(cfg.env.imports)
+    kw = {"split": split} if split is not None and _env_accepts(name, "split") else {}
+    return make_env(name, env_kwargs=kw)
+

@@ -44,7 +44,8 @@ tokenizer."""
 
 def default_model_dir(cfg: Config, out: Path, reporter: Any = None) -> str:
     """Build the embedded tiny model in `OUT/base_model` (tokenizer trained on texts of the env:
-    opening messages and reference answers of `TOKENIZER_TASKS` training tasks). Progress goes
+    opening messages and reference answers of `TOKENIZER_TASKS` training tasks, and of
+    `TOKENIZER_TASKS x share` tasks of each env of `sft.mix_envs`). Progress goes
     to `reporter` (`agentrl.progress.Reporter`; None: silent): the task texts as a stage with
     its ETA, then the tokenizer training and model build (one call) as start/end lines."""
     from agentrl.envs import content_text
@@ -55,31 +56,36 @@ def default_model_dir(cfg: Config, out: Path, reporter: Any = None) -> str:
     target = out / ("base_vlm" if cfg.model.vision else "base_model")
     if (target / "config.json").exists():
         return str(target)
-    env = build_env(cfg, "train")
-    texts = []
-    get = getattr(env.unwrapped, "reference_answer", None)
-    with reporter.stage("model", TOKENIZER_TASKS, unit="task texts for the tokenizer") as st:
-        failed = 0
-        for i in range(TOKENIZER_TASKS):
-            try:  # a reset that raises is a lost task here, as in rollouts (contract 7)
-                obs, _ = env.reset(seed=500_000 + i)
-            except Exception:  # noqa: BLE001 - the env's own failure, not ours
-                failed += 1
-                continue
-            if not isinstance(obs, list) or not all(isinstance(m, dict) and "content" in m for m in obs):
-                raise ConfigError(f"env {cfg.env.name}: reset(seed={500_000 + i}) returned "
-                                  f"{type(obs).__name__} {str(obs)[:80]!r}, not a list of chat "
-                                  "messages ({'role': ..., 'content': ...})")
-            texts.extend(content_text(m["content"]) for m in obs)
-            if get is not None and get():
-                texts.append(get())
-            st.advance()
-    if failed == TOKENIZER_TASKS:
-        raise ConfigError(f"env {cfg.env.name}: every reset raised ({TOKENIZER_TASKS} of "
-                          f"{TOKENIZER_TASKS}) while gathering texts for the embedded tokenizer")
-    feedback = getattr(env.unwrapped, "corpus_texts", None)
-    if feedback is not None:
-        texts.extend(feedback())
+    from agentrl.envs import build_named_env
+
+    sources = [(cfg.env.name, build_env(cfg, "train"), TOKENIZER_TASKS)] + [  # the warm start's other envs too
+        (name, build_named_env(cfg, name, "train"), max(1, round(TOKENIZER_TASKS * share)))
+        for name, share in cfg.sft.mix_envs.items()]
+    texts: list[str] = []
+    with reporter.stage("model", sum(n for _, _, n in sources), unit="task texts for the tokenizer") as st:
+        for name, env, n in sources:
+            get = getattr(env.unwrapped, "reference_answer", None)
+            failed = 0
+            for i in range(n):
+                try:  # a reset that raises is a lost task here, as in rollouts (contract 7)
+                    obs, _ = env.reset(seed=500_000 + i)
+                except Exception:  # noqa: BLE001 - the env's own failure, not ours
+                    failed += 1
+                    continue
+                if not isinstance(obs, list) or not all(isinstance(m, dict) and "content" in m for m in obs):
+                    raise ConfigError(f"env {name}: reset(seed={500_000 + i}) returned "
+                                      f"{type(obs).__name__} {str(obs)[:80]!r}, not a list of chat "
+                                      "messages ({'role': ..., 'content': ...})")
+                texts.extend(content_text(m["content"]) for m in obs)
+                if get is not None and get():
+                    texts.append(get())
+                st.advance()
+            if failed == n:
+                raise ConfigError(f"env {name}: every reset raised ({n} of {n}) while gathering "
+                                  "texts for the embedded tokenizer")
+            feedback = getattr(env.unwrapped, "corpus_texts", None)
+            if feedback is not None:
+                texts.extend(feedback())
     m = cfg.model
     with reporter.stage("model", None, unit=f"training the tokenizer on {len(texts)} texts and "
                         "building the model"):

@@ -4,6 +4,7 @@ tokens (and the end-of-turn token) only; prompt tokens have loss_mask 0.
 
 An env offers reference answers through `env.unwrapped.reference_answer() -> str | None`,
 called right after `reset` (code_sandbox returns the task's reference solution).
+`sft.mix_envs` mixes other envs' reference answers into the same stage.
 """
 
 from __future__ import annotations
@@ -60,6 +61,30 @@ def sft_examples(env: Any, renderer: ChatRenderer, n: int, *, seed: int) -> list
     if not out:
         raise ValueError("sft: the env returned no reference answers; set sft.steps=0")
     return out
+
+
+def warm_start_examples(cfg: Config, renderer: ChatRenderer, n: int, *,
+                        seed: int) -> tuple[list[Trajectory], dict[str, int]]:
+    """The warm start's examples: `sft_examples` of `n` training tasks of `env.name`, plus, for
+    each env of `sft.mix_envs`, those of `round(n * share)` of its training tasks (its own seeds,
+    offset per env), in one list (`sft_train` shuffles them together: one mixed stage).
+
+    Returns:
+        `(examples, {env name: examples from it})`.
+
+    Raises:
+        ValueError: an env offers no reference answers (`sft_examples`).
+    """
+    from agentrl.envs import build_named_env
+
+    out = sft_examples(build_env(cfg, "train"), renderer, n, seed=seed)
+    counts = {cfg.env.name: len(out)}
+    for j, (name, share) in enumerate(cfg.sft.mix_envs.items(), start=1):
+        ex = sft_examples(build_named_env(cfg, name, "train"), renderer, max(1, round(n * share)),
+                          seed=seed + 1_000_003 * j)
+        counts[name] = counts.get(name, 0) + len(ex)
+        out += ex
+    return out, counts
 
 
 def sft_train(model: Any, examples: list[Trajectory], *, steps: int, lr: float, batch_size: int,
@@ -131,8 +156,9 @@ def evaluate(engine: Any, renderer: ChatRenderer, envs: list[Any], cfg: Config,
 
 def warm_start(cfg: Config, model: Any, tok: Any, renderer: ChatRenderer, pad_id: int, out: Path,
                say: Callable[[str], None], reporter: Any = None) -> dict[str, Any]:
-    """The warm start of a run (`cfg.sft`): `sft_train` on `sft_examples` of training tasks,
-    stopped early once, on training tasks (never the held-out split), pass@1 reaches
+    """The warm start of a run (`cfg.sft`): `sft_train` on `warm_start_examples` of training
+    tasks (the run's env's, mixed with those of `sft.mix_envs`), stopped early once, on the
+    run's env's training tasks (never the held-out split), pass@1 reaches
     `sft.stop_pass_rate` and pass@k (k = `sft.check_samples`) reaches `sft.stop_pass_at_k`
     (each when set; checked every `sft.check_every` steps from `sft.min_steps` on, on
     `sft.check_tasks` tasks x k samples).
@@ -142,7 +168,8 @@ def warm_start(cfg: Config, model: Any, tok: Any, renderer: ChatRenderer, pad_id
 
     Returns:
         `sft_loss_first`, `sft_loss_last` (nats per answer token), `sft_steps`, `sft_seconds`,
-        `sft_train_pass@1` (the last stop check's, None without one).
+        `sft_train_pass@1` (the last stop check's, None without one), `sft_examples` (examples
+        per env).
 
     Raises:
         ValueError: the env offers no reference answers (`sft_examples`).
@@ -153,8 +180,11 @@ def warm_start(cfg: Config, model: Any, tok: Any, renderer: ChatRenderer, pad_id
 
     reporter = reporter or Reporter(enabled=False)
     t0 = time.perf_counter()
-    examples = sft_examples(build_env(cfg, "train"), renderer, max(2000, cfg.sft.batch_size),
-                            seed=cfg.seed * 7919 + 1)
+    examples, counts = warm_start_examples(cfg, renderer, max(2000, cfg.sft.batch_size),
+                                           seed=cfg.seed * 7919 + 1)
+    if cfg.sft.mix_envs:
+        say("[sft] one mixed stage on " + ", ".join(f"{c} {name}" for name, c in counts.items())
+            + " reference answers")
     slog = (out / "sft_metrics.jsonl").open("w", buffering=1)  # line-buffered
     checks: list[tuple[int, float]] = []
 
@@ -202,7 +232,7 @@ def warm_start(cfg: Config, model: Any, tok: Any, renderer: ChatRenderer, pad_id
     seconds = time.perf_counter() - t0
     info = {"sft_loss_first": losses[0], "sft_loss_last": losses[-1],
             "sft_steps": len(losses), "sft_seconds": seconds,
-            "sft_train_pass@1": checks[-1][1] if checks else None}
+            "sft_train_pass@1": checks[-1][1] if checks else None, "sft_examples": counts}
     say(f"[sft] {len(losses)} steps: loss {losses[0]:.3f} -> {losses[-1]:.3f} "
         f"({seconds:.0f} s)" + (f", train pass@1 {checks[-1][1]:.3f}" if checks else ""))
     model.save_pretrained(out / "sft_model")

@@ -203,6 +203,15 @@ def set_up(cfg: Config) -> tuple[Config, Any, Path]:
     if cfg.sft.steps > 0 and not cfg.resume and not env_has_reference_answers(cfg.env.name):
         raise ConfigError(f"config error: sft.steps={cfg.sft.steps}: env {cfg.env.name} offers no "
                           "reference answers (reference_answer()) for the warm start: set sft.steps=0")
+    if cfg.sft.steps > 0 and not cfg.resume:
+        for name in cfg.sft.mix_envs:
+            try:
+                has = env_has_reference_answers(name)
+            except ValueError as e:  # an unknown name, reported with the key
+                raise ConfigError(f"config error: sft.mix_envs: {e}") from None
+            if not has:
+                raise ConfigError(f"config error: sft.mix_envs: env {name} offers no reference answers "
+                                  "(reference_answer()) to mix into the warm start")
     preflight(cfg)  # before check_out: an --overwrite that fails here has deleted nothing
     out = Path(cfg.resume or cfg.out)
     if cfg.resume:  # the run's own folder; a stray --out / --overwrite is not recorded in it

@@ -29,6 +29,12 @@ check fails the run otherwise); programs the policy proposed itself are counted 
 answers (`SelfProposeEnv.reference_answer`: built from the seed tasks, never a code_sandbox task)
 on top of the code warm start, before its RL (the code warm start, then the self_propose one:
 sequential, not one mixed stage); the model between the two is evaluated too (`sp_warm`).
+`--mix-warm SHARE` makes the shared warm start one mixed stage instead: the main job's run of arm
+(b) gets `sft.mix_envs={self_propose: SHARE}`, so its SFT examples are the code_sandbox references
+plus SHARE times as many self_propose references, shuffled together (the tokenizer of the embedded
+model is trained on both envs' texts too); both arms start from that `sft_model`, so the
+comparison stays fair, and the self_propose references teach the propose/solve formats without a
+second stage that forgets code. Not with `--warm`.
 `--warm DIR` reuses the code warm start of an earlier run (its `sft_model`): arm (b) is then
 `agentrl train --env code_sandbox model.path=DIR sft.steps=0`, and `--no-warm-eval` skips
 evaluating DIR again (its figures are the earlier run's: evaluation is deterministic).
@@ -195,6 +201,9 @@ def evaluate(model: Path, out: Path, seed: int, he_tasks: int, samples: int,
     common = ["--samples", str(samples), "--k", f"1,{samples}", "--temperature", "1.0", "--seed", str(seed)]
     for name, extra in (("code_heldout", ["--split", "heldout"]),
                         ("humaneval", ["--dataset", str(HUMANEVAL), "--max-tasks", str(he_tasks)])):
+        if name == "humaneval" and he_tasks == 0:  # --he-tasks 0: not evaluated (n/a)
+            res[name] = {}
+            continue
         d = out / name
         wall = cli(["eval", "--env", "code_sandbox", "--model", str(model), "--out", str(d), *common, *extra,
                     *overrides],
@@ -244,6 +253,29 @@ def failure_reasons(run: Path, top: int = 8) -> list[list[Any]]:
     return [[k[0], k[1], n] for k, n in c.most_common(top)]
 
 
+def group_counts(run: Path) -> dict[str, dict[str, int]]:
+    """Per group key (`propose`, `solve/deduce`, ...) of a self_propose run's logged episodes:
+    `episodes` and `success` (a valid proposal; a right answer), over all steps and at the first
+    step (sampled by the warm-started weights, before any update)."""
+    out: dict[str, dict[str, int]] = {}
+    files = sorted((run / "rollouts").glob("step_*.jsonl"), key=lambda f: int(f.stem.split("_")[1]))
+    for f in files:
+        first = f == files[0]
+        for line in f.read_text().splitlines():
+            t = json.loads(line)
+            if not t.get("turns"):
+                continue
+            c = out.setdefault(t.get("info", {}).get("group_key", "?"),
+                               {"episodes": 0, "success": 0, "first_step_episodes": 0, "first_step_success": 0})
+            ok = int(bool(t["turns"][-1].get("info", {}).get("success")))
+            c["episodes"] += 1
+            c["success"] += ok
+            if first:
+                c["first_step_episodes"] += 1
+                c["first_step_success"] += ok
+    return out
+
+
 def arm_metrics(run: Path) -> dict[str, Any]:
     """Means over the RL steps of a run's per-role metrics, and its RL seconds."""
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
@@ -253,6 +285,7 @@ def arm_metrics(run: Path) -> dict[str, Any]:
     out = {k: sum(r[k] for r in rows if k in r) / max(1, sum(k in r for r in rows)) for k in keys}
     s = json.loads((run / "summary.json").read_text())
     out.update({"steps": len(rows), "rl_s": s.get("rl_s"), "sft_steps": s.get("sft_steps"),
+                "sft_examples": s.get("sft_examples"), "sft_loss": [s.get("sft_loss_first"), s.get("sft_loss_last")],
                 "eval_before": {k: s["eval_before"].get(k) for k in ("pass@1", "pass@1_se")},
                 "eval_after": {k: s["eval_after"].get(k) for k in ("pass@1", "pass@1_se")}})
     if rows and "env/buffer_size" in rows[-1]:
@@ -275,10 +308,15 @@ def markdown(res: dict[str, Any]) -> str:
              f"Command: `{res['command']}`; {res['steps']} RL steps per arm x {res['tasks_per_step']} tasks x "
              f"{res['group_size']} samples; total {res['total_s'] / 60:.1f} min on {os.cpu_count()} cores.", "",
              f"Held-out code: {res['models']['code_grpo']['code_heldout']['tasks']} code_sandbox held-out tasks x {k} "
-             f"samples at T=1; HumanEval: the first {res['he_tasks']} problems x {k} samples. ± one standard "
+             "samples at T=1; HumanEval: " + (f"the first {res['he_tasks']} problems x {k} samples" if res["he_tasks"]
+                                              else "not evaluated (--he-tasks 0)") + ". ± one standard "
              "error over tasks.", "",
              f"| model | code held-out pass@1 | pass@{k} | HumanEval pass@1 | pass@{k} |", "| --- | --- | --- | --- | --- |"]
-    for name, label in (("warm", "warm start (before RL)"),
+    ex = res["arms"]["code_grpo"].get("sft_examples") or {}
+    warm_label = ("mixed warm start (before RL): " + " + ".join(f"{n} {e}" for e, n in ex.items())
+                  + f" references, {res['arms']['code_grpo']['sft_steps']} SFT steps"
+                  if res.get("mix_warm") else "warm start (before RL)")
+    for name, label in (("warm", warm_label),
                         ("sp_warm", f"warm start + {res.get('sp_warm', 0)} SFT steps on self_propose references"),
                         ("self_propose", "(a) + self_propose GRPO"), ("code_grpo", "(b) + code_sandbox GRPO")):
         m = res["models"].get(name)
@@ -300,6 +338,10 @@ def markdown(res: dict[str, Any]) -> str:
     lines += ["", "self_propose arm (means over its steps): " + ", ".join(
         f"{key.split('rollout/')[-1]} {v:.3f}" for key, v in a.items()
         if isinstance(v, float) and key.endswith("pass_rate")) + f"; final buffer {a.get('final_buffer_size')}.",
+        "", "self_propose episodes per group, successes (valid proposals; right answers) / episodes, all "
+        "steps (first step, before any update): " + "; ".join(
+            f"{g} {c['success']}/{c['episodes']} ({c['first_step_success']}/{c['first_step_episodes']})"
+            for g, c in sorted(res.get("self_propose_groups", {}).items())) + ".",
         "", f"Leak check: {lk['prompts_checked']} training prompts, {lk['programs_checked']} programs run against "
         f"{lk['code_tasks_compared']} code_sandbox tasks: statements in prompts {lk['statement_prompts']}, "
         f"built-in tasks matching {len(lk['builtin_matches'])}, policy-proposed programs matching "
@@ -315,15 +357,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=30, help="RL steps per arm (the main job runs 360)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--he-tasks", type=int, default=40, help="HumanEval problems evaluated (the first N)")
+    ap.add_argument("--he-tasks", type=int, default=40, help="HumanEval problems evaluated (the first N; 0: none)")
     ap.add_argument("--out", default="/tmp/agentrl_self_propose_vs_code")
     ap.add_argument("--sp-warm", type=int, default=0,
                     help="SFT steps of arm (a) on self_propose reference answers before its RL (0: none)")
+    ap.add_argument("--mix-warm", type=float, default=0.0,
+                    help="share of self_propose references mixed into the shared warm start "
+                         "(sft.mix_envs={self_propose: SHARE} for arm (b)'s run; 0: none)")
     ap.add_argument("--warm", default=None, help="reuse this code warm start (an earlier run's sft_model)")
     ap.add_argument("--no-warm-eval", action="store_true", help="do not evaluate the code warm start")
     ap.add_argument("--no-results", action="store_true", help="do not write benchmarks/results (a smoke run)")
     ap.add_argument("overrides", nargs="*", help="config overrides key=value for both arms (e.g. sft.steps=20)")
     args = ap.parse_args()
+    if args.mix_warm and args.warm:
+        ap.error("--mix-warm makes the warm start; it cannot reuse one (--warm)")
     from agentrl.config import load_config
 
     cfg = load_config(None, args.overrides)
@@ -336,6 +383,8 @@ def main() -> None:
               "train.save_every=0", *args.overrides]
     # (b), which also makes the warm start: the main job, shortened to --steps RL steps
     reuse = [f"model.path={args.warm}", "sft.steps=0"] if args.warm else []
+    if args.mix_warm:
+        reuse = [f"sft.mix_envs={{self_propose: {args.mix_warm}}}"]
     walls = {"code_grpo": cli(["train", "--env", "code_sandbox", "--out", str(code_run), *common, *reuse],
                               out / "code_grpo.log")}
     warm = Path(args.warm) if args.warm else code_run / "sft_model"
@@ -361,12 +410,12 @@ def main() -> None:
     if args.sp_warm:
         moved["self_propose_rl_only"] = weight_change(sp_run / "sft_model", sp_run / final)
     res = {"commit": commit(), "date": time.strftime("%Y-%m-%d"), "seed": args.seed, "steps": args.steps,
-           "sp_warm": args.sp_warm, "warm": str(warm),
+           "sp_warm": args.sp_warm, "mix_warm": args.mix_warm, "warm": str(warm),
            "tasks_per_step": cfg.rollout.tasks_per_step, "group_size": cfg.algo.group_size,
            "eval_samples": samples, "he_tasks": args.he_tasks, "overrides": args.overrides,
            "command": "python benchmarks/self_propose_vs_code.py " + " ".join(sys.argv[1:]),
            "models": models, "arms": {"code_grpo": arm_metrics(code_run), "self_propose": arm_metrics(sp_run)},
-           "self_propose_failures": failure_reasons(sp_run), "train_walls_s": walls, "leak_check": lk, "max_abs_weight_change": moved, "total_s": time.perf_counter() - t_all,
+           "self_propose_failures": failure_reasons(sp_run), "self_propose_groups": group_counts(sp_run), "train_walls_s": walls, "leak_check": lk, "max_abs_weight_change": moved, "total_s": time.perf_counter() - t_all,
            "load_1min": os.getloadavg()[0]}
     md = markdown(res)
     print(md)

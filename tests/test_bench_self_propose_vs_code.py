@@ -70,3 +70,22 @@ def test_leak_check_on_self_propose_prompts_and_a_code_prompt(pool):
     dirty = spvc.leak_check([*prompts, code_prompt], [*buffer, proposed], pool)
     assert dirty["statement_prompts"] == 1 and not dirty["ok"]
     assert [m["program"] for m in dirty["proposed_matches"]] == ["def f(x):\n    return x[::-1]"]
+
+
+def test_group_counts_of_logged_episodes(tmp_path):
+    """Successes per group over every step and at the first step (steps sorted by number, not
+    by name: step_10 after step_2)."""
+    import json
+
+    def ep(group, ok):
+        return json.dumps({"info": {"group_key": group}, "turns": [{"info": {"success": ok}}]})
+
+    d = tmp_path / "rollouts"
+    d.mkdir()
+    (d / "step_2.jsonl").write_text("\n".join([ep("propose", False), ep("propose", True),
+                                               ep("solve/deduce", False)]))
+    (d / "step_10.jsonl").write_text("\n".join([ep("propose", True), ep("solve/deduce", True),
+                                                json.dumps({"turns": []})]))  # an empty episode: skipped
+    assert spvc.group_counts(tmp_path) == {
+        "propose": {"episodes": 3, "success": 2, "first_step_episodes": 2, "first_step_success": 1},
+        "solve/deduce": {"episodes": 2, "success": 1, "first_step_episodes": 1, "first_step_success": 0}}
