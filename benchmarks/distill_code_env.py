@@ -141,7 +141,7 @@ def main() -> None:
     ap.add_argument("--student-lr", type=float, default=STUDENT_LR)
     ap.add_argument("--eval-tasks", type=int, default=EVAL_TASKS)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--distill-kl", default="sampled", choices=("sampled", "full", "topk"),
+    ap.add_argument("--distill-kl", default="sampled", choices=("sampled", "full", "topk", "forward"),
                     help="the student's algo.distill_kl (docs/algorithms.md)")
     ap.add_argument("--reuse-teacher", action="store_true",
                     help="with --work: take the teacher trained by an earlier run there")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from agentrl.algos import get_algorithm
-from agentrl.algos.distill import full_reverse_kl, topk_reverse_kl
+from agentrl.algos.distill import full_forward_kl, full_reverse_kl, topk_reverse_kl
 from agentrl.config import AlgoConfig, ConfigError, load_config
 from agentrl.trajectory import Trajectory
 
@@ -28,6 +28,22 @@ def test_full_reverse_kl_by_hand_on_two_tokens():
     assert full_reverse_kl(s, te).item() == pytest.approx(0.5 * math.log(4 / 3), abs=1e-6)
     # the other direction is another number: reverse KL, not forward
     assert full_reverse_kl(te, s).item() == pytest.approx(0.25 * math.log(0.5) + 0.75 * math.log(1.5), abs=1e-6)
+
+
+def test_full_forward_kl_by_hand_and_its_gradient():
+    # p_s = [1/2, 1/2], p_t = [1/4, 3/4]: KL(p_t || p_s) = 1/4 ln(1/2) + 3/4 ln(3/2) = 0.1308121
+    s, te = lg([[[0.5, 0.5]]]), lg([[[0.25, 0.75]]])
+    assert full_forward_kl(s, te).item() == pytest.approx(0.25 * math.log(0.5) + 0.75 * math.log(1.5), abs=1e-6)
+    # d/dz = p_s - p_t (cross-entropy to soft labels)
+    z = torch.tensor([[[0.0, 1.0, -1.0]]], requires_grad=True)
+    q = lg([[[0.2, 0.5, 0.3]]])
+    full_forward_kl(torch.log_softmax(z, -1), q).sum().backward()
+    assert torch.allclose(z.grad, torch.softmax(z.detach(), -1) - q.exp(), atol=1e-6)
+    zz = torch.randn(2, 3, 5, requires_grad=True)
+    k = full_forward_kl(torch.log_softmax(zz, -1), torch.log_softmax(zz, -1).detach())
+    k.sum().backward()
+    assert torch.allclose(k.detach(), torch.zeros(2, 3), atol=1e-6)
+    assert torch.allclose(zz.grad, torch.zeros_like(zz), atol=1e-6)
 
 
 def test_full_reverse_kl_gradient_by_hand():
@@ -104,7 +120,7 @@ def test_advantages_are_zero_in_full_mode_and_rows_are_never_idle():
     batch = {"loss_mask": torch.tensor([[0, 1, 1.0]]), "old_logprobs": torch.tensor([[0, -1.0, -2.0]]),
              "teacher_logprobs": torch.tensor([[0, -0.5, -3.0]]), "scores": torch.tensor([1.0]),
              "group_ids": torch.tensor([0])}
-    for mode in ("full", "topk"):
+    for mode in ("full", "topk", "forward"):
         cfg = AlgoConfig(name="distill", teacher_path=".", distill_kl=mode)
         adv, stats = distill.advantages(batch, cfg)
         assert torch.all(adv == 0) and stats["reverse_kl"] == pytest.approx(0.25)
@@ -135,7 +151,7 @@ def _trajs(n=4, seed=0):
     return out
 
 
-@pytest.mark.parametrize("mode", ["full", "topk"])
+@pytest.mark.parametrize("mode", ["full", "topk", "forward"])
 def test_prepare_and_update_with_the_teacher_equal_to_the_student(tiny_model_dir, tmp_path, mode):
     """Teacher = student: KL 0 and a zero gradient (to float32 rounding); another teacher:
     KL > 0, and updates move the weights and lower the KL."""
@@ -151,7 +167,7 @@ def test_prepare_and_update_with_the_teacher_equal_to_the_student(tiny_model_dir
     cfg = load_config(None, ["algo.name=distill", f"algo.teacher_path={tiny_model_dir}",
                              f"algo.distill_kl={mode}", "algo.distill_topk=5"]).algo
     batch, _ = distill.prepare(build_batch(_trajs(), pad_id=0), learner, cfg)
-    key = "teacher_vocab_logprobs" if mode == "full" else "teacher_topk_logprobs"
+    key = "teacher_topk_logprobs" if mode == "topk" else "teacher_vocab_logprobs"
     assert batch[key].shape[:2] == batch["input_ids"].shape
     # the teacher's sampled-token logprobs are frozen_logprobs' (float32 rounding)
     ref = frozen_logprobs(load_model(tiny_model_dir)[0], batch["input_ids"], batch["attention_mask"],
@@ -172,5 +188,5 @@ def test_prepare_and_update_with_the_teacher_equal_to_the_student(tiny_model_dir
         b["advantages"], _ = distill.advantages(b, cfg2)
         kls.append(learner.update(b, distill, cfg2)["distill_kl"])
     # two near-uniform random models: top 5 + the rest sees little of their difference
-    assert kls[0] > (0.01 if mode == "full" else 1e-4) and kls[-1] < kls[0], kls
+    assert kls[0] > (1e-4 if mode == "topk" else 0.01) and kls[-1] < kls[0], kls
     assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))

@@ -44,7 +44,12 @@ are equal (bit for bit in float32 on CPU, tested).
   a lower bound of KL_t (merging outcomes cannot raise a KL: the log-sum inequality), equal to
   it when k = V; what a teacher that sends only its top k per position allows.
 
-`full` and `topk` run the inline teacher (`placement.teacher=worker` is refused at start-up:
+- `forward`: the forward KL at the same prefixes, sum_v p_t(v) (log p_t(v) - log p_s(v)),
+  added to the loss the same way: cross-entropy to the teacher's soft next-token labels at the
+  student's own prefixes (GKD's beta = 0 end, Agarwal et al. 2024; mode covering, where the
+  reverse KL is mode seeking).
+
+`full`, `topk` and `forward` run the inline teacher (`placement.teacher=worker` is refused at start-up:
 the worker returns sampled-token log-probabilities only) and keep a (B, T, V) or (B, T, k)
 teacher tensor in the batch.
 """
@@ -146,6 +151,19 @@ def full_reverse_kl(student_logp: torch.Tensor, teacher_logp: torch.Tensor) -> t
     return (student_logp.exp() * (student_logp - teacher_logp.to(student_logp.dtype))).sum(-1)
 
 
+def full_forward_kl(student_logp: torch.Tensor, teacher_logp: torch.Tensor) -> torch.Tensor:
+    """Exact forward KL per position, KL(p_t || p_s) = sum_v p_t(v) (log p_t(v) - log p_s(v)),
+    with gradient through `student_logp` (d/dz_s = p_s - p_t: cross-entropy to the teacher's
+    soft labels); GKD's beta = 0 end on student samples (Agarwal et al. 2024, sec. 3). Shapes
+    and masking as `full_reverse_kl`.
+
+    Returns:
+        (B, T) nats (>= 0; 0, and 0 gradient, where the two distributions are equal).
+    """
+    t = teacher_logp.to(student_logp.dtype)
+    return (t.exp() * (t - student_logp)).sum(-1)
+
+
 def topk_reverse_kl(student_logp: torch.Tensor, teacher_topk_logp: torch.Tensor,
                     teacher_topk_ids: torch.Tensor, *, eps: float = 1e-12) -> torch.Tensor:
     """Reverse KL per position over the teacher's top k tokens plus one bucket for the rest:
@@ -197,7 +215,7 @@ def prepare(batch: dict[str, Any], learner: Any, cfg: Any) -> tuple[dict[str, An
                 teacher, batch["input_ids"], batch["attention_mask"], batch["lengths"],
                 temperature=float(getattr(learner, "temperature", 1.0)),
                 micro_batch_size=int(getattr(learner, "micro_batch_size", 16)),
-                topk=cfg.distill_topk if mode == "topk" else None)
+                topk=cfg.distill_topk if mode == "topk" else None)  # full, forward: (B, T, V)
         except ValueError as e:
             raise ValueError(f"algo.teacher_path: {e}") from None
         dev = batch["input_ids"].device
@@ -255,6 +273,8 @@ def loss(logp: torch.Tensor, batch: dict[str, Any], cfg: Any, *, num_tokens: flo
     W = vocab_logp.shape[1]
     if cfg.distill_kl == "full":
         k = full_reverse_kl(vocab_logp, batch["teacher_vocab_logprobs"][:, :W])
+    elif cfg.distill_kl == "forward":
+        k = full_forward_kl(vocab_logp, batch["teacher_vocab_logprobs"][:, :W])
     else:
         k = topk_reverse_kl(vocab_logp, batch["teacher_topk_logprobs"][:, :W], batch["teacher_topk_ids"][:, :W])
     mask = batch["loss_mask"][:, :W]
