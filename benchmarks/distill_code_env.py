@@ -4,6 +4,12 @@ teacher, on the same held-out tasks.
 
     PYTHONPATH=. python benchmarks/distill_code_env.py            # the defaults below, <= 12 min
     PYTHONPATH=. python benchmarks/distill_code_env.py --student-steps 60 --tag short
+    PYTHONPATH=. python benchmarks/distill_code_env.py --distill-kl full --work W --tag full
+    PYTHONPATH=. python benchmarks/distill_code_env.py --distill-kl forward --work W --reuse-teacher --tag fwd
+
+`--distill-kl` is the student's `algo.distill_kl` (sampled: the default one-sample signal; full,
+topk, forward: the exact per-token KL over the vocabulary, docs/algos.md); `--reuse-teacher`
+takes the teacher an earlier run trained in the same `--work` folder instead of training it again.
 
 Two `agentrl train` runs, each a subprocess as a user runs it (in-process engine, no Ray):
 

@@ -128,13 +128,13 @@ def test_advantages_are_zero_in_full_mode_and_rows_are_never_idle():
     assert not distill.wants_vocab_logprobs(AlgoConfig(name="distill", teacher_path="."))
 
 
-def test_worker_teacher_with_full_or_topk_is_refused_at_start_up(tmp_path):
-    for mode in ("full", "topk"):
+def test_worker_teacher_with_a_vocab_kl_is_refused_at_start_up(tmp_path):
+    for mode in ("full", "topk", "forward"):
         with pytest.raises(ConfigError, match=f"placement.teacher=worker with algo.distill_kl={mode}"):
             load_config(None, ["algo.name=distill", f"algo.teacher_path={tmp_path}",
                                "placement.teacher=worker", f"algo.distill_kl={mode}"])
     with pytest.raises(ConfigError, match="distill_kl"):
-        load_config(None, ["algo.name=distill", f"algo.teacher_path={tmp_path}", "algo.distill_kl=forward"])
+        load_config(None, ["algo.name=distill", f"algo.teacher_path={tmp_path}", "algo.distill_kl=backward"])
 
 
 def _trajs(n=4, seed=0):
