@@ -191,6 +191,10 @@ class AlgoConfig(_Section):
     """distill: weight of the teacher signal: A_t = distill_coef * (log p_teacher(y_t) - log p_student(y_t)) + distill_reward_coef * A_env."""
     distill_reward_coef: float = Field(default=0.0, ge=0)
     """distill: weight of the env reward's group-relative advantage (as GRPO) mixed into the teacher signal (0: pure on-policy distillation)."""
+    distill_kl: Literal["sampled", "full", "topk", "forward"] = "sampled"
+    """distill: the teacher signal. `sampled`: the one-sample reverse KL as a per-token advantage, log p_teacher(y_t) - log p_student(y_t) on the sampled token (Thinking Machines 2025). `full`: the exact per-token reverse KL over the vocabulary at the student's sampled prefixes, sum_v p_s(v) (log p_s(v) - log p_t(v)), added to the loss x distill_coef (GKD, Agarwal et al. 2024; no sampling variance). `topk`: the same over the teacher's `distill_topk` most likely tokens plus one bucket for the rest (a lower bound of `full`, equal at k = vocab). `forward`: the forward KL at the same prefixes, sum_v p_t(v) (log p_t(v) - log p_s(v)) (GKD's beta = 0: cross-entropy to the teacher's soft labels). `full`, `topk` and `forward` need `placement.teacher=inline`."""
+    distill_topk: int = Field(default=32, ge=1)
+    """distill: k of `distill_kl=topk` (the teacher's k most likely tokens at each position)."""
     step_weight: float = Field(default=1.0, ge=0)
     """GiGPO: weight omega of the step-level (anchor-state) advantage: A = A_episode + omega * A_step (Feng et al. 2025)."""
     entropy_coef: float = 0.0
@@ -453,6 +457,10 @@ class Config(_Section):
         if self.placement.teacher == "worker" and self.algo.name != "distill":
             raise ValueError(f"placement.teacher=worker: algo.name={self.algo.name} has no teacher "
                              "(only distill reads algo.teacher_path); set placement.teacher=inline")
+        if self.placement.teacher == "worker" and self.algo.distill_kl != "sampled":
+            raise ValueError(f"placement.teacher=worker with algo.distill_kl={self.algo.distill_kl}: "
+                             "the teacher worker returns the log-probabilities of the sampled tokens only; "
+                             "set placement.teacher=inline (full / topk) or algo.distill_kl=sampled")
         return self
 
     @model_validator(mode="after")

@@ -73,6 +73,30 @@ def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Te
         return _logp_entropy(logits, input_ids, temperature, with_entropy, entropy_grad)
 
 
+def token_vocab_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
+                         temperature: float = 1.0, entropy_grad: bool = False
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`token_logprobs` with the whole next-token distribution kept, with gradient (for a loss
+    over the vocabulary: distillation's exact reverse KL, `algo.distill_kl=full|topk`).
+
+    Returns:
+        (logp (B, T), entropy (B, T), vocab_logp (B, T, V)): `vocab_logp[:, t]` =
+        log p(. | input_ids[:, :t]) at `temperature`, the distribution that produced token t;
+        0 at t = 0. logp and entropy as `token_logprobs(with_entropy=True)`.
+    """
+    t = temperature if temperature and temperature > 0 else 1.0
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+    with full_precision(logits):
+        lv = torch.log_softmax(logits[:, :-1].float() / t, dim=-1)
+        vocab_logp = torch.cat([torch.zeros_like(lv[:, :1]), lv], dim=1)
+        logp = vocab_logp.gather(-1, input_ids[:, :, None]).squeeze(-1)
+        logp = torch.cat([torch.zeros_like(logp[:, :1]), logp[:, 1:]], dim=1)
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            v = vocab_logp if entropy_grad else vocab_logp.detach()
+            ent = -(v.exp() * v).sum(-1)
+    return logp, ent, vocab_logp
+
+
 def _vision_logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    vision: list[dict[str, Any] | None]) -> torch.Tensor:
     """(B, T, V) float32 logits of a vision-language model, one forward per row (its real
@@ -149,7 +173,7 @@ def full_precision(t: torch.Tensor) -> contextlib.AbstractContextManager[Any]:
     return contextlib.nullcontext()
 
 
-SUMMED_METRICS = frozenset({"loss", "pg_loss", "vf_loss", "kl"})
+SUMMED_METRICS = frozenset({"loss", "pg_loss", "vf_loss", "kl", "distill_kl"})
 """Loss metrics that are a micro-batch's share of its minibatch's value (normalised by the
 minibatch's counts, as the losses are): `Learner.update` adds them up over micro-batches (and
 ranks), then averages them over optimizer steps. Other metrics are micro-batch means, averaged
@@ -592,6 +616,8 @@ class Learner:
                 mism_max = float(gap[mask != 0].max())
         micro_rows = max(unit, self.micro_batch_size // unit * unit)
         idle = self._idle_rows(batch, algo, cfg)  # (B,) bool or None
+        hook = getattr(algo, "wants_vocab_logprobs", None)
+        wants_vocab = bool(hook(cfg)) if hook is not None else False
         batch = _to(batch, self.device)  # the caller's batch keeps its tensors where they are
         gen = torch.Generator().manual_seed(seed)
         sums: dict[str, float] = {}  # additive over micro-batches (and, on ranks, over ranks)
@@ -621,7 +647,14 @@ class Learner:
                     kw: dict[str, Any] = {}
                     ent_grad = getattr(cfg, "entropy_coef", 0) > 0
                     with self.autocast():  # bf16: the forward; logp, values, loss in float32
-                        if self.value_head is not None:
+                        if wants_vocab:  # a loss over the whole next-token distribution
+                            if "vision" in sub:
+                                raise ValueError("a loss over the vocabulary (algo.distill_kl=full|topk) "
+                                                 "on a batch with images is not supported")
+                            logp, ent, kw["vocab_logp"] = token_vocab_logprobs(
+                                self.model, sub["input_ids"], sub["attention_mask"],
+                                temperature=self.temperature, entropy_grad=ent_grad)
+                        elif self.value_head is not None:
                             if "vision" in sub:
                                 raise ValueError("a value head (ppo) on a batch with images is not "
                                                  "supported yet (docs/multimodal.md)")

@@ -126,6 +126,58 @@ def frozen_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.T
     return out
 
 
+def frozen_vocab_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                          lengths: torch.Tensor, *, temperature: float = 1.0, micro_batch_size: int = 16,
+                          topk: int | None = None) -> dict[str, torch.Tensor]:
+    """A frozen `model`'s whole next-token distribution at every position (no gradient), for
+    distillation's exact reverse KL (`agentrl.algos.distill`, `algo.distill_kl=full|topk`):
+    position t holds log p(. | input_ids[:, :t]) over the vocabulary, the distribution that
+    produced token t, at `temperature`; 0 at t = 0 and past each micro-batch's longest row
+    (micro-batches as `frozen_logprobs`). On the CPU.
+
+    Returns:
+        `logprobs` (B, T) of the tokens themselves (what `frozen_logprobs` gives), and either
+        `vocab_logprobs` (B, T, V) float32 (`topk` None) or `topk_logprobs` (B, T, k) float32
+        with `topk_ids` (B, T, k) long, the k most likely tokens (k = min(topk, V)).
+
+    Raises:
+        ValueError: a token id outside the model's vocabulary (another tokenizer).
+    """
+    from agentrl.learner import _slice, full_precision
+
+    vocab = model.get_input_embeddings().weight.shape[0]
+    if input_ids.numel() and int(input_ids.max()) >= vocab:
+        raise ValueError(f"token id {int(input_ids.max())} is outside the frozen model's vocabulary "
+                         f"of {vocab}: it must use the policy's tokenizer")
+    device = next(model.parameters()).device
+    t = temperature if temperature and temperature > 0 else 1.0
+    batch = {"input_ids": input_ids.cpu(), "attention_mask": attention_mask.cpu(), "lengths": lengths.cpu()}
+    B, T = input_ids.shape
+    out: dict[str, torch.Tensor] = {"logprobs": torch.zeros((B, T), dtype=torch.float32)}
+    with torch.no_grad():
+        for idx in torch.split(torch.arange(B), max(micro_batch_size, 1)):
+            sub = _slice(batch, idx)
+            ids = sub["input_ids"].to(device)
+            logits = model(input_ids=ids, attention_mask=sub["attention_mask"].to(device)).logits
+            with full_precision(logits):
+                lv = torch.log_softmax(logits[:, :-1].float() / t, dim=-1)  # predicts tokens 1..W-1
+            W, V = ids.shape[1], lv.shape[-1]
+            out["logprobs"][idx, 1:W] = lv.gather(-1, ids[:, 1:, None]).squeeze(-1).cpu()
+            if topk is None:
+                if "vocab_logprobs" not in out:
+                    out["vocab_logprobs"] = torch.zeros((B, T, V), dtype=torch.float32)
+                out["vocab_logprobs"][idx, 1:W] = lv.cpu()
+            else:
+                k = min(int(topk), V)
+                if "topk_logprobs" not in out:
+                    out["topk_logprobs"] = torch.zeros((B, T, k), dtype=torch.float32)
+                    out["topk_ids"] = torch.zeros((B, T, k), dtype=torch.long)
+                vals, top = lv.topk(k, dim=-1)
+                out["topk_logprobs"][idx, 1:W] = vals.cpu()
+                out["topk_ids"][idx, 1:W] = top.cpu()
+    return out
+
+
 class FrozenModelActor:
     """A frozen causal LM in a process of its own (run as a Ray actor by `RemoteFrozenModel`;
     a plain object in tests and in-process use): the KL reference (the policy's starting

@@ -4,6 +4,12 @@ teacher, on the same held-out tasks.
 
     PYTHONPATH=. python benchmarks/distill_code_env.py            # the defaults below, <= 12 min
     PYTHONPATH=. python benchmarks/distill_code_env.py --student-steps 60 --tag short
+    PYTHONPATH=. python benchmarks/distill_code_env.py --distill-kl full --work W --tag full
+    PYTHONPATH=. python benchmarks/distill_code_env.py --distill-kl forward --work W --reuse-teacher --tag fwd
+
+`--distill-kl` is the student's `algo.distill_kl` (sampled: the default one-sample signal; full,
+topk, forward: the exact per-token KL over the vocabulary, docs/algos.md); `--reuse-teacher`
+takes the teacher an earlier run trained in the same `--work` folder instead of training it again.
 
 Two `agentrl train` runs, each a subprocess as a user runs it (in-process engine, no Ray):
 
@@ -78,8 +84,11 @@ def _pass(e: dict[str, Any]) -> dict[str, float]:
 
 def run(work: Path, *, teacher_steps: int = TEACHER_STEPS, student_steps: int = STUDENT_STEPS,
         student_lr: float = STUDENT_LR, eval_tasks: int = EVAL_TASKS, seed: int = 0,
-        student_overrides: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The teacher's short main job, then the student's distillation, in `work`.
+        distill_kl: str = "sampled", student_overrides: tuple[str, ...] = (),
+        reuse_teacher: bool = False) -> dict[str, Any]:
+    """The teacher's short main job, then the student's distillation (`algo.distill_kl=distill_kl`),
+    in `work`. `reuse_teacher`: take the teacher of an earlier run in the same `work` (its
+    summary.json, checkpoint and base model) instead of training it again.
 
     Returns:
         `teacher` (its pass@1 after the warm start and after GRPO: the teacher's figure),
@@ -89,22 +98,31 @@ def run(work: Path, *, teacher_steps: int = TEACHER_STEPS, student_steps: int = 
     """
     common = [f"seed={seed}", f"train.eval_tasks={eval_tasks}", "train.log_rollouts_every=0",
               "log.tensorboard=false"]
-    teacher, t_wall = _train(["--algo", "grpo", "--steps", str(teacher_steps), *common], work / "teacher")
+    if reuse_teacher and (work / "teacher" / "summary.json").exists():
+        teacher = json.loads((work / "teacher" / "summary.json").read_text())
+        t_wall = float(json.loads((work / "teacher_wall_s.json").read_text()))
+    else:
+        teacher, t_wall = _train(["--algo", "grpo", "--steps", str(teacher_steps), *common], work / "teacher")
+        (work / "teacher_wall_s.json").write_text(json.dumps(t_wall))
     base = work / "teacher" / "base_model"
     student_args = ["--algo", "distill", "--steps", str(student_steps), f"model.path={base}",
                     f"algo.teacher_path={teacher['checkpoint']}", "sft.steps=0",
-                    f"train.lr={student_lr}", *STUDENT_BATCH, *common, *student_overrides]
+                    f"train.lr={student_lr}", f"algo.distill_kl={distill_kl}", *STUDENT_BATCH, *common,
+                    *student_overrides]
     student, s_wall = _train(student_args, work / "student")
     rows = [json.loads(line) for line in (work / "student" / "metrics.jsonl").open()]
     kl = [r["adv/reverse_kl"] for r in rows if "adv/reverse_kl" in r]
+    dk = [v for r in rows for k, v in r.items() if k.endswith("distill_kl")]
     rewards = [r["rollout/reward_mean"] for r in rows if "rollout/reward_mean" in r]
     return {
         "teacher": {"after_warm_start": _pass(teacher["eval_before"]), "final": _pass(teacher["eval_after"]),
                     "grpo_steps": teacher_steps, "sft_steps": teacher.get("sft_steps"), "wall_s": round(t_wall, 1)},
         "student_before": _pass(student["eval_before"]),
         "student_after": _pass(student["eval_after"]),
-        "student": {"distill_steps": student_steps, "lr": student_lr, "wall_s": round(s_wall, 1),
-                    "overrides": list(student_overrides)},
+        "student": {"distill_steps": student_steps, "lr": student_lr, "distill_kl": distill_kl,
+                    "wall_s": round(s_wall, 1), "overrides": list(student_overrides)},
+        "distill_kl_first": sum(dk[:5]) / max(len(dk[:5]), 1) if dk else None,
+        "distill_kl_last": sum(dk[-5:]) / max(len(dk[-5:]), 1) if dk else None,
         "reverse_kl_first": sum(kl[:5]) / max(len(kl[:5]), 1),
         "reverse_kl_last": sum(kl[-5:]) / max(len(kl[-5:]), 1),
         "train_reward_first": sum(rewards[:5]) / max(len(rewards[:5]), 1),
@@ -129,6 +147,10 @@ def main() -> None:
     ap.add_argument("--student-lr", type=float, default=STUDENT_LR)
     ap.add_argument("--eval-tasks", type=int, default=EVAL_TASKS)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--distill-kl", default="sampled", choices=("sampled", "full", "topk", "forward"),
+                    help="the student's algo.distill_kl (docs/algorithms.md)")
+    ap.add_argument("--reuse-teacher", action="store_true",
+                    help="with --work: take the teacher trained by an earlier run there")
     ap.add_argument("--tag", default="default")
     ap.add_argument("--work", default=None, help="keep the runs here (default: a temporary folder)")
     ap.add_argument("overrides", nargs="*", help="extra key=value overrides of the student's run")
@@ -139,7 +161,8 @@ def main() -> None:
         work.mkdir(parents=True, exist_ok=True)
         res = run(work, teacher_steps=a.teacher_steps, student_steps=a.student_steps,
                   student_lr=a.student_lr, eval_tasks=a.eval_tasks, seed=a.seed,
-                  student_overrides=tuple(a.overrides))
+                  distill_kl=a.distill_kl, student_overrides=tuple(a.overrides),
+                  reuse_teacher=a.reuse_teacher)
     res.update({"commit": commit(), "date": time.strftime("%Y-%m-%d"), "wall_s": round(time.perf_counter() - t0, 1),
                 "load_avg_1m_at_end": os.getloadavg()[0]})
     allres = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}

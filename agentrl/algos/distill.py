@@ -22,6 +22,36 @@ process on the learner's device and its forward runs in `prepare` without gradie
 (the reference worker's pipeline), and `prepare` takes the result. Both compute
 `agentrl.placement.frozen_logprobs` (the same micro-batches, trimmed the same way), so the two
 are equal (bit for bit in float32 on CPU, tested).
+
+`algo.distill_kl` picks the teacher signal:
+- `sampled` (the default, above): the one-sample estimate as a per-token advantage.
+- `full`: the exact per-token reverse KL at the student's sampled prefixes y_<t,
+
+      KL_t = sum_v p_s(v | y_<t) (log p_s(v | y_<t) - log p_t(v | y_<t))
+
+  computed from both models' whole next-token distributions and added to the loss,
+  `distill_coef * token-mean(KL_t)`, differentiated through p_s (GKD, Agarwal et al. 2024,
+  the generalized JSD at beta -> 1, i.e. the reverse KL, on student samples, lambda = 1;
+  MiniLLM, Gu et al. 2024, the per-step reverse KL). No sampling variance: every token of the
+  vocabulary is scored at every sampled position. The sampled prefixes are data (no gradient
+  through the sampling), as in GKD. The env reward, when `distill_reward_coef > 0`, stays the
+  clipped surrogate of its GRPO advantage.
+- `topk`: KL_t over k + 1 outcomes, the teacher's `distill_topk` most likely tokens K_t and
+  one bucket for all the others, p(rest) = 1 - sum_{v in K_t} p(v):
+
+      KL^k_t = sum_{v in K_t} p_s(v) (log p_s(v) - log p_t(v)) + p_s(rest) (log p_s(rest) - log p_t(rest))
+
+  a lower bound of KL_t (merging outcomes cannot raise a KL: the log-sum inequality), equal to
+  it when k = V; what a teacher that sends only its top k per position allows.
+
+- `forward`: the forward KL at the same prefixes, sum_v p_t(v) (log p_t(v) - log p_s(v)),
+  added to the loss the same way: cross-entropy to the teacher's soft next-token labels at the
+  student's own prefixes (GKD's beta = 0 end, Agarwal et al. 2024; mode covering, where the
+  reverse KL is mode seeking).
+
+`full`, `topk` and `forward` run the inline teacher (`placement.teacher=worker` is refused at start-up:
+the worker returns sampled-token log-probabilities only) and keep a (B, T, V) or (B, T, k)
+teacher tensor in the batch.
 """
 
 from __future__ import annotations
@@ -33,6 +63,7 @@ import torch
 
 from agentrl.algos import grpo
 from agentrl.algos.advantages import expand_to_tokens, group_advantages, group_stats
+from agentrl.algos.losses import aggregate
 
 OPTIONS = ("dual_clip", "tis_cap", "overlong_buffer", "mask_truncated")
 
@@ -106,6 +137,62 @@ def teacher_logprobs(teacher: Any, batch: dict[str, Any], *, temperature: float 
     return out.to(batch["input_ids"].device)
 
 
+def full_reverse_kl(student_logp: torch.Tensor, teacher_logp: torch.Tensor) -> torch.Tensor:
+    """Exact reverse KL per position, KL(p_s || p_t) = sum_v p_s(v) (log p_s(v) - log p_t(v))
+    (GKD, Agarwal et al. 2024; MiniLLM, Gu et al. 2024), with gradient through `student_logp`.
+
+    Args:
+        student_logp, teacher_logp: (B, T, V) log-probabilities over the vocabulary (rows that
+            are all 0, e.g. t = 0 or padding, give finite garbage: read the result through a mask).
+
+    Returns:
+        (B, T) KL in nats (>= 0; 0, and 0 gradient, where the two distributions are equal).
+    """
+    return (student_logp.exp() * (student_logp - teacher_logp.to(student_logp.dtype))).sum(-1)
+
+
+def full_forward_kl(student_logp: torch.Tensor, teacher_logp: torch.Tensor) -> torch.Tensor:
+    """Exact forward KL per position, KL(p_t || p_s) = sum_v p_t(v) (log p_t(v) - log p_s(v)),
+    with gradient through `student_logp` (d/dz_s = p_s - p_t: cross-entropy to the teacher's
+    soft labels); GKD's beta = 0 end on student samples (Agarwal et al. 2024, sec. 3). Shapes
+    and masking as `full_reverse_kl`.
+
+    Returns:
+        (B, T) nats (>= 0; 0, and 0 gradient, where the two distributions are equal).
+    """
+    t = teacher_logp.to(student_logp.dtype)
+    return (t.exp() * (t - student_logp)).sum(-1)
+
+
+def topk_reverse_kl(student_logp: torch.Tensor, teacher_topk_logp: torch.Tensor,
+                    teacher_topk_ids: torch.Tensor, *, eps: float = 1e-12) -> torch.Tensor:
+    """Reverse KL per position over the teacher's top k tokens plus one bucket for the rest:
+    sum_{v in K} p_s(v) (log p_s(v) - log p_t(v)) + p_s(rest) (log p_s(rest) - log p_t(rest)),
+    p(rest) = 1 - sum_{v in K} p(v) (clamped at `eps`). A lower bound of `full_reverse_kl` (the
+    log-sum inequality), equal to it (up to `eps`) when K is the whole vocabulary.
+
+    Args:
+        student_logp: (B, T, V) the student's log-probabilities, with gradient.
+        teacher_topk_logp, teacher_topk_ids: (B, T, k) the teacher's k largest log-probabilities
+            and their token ids.
+
+    Returns:
+        (B, T) nats.
+    """
+    ids = teacher_topk_ids.to(student_logp.device)
+    s_k = student_logp.gather(-1, ids)
+    t_k = teacher_topk_logp.to(student_logp)
+    head = (s_k.exp() * (s_k - t_k)).sum(-1)
+    s_rest = (1 - s_k.exp().sum(-1)).clamp(min=eps)
+    t_rest = (1 - t_k.exp().sum(-1)).clamp(min=eps)
+    return head + s_rest * (s_rest.log() - t_rest.log())
+
+
+def wants_vocab_logprobs(cfg: Any) -> bool:
+    """The learner passes the student's (B, T, V) log-probabilities to `loss` (`full`, `topk`)."""
+    return getattr(cfg, "distill_kl", "sampled") != "sampled"
+
+
 def prepare(batch: dict[str, Any], learner: Any, cfg: Any) -> tuple[dict[str, Any], dict]:
     """`old_logprobs` (the student, learner forward) and `teacher_logprobs` (B, T): from the
     teacher worker when `learner.teacher` is set (`placement.teacher=worker`; a prefetched
@@ -116,7 +203,25 @@ def prepare(batch: dict[str, Any], learner: Any, cfg: Any) -> tuple[dict[str, An
     """
     batch["old_logprobs"] = learner.logprobs(batch)
     remote = getattr(learner, "teacher", None)
-    if remote is not None:
+    mode = getattr(cfg, "distill_kl", "sampled")
+    if mode != "sampled":
+        if remote is not None:  # the config refuses this at start-up; a direct caller too
+            raise ValueError(f"algo.distill_kl={mode} needs placement.teacher=inline")
+        from agentrl.placement import frozen_vocab_logprobs
+
+        teacher = load_teacher(cfg.teacher_path, getattr(learner, "device", "cpu"))
+        try:
+            out = frozen_vocab_logprobs(
+                teacher, batch["input_ids"], batch["attention_mask"], batch["lengths"],
+                temperature=float(getattr(learner, "temperature", 1.0)),
+                micro_batch_size=int(getattr(learner, "micro_batch_size", 16)),
+                topk=cfg.distill_topk if mode == "topk" else None)  # full, forward: (B, T, V)
+        except ValueError as e:
+            raise ValueError(f"algo.teacher_path: {e}") from None
+        dev = batch["input_ids"].device
+        batch["teacher_logprobs"] = out.pop("logprobs").to(dev)
+        batch.update({f"teacher_{k}": v.to(dev) for k, v in out.items()})
+    elif remote is not None:
         batch["teacher_logprobs"] = remote.logprobs(batch)
     else:
         teacher = load_teacher(cfg.teacher_path, getattr(learner, "device", "cpu"))
@@ -143,7 +248,8 @@ def advantages(batch: dict[str, Any], cfg: Any) -> tuple[torch.Tensor, dict[str,
     """
     mask = batch["loss_mask"] != 0
     signal = torch.where(mask, batch["teacher_logprobs"].float() - batch["old_logprobs"].float(), 0.0)
-    adv = cfg.distill_coef * signal
+    # full / topk: the teacher signal is the KL term of `loss`, not an advantage
+    adv = cfg.distill_coef * signal if not wants_vocab_logprobs(cfg) else torch.zeros_like(signal)
     if cfg.distill_reward_coef > 0:
         env = group_advantages(batch["scores"], batch["group_ids"], scale=cfg.scale)
         adv = adv + cfg.distill_reward_coef * expand_to_tokens(env, batch["loss_mask"]).float()
@@ -152,6 +258,33 @@ def advantages(batch: dict[str, Any], cfg: Any) -> tuple[torch.Tensor, dict[str,
     return adv, stats
 
 
-#: GRPO's clipped surrogate (+ KL, - entropy) on the per-token advantages
-loss = grpo.loss
-idle_zero_advantage_rows = grpo.idle_zero_advantage_rows
+def loss(logp: torch.Tensor, batch: dict[str, Any], cfg: Any, *, num_tokens: float, num_seqs: int,
+         entropy: torch.Tensor | None = None, vocab_logp: torch.Tensor | None = None
+         ) -> tuple[torch.Tensor, dict[str, Any]]:
+    """GRPO's clipped surrogate (+ KL to the reference, - entropy) on the per-token advantages;
+    with `distill_kl=full|topk` plus `distill_coef * token-mean(KL_t)` over agent tokens
+    (`full_reverse_kl` / `topk_reverse_kl` of `vocab_logp` (B, T, V) against the batch's
+    `teacher_vocab_logprobs` / `teacher_topk_*`), normalised by the minibatch's `num_tokens`."""
+    total, metrics = grpo.loss(logp, batch, cfg, num_tokens=num_tokens, num_seqs=num_seqs, entropy=entropy)
+    if not wants_vocab_logprobs(cfg):
+        return total, metrics
+    if vocab_logp is None:
+        raise ValueError(f"algo.distill_kl={cfg.distill_kl}: the loss needs the student's vocab_logp")
+    W = vocab_logp.shape[1]
+    if cfg.distill_kl == "full":
+        k = full_reverse_kl(vocab_logp, batch["teacher_vocab_logprobs"][:, :W])
+    elif cfg.distill_kl == "forward":
+        k = full_forward_kl(vocab_logp, batch["teacher_vocab_logprobs"][:, :W])
+    else:
+        k = topk_reverse_kl(vocab_logp, batch["teacher_topk_logprobs"][:, :W], batch["teacher_topk_ids"][:, :W])
+    mask = batch["loss_mask"][:, :W]
+    k = torch.where(mask != 0, k, 0.0)  # t = 0 and padding rows are all-0 "distributions"
+    kl_term = aggregate(k, mask, "token-mean", num_tokens=num_tokens)
+    metrics["distill_kl"] = float(kl_term.detach())
+    return total + cfg.distill_coef * kl_term, metrics
+
+
+def idle_zero_advantage_rows(cfg: Any) -> bool:
+    """As GRPO's, but never with `distill_kl=full|topk` (their signal is in the loss, not the
+    advantages)."""
+    return grpo.idle_zero_advantage_rows(cfg) and not wants_vocab_logprobs(cfg)
