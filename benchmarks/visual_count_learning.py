@@ -253,7 +253,7 @@ def main() -> None:
                     help="question kind (both: count and where, the env's default mix)")
     ap.add_argument("--sft-steps", type=int, default=400)
     ap.add_argument("--sft-lr", type=float, default=5e-4,
-                    help="SFT learning rate (sft.lr's default 2e-3 left the model image-blind here)")
+                    help="SFT learning rate (at sft.lr's default 2e-3 the colour run measured stayed image-blind)")
     ap.add_argument("--sft-examples", type=int, default=4000, help="distinct training tasks for SFT")
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--hidden-size", type=int, default=128)
