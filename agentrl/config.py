@@ -53,7 +53,7 @@ class ModelConfig(_Section):
     path: str | None = None
     """Local Hugging Face model directory. None: build the embedded tiny default (see `tiny`)."""
     vision: bool = False
-    """Embedded default (no `path`): build a tiny vision-language model (Qwen2-VL: the text sizes below, a 2-block vision tower of width 32, a PIL image processor) in OUT/base_vlm instead of the text model, for envs whose observations carry images (docs/multimodal.md). Runs in-process on the hf engine only: with images Ray rollout workers, vLLM, LoRA, PPO's value head, a reference worker and learner ranks are refused at start-up."""
+    """Embedded default (no `path`): build a tiny vision-language model (Qwen2-VL: the text sizes below, a vision tower of `model.vision_depth` blocks of width `model.vision_width`, a PIL image processor) in OUT/base_vlm instead of the text model, for envs whose observations carry images (docs/multimodal.md). Runs in-process on the hf engine only: with images Ray rollout workers, vLLM, LoRA, PPO's value head, a reference worker and learner ranks are refused at start-up."""
     hidden_size: int = Field(default=128, ge=8)
     """Embedded default: hidden size of the tiny Qwen2 model."""
     num_layers: int = Field(default=4, ge=1)
@@ -64,6 +64,12 @@ class ModelConfig(_Section):
     """Embedded default: MLP width."""
     vocab_size: int = Field(default=1024, ge=300)
     """Embedded default: byte-level BPE vocabulary size trained offline on the env's corpus."""
+    vision_width: int = Field(default=32, ge=4)
+    """Embedded default with `model.vision`: width (embedding size) of the vision tower's blocks; must be divisible by `model.vision_heads`."""
+    vision_depth: int = Field(default=2, ge=1)
+    """Embedded default with `model.vision`: number of vision-tower blocks."""
+    vision_heads: int = Field(default=2, ge=1)
+    """Embedded default with `model.vision`: attention heads of the vision tower."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Parameter dtype of the rollout engine's weights (in-process HF engine, Ray workers, vLLM): `bfloat16` halves their memory and the sampler's logprobs then differ from the learner's by bf16 rounding (`loss/logp_mismatch` shows it, `algo.tis_cap` corrects for it). The learner keeps float32 master weights whatever this says (its compute precision is `train.precision`); the pushed weights are cast on load."""
     lora_r: int = Field(default=0, ge=0)
@@ -72,6 +78,14 @@ class ModelConfig(_Section):
     """LoRA scaling numerator: the update is `(lora_alpha / lora_r) * B @ A`."""
     lora_target_modules: str | list[str] = "all-linear"
     """Modules that get adapters: a list of names (e.g. `[q_proj, v_proj]`) or `all-linear` (every linear layer but the output head)."""
+
+    @model_validator(mode="after")
+    def _vision_heads_divide_width(self) -> ModelConfig:
+        if self.vision_width % self.vision_heads or (self.vision_width // self.vision_heads) % 4:
+            raise ValueError(f"model.vision_width {self.vision_width} / model.vision_heads {self.vision_heads} "
+                             "must be a whole head dimension divisible by 4 (the vision tower's 2-D rotary "
+                             "embedding), e.g. vision_width=64 vision_heads=2")
+        return self
 
     @field_validator("lora_r")
     @classmethod

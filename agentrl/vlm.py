@@ -100,7 +100,7 @@ def tiny_vlm_config(
 
     Raises:
         ValueError: `hidden_size` not divisible by `num_heads`, a head dimension not divisible
-            by 4 (rotary sections), `vision_width` not divisible by `vision_heads`, or a
+            by 4 (rotary sections), `vision_width / vision_heads` not a whole number divisible by 4, or a
             tokenizer without the vision tokens.
     """
     from transformers import Qwen2VLConfig
@@ -110,8 +110,9 @@ def tiny_vlm_config(
     head_dim = hidden_size // num_heads
     if head_dim % 4:
         raise ValueError(f"head dimension {head_dim} (hidden_size / num_heads) must be divisible by 4")
-    if vision_width % vision_heads:
-        raise ValueError(f"vision_width {vision_width} is not divisible by vision_heads {vision_heads}")
+    if vision_width % vision_heads or (vision_width // vision_heads) % 4:
+        raise ValueError(f"vision_width {vision_width} / vision_heads {vision_heads} must be a whole head "
+                         "dimension divisible by 4 (the vision tower's 2-D rotary embedding)")
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS}
     if any(i is None or i == tokenizer.unk_token_id for i in ids.values()):
         raise ValueError(f"tokenizer lacks the vision tokens {VISION_TOKENS} (use build_vlm_tokenizer)")

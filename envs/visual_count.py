@@ -5,7 +5,10 @@ hold a coloured shape (square, circle or triangle; red, green, blue or yellow), 
 numpy only, so every pixel is the same on every machine. The question is one of:
 - `count`: "How many red squares are in the image?" — the answer is a number (0 allowed);
 - `where`: "Which cell holds the circle?" (the board has exactly one circle) — the answer is
-  `row,column`, 1-based, row 1 at the top.
+  `row,column`, 1-based, row 1 at the top;
+- `colour` (not drawn by default; `questions=["colour"]`): "What colour is the circle?" (exactly
+  one circle) — the answer is a colour name. It needs what is in the image but not where:
+  the easiest of the three for a tiny model.
 
 The observation is one user message whose content is `[image part, text part]` (the image a PIL
 image, or with `image_format="array"` an `(H, W, 3)` uint8 array). Reward 1.0 for the right
@@ -37,6 +40,9 @@ COLOURS: dict[str, tuple[int, int, int]] = {
 """Colour names and their RGB values (0-255)."""
 SHAPES = ("square", "circle", "triangle")
 QUESTIONS = ("count", "where")
+"""The question kinds drawn by default."""
+KINDS = ("count", "where", "colour")
+"""Every question kind (`questions=` may pick any of them)."""
 HELDOUT_FRACTION = 0.2
 """Share of task seeds held out for evaluation."""
 FEEDBACK = "Wrong, look again."
@@ -71,7 +77,8 @@ def make_task(seed: int, *, grid: int = 3, max_items: int = 5,
     `grid` board, and a question of a kind in `questions` (drawn from the same generator).
 
     `count` asks for a (colour, shape) pair that is on the board 3 times in 4, else a random
-    pair (answer 0 possible). `where` redraws the shapes so that exactly one is a circle.
+    pair (answer 0 possible). `where` and `colour` redraw the shapes so that exactly one is a
+    circle.
 
     Raises:
         ValueError: `grid` < 2, `max_items` not in [2, grid**2], or an unknown question kind.
@@ -80,16 +87,16 @@ def make_task(seed: int, *, grid: int = 3, max_items: int = 5,
         raise ValueError(f"grid must be >= 2, got {grid}")
     if not 2 <= max_items <= grid * grid:
         raise ValueError(f"max_items must be in [2, {grid * grid}], got {max_items}")
-    bad = [q for q in questions if q not in QUESTIONS]
+    bad = [q for q in questions if q not in KINDS]
     if bad or not questions:
-        raise ValueError(f"questions: unknown kinds {bad} (allowed: {', '.join(QUESTIONS)})")
+        raise ValueError(f"questions: unknown kinds {bad} (allowed: {', '.join(KINDS)})")
     rng = np.random.default_rng(seed)
     kind = str(questions[int(rng.integers(len(questions)))])
     n = int(rng.integers(2, max_items + 1))
     cells = rng.choice(grid * grid, size=n, replace=False)
     colours = list(COLOURS)
     shapes = [str(SHAPES[int(rng.integers(len(SHAPES)))]) for _ in range(n)]
-    if kind == "where":  # exactly one circle
+    if kind in ("where", "colour"):  # exactly one circle
         circle = int(rng.integers(n))
         others = [s for s in SHAPES if s != "circle"]
         shapes = ["circle" if i == circle else str(others[int(rng.integers(len(others)))]) for i in range(n)]
@@ -105,6 +112,9 @@ def make_task(seed: int, *, grid: int = 3, max_items: int = 5,
         question = f"How many {colour} {shape}s are in the image? Answer with a number."
         return Task(seed, items, kind, question, str(count))
     circle_item = next(it for it in items if it.shape == "circle")
+    if kind == "colour":
+        return Task(seed, items, kind, "What colour is the circle? Answer with a colour name.",
+                    circle_item.colour)
     question = ("Which cell holds the circle? Answer as row,column (1-based, row 1 at the top, "
                 "column 1 at the left).")
     return Task(seed, items, kind, question, f"{circle_item.row + 1},{circle_item.col + 1}")
@@ -153,13 +163,17 @@ _WORDS = {w: i for i, w in enumerate(
 def parse_answer(kind: str, text: str) -> str | None:
     """The canonical answer in `text`, or None when there is none: for `count`, the first
     integer (digits, or a number word zero..twelve) as a str; for `where`, the first
-    `r,c` / `r c` / `row r column c` pair as `"r,c"`."""
+    `r,c` / `r c` / `row r column c` pair as `"r,c"`; for `colour`, the first colour name of
+    `COLOURS` (as a word, any case)."""
     if kind == "count":
         m = _NUMBER.search(text)
         words = [_WORDS[w] for w in re.findall(r"[a-z]+", text.lower()) if w in _WORDS]
         if m:
             return str(int(m.group()))
         return str(words[0]) if words else None
+    if kind == "colour":
+        names = [w for w in re.findall(r"[a-z]+", text.lower()) if w in COLOURS]
+        return names[0] if names else None
     m = _WHERE.search(text)
     return f"{int(m.group(1))},{int(m.group(2))}" if m else None
 
@@ -172,7 +186,7 @@ class VisualCountEnv(TextEnv):
             seeds `reset` draws.
         grid, cell: board size in cells, cell size in pixels (28 = one Qwen2-VL merged patch).
         max_items: most shapes on a board (at least 2).
-        questions: the question kinds drawn (`count`, `where`).
+        questions: the question kinds drawn (`count`, `where`, `colour`; default the first two).
         max_turns: attempts per task (the env's own; `env.max_turns` sets it).
         feedback_image: send the image again with the "wrong, look again" feedback.
         image_format: `pil` (a PIL RGB image) or `array` (an `(H, W, 3)` uint8 numpy array).
@@ -268,7 +282,8 @@ class VisualCountEnv(TextEnv):
         else:
             given = parse_answer(self.task.kind, action)
             if given is None:
-                info["error"] = f"no {'number' if self.task.kind == 'count' else 'row,column'} in the answer"
+                want = {"count": "number", "where": "row,column", "colour": "colour name"}[self.task.kind]
+                info["error"] = f"no {want} in the answer"
         right = given == self.task.answer
         info["success"] = right
         info["attempts"] = self.attempts

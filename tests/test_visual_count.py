@@ -82,6 +82,27 @@ def test_answers_agree_with_the_drawn_image():
     assert make_task(7) == make_task(7) and make_task(7, questions=["where"]).kind == "where"
 
 
+def test_colour_question_answers_agree_with_the_drawn_image_and_scripted_episode():
+    """`colour` (opt-in): exactly one circle, the answer is its colour as read from the pixels;
+    the default kinds are unchanged."""
+    seen = set()
+    for seed in range(200):
+        t = make_task(seed, questions=["colour"])
+        [(_, _, colour, _)] = [b for b in _read_board(draw(t.items)) if b[3] == "circle"]
+        assert t.kind == "colour" and t.answer == colour and t.question.startswith("What colour is the circle?")
+        seen.add(colour)
+    assert seen == set(COLOURS)
+    assert {make_task(s).kind for s in range(100)} == {"count", "where"}
+    assert parse_answer("colour", "It is Blue.") == "blue" and parse_answer("colour", "reddish") is None
+    env, obs, _, t = _task_env("colour")
+    assert obs[0]["content"][1]["text"] == t.question
+    assert env.step(f"{t.answer}")[1:4] == (1.0, True, False)
+    env.reset(options={"task": t.seed})
+    _, r, term, _, info = env.step("no idea")
+    assert r == 0.0 and term and "no colour name" in info["error"]
+    check_env(VisualCountEnv(questions=["colour"]), skip_render_check=True)
+
+
 def test_splits_are_disjoint_and_seeded():
     train, held = VisualCountEnv("train"), VisualCountEnv("heldout")
     flags = [held.in_split(k) for k in range(2000)]
@@ -151,7 +172,7 @@ def test_parse_answer_and_bad_arguments():
     assert parse_answer("where", "2,3") == "2,3" and parse_answer("where", "row 1, column 2") == "1,2"
     assert parse_answer("where", "Row 3 col 1") == "3,1" and parse_answer("where", "middle") is None
     assert parse_answer("where", "23") is None and parse_answer("where", "(2, 1)") == "2,1"
-    for kw, words in [({"split": "dev"}, "split"), ({"questions": ["colour"]}, "unknown kinds"),
+    for kw, words in [({"split": "dev"}, "split"), ({"questions": ["size"]}, "unknown kinds"),
                       ({"image_format": "png"}, "image_format"), ({"max_turns": 0}, "max_turns"),
                       ({"max_items": 1}, "max_items"), ({"cell": 4}, "cell")]:
         with pytest.raises(ValueError, match=words):

@@ -114,6 +114,8 @@ def test_model_vision_builds_the_vlm_and_refuses_what_cannot_run_with_images(tmp
     assert path == str(tmp_path / "base_vlm") and is_vlm_dir(path)
     model, tok, where = run.load_policy(cfg, tmp_path, None)
     assert where == path and model.config.text_config.hidden_size == 32
+    v = model.config.vision_config
+    assert (v.depth, v.embed_dim, v.num_heads) == (2, 32, 2)  # model.vision_* defaults
     assert type(tok.image_processor).__name__.startswith("Qwen2VLImageProcessor")
     text = "Say the word apple."  # the toy env's prompt: the tokenizer learnt merges from it
     assert len(tok.encode(text, add_special_tokens=False)) < len(text) // 2
@@ -167,3 +169,23 @@ def test_train_and_eval_visual_count_on_the_embedded_vlm_subprocess(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     summary = json.loads((tmp_path / "ev" / "summary.json").read_text())
     assert summary["overall"]["episodes"] >= 1 and summary["overall"]["env_errors"] == 0
+
+
+def test_model_vision_tower_size_keys(tmp_path, monkeypatch):
+    """`model.vision_width` / `vision_depth` / `vision_heads` size the embedded VLM's vision
+    tower; a head dimension that the tower's 2-D rotary cannot split fails at start-up."""
+    import agentrl.run as run
+    from agentrl.config import ConfigError, load_config
+
+    monkeypatch.setattr(run, "TOKENIZER_TASKS", 20)
+    small = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2",
+             "model.intermediate_size=64", "model.vocab_size=300"]
+    cfg = load_config(None, ["env.name=toy", "model.vision=true", "sft.steps=0", *small,
+                             "model.vision_width=48", "model.vision_depth=3", "model.vision_heads=4"])
+    model, _, _ = run.load_policy(cfg, tmp_path, None)
+    v = model.config.vision_config
+    assert (v.depth, v.embed_dim, v.num_heads, v.hidden_size) == (3, 48, 4, 32)
+    assert len(model.model.visual.blocks) == 3
+    for bad in (["model.vision_width=48", "model.vision_heads=5"], ["model.vision_width=24", "model.vision_heads=4"]):
+        with pytest.raises((ConfigError, ValueError), match="vision_heads"):
+            load_config(None, ["env.name=toy", "model.vision=true", *bad])
