@@ -110,10 +110,7 @@ def frozen_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.T
     """
     from agentrl.learner import _slice, token_logprobs
 
-    vocab = model.get_input_embeddings().weight.shape[0]
-    if input_ids.numel() and int(input_ids.max()) >= vocab:
-        raise ValueError(f"token id {int(input_ids.max())} is outside the frozen model's vocabulary "
-                         f"of {vocab}: it must use the policy's tokenizer")
+    check_vocabulary(model, input_ids)
     device = next(model.parameters()).device
     batch = {"input_ids": input_ids.cpu(), "attention_mask": attention_mask.cpu(), "lengths": lengths.cpu()}
     out = torch.zeros(input_ids.shape, dtype=torch.float32)
@@ -124,6 +121,21 @@ def frozen_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.T
                                    temperature=temperature)
             out[idx, : lp.shape[1]] = lp.float().cpu()
     return out
+
+
+def check_vocabulary(model: Any, input_ids: torch.Tensor) -> None:
+    """Refuse ids a frozen `model` cannot score (a teacher or reference with another tokenizer).
+
+    Args:
+        input_ids: (B, T) token ids.
+
+    Raises:
+        ValueError: a token id at or above the model's input-embedding rows.
+    """
+    vocab = model.get_input_embeddings().weight.shape[0]
+    if input_ids.numel() and int(input_ids.max()) >= vocab:
+        raise ValueError(f"token id {int(input_ids.max())} is outside the frozen model's vocabulary "
+                         f"of {vocab}: it must use the policy's tokenizer")
 
 
 def frozen_vocab_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -145,10 +157,7 @@ def frozen_vocab_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: t
     """
     from agentrl.learner import _slice, full_precision
 
-    vocab = model.get_input_embeddings().weight.shape[0]
-    if input_ids.numel() and int(input_ids.max()) >= vocab:
-        raise ValueError(f"token id {int(input_ids.max())} is outside the frozen model's vocabulary "
-                         f"of {vocab}: it must use the policy's tokenizer")
+    check_vocabulary(model, input_ids)
     device = next(model.parameters()).device
     t = temperature if temperature and temperature > 0 else 1.0
     batch = {"input_ids": input_ids.cpu(), "attention_mask": attention_mask.cpu(), "lengths": lengths.cpu()}

@@ -8,11 +8,11 @@ import math
 
 import pytest
 import torch
+from test_algorithm_options import _trajs  # the same four two-group trajectories
 
 from agentrl.algos import get_algorithm
 from agentrl.algos.distill import full_forward_kl, full_reverse_kl, topk_reverse_kl
 from agentrl.config import AlgoConfig, ConfigError, load_config
-from agentrl.trajectory import Trajectory
 
 distill = get_algorithm("distill")
 
@@ -135,20 +135,6 @@ def test_worker_teacher_with_a_vocab_kl_is_refused_at_start_up(tmp_path):
                                "placement.teacher=worker", f"algo.distill_kl={mode}"])
     with pytest.raises(ConfigError, match="distill_kl"):
         load_config(None, ["algo.name=distill", f"algo.teacher_path={tmp_path}", "algo.distill_kl=backward"])
-
-
-def _trajs(n=4, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for i in range(n):
-        tr = Trajectory(group_id=i // 2)
-        tr.append_context(torch.randint(3, 50, (3,), generator=g).tolist())
-        tr.append_sampled(torch.randint(3, 50, (2 + i,), generator=g).tolist(), [-3.0] * (2 + i),
-                          reward=float(i % 2))
-        tr.append_context([5])
-        tr.terminated = True
-        out.append(tr)
-    return out
 
 
 @pytest.mark.parametrize("mode", ["full", "topk", "forward"])
