@@ -171,7 +171,7 @@ def eval_cmd(
     env: Annotated[Optional[str], typer.Option(help="Env: short name, Gymnasium id, or pkg.module:Class (default: the run's, else code_sandbox).")] = None,
     model: Annotated[Optional[str], typer.Option(help="Model dir, OUT/checkpoints/step_N, training output dir, 'default', or 'reference'.")] = None,
     dataset: Annotated[Optional[str], typer.Option(help="Task file or 'humaneval'.")] = None,
-    split: Annotated[Optional[str], typer.Option(help="train | heldout | all (default: all with --dataset, else heldout).")] = None,
+    split: Annotated[Optional[str], typer.Option(help="train | heldout | all, for envs with splits (default: all with --dataset, else heldout).")] = None,
     samples: Annotated[Optional[int], typer.Option(min=1, help="Episodes per task (n; default train.eval_samples, 4).")] = None,
     k: Annotated[Optional[str], typer.Option(help="pass@k values, comma-separated, each <= samples (default 1 and samples).")] = None,
     temperature: Annotated[Optional[float], typer.Option(min=0.0, help="0 = greedy. Default: rollout.temperature of the run's config; greedy for a bare model with --samples 1.")] = None,
@@ -188,6 +188,7 @@ def eval_cmd(
     top_p: Annotated[Optional[float], typer.Option(help="Nucleus sampling mass.")] = None,
     config: Annotated[Optional[str], typer.Option("--config", "-c", help="YAML file of config overrides.")] = None,
     imports: Annotated[Optional[list[str]], typer.Option("--import", help="Python module to import first, so that its register_env calls run (repeatable): --import my_envs for ./my_envs.py.")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the earlier evaluation in --out (its files only).")] = False,
 ) -> None:
     """Evaluate a model: pass@k, rewards, turns, tokens, verdicts -> OUT/results.jsonl, summary.json, summary.md."""
     from agentrl.eval.cli import eval_command
@@ -199,7 +200,8 @@ def eval_cmd(
                      temperature=temperature, out=out, seed=seed, compare=compare, max_tasks=max_tasks,
                      max_turns=max_turns, workers=workers, batch_size=batch_size, env_threads=env_threads,
                      max_tokens=max_tokens, max_episode_tokens=max_episode_tokens, top_p=top_p,
-                     config=config, overrides=overrides, console=console, imports=imports)
+                     config=config, overrides=overrides, console=console, imports=imports,
+                     overwrite=overwrite)
     except (ValueError, FileNotFoundError, LookupError, ConfigError, ImportError) as e:
         _fail(str(e))
 

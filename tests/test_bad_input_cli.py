@@ -92,3 +92,38 @@ def test_eval_compare_on_training_folders_is_a_clear_error(tmp_path, tiny_model_
     assert len(text.strip().splitlines()) == 1
     code, text = _cli("eval", "--compare", str(tmp_path / "nothing"), str(run))
     assert code == 2 and "not found" in text
+
+
+@pytest.mark.parametrize("env, message", [
+    ("toy", "--split foo: env toy has no splits"),
+    ("code_sandbox", "--split foo: env code_sandbox has no such split: split: unknown split 'foo'; "
+                     "allowed: train, heldout, all"),
+])
+def test_eval_split_the_env_does_not_have_is_refused(tmp_path, env, message):
+    out = tmp_path / "ev"
+    code, text = _cli("eval", "--env", env, "--model", "reference", "--split", "foo", "--tasks", "1",
+                      "--out", str(out))
+    assert code == 2 and message in " ".join(text.split()) and "Traceback" not in text, text
+    assert not out.exists()
+
+
+def test_eval_refuses_to_replace_an_earlier_evaluation_without_overwrite(tmp_path):
+    out = tmp_path / "ev"
+    args = ("eval", "--env", "toy", "--model", "reference", "--tasks", "2", "--out", str(out))
+    code, text = _cli(*args)
+    assert code == 0, text
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert set(before) == {"results.jsonl", "summary.json", "summary.md"}
+    code, text = _cli(*args, "--tasks", "1")
+    flat = " ".join(text.split())
+    assert code == 2 and "already holds an evaluation" in flat and "--overwrite" in flat, text
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # nothing lost
+    code, text = _cli(*args, "--tasks", "1", "--overwrite")
+    assert code == 0, text
+    rows = (out / "results.jsonl").read_text().splitlines()
+    assert len(rows) == 1  # the new evaluation: 1 task x 1 sample
+    # a folder with files eval did not write (a training run) is refused, --overwrite or not
+    (out / "config.json").write_text("{}")
+    code, text = _cli(*args, "--overwrite")
+    assert code == 2 and "holds files agentrl eval did not write (config.json)" in " ".join(text.split())
+    assert (out / "config.json").read_text() == "{}" and len((out / "results.jsonl").read_text().splitlines()) == 1

@@ -99,6 +99,78 @@ def resolve_model(model: str) -> tuple[Path, Path | None]:
                             "model_type) nor a training output dir with checkpoints/step_N")
 
 
+EVAL_OUTPUTS = ("results.jsonl", "summary.json", "summary.md")
+"""What `agentrl eval` writes in `--out` (`run_eval`)."""
+EVAL_BUILT = ("base_model", "base_vlm")
+"""The embedded model `--model default` builds in `--out` (`agentrl.run.default_model_dir`)."""
+
+
+def check_eval_out(out: Path, *, overwrite: bool) -> list[Path]:
+    """`--out` of an evaluation, checked before any work: absent or empty; an earlier
+    evaluation there (`EVAL_OUTPUTS`, `EVAL_BUILT`) is replaced only with `overwrite`, as
+    `agentrl train --overwrite` replaces a run.
+
+    Returns:
+        the paths an `overwrite` removes (to remove once the arguments are checked).
+
+    Raises:
+        ValueError: `out` is a file; it holds an earlier evaluation (without `overwrite`: the
+            message says `--overwrite`); it holds files `agentrl eval` does not write (a
+            training run, anything else: refused with or without `overwrite`).
+    """
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"out: {out} is a file, not a folder")
+    items = sorted(out.iterdir()) if out.is_dir() else []
+    foreign = [p.name for p in items if p.name not in EVAL_OUTPUTS + EVAL_BUILT]
+    if foreign:
+        raise ValueError(f"out: {out} holds files agentrl eval did not write ({', '.join(foreign[:6])}"
+                         f"{', ...' if len(foreign) > 6 else ''}): choose another --out")
+    if items and not overwrite:
+        raise ValueError(f"out: {out} already holds an evaluation ({', '.join(p.name for p in items)}); "
+                         "replace it with --overwrite, or choose another --out")
+    return items
+
+
+def _remove(paths: Sequence[Path]) -> None:
+    import shutil
+
+    for p in paths:
+        if p.is_dir():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+
+
+def _probe_env(cfg: Any, split_arg: str, split: str | None) -> Any:
+    """The first env of the evaluation (`build_env(cfg, split_arg)`). With `--split` given
+    (`split`), an env that takes no `split` keyword, or one that refuses this split's name,
+    is a `--split` error.
+
+    Raises:
+        ValueError: `--split` on an env without splits (naming the env), or a split the env
+            does not have (the env's own message lists its splits).
+        ConfigError: the env cannot be made for another reason (naming the key).
+    """
+    from agentrl.config import ConfigError
+    from agentrl.run import _env_accepts, build_env
+
+    if split is not None and not _env_accepts(cfg.env.name, "split"):
+        raise ValueError(f"--split {split}: env {cfg.env.name} has no splits (its constructor takes "
+                         "no split keyword): leave --split out")
+    try:
+        return build_env(cfg, split_arg)
+    except ConfigError as e:
+        if split is None:
+            raise
+        try:  # the env without the split: the split's fault when this one works
+            build_env(cfg).close()
+        except ConfigError:
+            raise e from None
+        made = e.__cause__ or e  # gymnasium's error, whose cause is the env's own
+        cause = made.__cause__ or made
+        raise ValueError(f"--split {split}: env {cfg.env.name} has no such split: {cause}") from None
+
+
 def _default_out(env: str, model: str) -> str:
     name = Path(model.split(":", 1)[0]).name or "model"
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in f"{env}_{name}")
@@ -129,6 +201,7 @@ def eval_command(
     overrides: Sequence[str] | None = None,
     console: Any = None,
     imports: Sequence[str] | None = None,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Run `agentrl eval` (or `agentrl eval --compare A B`).
 
@@ -172,12 +245,15 @@ def eval_command(
         console: rich Console for tables and progress (None: a new one).
         imports: modules to import before the env is looked up (`env.imports`, added to the
             config's), so that their `register_env` calls run.
+        overwrite: replace an earlier evaluation in `out` (`check_eval_out`); without it, an
+            `out` that is not empty is refused before any work.
 
     Returns:
         The summary dict (see `agentrl.eval.harness.run_eval`), or the comparison dict.
 
     Raises:
-        ValueError: bad arguments or config (naming the key), unknown env, k > samples.
+        ValueError: bad arguments or config (naming the key), unknown env, a `split` the env
+            does not have, k > samples, an `out` that is not empty (`check_eval_out`).
         FileNotFoundError: model, dataset or comparison directory not found.
     """
     from rich.console import Console
@@ -224,6 +300,8 @@ def eval_command(
     if max_tasks is None and not dataset:
         max_tasks = cfg.train.eval_tasks  # the run's own held-out list
     use_pool = not scripted and cfg.rollout.num_workers > 0
+    out_dir = out or _default_out(cfg.env.name, model)
+    replaced = check_eval_out(Path(out_dir), overwrite=overwrite)
 
     # heavy imports only now (arguments and config are valid)
     import torch
@@ -243,18 +321,18 @@ def eval_command(
     def make_env() -> Any:
         return build_env(cfg, split_arg)
 
-    out_dir = out or _default_out(cfg.env.name, model)
+    probe = _probe_env(cfg, split_arg, split)
     if not scripted and use_pool:
         from agentrl.vlm import is_vlm_dir
 
         if (cfg.model.vision if builtin else model_dir is not None and is_vlm_dir(model_dir)):
             raise ValueError("a vision-language policy is evaluated in-process only for now: set "
                              "rollout.num_workers=0 (--workers 0) (docs/multimodal.md)")
+    _remove(replaced)  # --overwrite: the earlier evaluation, once the arguments are checked
     if builtin:
         from agentrl.run import default_model_dir
 
         model_dir = Path(default_model_dir(cfg, Path(out_dir)))
-    probe = make_env()
     tasks, task_source = list_tasks(probe, max_tasks, default_n=cfg.train.eval_tasks)
     # a run's config (its own or -c): its sampling temperature, as the run evaluated; a bare
     # model with one sample: greedy
