@@ -37,7 +37,8 @@ ROLES = ("system", "user", "assistant", "tool")
 
 def is_preference_file(path: str | Path) -> bool:
     """True when `path` is a JSONL file whose first non-blank line is an object with `chosen`
-    and `rejected` (a preference file, not a task file); False for anything else (a missing
+    or `rejected` (a preference file, not a task file: a record missing one of the two is then
+    reported by the loader with its line and the key); False for anything else (a missing
     file, a `.gz`, a task name such as `humaneval`)."""
     p = Path(path)
     if not p.is_file() or p.suffix == ".gz":
@@ -47,7 +48,7 @@ def is_preference_file(path: str | Path) -> bool:
             for line in f:
                 if line.strip():
                     row = json.loads(line)
-                    return isinstance(row, dict) and "chosen" in row and "rejected" in row
+                    return isinstance(row, dict) and ("chosen" in row or "rejected" in row)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
     return False

@@ -41,6 +41,7 @@ def test_preference_file_is_told_apart_from_a_task_file(tmp_path):
     assert is_preference_file(_jsonl(tmp_path / "p.jsonl", PAIRS))
     assert not is_preference_file(_jsonl(tmp_path / "t.jsonl", [{"task_id": "x", "prompt": "p"}]))
     assert not is_preference_file(tmp_path / "missing.jsonl") and not is_preference_file("humaneval")
+    assert is_preference_file(_jsonl(tmp_path / "half.jsonl", [{"prompt": "p", "chosen": "c"}]))
     (tmp_path / "bad.jsonl").write_text("{not json\n")
     assert not is_preference_file(tmp_path / "bad.jsonl")
 
@@ -130,6 +131,25 @@ def test_cli_offline_dpo_bad_line_is_a_clear_error(tiny_model_dir, tmp_path):
     p = _cli("train", "--algo", "dpo", "--dataset", str(bad), "--model", tiny_model_dir,
              "--out", str(tmp_path / "bad"), cwd=tmp_path)
     assert p.returncode == 2 and "bad.jsonl:1: rejected: must be" in " ".join(p.stdout.split())
+
+
+@pytest.mark.parametrize("rows, where", [
+    ([{"prompt": "x", "chosen": "y"}], "prefs.jsonl:1: missing field(s) rejected"),
+    ([{"prompt": "x", "chosen": "y", "rejected": "z"}, {"prompt": "x", "rejected": "z"}],
+     "prefs.jsonl:2: missing field(s) chosen"),
+])
+def test_cli_offline_dpo_record_missing_a_key_names_file_line_and_key(tiny_model_dir, tmp_path, rows, where):
+    """A first record without `rejected` was taken for a task file (a code_sandbox format error)."""
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+
+    prefs = _jsonl(tmp_path / "prefs.jsonl", rows)
+    out = tmp_path / "dpo"
+    r = CliRunner().invoke(app, ["train", "--algo", "dpo", "--dataset", str(prefs), "--model", tiny_model_dir,
+                                 "--out", str(out)])
+    assert r.exit_code == 2 and where in " ".join(r.output.split()) and "Traceback" not in r.output, r.output
+    assert not out.exists()
 
 
 def test_offline_dpo_refuses_options_it_would_ignore(tiny_model_dir, tmp_path):
