@@ -261,7 +261,36 @@ def preflight(cfg: Config) -> None:
     except ValueError as e:
         raise ConfigError(f"config error: {e}") from None
     env = build_env(cfg, "train")  # ConfigError for keywords the env or a wrapper refuses
-    env.close()
+    try:
+        check_policy_sees_images(cfg, env)
+    finally:
+        env.close()
+
+
+def check_policy_sees_images(cfg: Config, env: Any) -> None:
+    """A text-only policy (`model.path` a text model, or the embedded text default) on an env
+    whose observations carry images is refused at start-up: `env` is reset once (seed
+    `cfg.seed`) and its opening messages are looked at; a reset that raises is left to the
+    rollouts (contract 7).
+
+    Raises:
+        ConfigError: naming the env and the key to set (`model.vision=true`, or `model.path`).
+    """
+    from agentrl.envs import message_images
+    from agentrl.vlm import is_vlm_dir
+
+    path = cfg.model.path
+    if cfg.model.vision or (path and is_vlm_dir(path)):  # a resumed run's too: its config says
+        return
+    try:
+        obs, _ = env.reset(seed=cfg.seed)
+    except Exception:  # noqa: BLE001 - the env's own failure, reported where rollouts meet it
+        return
+    if isinstance(obs, list) and message_images([m for m in obs if isinstance(m, dict)]):
+        model = f"model.path={path} is a text-only model" if path else "the embedded default is a text model"
+        raise ConfigError(f"config error: model.vision: env {cfg.env.name} sends image observations, but "
+                          f"{model}: set model.vision=true (the embedded tiny vision-language model) or "
+                          "model.path=<a local vision-language model directory> (docs/multimodal.md)")
 
 
 RESUME_FIXED = ("env.name", "algo.name", "env.dataset")

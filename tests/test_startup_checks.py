@@ -215,3 +215,23 @@ def test_embedded_model_survives_resets_that_raise_and_names_a_malformed_observa
     with pytest.raises(ConfigError, match=r"env test_bad_obs: reset\(seed=500000\) returned str "
                                           r"'a string, not messages', not a list of chat messages"):
         default_model_dir(cfg, tmp_path / "b")
+
+
+@pytest.mark.parametrize("model_path", [None, "tiny"])
+def test_text_policy_on_an_image_env_is_a_start_up_config_error(tmp_path, tiny_model_dir, model_path):
+    """The embedded text default, or a text-only model.path, on visual_count: exit 2 naming the
+    env and model.vision=true, before OUT is written (was an ImageObservationError traceback
+    from the first rollout)."""
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+
+    out = tmp_path / "run"
+    extra = [f"model.path={tiny_model_dir}"] if model_path else []
+    r = CliRunner().invoke(app, ["train", "--env", "visual_count", "--steps", "1", "--out", str(out),
+                                 "sft.steps=0", *extra])
+    flat = " ".join(r.output.split())
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert "model.vision: env visual_count sends image observations" in flat
+    assert "set model.vision=true" in flat and ("text-only" in flat if model_path else "embedded default" in flat)
+    assert not out.exists()
