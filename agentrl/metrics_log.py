@@ -75,5 +75,46 @@ def _wandb_run(out: Path, project: str, run_config: dict[str, Any] | None, start
     resumed = start_step > 0 and id_file.exists()
     run_id = id_file.read_text().strip() if resumed else secrets.token_hex(4)
     id_file.write_text(run_id)
-    return wandb.init(project=project, dir=str(out), name=out.resolve().name, id=run_id,
-                      resume="allow", config=run_config)
+    try:
+        return wandb.init(project=project, dir=str(out), name=out.resolve().name, id=run_id,
+                          resume="allow", config=run_config)
+    except wandb.errors.UsageError as e:  # no API key (a wandb older than check_wandb_login knows)
+        from agentrl.config import ConfigError
+
+        raise ConfigError(f"config error: log.wandb: {e} {WANDB_FIX}") from None
+
+
+WANDB_FIX = ("Set WANDB_API_KEY (or run `wandb login`), log without network with WANDB_MODE=offline "
+             "(upload later with `wandb sync OUT/wandb/offline-run-*`), or set log.wandb=false")
+WANDB_NO_NETWORK = ("offline", "disabled", "dryrun")
+"""`WANDB_MODE` values under which W&B needs no API key."""
+
+
+def check_wandb_login() -> None:
+    """Start-up check of `log.wandb=true`: unless `WANDB_MODE` is one of `WANDB_NO_NETWORK`
+    (or `WANDB_DISABLED` is set), W&B must find an API key (`WANDB_API_KEY`, `wandb login`'s
+    .netrc, its settings file). Asks `wandb.login(verify=False, prompt=False)`: no network, no
+    prompt, nothing written. A wandb whose `login` has no `prompt` argument is not checked here
+    (`wandb.init`'s own error is then turned into the same `ConfigError`).
+
+    Raises:
+        ConfigError: no API key, or a malformed one (`config error: log.wandb: ...`, naming
+            `WANDB_API_KEY` and `WANDB_MODE=offline`).
+    """
+    import os
+
+    if (os.environ.get("WANDB_MODE", "").lower() in WANDB_NO_NETWORK
+            or os.environ.get("WANDB_DISABLED", "").lower() in ("1", "true", "yes")):
+        return
+    import wandb
+
+    from agentrl.config import ConfigError
+
+    try:
+        found = wandb.login(verify=False, prompt=False)
+    except TypeError:
+        return
+    except wandb.errors.Error as e:  # AuthenticationError: a malformed WANDB_API_KEY
+        raise ConfigError(f"config error: log.wandb: {e} {WANDB_FIX}") from None
+    if not found:
+        raise ConfigError(f"config error: log.wandb: no W&B API key is configured. {WANDB_FIX}")

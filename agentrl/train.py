@@ -234,13 +234,14 @@ def set_up(cfg: Config) -> tuple[Config, Any, Path]:
 
 def preflight(cfg: Config) -> None:
     """Checks of the settings that would otherwise fail only after OUT was (re)written: the env
-    is built once (with its wrappers) and closed, `model.path` is a model directory, vLLM
-    imports when `rollout.engine=vllm`, and a vision policy runs only where images do
-    (`agentrl.run.check_vision_training`).
+    is built once (with its wrappers), reset once and closed, `model.path` is a model
+    directory, vLLM imports when `rollout.engine=vllm`, a vision policy runs only where images
+    do (`agentrl.run.check_vision_training`), a text policy only where no image is
+    (`check_policy_sees_images`), and W&B finds an API key (`log.wandb`, `check_wandb_login`).
 
     Raises:
         ConfigError: naming the key (`env.kwargs`, `env.wrappers`, `env.wrapper_kwargs`,
-            `model.path`, `rollout.engine`, or the vision refusal's key).
+            `model.path`, `model.vision`, `rollout.engine`, `log.wandb`, or the vision refusal's key).
     """
     import importlib.util
 
@@ -260,6 +261,10 @@ def preflight(cfg: Config) -> None:
         check_vision_training(cfg)
     except ValueError as e:
         raise ConfigError(f"config error: {e}") from None
+    if cfg.log.wandb:
+        from agentrl.metrics_log import check_wandb_login
+
+        check_wandb_login()
     env = build_env(cfg, "train")  # ConfigError for keywords the env or a wrapper refuses
     try:
         check_policy_sees_images(cfg, env)

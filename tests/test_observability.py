@@ -132,6 +132,32 @@ def test_wandb_missing_fails_at_start_up_with_a_clear_message(monkeypatch):
     assert load_config(None, ["log.wandb=false"]).log.wandb is False
 
 
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb not installed: the optional `wandb` extra")
+def test_wandb_without_an_api_key_fails_at_start_up_naming_the_key(tmp_path, monkeypatch):
+    """No API key and W&B online: exit 2 naming WANDB_API_KEY and WANDB_MODE=offline before OUT
+    is written (was a wandb UsageError traceback after the model was built). Nothing reaches the
+    network: the check is `wandb.login(verify=False, prompt=False)`, HOME is an empty folder."""
+    from agentrl.metrics_log import check_wandb_login
+
+    for var in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_DISABLED", "NETRC", "WANDB_IDENTITY_TOKEN_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "home" / "wandb"))
+    out = tmp_path / "run"
+    r = CliRunner().invoke(app, ["train", "--env", "toy", "--steps", "1", "--out", str(out), "sft.steps=0",
+                                 "log.wandb=true"])
+    flat = " ".join(r.output.split())
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert "config error: log.wandb: no W&B API key is configured" in flat
+    assert "WANDB_API_KEY" in flat and "WANDB_MODE=offline" in flat
+    assert not out.exists()
+    monkeypatch.setenv("WANDB_MODE", "offline")  # no key needed
+    check_wandb_login()
+    monkeypatch.setenv("WANDB_MODE", "online")
+    with pytest.raises(ConfigError, match="no W&B API key"):
+        check_wandb_login()
+
+
 # -- plot -----------------------------------------------------------------------------------
 def test_plot_writes_pngs_with_runs_overlaid(run, tmp_path):
     out, _ = run
