@@ -113,10 +113,10 @@ def train(
 
     try:
         run_train(cfg, console=console)
-    except RunInterrupted as e:
+    except RunInterrupted as e:  # exit 130 for Ctrl-C, 143 for SIGTERM (128 + the signal)
         console.print(f"[yellow]{escape(str(e))}[/yellow]")
-        raise typer.Exit(130) from None
-    except KeyboardInterrupt:  # before the RL loop, or a second Ctrl-C: no save of its own
+        raise typer.Exit(e.exit_code) from None
+    except KeyboardInterrupt as e:  # before the RL loop, or a second Ctrl-C: no save of its own
         from agentrl.learner import latest_checkpoint
 
         run = cfg.resume or cfg.out
@@ -124,7 +124,7 @@ def train(
         hint = (f"the newest checkpoint is {ck}: continue with --resume {run}" if ck is not None else
                 f"no step was saved: start again with --overwrite (or another --out than {run})")
         console.print(f"[yellow]stopped: {escape(hint)}[/yellow]")
-        raise typer.Exit(130) from None
+        raise typer.Exit(getattr(e, "exit_code", 130)) from None
     except NonFiniteGradientError as e:
         _fail(f"stopped: {e}")
     except (OutError, ResumeError, PlacementError, ConfigError) as e:

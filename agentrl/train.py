@@ -342,14 +342,36 @@ class ResumeError(ValueError):
     """`--resume` found no intact checkpoint to continue from."""
 
 
+def signal_exit_code(name: str | None) -> int:
+    """The exit status of a run stopped by signal `name` (the shell's convention, 128 + the
+    signal's number): SIGINT (Ctrl-C) 130, SIGTERM 143; None (a plain KeyboardInterrupt) 130."""
+    import signal as sig
+
+    return 128 + int(sig.Signals[name] if name else sig.SIGINT)
+
+
 class RunInterrupted(KeyboardInterrupt):
-    """Ctrl-C / SIGTERM stopped the run after saving its last completed step."""
+    """Ctrl-C / SIGTERM stopped the run after saving its last completed step; `exit_code` is
+    `signal_exit_code` of the signal (130 or 143)."""
+
+    def __init__(self, message: str, signal: str | None = None) -> None:
+        super().__init__(message)
+        self.exit_code = signal_exit_code(signal)
+
+
+class SecondSignal(KeyboardInterrupt):
+    """A second Ctrl-C / SIGTERM: the run stops at once without saving; `exit_code` as
+    `RunInterrupted`'s."""
+
+    def __init__(self, signal: str) -> None:
+        super().__init__(signal)
+        self.exit_code = signal_exit_code(signal)
 
 
 class StopRequest:
     """Ctrl-C (SIGINT) and SIGTERM during the RL loop: the first asks the loop to stop after
     the step in progress (it saves a checkpoint and raises `RunInterrupted`); a second one
-    interrupts at once (`KeyboardInterrupt`, no save). Handlers are installed only in the main
+    interrupts at once (`SecondSignal`, a KeyboardInterrupt, no save). Handlers are installed only in the main
     thread and restored by `uninstall`."""
 
     def __init__(self) -> None:
@@ -357,10 +379,10 @@ class StopRequest:
         self._old: dict[int, Any] = {}
 
     def _handle(self, signum: int, _frame: Any) -> None:
-        if self.signal is not None:
-            raise KeyboardInterrupt
         import signal as sig
 
+        if self.signal is not None:
+            raise SecondSignal(sig.Signals(signum).name)
         self.signal = sig.Signals(signum).name
 
     def install(self) -> None:
@@ -1044,7 +1066,8 @@ def _evaluate_train_evaluate(lp: Loop, ck: Path | None, sft_info: dict[str, Any]
                 if not (cfg.train.save_every and (step + 1) % cfg.train.save_every == 0):
                     checkpoint(lp, step + 1)
                 raise RunInterrupted(f"[stopped] {stop.signal} after step {step + 1}/{cfg.train.steps}; "
-                                     f"checkpoint {path}; continue with: agentrl train --resume {out}")
+                                     f"checkpoint {path}; continue with: agentrl train --resume {out}",
+                                     stop.signal)
     finally:
         bar.close()
         stop.uninstall()

@@ -143,7 +143,7 @@ def test_prune_keeps_the_newest(run4, tmp_path):
 
 def test_sigterm_saves_the_last_step_and_the_run_resumes(tmp_path, tiny_model_dir):
     """save_every=0: SIGTERM after step 2 starts -> a checkpoint of the last completed step,
-    exit 130 and a message; --resume finishes the run."""
+    exit 143 (128 + SIGTERM; Ctrl-C's is 130) and a message; --resume finishes the run."""
     out = tmp_path / "S"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "agentrl.cli", "train", *ARGS, "train.steps=40", "train.save_every=0",
@@ -156,7 +156,7 @@ def test_sigterm_saves_the_last_step_and_the_run_resumes(tmp_path, tiny_model_di
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     text, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 130, text[-3000:]
+    assert proc.returncode == 143, text[-3000:]
     text = text.replace("\n", "")  # rich wraps long lines
     assert "[stopped] SIGTERM after step" in text and f"--resume {out}" in text
     ck = latest_checkpoint(out)
@@ -189,3 +189,28 @@ def test_eval_of_a_run_with_one_sample_uses_the_runs_temperature(run4, tmp_path)
     assert s["meta"]["temperature"] == 1.0
     run = json.loads((run4 / "summary.json").read_text())
     assert s["overall"]["pass@1"] == pytest.approx(run["eval_after"]["pass@1"])
+
+
+def test_stop_request_exit_codes_sigint_130_sigterm_143():
+    """The exit status of a stopped run is 128 + the signal: Ctrl-C 130, SIGTERM 143 (the first
+    signal asks for a stop after the step, a second one raises at once with its own code)."""
+    from agentrl.train import RunInterrupted, SecondSignal, StopRequest, signal_exit_code
+
+    before = signal.getsignal(signal.SIGTERM)
+    assert (signal_exit_code("SIGINT"), signal_exit_code("SIGTERM"), signal_exit_code(None)) == (130, 143, 130)
+    assert RunInterrupted("stopped", "SIGTERM").exit_code == 143 and RunInterrupted("stopped").exit_code == 130
+    for first, second, code in ((signal.SIGTERM, signal.SIGTERM, 143), (signal.SIGINT, signal.SIGINT, 130),
+                                (signal.SIGINT, signal.SIGTERM, 143)):
+        stop = StopRequest()
+        stop.install()
+        try:
+            os.kill(os.getpid(), first)
+            time.sleep(0.05)  # handlers run between bytecodes of the main thread
+            assert stop.signal == signal.Signals(first).name
+            with pytest.raises(SecondSignal) as e:
+                os.kill(os.getpid(), second)
+                time.sleep(0.05)
+            assert e.value.exit_code == code
+        finally:
+            stop.uninstall()
+    assert signal.getsignal(signal.SIGTERM) is before  # restored
