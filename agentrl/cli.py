@@ -96,6 +96,9 @@ def train(
 
     try:
         import_env_modules(cfg.env.imports)
+    except ImportError as e:  # the message names the module (--import / env.imports)
+        _fail(f"import error: {e}")
+    try:
         resolve_env_id(cfg.env.name)
     except (ValueError, ImportError, AttributeError) as e:
         _fail(f"config error: env.name: {e}")
@@ -202,7 +205,9 @@ def eval_cmd(
                      max_tokens=max_tokens, max_episode_tokens=max_episode_tokens, top_p=top_p,
                      config=config, overrides=overrides, console=console, imports=imports,
                      overwrite=overwrite)
-    except (ValueError, FileNotFoundError, LookupError, ConfigError, ImportError) as e:
+    except ImportError as e:  # an --import / env.imports module (named in the message)
+        _fail(f"import error: {e}")
+    except (ValueError, FileNotFoundError, LookupError, ConfigError) as e:
         _fail(str(e))
 
 
@@ -243,7 +248,7 @@ def envs(
         load_env_plugins()
         import_env_modules(list(imports or []))
     except ImportError as e:
-        _fail(str(e))
+        _fail(f"import error: {e}")
 
     short = {v: k for k, v in SHORT_NAMES.items()}
     for env_id in sorted(i for i in gym.registry if i in DESCRIPTIONS):

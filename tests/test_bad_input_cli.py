@@ -127,3 +127,17 @@ def test_eval_refuses_to_replace_an_earlier_evaluation_without_overwrite(tmp_pat
     code, text = _cli(*args, "--overwrite")
     assert code == 2 and "holds files agentrl eval did not write (config.json)" in " ".join(text.split())
     assert (out / "config.json").read_text() == "{}" and len((out / "results.jsonl").read_text().splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", ["train", "eval", "envs"])
+def test_import_of_a_missing_module_is_an_import_error_naming_it(tmp_path, command):
+    """`--import nonexistent_module` was reported by train as an env.name error."""
+    out = tmp_path / "out"
+    args = {"train": ["train", "--out", str(out)], "eval": ["eval", "--model", "reference", "--out", str(out)],
+            "envs": ["envs"]}[command]
+    code, text = _cli(*args, "--import", "nonexistent_module")
+    flat = " ".join(text.split())
+    assert code == 2 and "--import nonexistent_module: No module named 'nonexistent_module'" in flat, text
+    assert "env.name" not in flat and "Traceback" not in text
+    assert flat.startswith("import error: --import nonexistent_module"), flat
+    assert not out.exists()
