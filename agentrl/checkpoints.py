@@ -37,14 +37,16 @@ def _is_artefact(p: Path) -> bool:
     return p.name in RUN_ARTEFACTS or p.name.startswith("checkpoints.old-") or p.name.endswith(".tmp")
 
 
-def check_out(out: Path, *, overwrite: bool) -> list[str]:
+def check_out(out: Path, *, overwrite: bool, resumable: bool = True) -> list[str]:
     """Make `out` ready for a new run (not a resume): it must be absent or empty; with
     `overwrite`, agentrl's artefacts in it are removed first. Returns the names removed.
+    `resumable`: the command has `--resume` (`agentrl train`), so the refusal offers it; the
+    offline stages (`agentrl sft`, offline DPO) have none.
 
     Raises:
         ValueError: `out` is an existing file; it holds an earlier run or other files (without
-            `overwrite`: the message says `--resume` / `--overwrite`); with `overwrite`, it holds
-            files agentrl did not write (nothing is removed then).
+            `overwrite`: the message says `--overwrite`, and `--resume` when `resumable`); with
+            `overwrite`, it holds files agentrl did not write (nothing is removed then).
     """
     if out.exists() and not out.is_dir():
         raise ValueError(f"out: {out} is a file, not a folder")
@@ -56,9 +58,10 @@ def check_out(out: Path, *, overwrite: bool) -> list[str]:
     foreign = [p.name for p in items if not _is_artefact(p)]
     if not overwrite:
         what = "an earlier run" if (out / "config.json").exists() else "files"
+        cont = f"continue it with --resume {out}, " if resumable else ""
         raise ValueError(f"out: {out} already holds {what} ({', '.join(p.name for p in items[:6])}"
-                         f"{', ...' if len(items) > 6 else ''}); continue it with --resume {out}, replace "
-                         "it with --overwrite, or choose another --out")
+                         f"{', ...' if len(items) > 6 else ''}); {cont}replace it with --overwrite, "
+                         "or choose another --out")
     if foreign:
         raise ValueError(f"out: {out} holds files agentrl did not write ({', '.join(foreign[:6])}); "
                          "--overwrite removes only a run's own files: choose another --out")

@@ -112,7 +112,7 @@ def _start(cfg: Config) -> tuple[Path, Any, Any, Any, int]:
     from agentrl.run import load_policy
 
     out = Path(cfg.out)
-    check_out(out, overwrite=cfg.overwrite)
+    check_out(out, overwrite=cfg.overwrite, resumable=False)  # sft and offline DPO have no --resume
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(cfg.model_dump_json(indent=1))
     torch.manual_seed(cfg.seed)

@@ -164,3 +164,25 @@ def test_offline_dpo_refuses_options_it_would_ignore(tiny_model_dir, tmp_path):
         with pytest.raises(ValueError, match=rf"config error: {key}={shown}: offline DPO"):
             dpo_from_file(cfg, prefs, say=lambda m: None)
         assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("stage", ["sft", "dpo"])
+def test_offline_stage_in_a_used_out_offers_overwrite_not_resume(tmp_path, stage):
+    """`agentrl sft` and offline DPO have no --resume: the refusal of a used --out must not offer it."""
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    data = (_jsonl(tmp_path / "convs.jsonl", [{"messages": [{"role": "user", "content": "a"},
+                                                           {"role": "assistant", "content": "b"}]}])
+            if stage == "sft" else _jsonl(tmp_path / "prefs.jsonl", PAIRS))
+    args = (["sft", "--dataset", str(data)] if stage == "sft"
+            else ["train", "--algo", "dpo", "--dataset", str(data)])
+    r = CliRunner().invoke(app, [*args, "--out", str(out)])
+    flat = " ".join(r.output.split())
+    assert r.exit_code == 2 and "already holds files (notes.txt)" in flat, r.output
+    assert "--overwrite" in flat and "--resume" not in flat
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
