@@ -21,6 +21,14 @@ _DEFAULT = Config()  # the defaults shown by `agentrl train --help` (the options
 # an option not given leaves the config's, or a resumed run's, value)
 
 
+TRAIN_FLAGS = {"env.name": "--env", "algo.name": "--algo", "train.steps": "--steps", "out": "--out",
+               "seed": "--seed", "resume": "--resume", "env.dataset": "--dataset", "model.path": "--model",
+               "env.wrappers": "--wrap", "quiet": "--quiet", "rollout.ray_address": "--ray-address",
+               "overwrite": "--overwrite", "sft.steps": "--steps"}
+"""The options of `agentrl train` / `sft` by the config key they set (for `load_config`'s
+message when an option and a `key=value` override disagree)."""
+
+
 def _fail(msg: str) -> None:
     console.print(f"[red]{escape(msg)}[/red]", soft_wrap=True)  # escaped: a message may hold [brackets]; one line
     raise typer.Exit(2)
@@ -77,7 +85,7 @@ def train(
     saved = Path(resume) / "config.json" if resume else None
     base = json.loads(saved.read_text()) if saved is not None and saved.exists() else None
     try:  # resume: the run's saved config, then this command's options on top
-        cfg = load_config(config, overrides, base=base, **{
+        cfg = load_config(config, overrides, base=base, flag_names=TRAIN_FLAGS, **{
             "env.name": env, "algo.name": algo, "train.steps": steps, "out": out, "seed": seed,
             "resume": resume, "env.dataset": dataset, "model.path": model,
             "env.wrappers": list(wrap) if wrap else None, "quiet": quiet or None,
@@ -160,7 +168,7 @@ def sft(
 ) -> None:
     """Supervised fine-tuning from a file of conversations: `agentrl sft --dataset convs.jsonl`."""
     try:
-        cfg = load_config(config, overrides, **{
+        cfg = load_config(config, overrides, flag_names=TRAIN_FLAGS, **{
             "model.path": model, "sft.steps": steps, "out": out, "seed": seed,
             "overwrite": overwrite or None})
     except ConfigError as e:

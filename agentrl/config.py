@@ -538,15 +538,19 @@ def _format_error(e: ValidationError) -> str:
 
 
 def load_config(yaml_path: str | Path | None = None, overrides: list[str] | None = None,
-                *, base: Any = None, **top: Any) -> Config:
+                *, base: Any = None, flag_names: dict[str, str] | None = None, **top: Any) -> Config:
     """Build the config: defaults <- `base` <- YAML file <- `key=value` overrides <- `top`
     keywords. `base` (a dict) is a saved config (`OUT/config.json` of a run being resumed).
+    `top` are the command-line options (dotted keys, None: not given); an option and an
+    override that set the same key to different values are refused (neither silently wins);
+    `flag_names` spells the options in that message (`{"train.steps": "--steps"}`).
 
     Values in overrides are parsed as YAML scalars (`train.lr=1e-4`, `algo.tis_cap=null`).
 
     Raises:
-        ConfigError: unknown key, wrong type, unsupported value, or a malformed override;
-            the message names the key and the allowed values.
+        ConfigError: unknown key, wrong type, unsupported value, a malformed override, or an
+            option and an override that disagree; the message names the key and the allowed
+            values (or both settings).
     """
     data: dict[str, Any] = copy.deepcopy(base or {})
     if yaml_path:
@@ -561,6 +565,7 @@ def load_config(yaml_path: str | Path | None = None, overrides: list[str] | None
         if not isinstance(loaded, dict):
             raise ConfigError(f"{p}: the top level must be a mapping of sections")
         data = _merge(data, loaded)
+    given: dict[str, tuple[Any, str]] = {}  # override key -> (parsed value, as written)
     for ov in overrides or []:
         if "=" not in ov:
             raise ConfigError(f"override {ov!r} must be key=value (e.g. train.lr=1e-4)")
@@ -572,9 +577,15 @@ def load_config(yaml_path: str | Path | None = None, overrides: list[str] | None
             raise ConfigError(f"override {k.strip()}: invalid value {v!r} "
                               f"({' '.join(str(e).split())})") from None
         _set_dotted(data, k.strip(), value)
+        given[k.strip()] = (value, v)
     for k, v in top.items():
         if v is None:
             continue
+        if k in given and given[k][0] != v:
+            flag = (flag_names or {}).get(k, f"the option for {k}")
+            shown = flag if v is True else f"{flag} {v}"
+            raise ConfigError(f"config error: {k} is set twice, to different values: by {shown} and by the "
+                              f"override {k}={given[k][1]}; give one of them")
         _set_dotted(data, k, v)
     try:
         return Config.model_validate(data)

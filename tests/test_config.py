@@ -92,3 +92,36 @@ def test_config_command_prints_the_algorithms_own_defaults_as_a_run_resolves_the
     assert (gspo["clip_low"], gspo["clip_high"]) == (3e-4, 4e-4)  # GSPO's sequence-level clips
     ppo = show("algo.name=ppo", "algo.minibatches=1")
     assert (ppo["update_epochs"], ppo["minibatches"]) == (2, 1)  # what was set is kept
+
+
+def test_an_option_and_an_override_that_disagree_are_refused():
+    """`--steps 3 train.steps=5`: the option silently won; now neither does."""
+    names = {"train.steps": "--steps", "quiet": "--quiet"}
+    with pytest.raises(ConfigError, match=r"^config error: train\.steps is set twice, to different values: "
+                                          r"by --steps 3 and by the override train\.steps=5; give one of them$"):
+        load_config(None, ["train.steps=5"], flag_names=names, **{"train.steps": 3})
+    with pytest.raises(ConfigError, match=r"by --quiet and by the override quiet=false"):
+        load_config(None, ["quiet=false"], flag_names=names, quiet=True)
+    with pytest.raises(ConfigError, match=r"by the option for seed 1 and by the override seed=2"):
+        load_config(None, ["seed=2"], seed=1)
+    # the same value twice, an option not given, or a list written both ways: accepted
+    assert load_config(None, ["train.steps=3"], flag_names=names, **{"train.steps": 3}).train.steps == 3
+    assert load_config(None, ["train.steps=5"], **{"train.steps": None}).train.steps == 5
+    assert load_config(None, ["env.wrappers=[safety]"], **{"env.wrappers": ["safety"]}).env.wrappers == ["safety"]
+    # a resumed run's saved config and a YAML file are below the options, not in conflict
+    assert load_config(None, None, base={"train": {"steps": 9}}, **{"train.steps": 3}).train.steps == 3
+
+
+def test_cli_option_and_override_that_disagree_exit_2_naming_both(tmp_path):
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+
+    out = tmp_path / "run"
+    for args in (["train", "--steps", "3", "train.steps=5", "--out", str(out)],
+                 ["eval", "--model", "reference", "--seed", "1", "seed=2", "--out", str(out)]):
+        r = CliRunner().invoke(app, args)
+        flat = " ".join(r.output.split())
+        assert r.exit_code == 2 and "is set twice, to different values" in flat, r.output
+        assert ("--steps 3" in flat and "train.steps=5" in flat) or ("--seed 1" in flat and "seed=2" in flat)
+    assert not out.exists()

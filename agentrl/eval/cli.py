@@ -99,6 +99,11 @@ def resolve_model(model: str) -> tuple[Path, Path | None]:
                             "model_type) nor a training output dir with checkpoints/step_N")
 
 
+EVAL_FLAGS = {"env.name": "--env", "env.dataset": "--dataset", "env.max_turns": "--max-turns",
+              "rollout.num_workers": "--workers", "rollout.env_threads": "--env-threads",
+              "rollout.max_tokens": "--max-tokens", "rollout.max_episode_tokens": "--max-episode-tokens",
+              "rollout.top_p": "--top-p", "seed": "--seed"}
+"""The options of `agentrl eval` by the config key they set (`load_config`'s conflict message)."""
 EVAL_OUTPUTS = ("results.jsonl", "summary.json", "summary.md")
 """What `agentrl eval` writes in `--out` (`run_eval`)."""
 EVAL_BUILT = ("base_model", "base_vlm")
@@ -280,7 +285,7 @@ def eval_command(
     model_dir, run_cfg = (None, None) if scripted or builtin else resolve_model(model)
     base = config or (str(run_cfg) if run_cfg is not None else None)
     try:
-        cfg = load_config(base, list(overrides or []), **{
+        cfg = load_config(base, list(overrides or []), flag_names=EVAL_FLAGS, **{
             "env.name": env, "env.dataset": dataset, "env.max_turns": max_turns,
             "rollout.num_workers": workers, "rollout.env_threads": env_threads,
             "rollout.max_tokens": max_tokens, "rollout.max_episode_tokens": max_episode_tokens,
