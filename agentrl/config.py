@@ -190,7 +190,7 @@ class AlgoConfig(_Section):
     tis_mode: Literal["truncate", "mask"] = "truncate"
     """With `tis_cap`: `truncate` uses min(w, C); `mask` uses w where w <= C and 0 (the token, or the whole sequence at `tis_level=sequence`, drops out) where w > C (masked importance sampling, as IcePop)."""
     dual_clip: float | None = Field(default=None, gt=1)
-    """Dual-clip c > 1 (Ye et al. 2020): the clipped surrogate of a token with negative advantage is bounded by -A * c (None: off). grpo, dr_grpo, rloo, reinforce_pp, ppo."""
+    """Dual-clip c > 1 (Ye et al. 2020): the clipped surrogate of a token with negative advantage is bounded by -A * c (None: off). Read by grpo, dr_grpo, gigpo, rloo, reinforce_pp, ppo, distill (the algorithms whose module's `OPTIONS` list it); the others refuse it at start-up."""
     norm_len: int | None = Field(default=None, ge=1)
     """L_max of `agg=seq-mean-token-sum-norm` (Dr. GRPO's constant normaliser): a generation budget in tokens, e.g. `rollout.max_tokens` x turns. None: the padded width of the batch (prompt included), which changes from batch to batch."""
     overlong_buffer: int = Field(default=0, ge=0)

@@ -116,6 +116,33 @@ def test_dual_clip_from_the_config_by_hand():
         load_config(None, ["algo.dual_clip=0.5"])
 
 
+def test_dual_clip_doc_names_exactly_the_algorithms_whose_loss_reads_it(tmp_path):
+    """docs/config.md (the field's docstring) listed grpo, dr_grpo, rloo, reinforce_pp, ppo and
+    left out gigpo and distill, whose losses are grpo's. Each algorithm that lists dual_clip in
+    OPTIONS gives the hand-computed 1.24 of the test above with c = 3 (1.906667 without)."""
+    import re
+
+    logp = torch.log(t([[5.0, 2.0, 5.0]]))
+    batch = {"old_logprobs": torch.zeros(1, 3), "advantages": t([[-1, -1, 1]]),
+             "loss_mask": torch.ones(1, 3), "returns": torch.zeros(1, 3), "old_values": torch.zeros(1, 3)}
+    reads = set()
+    for name in ALGORITHMS:
+        algo = get_algorithm(name)
+        if "dual_clip" not in algo.OPTIONS:
+            continue
+        teacher = {"teacher_path": str(tmp_path)} if name == "distill" else {}  # not loaded by the loss
+        cfg = resolve_config(algo, AlgoConfig(name=name, dual_clip=3.0, clip_low=0.2, clip_high=0.28,
+                                              kl_coef=0.0, entropy_coef=0.0, **teacher))
+        kw = {"values": torch.zeros(1, 3)} if name == "ppo" else {}
+        dual, _ = algo.loss(logp, batch, cfg, num_tokens=3, num_seqs=1, **kw)
+        assert dual.item() == pytest.approx(1.24, abs=1e-5), name  # dr_grpo: 3.72 / (1 seq x width 3)
+        reads.add(name)
+    assert reads == {"grpo", "dr_grpo", "gigpo", "rloo", "reinforce_pp", "ppo", "distill"}
+    doc = AlgoConfig.model_fields["dual_clip"].description
+    listed = set(re.findall(r"[a-z_]+", doc.split("Read by", 1)[1].split("(", 1)[0])) & set(ALGORITHMS)
+    assert listed == reads
+
+
 def test_tis_sequence_level_and_mask_mode_by_hand():
     mask = t([[1, 1, 0], [1, 1, 1]])
     sampler = torch.zeros(2, 3)
