@@ -275,8 +275,8 @@ def preflight(cfg: Config) -> None:
 def check_policy_sees_images(cfg: Config, env: Any) -> None:
     """A text-only policy (`model.path` a text model, or the embedded text default) on an env
     whose observations carry images is refused at start-up: `env` is reset once (seed
-    `cfg.seed`) and its opening messages are looked at; a reset that raises is left to the
-    rollouts (contract 7).
+    `cfg.seed`, within `env.reset_timeout_s`) and its opening messages are looked at; a reset
+    that raises or times out is left to the rollouts (contract 7).
 
     Raises:
         ConfigError: naming the env and the key to set (`model.vision=true`, or `model.path`).
@@ -287,9 +287,11 @@ def check_policy_sees_images(cfg: Config, env: Any) -> None:
     path = cfg.model.path
     if cfg.model.vision or (path and is_vlm_dir(path)):  # a resumed run's too: its config says
         return
-    try:
-        obs, _ = env.reset(seed=cfg.seed)
-    except Exception:  # noqa: BLE001 - the env's own failure, reported where rollouts meet it
+    from agentrl.rollout.agent_loop import call_with_timeout
+
+    try:  # within env.reset_timeout_s, as in rollouts
+        obs, _ = call_with_timeout(lambda: env.reset(seed=cfg.seed), cfg.env.reset_timeout_s)
+    except Exception:  # noqa: BLE001 - the env's own failure (or a timeout), met again in rollouts
         return
     if isinstance(obs, list) and message_images([m for m in obs if isinstance(m, dict)]):
         model = f"model.path={path} is a text-only model" if path else "the embedded default is a text model"
