@@ -97,7 +97,10 @@ def train(
             update={"imports": list(dict.fromkeys([*cfg.env.imports, *imports]))})})
     from agentrl.offline import is_preference_file
 
-    if cfg.algo.name == "dpo" and dataset and not resume and is_preference_file(dataset):
+    if cfg.algo.name == "dpo" and dataset and is_preference_file(dataset):
+        if resume:  # offline DPO saves no resumable state: refused, not run as an env dataset
+            _fail(f"--resume: offline DPO from a preference file ({dataset}) has no resume; start it "
+                  "again with --overwrite (or another --out)")
         _offline("dpo", cfg, dataset)  # offline DPO from the preference file: no env
         return
     from agentrl.envs import import_env_modules, resolve_env_id

@@ -186,3 +186,18 @@ def test_offline_stage_in_a_used_out_offers_overwrite_not_resume(tmp_path, stage
     assert r.exit_code == 2 and "already holds files (notes.txt)" in flat, r.output
     assert "--overwrite" in flat and "--resume" not in flat
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
+def test_cli_offline_dpo_refuses_resume(tmp_path):
+    """A preference file with --resume was run as an env dataset (a task-format error later);
+    offline DPO keeps no resumable state, so it is refused at start-up, naming --resume."""
+    prefs = _jsonl(tmp_path / "prefs.jsonl", PAIRS)
+    run = tmp_path / "run"
+    run.mkdir()
+    saved = json.dumps(load_config().model_dump(mode="json"))  # an earlier run's config
+    (run / "config.json").write_text(saved)
+    p = _cli("train", "--algo", "dpo", "--dataset", str(prefs), "--resume", str(run), cwd=tmp_path)
+    said = " ".join(p.stdout.split())
+    assert p.returncode == 2 and "--resume: offline DPO from a preference file" in said, said
+    assert sorted(x.name for x in run.iterdir()) == ["config.json"]
+    assert (run / "config.json").read_text() == saved
