@@ -157,8 +157,9 @@ def vision_engine(cfg: Config, path: str | Path) -> tuple[Any, Any]:
 
 def check_vision_training(cfg: Config) -> None:
     """With a vision-language policy (`model.vision`, or a `model.path` holding one), refuse at
-    start-up what does not run with images yet: vLLM, LoRA, PPO's value head, a reference worker
-    and learner ranks (docs/multimodal.md). Ray rollout workers (`rollout.num_workers > 0`) do.
+    start-up what does not run with images yet: LoRA, PPO's value head, a reference worker and
+    learner ranks (docs/multimodal.md). Ray rollout workers (`rollout.num_workers > 0`) and the
+    vLLM engine (`rollout.engine=vllm`: token prompts plus images) do.
 
     Raises:
         ValueError: naming the key to change.
@@ -167,14 +168,14 @@ def check_vision_training(cfg: Config) -> None:
 
     if not (cfg.model.vision or (cfg.model.path and is_vlm_dir(cfg.model.path))):
         return
-    bad = [(cfg.rollout.engine != "hf", "rollout.engine=hf"), (cfg.model.lora_r > 0, "model.lora_r=0"),
+    bad = [(cfg.model.lora_r > 0, "model.lora_r=0"),
            (cfg.algo.name == "ppo", "an algorithm without a value head (grpo, rloo, ...)"),
            (cfg.placement.reference == "worker", "placement.reference other than worker"),
            (cfg.train.learner_workers > 0, "train.learner_workers=0")]
     need = [fix for hit, fix in bad if hit]
     if need:
-        raise ValueError("a vision-language policy trains on the hf engine only for now (in-process or "
-                         "on Ray rollout workers), without LoRA, a value head or worker ranks; "
+        raise ValueError("a vision-language policy trains without LoRA, a value head, a reference "
+                         "worker or learner ranks for now; "
                          f"set {', '.join(need)} (docs/multimodal.md)")
 
 

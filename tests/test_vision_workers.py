@@ -76,6 +76,8 @@ def assert_same(got: list, want: list) -> None:
         assert torch.equal(a.vision["pixel_values"], b.vision["pixel_values"])
         assert torch.equal(a.vision["image_grid_thw"], b.vision["image_grid_thw"])
         assert a.vision["image_spans"] == b.vision["image_spans"]
+        assert len(a.vision["images"]) == len(b.vision["images"]) == len(a.vision["image_spans"])
+        assert all((x == y).all() and x.dtype == y.dtype for x, y in zip(a.vision["images"], b.vision["images"]))
 
 
 @pytest.fixture(scope="module")

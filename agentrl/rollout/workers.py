@@ -82,7 +82,8 @@ def make_engine(cfg: Config, model_path: str | Path) -> tuple[Engine, Any]:
         `VisionHFEngine` instead, its tokenizer carrying the image processor as
         `tokenizer.image_processor` (so the worker renders with `VisionChatRenderer`).
         `vllm`: `VLLMEngine` with `cfg.model.dtype`, seed `cfg.seed` and the keywords of
-        `rollout.vllm_kwargs`.
+        `rollout.vllm_kwargs` (on a vision-language directory it takes images, and the
+        tokenizer carries the image processor as for `hf`).
 
     Raises:
         ImportError: `vllm` asked for but not installed (the message says how to install it).
@@ -102,7 +103,12 @@ def make_engine(cfg: Config, model_path: str | Path) -> tuple[Engine, Any]:
 
         engine = VLLMEngine(str(model_path), dtype=cfg.model.dtype, seed=cfg.seed,
                             **dict(cfg.rollout.vllm_kwargs))
-        return engine, load_tokenizer(model_path)
+        tok = load_tokenizer(model_path)
+        if is_vlm_dir(model_path):  # vLLM takes the images (engine.accepts_images)
+            from transformers import AutoImageProcessor
+
+            tok.image_processor = AutoImageProcessor.from_pretrained(str(model_path), local_files_only=True)
+        return engine, tok
     from agentrl.rollout.engines.hf import HFEngine
 
     hf = HFEngine(str(model_path), torch_threads=cfg.rollout.torch_threads, dtype=dtype,
