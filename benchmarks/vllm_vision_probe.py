@@ -105,7 +105,8 @@ def probe(kind: str, spec_path: str) -> dict:
             toks = list(o.outputs[0].token_ids)
             lps = [o.outputs[0].logprobs[i][t].logprob for i, t in enumerate(toks)]
             full = case["ids"] + toks
-            ref = vision_logprobs(model, full, px, image_token_id=pad, banned_ids=banned)[len(case["ids"]):]
+            with torch.no_grad():
+                ref = vision_logprobs(model, full, px, image_token_id=pad, banned_ids=banned)[len(case["ids"]):]
             key = "banned" if ban else "not_banned_in_vllm"
             row["widened_equal_ours"] = list(o.prompt_token_ids) == case["ids"]
             row[key] = {"tokens": toks, "max_abs_logprob_diff": float(np.abs(np.array(lps) - ref.numpy()).max())}
@@ -140,6 +141,11 @@ def main() -> None:
                                capture_output=True, text=True, timeout=900, env=os.environ.copy())
             lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
             res["probes"][kind] = json.loads(lines[-1][7:]) if lines else {"rc": r.returncode, "stderr": r.stderr[-1500:]}
+            # vLLM logs the inspection's own error instead of chaining it: keep those lines
+            logged = sorted({x.split("] ", 1)[-1].strip() for x in r.stderr.splitlines()
+                             if "ModuleNotFoundError" in x or "requires the Torchvision" in x})
+            if logged:
+                res["probes"][kind]["logged_errors"] = logged
             print(kind, json.dumps(res["probes"][kind])[:600], flush=True)
     res["load_after"] = Path("/proc/loadavg").read_text().split()[:3]
     Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
