@@ -142,7 +142,7 @@ def main() -> None:
             lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
             res["probes"][kind] = json.loads(lines[-1][7:]) if lines else {"rc": r.returncode, "stderr": r.stderr[-1500:]}
             # vLLM logs the inspection's own error instead of chaining it: keep those lines
-            logged = sorted({x.split("] ", 1)[-1].strip() for x in r.stderr.splitlines()
+            logged = sorted({x.split("] ", 1)[-1].strip() for x in (r.stdout + r.stderr).splitlines()
                              if "ModuleNotFoundError" in x or "requires the Torchvision" in x})
             if logged:
                 res["probes"][kind]["logged_errors"] = logged
