@@ -168,3 +168,24 @@ def test_train_visual_count_on_one_ray_worker_subprocess(tmp_path):
     from agentrl.vlm import is_vlm_dir
 
     assert is_vlm_dir(out / "rollout_model") and is_vlm_dir(out / "checkpoints" / "step_2")
+
+
+def test_agentrl_eval_of_a_vlm_on_a_ray_worker_equals_in_process(ray_cluster, vlm_dir, tmp_path):
+    """`agentrl eval --workers 1` on the VLM directory (the worker renders the images) gives
+    the in-process evaluation's episodes (T=1, same seed: the same sampled answers and token
+    counts, task by task)."""
+    from rich.console import Console
+
+    from agentrl.eval.cli import eval_command
+
+    kw = dict(env="visual_count", model=vlm_dir, samples=2, temperature=1.0, max_tasks=3, seed=0,
+              max_tokens=4, console=Console(quiet=True))
+    a = eval_command(out=str(tmp_path / "w1"), workers=1, **kw)
+    b = eval_command(out=str(tmp_path / "w0"), workers=0, **kw)
+    assert a["meta"]["workers"] == 1 and b["meta"]["workers"] == 0
+    assert a["overall"]["episodes"] == 6 and a["overall"]["env_errors"] == 0
+    rows = [(tmp_path / d / "results.jsonl").read_text().splitlines() for d in ("w1", "w0")]
+    answers = [[(json.loads(x)["task_id"], json.loads(x)["messages"][-1]["content"], json.loads(x)["tokens"])
+                for x in r] for r in rows]
+    assert len(answers[0]) == 6 and answers[0] == answers[1]
+    assert len({a for _, a, _ in answers[0]}) > 1  # sampled: not one answer everywhere

@@ -188,3 +188,36 @@ def test_train_visual_count_on_vllm(tmp_path):
         recs = [json.loads(x) for x in (out / "rollouts" / f"step_{step}.jsonl").read_text().splitlines()]
         assert len(recs) == 4 and {r["policy_version"] for r in recs} == {step - 1}
         assert all(r["vision"]["image_grid_thw"][0] == [1, 6, 6] for r in recs)
+
+
+def test_agentrl_eval_of_a_vlm_on_vllm_equals_the_hf_engine(vlm_dir, tmp_path, monkeypatch):
+    """`agentrl eval` with `rollout.engine=vllm` on the VLM directory (vLLM's `generate` is
+    called, with images): greedy, the same answers and token counts, task by task, as the
+    in-process HF vision engine."""
+    import json
+
+    from rich.console import Console
+
+    from agentrl.eval.cli import eval_command
+    from agentrl.rollout.engines.vllm import VLLMEngine
+
+    calls = []
+    orig = VLLMEngine.generate
+
+    def counted(self, prompts, params, images=None):
+        calls.append(images is not None and all(v is not None for v in images))
+        return orig(self, prompts, params, images=images)
+
+    monkeypatch.setattr(VLLMEngine, "generate", counted)
+
+    kw = dict(env="visual_count", model=vlm_dir, samples=1, temperature=0.0, max_tasks=3, seed=0,
+              max_tokens=4, console=Console(quiet=True))
+    a = eval_command(out=str(tmp_path / "vllm"), overrides=["rollout.engine=vllm"], **kw)
+    assert calls and all(calls)
+    n = len(calls)
+    eval_command(out=str(tmp_path / "hf"), **kw)
+    assert len(calls) == n  # the hf run did not touch vLLM
+    assert a["overall"]["episodes"] == 3 and a["overall"]["env_errors"] == 0
+    rows = [[json.loads(x) for x in (tmp_path / d / "results.jsonl").read_text().splitlines()] for d in ("vllm", "hf")]
+    got, want = ([(r["task_id"], r["messages"][-1]["content"], r["tokens"]) for r in rs] for rs in rows)
+    assert len(got) == 3 and got == want
