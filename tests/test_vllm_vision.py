@@ -164,10 +164,12 @@ def test_vllm_weight_update_reaches_the_vision_tower(worker, vlm_dir):
         assert a.sampler_logprobs == pytest.approx(b.sampler_logprobs, abs=1e-5)
 
 
-def test_train_visual_count_on_vllm(tmp_path):
-    """`train()` with `model.vision=true rollout.engine=vllm` (2 GRPO steps, the engine in this
-    process): step N's episodes were sampled by policy version N-1 with their image recorded,
-    and the learner's logprobs equal vLLM's (`loss/logp_mismatch` < 1e-4) at both steps."""
+@pytest.mark.parametrize("workers", [0, 1])
+def test_train_visual_count_on_vllm(tmp_path, workers):
+    """`train()` with `model.vision=true rollout.engine=vllm` (2 GRPO steps; the engine in this
+    process, or in one Ray worker): step N's episodes were sampled by policy version N-1 with
+    their image recorded, and the learner's logprobs equal vLLM's (`loss/logp_mismatch` < 1e-4)
+    at both steps."""
     import json
 
     from agentrl.config import load_config
@@ -180,7 +182,7 @@ def test_train_visual_count_on_vllm(tmp_path):
         "sft.steps=0", "rollout.engine=vllm", "rollout.tasks_per_step=2", "algo.group_size=2",
         "rollout.max_tokens=6", "train.eval_tasks=2", "train.eval_samples=1", "train.steps=2",
         "train.log_rollouts_every=1", "rollout.torch_threads=1", "train.torch_threads=1",
-        "log.tensorboard=false", "quiet=true", f"out={out}"]))
+        "log.tensorboard=false", "quiet=true", f"rollout.num_workers={workers}", f"out={out}"]))
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     gaps = [r["loss/logp_mismatch"] for r in rows if "loss/logp_mismatch" in r]
     assert len(gaps) == 2 and max(gaps) < 1e-4
@@ -188,6 +190,8 @@ def test_train_visual_count_on_vllm(tmp_path):
         recs = [json.loads(x) for x in (out / "rollouts" / f"step_{step}.jsonl").read_text().splitlines()]
         assert len(recs) == 4 and {r["policy_version"] for r in recs} == {step - 1}
         assert all(r["vision"]["image_grid_thw"][0] == [1, 6, 6] for r in recs)
+        if workers:
+            assert {r["info"]["rollout_worker"] for r in recs} == {0}
 
 
 def test_agentrl_eval_of_a_vlm_on_vllm_equals_the_hf_engine(vlm_dir, tmp_path, monkeypatch):
