@@ -319,8 +319,9 @@ class VLLMEngine:
         """A vision-language model: drop vLLM's cached encoder outputs (image embeddings, keyed
         by the images' content hash), computed by the old vision tower. Without it the first
         image request after `update_weights` failed on the CPU build ("Encoder cache miss": the
-        reload clears the model runner's copy, not the scheduler's record), and a cache that
-        kept them would serve the old tower's embeddings."""
+        scheduler's record and the runner's cache disagreed after the reload; the cause inside
+        vLLM was not traced), and a cache that kept them would serve the old tower's
+        embeddings."""
         if self.accepts_images:
             self.llm.llm_engine.reset_encoder_cache()
 
