@@ -53,7 +53,7 @@ class ModelConfig(_Section):
     path: str | None = None
     """Local Hugging Face model directory. None: build the embedded tiny default (see `tiny`)."""
     vision: bool = False
-    """Embedded default (no `path`): build a tiny vision-language model (Qwen2-VL: the text sizes below, a vision tower of `model.vision_depth` blocks of width `model.vision_width`, a PIL image processor) in OUT/base_vlm instead of the text model, for envs whose observations carry images (docs/multimodal.md). Runs in-process on the hf engine only: with images Ray rollout workers, vLLM, LoRA, PPO's value head, a reference worker and learner ranks are refused at start-up."""
+    """Embedded default (no `path`): build a tiny vision-language model (Qwen2-VL: the text sizes below, a vision tower of `model.vision_depth` blocks of width `model.vision_width`, a PIL image processor) in OUT/base_vlm instead of the text model, for envs whose observations carry images (docs/multimodal.md). Runs in-process or on Ray rollout workers, on the hf engine or vLLM; with images LoRA, PPO's value head, a reference worker and learner ranks are refused at start-up."""
     hidden_size: int = Field(default=128, ge=8)
     """Embedded default: hidden size of the tiny Qwen2 model."""
     num_layers: int = Field(default=4, ge=1)

@@ -157,8 +157,9 @@ def vision_engine(cfg: Config, path: str | Path) -> tuple[Any, Any]:
 
 def check_vision_training(cfg: Config) -> None:
     """With a vision-language policy (`model.vision`, or a `model.path` holding one), refuse at
-    start-up what does not run with images yet: Ray rollout workers, vLLM, LoRA, PPO's value
-    head, a reference worker and learner ranks (docs/multimodal.md).
+    start-up what does not run with images yet: LoRA, PPO's value head, a reference worker and
+    learner ranks (docs/multimodal.md). Ray rollout workers (`rollout.num_workers > 0`) and the
+    vLLM engine (`rollout.engine=vllm`: token prompts plus images) do.
 
     Raises:
         ValueError: naming the key to change.
@@ -167,14 +168,14 @@ def check_vision_training(cfg: Config) -> None:
 
     if not (cfg.model.vision or (cfg.model.path and is_vlm_dir(cfg.model.path))):
         return
-    bad = [(cfg.rollout.num_workers > 0, "rollout.num_workers=0"),
-           (cfg.rollout.engine != "hf", "rollout.engine=hf"), (cfg.model.lora_r > 0, "model.lora_r=0"),
+    bad = [(cfg.model.lora_r > 0, "model.lora_r=0"),
            (cfg.algo.name == "ppo", "an algorithm without a value head (grpo, rloo, ...)"),
            (cfg.placement.reference == "worker", "placement.reference other than worker"),
            (cfg.train.learner_workers > 0, "train.learner_workers=0")]
     need = [fix for hit, fix in bad if hit]
     if need:
-        raise ValueError("a vision-language policy trains in-process on the hf engine only for now; "
+        raise ValueError("a vision-language policy trains without LoRA, a value head, a reference "
+                         "worker or learner ranks for now; "
                          f"set {', '.join(need)} (docs/multimodal.md)")
 
 
@@ -185,26 +186,30 @@ def make_engine(cfg: Config, model: Any, tok: Any, out: Path) -> Any:
     Returns:
         a `RolloutPool` of Ray workers (`rollout.num_workers > 0`) or of vLLM
         (`rollout.engine=vllm`), which hold their own envs and load the weights written to
-        OUT/rollout_model; else an in-process `HFEngine` (`rollout.torch_threads`,
-        `rollout.compile`). Every engine holds its weights in `model.dtype` (the in-process
+        OUT/rollout_model (a vision-language policy's with its image processor, so the workers
+        build `VisionHFEngine`); else an in-process `VisionHFEngine` for a vision-language policy
+        (`tok.image_processor` set) or `HFEngine` (`rollout.torch_threads`, `rollout.compile`). Every engine holds its weights in `model.dtype` (the in-process
         engine a copy cast to it; the learner keeps float32 master weights, its compute
         precision is `train.precision`).
     """
     from agentrl.lora import plain_copy
 
-    if getattr(tok, "image_processor", None) is not None:  # a vision-language policy (in-process)
+    image_processor = getattr(tok, "image_processor", None)  # a vision-language policy
+    if cfg.rollout.num_workers > 0 or cfg.rollout.engine == "vllm":
+        from agentrl.rollout.workers import RolloutPool  # Ray workers (or vLLM) hold the envs
+
+        plain_copy(model).save_pretrained(out / "rollout_model")
+        tok.save_pretrained(out / "rollout_model")
+        if image_processor is not None:  # a VLM directory: the workers build VisionHFEngine
+            image_processor.save_pretrained(out / "rollout_model")
+        return RolloutPool(cfg, out / "rollout_model")  # current weights = version 0
+    if image_processor is not None:  # in-process
         from agentrl.models.vision_logprobs import vision_token_ids
         from agentrl.rollout.engines.hf_vision import VisionHFEngine
 
         return VisionHFEngine(plain_copy(model).eval(), image_token_id=model.config.image_token_id,
                               banned_ids=vision_token_ids(model.config),
                               torch_threads=cfg.rollout.torch_threads)
-    if cfg.rollout.num_workers > 0 or cfg.rollout.engine == "vllm":
-        from agentrl.rollout.workers import RolloutPool  # Ray workers (or vLLM) hold the envs
-
-        plain_copy(model).save_pretrained(out / "rollout_model")
-        tok.save_pretrained(out / "rollout_model")
-        return RolloutPool(cfg, out / "rollout_model")  # current weights = version 0
     from agentrl.rollout.engines.hf import HFEngine
 
     copy = plain_copy(model).eval()

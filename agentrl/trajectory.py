@@ -48,8 +48,10 @@ class Trajectory:
         bootstrap_value: V(s_T) for a truncated episode when the learner supplies it (PPO).
         vision: None for a text episode; with images (`append_images`): `pixel_values`
             (float32 tensor, patches of every image in order x patch features), `image_grid_thw`
-            (int64 tensor, images x 3) and `image_spans` (`[start, end)` token positions of each
-            image's placeholder ids, all context: loss_mask 0).
+            (int64 tensor, images x 3), `image_spans` (`[start, end)` token positions of each
+            image's placeholder ids, all context: loss_mask 0) and `images` (the images, `(H, W,
+            3)` uint8 RGB arrays, when the renderer gave them: an engine with its own image
+            processor, vLLM, takes these).
     """
 
     token_ids: list[int] = field(default_factory=list)
@@ -90,7 +92,8 @@ class Trajectory:
 
     def append_images(self, start: int, ids: list[int], pixels: dict[str, Any], image_token_id: int) -> None:
         """Record the images of context `ids` just appended at position `start`: their pixel
-        inputs (`agentrl.vlm.encode_images`) and the spans of their placeholder runs.
+        inputs (`agentrl.vlm.encode_images`, plus `images` when given) and the spans of their
+        placeholder runs.
 
         Raises:
             ValueError: the runs of `image_token_id` in `ids` are not one per image, or
@@ -115,7 +118,8 @@ class Trajectory:
                 k += 1
         if len(spans) != len(grid):
             raise ValueError(f"{len(spans)} placeholder runs for {len(grid)} images")
-        v = self.vision or {"pixel_values": None, "image_grid_thw": None, "image_spans": []}
+        v = self.vision or {"pixel_values": None, "image_grid_thw": None, "image_spans": [], "images": []}
+        v["images"] = list(v.get("images", [])) + list(pixels.get("images", []))
         pv = pixels["pixel_values"]
         v["pixel_values"] = pv if v["pixel_values"] is None else torch.cat([v["pixel_values"], pv])
         v["image_grid_thw"] = grid if v["image_grid_thw"] is None else torch.cat([v["image_grid_thw"], grid])

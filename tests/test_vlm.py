@@ -119,14 +119,18 @@ def test_model_vision_builds_the_vlm_and_refuses_what_cannot_run_with_images(tmp
     assert type(tok.image_processor).__name__.startswith("Qwen2VLImageProcessor")
     text = "Say the word apple."  # the toy env's prompt: the tokenizer learnt merges from it
     assert len(tok.encode(text, add_special_tokens=False)) < len(text) // 2
-    for bad, key in [("rollout.num_workers=1", "rollout.num_workers=0"), ("model.lora_r=4", "lora_r=0"),
+    for bad, key in [("placement.reference=worker", "placement.reference"), ("model.lora_r=4", "lora_r=0"),
                      ("algo.name=ppo", "without a value head"), ("train.learner_workers=2", "learner_workers=0")]:
         with pytest.raises(ValueError, match=key):
             run.load_policy(load_config(None, ["env.name=toy", "model.vision=true", "sft.steps=0", bad]),
                             tmp_path, None)
-    with pytest.raises(ValueError, match="rollout.num_workers=0"):  # a VLM model.path is vision too
-        run.load_policy(load_config(None, ["env.name=toy", f"model.path={path}", "rollout.num_workers=1"]),
+    with pytest.raises(ValueError, match="model.lora_r=0"):  # a VLM model.path is vision too
+        run.load_policy(load_config(None, ["env.name=toy", f"model.path={path}", "model.lora_r=4"]),
                         tmp_path, None)
+    # Ray rollout workers and vLLM run a vision policy (tests/test_vision_workers.py,
+    # tests/test_vllm_vision.py): not refused
+    run.check_vision_training(load_config(None, ["env.name=toy", "model.vision=true", "rollout.num_workers=2",
+                                                 "rollout.engine=vllm"]))
     assert not is_vlm_dir(tmp_path)
 
 

@@ -327,12 +327,6 @@ def eval_command(
         return build_env(cfg, split_arg)
 
     probe = _probe_env(cfg, split_arg, split)
-    if not scripted and use_pool:
-        from agentrl.vlm import is_vlm_dir
-
-        if (cfg.model.vision if builtin else model_dir is not None and is_vlm_dir(model_dir)):
-            raise ValueError("a vision-language policy is evaluated in-process only for now: set "
-                             "rollout.num_workers=0 (--workers 0) (docs/multimodal.md)")
     _remove(replaced)  # --overwrite: the earlier evaluation, once the arguments are checked
     if builtin:
         from agentrl.run import default_model_dir
@@ -357,9 +351,19 @@ def eval_command(
         model_label = "reference" + (f" (tokenizer {tok_dir})" if tok_dir else "")
     elif use_pool:
         from agentrl.rollout.workers import RolloutPool, load_tokenizer
+        from agentrl.vlm import is_vlm_dir
 
-        pool = RolloutPool(cfg, str(model_dir))
-        renderer = ChatRenderer(load_tokenizer(str(model_dir)))
+        pool = RolloutPool(cfg, str(model_dir))  # the workers render images themselves
+        tok = load_tokenizer(str(model_dir))
+        if is_vlm_dir(str(model_dir)):  # (this renderer gives the stop ids)
+            from transformers import AutoImageProcessor
+
+            from agentrl.rollout.chat import VisionChatRenderer
+
+            ip = AutoImageProcessor.from_pretrained(str(model_dir), local_files_only=True)
+            renderer = VisionChatRenderer(tok, ip)
+        else:
+            renderer = ChatRenderer(tok)
         engine = None
         model_label = str(model_dir)
 
@@ -368,10 +372,16 @@ def eval_command(
     else:
         from agentrl.vlm import is_vlm_dir
 
-        if is_vlm_dir(str(model_dir)):  # a vision-language policy: in-process vision engine
+        if is_vlm_dir(str(model_dir)) and cfg.rollout.engine == "hf":  # in-process vision engine
             from agentrl.run import vision_engine
 
             engine, renderer = vision_engine(cfg, str(model_dir))
+        elif is_vlm_dir(str(model_dir)):  # vLLM with images
+            from agentrl.rollout.chat import VisionChatRenderer
+            from agentrl.rollout.workers import make_engine
+
+            engine, tokenizer = make_engine(cfg, str(model_dir))
+            renderer = VisionChatRenderer(tokenizer, tokenizer.image_processor)
         else:
             from agentrl.rollout.workers import make_engine
 

@@ -138,17 +138,24 @@ class VisionChatRenderer(ChatRenderer):
         self.vision_token_ids = sorted({vocab[t] for t in (*VISION_TOKENS, token) if t in vocab})
 
     def _with_images(self, ids: list[int], messages: list[Message]) -> tuple[list[int], dict[str, Any]]:
-        from agentrl.envs import message_images
-        from agentrl.vlm import encode_images, expand_image_pads, image_token_counts
+        import numpy as np
 
-        px = encode_images(self.image_processor, message_images(list(messages)))
+        from agentrl.envs import message_images
+        from agentrl.vlm import encode_images, expand_image_pads, image_token_counts, to_pil
+
+        images = message_images(list(messages))
+        px = encode_images(self.image_processor, images)
+        # the images themselves too, (H, W, 3) uint8 RGB: an engine that runs its own image
+        # processor (vLLM) takes images, not pixel values
+        px["images"] = [np.asarray(to_pil(im)) for im in images]
         counts = image_token_counts(px["image_grid_thw"], self.merge_size)
         return expand_image_pads(ids, self.image_token_id, counts), px
 
     def prompt_inputs(self, messages: list[Message], tools: list[dict] | None = None
                       ) -> tuple[list[int], dict[str, Any]]:
         """Ids of the opening messages (placeholders widened) + the generation prompt, and
-        `encode_images` of their images in order.
+        `encode_images` of their images in order plus `images` (the images as `(H, W, 3)` uint8
+        RGB arrays).
 
         Raises:
             ValueError: the template rendered a different number of placeholders than there

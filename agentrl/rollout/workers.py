@@ -78,8 +78,12 @@ def make_engine(cfg: Config, model_path: str | Path) -> tuple[Engine, Any]:
 
     Returns:
         `(engine, tokenizer)`. `hf`: `HFEngine` with `cfg.rollout.torch_threads` threads and
-        `cfg.model.dtype`. `vllm`: `VLLMEngine` with `cfg.model.dtype`, seed `cfg.seed` and the
-        keywords of `rollout.vllm_kwargs`.
+        `cfg.model.dtype`; on a vision-language directory (`agentrl.vlm.is_vlm_dir`) a
+        `VisionHFEngine` instead, its tokenizer carrying the image processor as
+        `tokenizer.image_processor` (so the worker renders with `VisionChatRenderer`).
+        `vllm`: `VLLMEngine` with `cfg.model.dtype`, seed `cfg.seed` and the keywords of
+        `rollout.vllm_kwargs` (on a vision-language directory it takes images, and the
+        tokenizer carries the image processor as for `hf`).
 
     Raises:
         ImportError: `vllm` asked for but not installed (the message says how to install it).
@@ -87,20 +91,48 @@ def make_engine(cfg: Config, model_path: str | Path) -> tuple[Engine, Any]:
     """
     import torch
 
+    from agentrl.vlm import is_vlm_dir
+
     if not Path(model_path).is_dir():
         raise FileNotFoundError(f"model directory not found: {model_path}")
     dtype = getattr(torch, cfg.model.dtype)
+    if cfg.rollout.engine == "hf" and is_vlm_dir(model_path):
+        return vision_engine_of_dir(model_path, dtype, cfg.rollout.torch_threads)
     if cfg.rollout.engine == "vllm":
         from agentrl.rollout.engines.vllm import VLLMEngine
 
         engine = VLLMEngine(str(model_path), dtype=cfg.model.dtype, seed=cfg.seed,
                             **dict(cfg.rollout.vllm_kwargs))
-        return engine, load_tokenizer(model_path)
+        tok = load_tokenizer(model_path)
+        if is_vlm_dir(model_path):  # vLLM takes the images (engine.accepts_images)
+            from transformers import AutoImageProcessor
+
+            tok.image_processor = AutoImageProcessor.from_pretrained(str(model_path), local_files_only=True)
+        return engine, tok
     from agentrl.rollout.engines.hf import HFEngine
 
     hf = HFEngine(str(model_path), torch_threads=cfg.rollout.torch_threads, dtype=dtype,
                   compile=bool(cfg.rollout.compile))
     return hf, hf.tokenizer
+
+
+def vision_engine_of_dir(model_path: str | Path, dtype: Any, torch_threads: int | None = None) -> tuple[Engine, Any]:
+    """`(VisionHFEngine, tokenizer)` of the vision-language directory `model_path`, the model
+    loaded with the Auto classes in `dtype` (`agentrl.vlm.load_vlm`) and the image processor
+    carried as `tokenizer.image_processor`.
+
+    Raises:
+        FileNotFoundError, ValueError: as `agentrl.vlm.load_vlm`.
+    """
+    from agentrl.models.vision_logprobs import vision_token_ids
+    from agentrl.rollout.engines.hf_vision import VisionHFEngine
+    from agentrl.vlm import load_vlm
+
+    model, tok, image_processor = load_vlm(model_path, dtype=dtype)
+    tok.image_processor = image_processor
+    engine = VisionHFEngine(model, image_token_id=model.config.image_token_id,
+                            banned_ids=vision_token_ids(model.config), torch_threads=torch_threads)
+    return engine, tok
 
 
 def shard_specs(specs: Sequence[EpisodeSpec], num_shards: int) -> list[list[int]]:
@@ -134,7 +166,10 @@ def shard_specs(specs: Sequence[EpisodeSpec], num_shards: int) -> list[list[int]
 class RolloutWorker:
     """An engine, a chat renderer and a pool of env instances per split; runs the agent loop.
 
-    The same class runs in-process and as a Ray actor (`RolloutPool`).
+    The same class runs in-process and as a Ray actor (`RolloutPool`). On a vision-language
+    model directory the engine is a `VisionHFEngine` and the renderer a `VisionChatRenderer`:
+    each trajectory's `vision` (pixel values, image grid, placeholder spans: CPU tensors) goes
+    back to the driver with it through Ray's object store.
 
     Args:
         cfg: the run's config (`rollout.*` for the engine, threads and limits; `env.*` for envs).
@@ -149,13 +184,14 @@ class RolloutWorker:
                  env_factory: Callable[[str], Any] | None = None) -> None:
         import torch
 
-        from agentrl.rollout.chat import ChatRenderer
+        from agentrl.rollout.chat import ChatRenderer, VisionChatRenderer
 
         torch.set_num_threads(cfg.rollout.torch_threads)
         self.cfg = cfg
         self.worker_id = worker_id
         self.engine, tokenizer = make_engine(cfg, model_path)
-        self.renderer = ChatRenderer(tokenizer)
+        ip = getattr(tokenizer, "image_processor", None)  # a vision-language model directory
+        self.renderer = ChatRenderer(tokenizer) if ip is None else VisionChatRenderer(tokenizer, ip)
         self.push_id = 0  # which `RolloutPool` push the engine holds (0: the model directory's)
         self._env_factory = env_factory
         self._rewards: Any = None  # the worker's `RewardWrappers` when `env.wrappers` is set

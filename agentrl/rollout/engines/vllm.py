@@ -27,6 +27,15 @@ otherwise stay stale without any error. After every load the engine resets vLLM'
 without the reset a prompt seen before the update would be served the old weights' keys and
 values (measured on the CPU build: another greedy token for a 407-token prompt).
 
+Images: on a vision-language model directory (Qwen2-VL style: a `vision_config`) the engine
+`accepts_images`: `generate(prompts, params, images=[Trajectory.vision, ...])` sends each prompt
+with one placeholder per image and the images themselves (vLLM runs the image processor and
+widens the placeholders again; the engine checks that the result is our ids), and never samples
+the vision special tokens (`allowed_token_ids`: every other id, so the processed logprobs are the
+learner's with those tokens removed). Updates also reset vLLM's encoder cache (image embeddings
+of the old vision tower). Where torchvision is missing (the CPU build here) the transformers
+processors vLLM needs are stood in for (`agentrl.rollout.engines.vllm_vision`).
+
 Sleep: `sleep(level=2)` discards the weights; `wake_up` does not bring them back, so until the
 next `update_weights` the engine refuses to `generate` (it would sample from whatever the freed
 memory holds).
@@ -146,12 +155,27 @@ class VLLMEngine:
             kw["gpu_memory_utilization"] = gpu_memory_utilization
         if enable_sleep_mode:
             kw["enable_sleep_mode"] = True
+        hf_config = AutoConfig.from_pretrained(str(model), local_files_only=True)
+        self.accepts_images = hasattr(hf_config, "vision_config")  # a vision-language model
+        self.banned_ids: list[int] = []
+        if self.accepts_images:
+            from agentrl.models.vision_logprobs import vision_token_ids
+            from agentrl.rollout.engines.vllm_vision import (
+                MAX_IMAGES_PER_PROMPT,
+                patch_transformers_without_torchvision,
+            )
+
+            patch_transformers_without_torchvision()  # the CPU build here has no torchvision
+            kw.setdefault("limit_mm_per_prompt", {"image": MAX_IMAGES_PER_PROMPT, "video": 0})
+            self.image_token_id = int(hf_config.image_token_id)
+            self.banned_ids = vision_token_ids(hf_config)  # never sampled, as VisionHFEngine
         self.llm = LLM(model=str(model), dtype=dtype, seed=seed, enforce_eager=enforce_eager,
                        logprobs_mode="processed_logprobs", skip_tokenizer_init=False,
                        worker_extension_cls=f"{__name__}.WeightSync", **kw)
-        hf_config = AutoConfig.from_pretrained(str(model), local_files_only=True)
         self.tied_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
-        self.vocab_size = int(hf_config.vocab_size)
+        self.vocab_size = int(getattr(hf_config, "text_config", hf_config).vocab_size)
+        banned = set(self.banned_ids)
+        self._allowed = [i for i in range(self.vocab_size) if i not in banned] if banned else None
         self.sleep_mode = enable_sleep_mode
         self.asleep = False
         self.weights_discarded = False  # by sleep(level=2), until the next update_weights
@@ -159,7 +183,8 @@ class VLLMEngine:
         self.last_update_s = 0.0
 
     # -- Engine interface ----------------------------------------------------------------------
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 images: list[dict[str, Any] | None] | None = None) -> list[Completion]:
         """Sample `params.n` completions per prompt (prompt-major), like `HFEngine.generate`.
 
         Each completion holds vLLM's sampled ids (a stop token included), the sampler logprob of
@@ -167,15 +192,32 @@ class VLLMEngine:
         not end a completion unless they are in `params.stop_token_ids` (`ignore_eos`), as in
         `HFEngine`.
 
+        Args:
+            prompts: token ids (with images: placeholders widened, as `VisionChatRenderer` makes
+                them).
+            params: sampling settings.
+            images: a vision-language model only: per prompt, its `Trajectory.vision` (with
+                `images`) or None. Each prompt goes to vLLM with one placeholder per image and
+                the images (`agentrl.rollout.engines.vllm_vision.image_prompt`); the vision
+                special tokens are never sampled (`allowed_token_ids`: every other id), so the
+                logprobs are those of the learner's `token_logprobs(vision=...)`.
+
         Raises:
-            ValueError: bad params, an empty prompt, or an id outside the vocabulary.
+            ValueError: bad params, an empty prompt, an id outside the vocabulary, `images` for a
+                text-only model or not one per prompt, a vision entry without its images.
             RuntimeError: the engine is asleep, its weights were discarded by `sleep(level=2)`
-                and not loaded since, or vLLM aborted a request.
+                and not loaded since, vLLM aborted a request, or vLLM widened a prompt's image
+                placeholders to other ids than ours (its image processor disagrees with the
+                renderer's).
         """
         from vllm import SamplingParams as VParams
         from vllm.inputs import TokensPrompt
 
         check_params(params)
+        if images is not None and not self.accepts_images:
+            raise ValueError("images given to a vLLM engine on a text-only model")
+        if images is not None and len(images) != len(prompts):
+            raise ValueError(f"{len(images)} image entries for {len(prompts)} prompts")
         if self.asleep:
             raise RuntimeError("the vLLM engine is asleep: call wake_up() before generate()")
         if self.weights_discarded:
@@ -191,15 +233,24 @@ class VLLMEngine:
         seeds = row_seeds(prompts, params.n, params.seed, params.seed_offsets)
         requests, sampling = [], []
         for r, s in enumerate(seeds):
-            requests.append(TokensPrompt(prompt_token_ids=list(prompts[r // params.n])))
+            if images is not None:
+                from agentrl.rollout.engines.vllm_vision import image_prompt
+
+                requests.append(image_prompt(prompts[r // params.n], images[r // params.n], self.image_token_id))
+            else:
+                requests.append(TokensPrompt(prompt_token_ids=list(prompts[r // params.n])))
             sampling.append(VParams(
                 n=1, temperature=params.temperature, top_p=params.top_p,
                 max_tokens=params.max_tokens, stop_token_ids=list(params.stop_token_ids),
                 ignore_eos=True, seed=s, logprobs=0, detokenize=False,
-                skip_special_tokens=False))
+                skip_special_tokens=False, allowed_token_ids=self._allowed))
         outs = self.llm.generate(requests, sampling, use_tqdm=False)
         completions = []
-        for req in outs:
+        for r, req in enumerate(outs):
+            if images is not None and list(req.prompt_token_ids or []) != list(prompts[r // params.n]):
+                raise RuntimeError(f"vLLM widened prompt {r // params.n}'s image placeholders to "
+                                   f"{len(req.prompt_token_ids or [])} ids, ours are {len(prompts[r // params.n])}: "
+                                   "its image processor disagrees with the renderer's")
             o = req.outputs[0]
             if o.finish_reason not in ("stop", "length"):
                 raise RuntimeError(f"vLLM finished a request with {o.finish_reason!r}")
@@ -232,6 +283,7 @@ class VLLMEngine:
         payload: Any = sd if not _engine_in_child_process() else _to_bytes(sd)
         self.llm.collective_rpc("agentrl_load_weights", args=(payload,))
         self._reset_prefix_cache()
+        self._reset_encoder_cache()
         self.weights_discarded = False
         self.policy_version = int(version)
         self.last_update_s = time.perf_counter() - t0
@@ -261,6 +313,17 @@ class VLLMEngine:
             self.llm.wake_up()
             self.asleep = False
             self._reset_prefix_cache()
+            self._reset_encoder_cache()
+
+    def _reset_encoder_cache(self) -> None:
+        """A vision-language model: drop vLLM's cached encoder outputs (image embeddings, keyed
+        by the images' content hash), computed by the old vision tower. Without it the first
+        image request after `update_weights` failed on the CPU build ("Encoder cache miss": the
+        scheduler's record and the runner's cache disagreed after the reload; the cause inside
+        vLLM was not traced), and a cache that kept them would serve the old tower's
+        embeddings."""
+        if self.accepts_images:
+            self.llm.llm_engine.reset_encoder_cache()
 
     def _reset_prefix_cache(self) -> None:
         """Drop vLLM's cached prefix KV blocks, so that no later request reuses them.
