@@ -48,7 +48,7 @@ Besides each model's pass@1 (± its standard error over tasks), the results give
 differences (`paired_pass@1`: per-task difference of success rates, mean ± standard error over
 the common tasks) between the arms and against the warm start.
 
-Writes benchmarks/results/self_propose_vs_code.json and .md (and OUT/results.json).
+Writes benchmarks/results/self_propose_vs_code.json and .md (`--tag T`: ..._T.json/.md; and OUT/results.json).
 """
 
 from __future__ import annotations
@@ -219,7 +219,7 @@ def evaluate(model: Path, out: Path, seed: int, he_tasks: int, samples: int,
                    out / f"{name}.log")
         s = json.loads((d / "summary.json").read_text())["overall"]
         res[name] = {k: s.get(k) for k in ("pass@1", "pass@1_se", f"pass@{samples}", f"pass@{samples}_se",
-                                           "tasks", "episodes")} | {"wall_s": wall}
+                                           "tasks", "episodes")} | {"wall_s": wall, "verdicts": verdict_counts(d)}
     return res
 
 
@@ -279,6 +279,21 @@ def buffer_programs(tasks: list[dict[str, Any]]) -> dict[str, Any]:
     builtin = {normalise(t.src) for t in (*SEED_TASKS, *HELDOUT_TASKS)}
     progs = {normalise(t["src"]) for t in tasks}
     return {"tasks": len(tasks), "distinct_programs": len(progs), "proposed_programs": sorted(progs - builtin)}
+
+
+def verdict_counts(eval_dir: Path) -> dict[str, int]:
+    """Episodes per sandbox verdict (`pass`, `fail`, `syntax_error`, `runtime_error`, ...; `none`
+    when an episode has none) of an `agentrl eval` folder's `results.jsonl`, most common first."""
+    from collections import Counter
+
+    c = Counter(json.loads(x).get("verdict") or "none" for x in (eval_dir / "results.jsonl").read_text().splitlines())
+    return dict(c.most_common())
+
+
+def results_paths(tag: str) -> tuple[Path, Path]:
+    """benchmarks/results/self_propose_vs_code[_TAG].json and .md (`--tag`, e.g. one per seed)."""
+    stem = "self_propose_vs_code" + (f"_{tag}" if tag else "")
+    return RESULTS / f"{stem}.json", RESULTS / f"{stem}.md"
 
 
 def weight_change(a: Path, b: Path) -> float:
@@ -398,10 +413,16 @@ def markdown(res: dict[str, Any]) -> str:
             return "n/a" if v is None else f"{v:.3f}" + (f" ± {se:.3f}" if se is not None else "")
 
         lines.append(f"| {label} | {f(c, 'pass@1')} | {f(c, f'pass@{k}')} | {f(h, 'pass@1')} | {f(h, f'pass@{k}')} |")
+    verdicts = {n: m["code_heldout"]["verdicts"] for n, m in res["models"].items() if m["code_heldout"].get("verdicts")}
+    if verdicts:
+        lines += ["", "Code held-out episodes per sandbox verdict: " + "; ".join(
+            f"{n} " + ", ".join(f"{v} {c_}" for v, c_ in vs.items()) for n, vs in verdicts.items()) + "."]
     a = res["arms"]["self_propose"]
     lk = res["leak_check"]
-    lines += ["", f"Wall: code_sandbox arm {res['train_walls_s']['code_grpo'] / 60:.1f} min (warm start "
-              f"{res['arms']['code_grpo']['sft_steps']} SFT steps included; RL {res['arms']['code_grpo']['rl_s']:.0f} s), "
+    own = res["arms"]["code_grpo"]["sft_steps"]
+    lines += ["", f"Wall: code_sandbox arm {res['train_walls_s']['code_grpo'] / 60:.1f} min ("
+              + (f"warm start {own} SFT steps included; " if own else "warm start reused, not included; ")
+              + f"RL {res['arms']['code_grpo']['rl_s']:.0f} s), "
               f"self_propose arm {res['train_walls_s']['self_propose'] / 60:.1f} min (RL "
               f"{res['arms']['self_propose']['rl_s']:.0f} s); load average {res['load_1min']:.1f} at the end."]
     lines += ["", "self_propose arm (means over its steps): " + ", ".join(
@@ -452,6 +473,7 @@ def main() -> None:
     ap.add_argument("--min-warm-pass1", type=float, default=None,
                     help="with --warm: stop before the arms when the warm start's held-out pass@1 (its run's "
                          "evaluation before RL) is below this")
+    ap.add_argument("--tag", default="", help="results file name suffix: self_propose_vs_code_TAG.json/.md")
     ap.add_argument("--no-results", action="store_true", help="do not write benchmarks/results (a smoke run)")
     ap.add_argument("overrides", nargs="*", help="config overrides key=value for both arms (e.g. sft.steps=20)")
     args = ap.parse_args()
@@ -523,11 +545,11 @@ def main() -> None:
     (out / "results.json").write_text(json.dumps(res, indent=1))  # before the table: kept if it fails
     if not args.no_results:
         RESULTS.mkdir(exist_ok=True)
-        (RESULTS / "self_propose_vs_code.json").write_text(json.dumps(res, indent=1))
+        results_paths(args.tag)[0].write_text(json.dumps(res, indent=1))
     md = markdown(res)
     print(md)
     if not args.no_results:
-        (RESULTS / "self_propose_vs_code.md").write_text(md)
+        results_paths(args.tag)[1].write_text(md)
     if not lk["ok"]:
         raise SystemExit(f"leak check failed: {json.dumps(lk)[:2000]}")
 

@@ -151,3 +151,14 @@ def test_buffer_programs_counts_distinct_normalised_programs():
     again = {**mine, "src": "def f(x):\n    return x * 2 - 7", "inputs": ["2"]}  # same program, new input
     b = spvc.buffer_programs([seed, mine, again])
     assert b == {"tasks": 3, "distinct_programs": 2, "proposed_programs": ["def f(x):\n    return x * 2 - 7"]}
+
+
+def test_verdict_counts_and_results_paths(tmp_path):
+    import json
+
+    rows = [{"verdict": "pass"}, {"verdict": "syntax_error"}, {"verdict": "pass"}, {"verdict": None}]
+    (tmp_path / "results.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    assert list(spvc.verdict_counts(tmp_path).items()) == [("pass", 2), ("syntax_error", 1), ("none", 1)]
+    assert [p.name for p in spvc.results_paths("")] == ["self_propose_vs_code.json", "self_propose_vs_code.md"]
+    assert [p.name for p in spvc.results_paths("seed1")] == ["self_propose_vs_code_seed1.json",
+                                                             "self_propose_vs_code_seed1.md"]
