@@ -39,7 +39,16 @@ second stage that forgets code. Not with `--warm`.
 `agentrl train --env code_sandbox model.path=DIR sft.steps=0`, and `--no-warm-eval` skips
 evaluating DIR again (its figures are the earlier run's: evaluation is deterministic).
 
-Writes benchmarks/results/self_propose_vs_code.json and .md.
+`--min-warm-pass1 X` (with `--warm`) stops before the arms when the reused warm start's held-out
+pass@1 (its run's evaluation before RL, `summary.json`) is below X: no code skill to move. With
+`--warm` the results record that run's warm start (`warm_run`: SFT steps, examples per env, the
+stop checks on code_sandbox training tasks, its `sft` config).
+
+Besides each model's pass@1 (± its standard error over tasks), the results give paired
+differences (`paired_pass@1`: per-task difference of success rates, mean ± standard error over
+the common tasks) between the arms and against the warm start.
+
+Writes benchmarks/results/self_propose_vs_code.json and .md (`--tag T`: ..._T.json/.md; and OUT/results.json).
 """
 
 from __future__ import annotations
@@ -210,8 +219,81 @@ def evaluate(model: Path, out: Path, seed: int, he_tasks: int, samples: int,
                    out / f"{name}.log")
         s = json.loads((d / "summary.json").read_text())["overall"]
         res[name] = {k: s.get(k) for k in ("pass@1", "pass@1_se", f"pass@{samples}", f"pass@{samples}_se",
-                                           "tasks", "episodes")} | {"wall_s": wall}
+                                           "tasks", "episodes")} | {"wall_s": wall, "verdicts": verdict_counts(d)}
     return res
+
+
+def paired_diff(dir_a: Path, dir_b: Path) -> dict[str, Any] | None:
+    """pass@1 of evaluation B minus that of evaluation A (two `agentrl eval` folders of the same
+    task list), paired over tasks: each task's difference of success rates d_i = c_b/n - c_a/n
+    (`agentrl.eval.report.compare`'s per-task `success_rate`), their mean and its standard error
+    std(d, ddof=1) / sqrt(T) over the T common tasks (0 when T = 1); `gained` / `lost`: tasks
+    solved (at least once) in B only / in A only.
+
+    Returns:
+        `{"diff", "se", "tasks", "gained", "lost"}`, or None when either folder is missing (an
+        evaluation that was not run, e.g. HumanEval with `--he-tasks 0`).
+    """
+    from agentrl.eval.report import compare
+
+    if not ((dir_a / "summary.json").exists() and (dir_b / "summary.json").exists()):
+        return None
+    c = compare(dir_a, dir_b)
+    d = [t["success_rate"]["diff"] for t in c["tasks"]]
+    n = len(d)
+    mean = sum(d) / n
+    se = (sum((x - mean) ** 2 for x in d) / (n - 1) / n) ** 0.5 if n > 1 else 0.0
+    return {"diff": mean, "se": se, "tasks": n, "gained": len(c["flipped"]["gained"]),
+            "lost": len(c["flipped"]["lost"])}
+
+
+def warm_run(warm: Path) -> dict[str, Any] | None:
+    """What made a reused warm start (`--warm DIR`, DIR = a training run's `sft_model`): that
+    run's `summary.json` warm-start fields, its held-out evaluation before RL, the stop checks of
+    its warm start (`sft_metrics.jsonl` rows with `sft/train_pass@1`: pass@1 and pass@k on
+    training tasks) and its `sft` config. None when DIR's parent is not a run folder."""
+    run = warm.parent
+    if not (run / "summary.json").exists():
+        return None
+    s = json.loads((run / "summary.json").read_text())
+    checks = []
+    if (run / "sft_metrics.jsonl").exists():
+        checks = [r for r in map(json.loads, (run / "sft_metrics.jsonl").read_text().splitlines())
+                  if "sft/train_pass@1" in r]
+    out = {k: s.get(k) for k in ("sft_steps", "sft_examples", "sft_loss_first", "sft_loss_last", "sft_seconds")}
+    out["eval_before"] = {k: (s.get("eval_before") or {}).get(k) for k in ("pass@1", "pass@1_se")}
+    out["stop_checks"] = checks
+    if (run / "config.json").exists():  # the run's resolved config (agentrl.train writes it)
+        cfg = json.loads((run / "config.json").read_text())
+        out["sft_config"] = cfg.get("sft")
+        out["seed"] = cfg.get("seed")
+    return out
+
+
+def buffer_programs(tasks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The final task buffer (`Task.to_dict`s) of a self_propose run: `tasks`, `distinct_programs`
+    (normalised sources, inputs ignored) and the normalised programs not among the built-in tasks
+    (`proposed_programs`, sorted)."""
+    from agentrl_envs.self_propose_tasks import HELDOUT_TASKS, SEED_TASKS, normalise
+
+    builtin = {normalise(t.src) for t in (*SEED_TASKS, *HELDOUT_TASKS)}
+    progs = {normalise(t["src"]) for t in tasks}
+    return {"tasks": len(tasks), "distinct_programs": len(progs), "proposed_programs": sorted(progs - builtin)}
+
+
+def verdict_counts(eval_dir: Path) -> dict[str, int]:
+    """Episodes per sandbox verdict (`pass`, `fail`, `syntax_error`, `runtime_error`, ...; `none`
+    when an episode has none) of an `agentrl eval` folder's `results.jsonl`, most common first."""
+    from collections import Counter
+
+    c = Counter(json.loads(x).get("verdict") or "none" for x in (eval_dir / "results.jsonl").read_text().splitlines())
+    return dict(c.most_common())
+
+
+def results_paths(tag: str) -> tuple[Path, Path]:
+    """benchmarks/results/self_propose_vs_code[_TAG].json and .md (`--tag`, e.g. one per seed)."""
+    stem = "self_propose_vs_code" + (f"_{tag}" if tag else "")
+    return RESULTS / f"{stem}.json", RESULTS / f"{stem}.md"
 
 
 def weight_change(a: Path, b: Path) -> float:
@@ -312,10 +394,12 @@ def markdown(res: dict[str, Any]) -> str:
                                               else "not evaluated (--he-tasks 0)") + ". ± one standard "
              "error over tasks.", "",
              f"| model | code held-out pass@1 | pass@{k} | HumanEval pass@1 | pass@{k} |", "| --- | --- | --- | --- | --- |"]
-    ex = res["arms"]["code_grpo"].get("sft_examples") or {}
+    wr = res.get("warm_run") or {}
+    ex = (wr.get("sft_examples") if wr else res["arms"]["code_grpo"].get("sft_examples")) or {}
+    n_sft = wr.get("sft_steps") if wr else res["arms"]["code_grpo"]["sft_steps"]
     warm_label = ("mixed warm start (before RL): " + " + ".join(f"{n} {e}" for e, n in ex.items())
-                  + f" references, {res['arms']['code_grpo']['sft_steps']} SFT steps"
-                  if res.get("mix_warm") else "warm start (before RL)")
+                  + f" references, {n_sft} SFT steps"
+                  if len(ex) > 1 else "warm start (before RL)")
     for name, label in (("warm", warm_label),
                         ("sp_warm", f"warm start + {res.get('sp_warm', 0)} SFT steps on self_propose references"),
                         ("self_propose", "(a) + self_propose GRPO"), ("code_grpo", "(b) + code_sandbox GRPO")):
@@ -329,15 +413,24 @@ def markdown(res: dict[str, Any]) -> str:
             return "n/a" if v is None else f"{v:.3f}" + (f" ± {se:.3f}" if se is not None else "")
 
         lines.append(f"| {label} | {f(c, 'pass@1')} | {f(c, f'pass@{k}')} | {f(h, 'pass@1')} | {f(h, f'pass@{k}')} |")
+    verdicts = {n: m["code_heldout"]["verdicts"] for n, m in res["models"].items() if m["code_heldout"].get("verdicts")}
+    if verdicts:
+        lines += ["", "Code held-out episodes per sandbox verdict: " + "; ".join(
+            f"{n} " + ", ".join(f"{v} {c_}" for v, c_ in vs.items()) for n, vs in verdicts.items()) + "."]
     a = res["arms"]["self_propose"]
     lk = res["leak_check"]
-    lines += ["", f"Wall: code_sandbox arm {res['train_walls_s']['code_grpo'] / 60:.1f} min (warm start "
-              f"{res['arms']['code_grpo']['sft_steps']} SFT steps included; RL {res['arms']['code_grpo']['rl_s']:.0f} s), "
+    own = res["arms"]["code_grpo"]["sft_steps"]
+    lines += ["", f"Wall: code_sandbox arm {res['train_walls_s']['code_grpo'] / 60:.1f} min ("
+              + (f"warm start {own} SFT steps included; " if own else "warm start reused, not included; ")
+              + f"RL {res['arms']['code_grpo']['rl_s']:.0f} s), "
               f"self_propose arm {res['train_walls_s']['self_propose'] / 60:.1f} min (RL "
               f"{res['arms']['self_propose']['rl_s']:.0f} s); load average {res['load_1min']:.1f} at the end."]
     lines += ["", "self_propose arm (means over its steps): " + ", ".join(
         f"{key.split('rollout/')[-1]} {v:.3f}" for key, v in a.items()
-        if isinstance(v, float) and key.endswith("pass_rate")) + f"; final buffer {a.get('final_buffer_size')}.",
+        if isinstance(v, float) and key.endswith("pass_rate")) + f"; final buffer {a.get('final_buffer_size')}" + (
+            f" tasks, {res['final_buffer']['distinct_programs']} distinct programs, proposed ones: "
+            + ", ".join(f"`{p_}`" for p_ in res["final_buffer"]["proposed_programs"][:12]).replace("\n", " ")
+            if res.get("final_buffer") else "") + ".",
         "", "self_propose episodes per group, successes (valid proposals; right answers) / episodes, all "
         "steps (first step, before any update): " + "; ".join(
             f"{g} {c['success']}/{c['episodes']} ({c['first_step_success']}/{c['first_step_episodes']})"
@@ -346,6 +439,17 @@ def markdown(res: dict[str, Any]) -> str:
         f"{lk['code_tasks_compared']} code_sandbox tasks: statements in prompts {lk['statement_prompts']}, "
         f"built-in tasks matching {len(lk['builtin_matches'])}, policy-proposed programs matching "
         f"{len(lk['proposed_matches'])} -> {'ok' if lk['ok'] else 'FAILED'}.", "",
+        "Paired pass@1 differences (mean over tasks of the per-task difference of success rates "
+        "± its standard error; tasks solved in the second model only / in the first only): " + ("; ".join(
+            f"{name} {d['diff']:+.3f} ± {d['se']:.3f} over {d['tasks']} tasks (gained {d['gained']}, "
+            f"lost {d['lost']})" for name, d in res.get("paired_pass@1", {}).items()) or "none") + ".", "",
+        *([f"Warm start (`{res['warm']}`, reused): {wr.get('sft_steps')} SFT steps, loss "
+           f"{wr.get('sft_loss_first') or 0:.2f} -> {wr.get('sft_loss_last') or 0:.2f}; stop checks on code_sandbox "
+           "training tasks (step: pass@1 / pass@k): " + ", ".join(
+               f"{c['step']}: {c['sft/train_pass@1']:.3f}/" + next(
+                   (f"{v:.3f}" for k2, v in c.items() if k2.startswith("sft/train_pass@") and k2 != "sft/train_pass@1"),
+                   "-") for c in wr.get("stop_checks", [])) + f"; sft config {json.dumps(wr.get('sft_config'))}.", ""]
+          if wr else []),
         "Largest absolute weight change from the warm start: " + ", ".join(
             f"{n} {v:.3g}" for n, v in res["max_abs_weight_change"].items()) + ".", "",
         "Most common self_propose failures (group, reason, episodes): " + "; ".join(
@@ -366,6 +470,10 @@ def main() -> None:
                          "(sft.mix_envs={self_propose: SHARE} for arm (b)'s run; 0: none)")
     ap.add_argument("--warm", default=None, help="reuse this code warm start (an earlier run's sft_model)")
     ap.add_argument("--no-warm-eval", action="store_true", help="do not evaluate the code warm start")
+    ap.add_argument("--min-warm-pass1", type=float, default=None,
+                    help="with --warm: stop before the arms when the warm start's held-out pass@1 (its run's "
+                         "evaluation before RL) is below this")
+    ap.add_argument("--tag", default="", help="results file name suffix: self_propose_vs_code_TAG.json/.md")
     ap.add_argument("--no-results", action="store_true", help="do not write benchmarks/results (a smoke run)")
     ap.add_argument("overrides", nargs="*", help="config overrides key=value for both arms (e.g. sft.steps=20)")
     args = ap.parse_args()
@@ -374,6 +482,15 @@ def main() -> None:
     from agentrl.config import load_config
 
     cfg = load_config(None, args.overrides)
+    started_at = commit()  # the code the run starts on (not HEAD at its end)
+    warm_info = warm_run(Path(args.warm)) if args.warm else None
+    if args.min_warm_pass1 is not None:
+        got = (warm_info or {}).get("eval_before", {}).get("pass@1")
+        if got is None:
+            ap.error("--min-warm-pass1 needs --warm DIR inside a training run folder (its summary.json)")
+        if got < args.min_warm_pass1:
+            raise SystemExit(f"warm start's held-out pass@1 {got:.3f} < --min-warm-pass1 {args.min_warm_pass1}: "
+                             "no code skill for the arms to move; not running them")
     samples = cfg.train.eval_samples
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -409,7 +526,15 @@ def main() -> None:
                                                                       ("code_grpo", code_run))}
     if args.sp_warm:
         moved["self_propose_rl_only"] = weight_change(sp_run / "sft_model", sp_run / final)
-    res = {"commit": commit(), "date": time.strftime("%Y-%m-%d"), "seed": args.seed, "steps": args.steps,
+    names = list(models)
+    paired = {}
+    for a_, b_ in (("warm", "self_propose"), ("warm", "code_grpo"), ("code_grpo", "self_propose")):
+        if a_ in names and b_ in names:
+            for ev in ("code_heldout", "humaneval"):
+                d = paired_diff(out / f"eval_{a_}" / ev, out / f"eval_{b_}" / ev)
+                if d is not None:
+                    paired[f"{ev}: {b_} - {a_}"] = d
+    res = {"commit": started_at, "final_buffer": buffer_programs(state["env_state"]["buffer"]["tasks"]), "warm_run": warm_info, "paired_pass@1": paired, "date": time.strftime("%Y-%m-%d"), "seed": args.seed, "steps": args.steps,
            "sp_warm": args.sp_warm, "mix_warm": args.mix_warm, "warm": str(warm),
            "tasks_per_step": cfg.rollout.tasks_per_step, "group_size": cfg.algo.group_size,
            "eval_samples": samples, "he_tasks": args.he_tasks, "overrides": args.overrides,
@@ -417,12 +542,14 @@ def main() -> None:
            "models": models, "arms": {"code_grpo": arm_metrics(code_run), "self_propose": arm_metrics(sp_run)},
            "self_propose_failures": failure_reasons(sp_run), "self_propose_groups": group_counts(sp_run), "train_walls_s": walls, "leak_check": lk, "max_abs_weight_change": moved, "total_s": time.perf_counter() - t_all,
            "load_1min": os.getloadavg()[0]}
+    (out / "results.json").write_text(json.dumps(res, indent=1))  # before the table: kept if it fails
+    if not args.no_results:
+        RESULTS.mkdir(exist_ok=True)
+        results_paths(args.tag)[0].write_text(json.dumps(res, indent=1))
     md = markdown(res)
     print(md)
     if not args.no_results:
-        RESULTS.mkdir(exist_ok=True)
-        (RESULTS / "self_propose_vs_code.json").write_text(json.dumps(res, indent=1))
-        (RESULTS / "self_propose_vs_code.md").write_text(md)
+        results_paths(args.tag)[1].write_text(md)
     if not lk["ok"]:
         raise SystemExit(f"leak check failed: {json.dumps(lk)[:2000]}")
 
