@@ -256,8 +256,17 @@ def prepare(batch: dict[str, Any], learner: Any, cfg: Any) -> tuple[dict[str, An
     teacher worker when `learner.teacher` is set (`placement.teacher=worker`; a prefetched
     result of the same rows when the loop started one), else from the inline teacher.
 
+    With GKD's mixture (`batch["teacher_rows"]`, (B,) bool, from `agentrl.train.build_batch`):
+    the teacher rows' `sampler_logprobs` (the teacher engine's) move to
+    `teacher_sampler_logprobs` and are replaced by the student's `old_logprobs`, so the learner's
+    mismatch metrics and TIS weights read student rows only.
+
     Returns:
-        the batch and `reverse_kl` (mean over agent tokens of log pi_student - log pi_teacher).
+        the batch and `reverse_kl` (mean over the student's agent tokens of log pi_student -
+        log pi_teacher); with teacher rows also `teacher_rows` (their count),
+        `forward_kl_teacher_rows` (mean over their agent tokens of log pi_teacher -
+        log pi_student, a one-sample forward KL) and `teacher_sampler_gap` (mean |teacher
+        engine's logprob - inline teacher's| there, nats).
     """
     batch["old_logprobs"] = learner.logprobs(batch)
     remote = getattr(learner, "teacher", None)
@@ -316,7 +325,7 @@ def advantages(batch: dict[str, Any], cfg: Any) -> tuple[torch.Tensor, dict[str,
 
     Returns:
         (B, T) float32 advantages (0 off the mask) and the group metrics of the env reward plus
-        `reverse_kl`.
+        `reverse_kl` (over the student's rows when `batch["teacher_rows"]` is given).
     """
     mask = batch["loss_mask"] != 0
     signal = torch.where(mask, batch["teacher_logprobs"].float() - batch["old_logprobs"].float(), 0.0)
@@ -338,7 +347,9 @@ def loss(logp: torch.Tensor, batch: dict[str, Any], cfg: Any, *, num_tokens: flo
     """GRPO's clipped surrogate (+ KL to the reference, - entropy) on the per-token advantages;
     with `distill_kl=full|topk` plus `distill_coef * token-mean(KL_t)` over agent tokens
     (`full_reverse_kl` / `topk_reverse_kl` of `vocab_logp` (B, T, V) against the batch's
-    `teacher_vocab_logprobs` / `teacher_topk_*`), normalised by the minibatch's `num_tokens`."""
+    `teacher_vocab_logprobs` / `teacher_topk_*`), normalised by the minibatch's `num_tokens`.
+    The KL term covers every agent token, the teacher's rows of GKD's mixture included (the same
+    formula at the teacher's own prefixes)."""
     total, metrics = grpo.loss(logp, batch, cfg, num_tokens=num_tokens, num_seqs=num_seqs, entropy=entropy)
     if not wants_vocab_logprobs(cfg):
         return total, metrics
