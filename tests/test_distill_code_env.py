@@ -3,7 +3,8 @@ untrained embedded model on the code env, and the student's held-out pass@1 rise
 teacher's. Runs `benchmarks/distill_code_env.py`'s two `agentrl train` runs (a short main job as
 the teacher, then `--algo distill` from the untrained model it started from) with GKD's mixture
 (`distill_code_env.GKD`: half of each step's tasks played by the teacher, the forward KL on the
-student's and the teacher's rows, lr 2e-3, 300 steps); ~25 min on 2 shared cores.
+student's and the teacher's rows, lr 2e-3, 300 steps); passed in 653 s at da53247 (load ~3 on 2 shared cores; teacher 0.320,
+student 0.000 -> 0.311 ± 0.028).
 
 Pure on-policy distillation (`algo.distill_teacher_fraction=0`, the default) does not meet it on
 this benchmark: the untrained student stayed at held-out pass@1 0.000 after 100 steps with
@@ -27,7 +28,7 @@ MIN_SHARE = 0.5
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(3600)  # ~25 min on 2 shared cores; the suite's default is 600 s
+@pytest.mark.timeout(3600)  # 11 min measured at load ~3; the suite's default is 600 s
 def test_trained_checkpoint_teaches_the_untrained_model_on_the_code_env(tmp_path):
     r = distill_code_env.run(tmp_path, **distill_code_env.GKD)
     teacher = r["teacher"]["final"]["pass@1"]
