@@ -6,11 +6,12 @@ the teacher, then `--algo distill` from the untrained model it started from) wit
 student's and the teacher's rows, lr 2e-3, 300 steps); passed in 653 s at da53247 (load ~3 on 2 shared cores; teacher 0.320,
 student 0.000 -> 0.311 ± 0.028).
 
-Pure on-policy distillation (`algo.distill_teacher_fraction=0`, the default) does not meet it on
-this benchmark: the untrained student stayed at held-out pass@1 0.000 after 100 steps with
-`distill_kl=sampled` (f3d8dc3) and `full`/`forward` (49e9337; `full` also after 200), figures in
-docs/algorithms.md ("On-policy distillation on the code env"). With the mixture it went 0.000 ->
-0.311 at step 300 and 0.307 at step 400 (teacher 0.320; 03a70ff)."""
+The runs before it did not meet it: the untrained student stayed at held-out pass@1 0.000 after
+100 steps with `distill_kl=sampled` (f3d8dc3) and `full`/`forward` at lr 5e-4 / 1e-3 (49e9337;
+`full` also after 200). With the mixture it went 0.000 -> 0.311 at step 300 and 0.307 at step 400
+(teacher 0.320; 03a70ff); pure on-policy `forward` at the same lr 2e-3 reached 0.270 at step 300
+(9597475), so the lr and the steps, more than the mixture, made the difference. Figures in
+docs/algorithms.md ("On-policy distillation on the code env")."""
 
 from __future__ import annotations
 
