@@ -209,6 +209,8 @@ class AlgoConfig(_Section):
     """distill: the teacher signal. `sampled`: the one-sample reverse KL as a per-token advantage, log p_teacher(y_t) - log p_student(y_t) on the sampled token (Thinking Machines 2025). `full`: the exact per-token reverse KL over the vocabulary at the student's sampled prefixes, sum_v p_s(v) (log p_s(v) - log p_t(v)), added to the loss x distill_coef (GKD, Agarwal et al. 2024; no sampling variance). `topk`: the same over the teacher's `distill_topk` most likely tokens plus one bucket for the rest (a lower bound of `full`, equal at k = vocab). `forward`: the forward KL at the same prefixes, sum_v p_t(v) (log p_t(v) - log p_s(v)) (GKD's beta = 0: cross-entropy to the teacher's soft labels). `full`, `topk` and `forward` need `placement.teacher=inline`."""
     distill_topk: int = Field(default=32, ge=1)
     """distill: k of `distill_kl=topk` (the teacher's k most likely tokens at each position)."""
+    distill_teacher_fraction: float = Field(default=0.0, ge=0, le=1)
+    """distill: GKD's mixture (Agarwal et al. 2024, arXiv 2306.13649, Algorithm 1 with lambda = 1 - this): round(fraction x `rollout.tasks_per_step`) of each step's tasks are played by the teacher (its own samples through an in-process hf engine, tokens kept as sampled), the others by the student; the token-level `distill_kl` (full, topk or forward) is applied at every agent token of both, so on the teacher's rows `forward` is cross-entropy to its soft labels along its own sequences (sequence-level KD). 0: pure on-policy distillation. Needs `distill_kl` other than sampled, `distill_reward_coef=0`, `placement.teacher=inline`, `rollout.mode=sync`, the in-process hf engine (`rollout.num_workers=0`, `rollout.engine=hf`), `train.learner_workers=0` and no `dynamic_sampling`: each is refused at start-up otherwise."""
     step_weight: float = Field(default=1.0, ge=0)
     """GiGPO: weight omega of the step-level (anchor-state) advantage: A = A_episode + omega * A_step (Feng et al. 2025)."""
     entropy_coef: float = 0.0
@@ -475,6 +477,29 @@ class Config(_Section):
             raise ValueError(f"placement.teacher=worker with algo.distill_kl={self.algo.distill_kl}: "
                              "the teacher worker returns the log-probabilities of the sampled tokens only; "
                              "set placement.teacher=inline (full / topk) or algo.distill_kl=sampled")
+        return self
+
+    @model_validator(mode="after")
+    def _teacher_samples_supported(self) -> Config:
+        a = self.algo
+        if a.distill_teacher_fraction == 0:
+            return self
+        bad = [(a.name != "distill", f"algo.name=distill (not {a.name}: only distill has a teacher)"),
+               (a.distill_kl == "sampled", "algo.distill_kl=full|topk|forward (sampled is a policy gradient "
+                                           "on the student's own samples; the teacher's are off-policy)"),
+               (a.distill_reward_coef > 0, "algo.distill_reward_coef=0 (the env reward's advantage is "
+                                           "on-policy only)"),
+               (a.dynamic_sampling, "algo.dynamic_sampling=false"),
+               (self.placement.teacher != "inline", "placement.teacher=inline"),
+               (self.rollout.mode != "sync", "rollout.mode=sync"),
+               (self.rollout.num_workers > 0, "rollout.num_workers=0"),
+               (self.rollout.engine != "hf", "rollout.engine=hf"),
+               (self.train.learner_workers > 0, "train.learner_workers=0")]
+        need = [fix for hit, fix in bad if hit]
+        if need:
+            raise ValueError(f"algo.distill_teacher_fraction={a.distill_teacher_fraction} (the teacher samples "
+                             "through an in-process hf engine) is not supported with this run: set "
+                             + "; ".join(need))
         return self
 
     @model_validator(mode="after")

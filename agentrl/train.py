@@ -117,6 +117,9 @@ def build_batch(trajs: list[Trajectory], pad_id: int) -> dict[str, Any]:
         [t.episode_return if t.num_sampled > 0 else float("nan") for t in trajs], dtype=torch.float32)
     batch["group_ids"] = torch.tensor(group_keys(trajs), dtype=torch.long)
     batch["truncated"] = torch.tensor([t.truncated for t in trajs], dtype=torch.bool)
+    if any(t.info.get("sampler") == "teacher" for t in trajs):  # distill's GKD mixture
+        batch["teacher_rows"] = torch.tensor([t.info.get("sampler") == "teacher" for t in trajs],
+                                             dtype=torch.bool)
     return batch
 
 
@@ -154,6 +157,11 @@ class Loop:
     source_start: int = 0  # the first step of the current batch source (`make_source`)
     reporter: Any = None
     """Where stage progress goes (`agentrl.progress.Reporter`)."""
+    teacher_engine: Any = None
+    """distill's teacher sampler (`algo.distill_teacher_fraction > 0`): an in-process engine
+    behind `LockedEngine` with the frozen teacher's weights (`agentrl.algos.distill.teacher_engine`)."""
+    teacher_envs: list[Any] | None = None
+    """The train envs the teacher's episodes run in (n_T x group_size of them)."""
 
 
 def lr_schedule(cfg: Config) -> Callable[[int], float]:
@@ -494,6 +502,14 @@ def build_loop(cfg: Config, algo: Any, out: Path, model: Any, tok: Any, renderer
     lp = Loop(cfg, out, say, algo, model, tok, renderer, pad_id, learner, engine, lock, env_sets,
               eval_envs, pool, params, log, new_env, start_step, version, rewards,
               reporter=reporter or Reporter(enabled=False))
+    if cfg.algo.name == "distill" and cfg.algo.distill_teacher_fraction > 0:  # GKD's mixture
+        from agentrl.algos.distill import teacher_engine, teacher_task_count
+
+        n_t = teacher_task_count(cfg.algo.distill_teacher_fraction, cfg.rollout.tasks_per_step)
+        lp.teacher_engine = LockedEngine(teacher_engine(cfg, tok), lock)
+        lp.teacher_envs = [new_env("train") for _ in range(n_t * cfg.algo.group_size)]
+        say(f"[distill] the teacher plays {n_t} of each step's {cfg.rollout.tasks_per_step} tasks "
+            f"(algo.distill_teacher_fraction={cfg.algo.distill_teacher_fraction})")
     if ck is not None:
         restore_reward_state(lp, ck)
     return lp
@@ -619,12 +635,26 @@ def task_seeds(cfg: Config, *key: int) -> list[int]:
 
 def run_batch(lp: Loop, step: int) -> list[Trajectory]:
     """Batch `step`: `tasks_per_step` task seeds drawn from (seed, step), so a resumed or
-    asynchronous run samples the same tasks; each task run `group_size` times."""
+    asynchronous run samples the same tasks; each task run `group_size` times. With distill's
+    GKD mixture (`lp.teacher_engine`) the last n_T tasks are played by the teacher
+    (`agentrl.algos.distill.mark_teacher_rows`), after the student's, group-major as well."""
     cfg = lp.cfg
+    seeds = task_seeds(cfg, step)
+    n_s = len(seeds) - len(lp.teacher_envs or []) // cfg.algo.group_size  # the student's tasks
     with lp.env_sets.lease() as (envs_, pool_):  # several batches may be in flight
-        trajs = collect(lp.engine, lp.renderer, envs_, task_seeds(cfg, step), cfg.algo.group_size,
+        trajs = collect(lp.engine, lp.renderer, envs_, seeds[:n_s], cfg.algo.group_size,
                         lp.params, cfg, pool_, group_base=step * cfg.rollout.tasks_per_step,
-                        sample_seed=cfg.seed * 100_003 + step, make_env=partial(lp.new_env, "train"))
+                        sample_seed=cfg.seed * 100_003 + step,
+                        make_env=partial(lp.new_env, "train")) if n_s else []
+        if n_s < len(seeds):  # distill's GKD mixture: the teacher plays the other tasks
+            from agentrl.algos.distill import mark_teacher_rows
+
+            teach = collect(lp.teacher_engine, lp.renderer, lp.teacher_envs, seeds[n_s:], cfg.algo.group_size,
+                            lp.params, cfg, pool_, group_base=step * cfg.rollout.tasks_per_step + n_s,
+                            sample_seed=(cfg.seed * 100_003 + step) * 31 + 7,
+                            make_env=partial(lp.new_env, "train"))
+            mark_teacher_rows(teach, held_version(lp))
+            trajs = trajs + teach
     prefetch_reference(lp, trajs)
     return trajs
 
@@ -730,6 +760,13 @@ def rollout_metrics(lp: Loop, trajs: list[Trajectory], m: dict[str, float]) -> l
     m["sandbox/unisolated"] = float(sum(bool((turn.info or {}).get("unisolated"))
                                         for t in trajs for turn in t.turns))
     m["rollout/nan_rewards"] = float(np.isnan(rets).sum())
+    teach = [t.info.get("sampler") == "teacher" for t in trajs]
+    if any(teach):  # distill's GKD mixture: the above are over both samplers' episodes
+        for name, sel in (("teacher", True), ("student", False)):
+            ts = [t for t, k in zip(trajs, teach) if k == sel]
+            r = [t.episode_return for t in ts if t.episode_return == t.episode_return]
+            m[f"rollout/{name}_reward_mean"] = float(np.mean(r)) if r else float("nan")
+            m[f"rollout/{name}_pass_rate"] = float(np.mean([episode_success(t) for t in ts])) if ts else float("nan")
     m.update(reward_component_means(trajs))
     m.update(group_key_metrics(trajs))
     return trajs

@@ -6,10 +6,14 @@ teacher, on the same held-out tasks.
     PYTHONPATH=. python benchmarks/distill_code_env.py --student-steps 60 --tag short
     PYTHONPATH=. python benchmarks/distill_code_env.py --distill-kl full --work W --tag full
     PYTHONPATH=. python benchmarks/distill_code_env.py --distill-kl forward --work W --reuse-teacher --tag fwd
+    PYTHONPATH=. python benchmarks/distill_code_env.py --distill-kl forward --teacher-fraction 0.5 \
+        --student-lr 2e-3 --student-steps 400 --work W --reuse-teacher --tag gkd   # GKD's mixture
 
 `--distill-kl` is the student's `algo.distill_kl` (sampled: the default one-sample signal; full,
 topk, forward: the exact per-token KL over the vocabulary, docs/algos.md); `--reuse-teacher`
-takes the teacher an earlier run trained in the same `--work` folder instead of training it again.
+takes the teacher an earlier run trained in the same `--work` folder instead of training it again;
+`--teacher-fraction` is the student's `algo.distill_teacher_fraction` (GKD's mixture: that share of
+each step's tasks is played by the teacher, its own samples scored by the same token-level KL).
 
 Two `agentrl train` runs, each a subprocess as a user runs it (in-process engine, no Ray):
 
@@ -53,6 +57,13 @@ STUDENT_LR = 5e-4
 STUDENT_BATCH = ("rollout.tasks_per_step=32", "algo.group_size=2")
 """64 episodes a step (the main job's 128 take ~25 s a step for an untrained student, which
 samples all `max_tokens` of every turn); without the env reward, groups are not needed."""
+GKD = {"distill_kl": "forward", "teacher_fraction": 0.5, "student_lr": 2e-3, "student_steps": 300}
+"""GKD's mixture as the learning test (`tests/test_distill_code_env.py`) runs it: half of each
+step's tasks played by the teacher, the forward KL on both kinds of rows, the SFT warm start's lr
+(2e-3), 300 steps. Measured at 03a70ff (tag `gkd_forward_f0.5_lr2e-3_400steps`, held-out
+evaluations every 100 steps): student pass@1 0.000, 0.000, 0.027, 0.311, 0.307 at steps 0-400;
+without the mixture (teacher_fraction 0, tag `forward_f0_lr2e-3_300steps`) 0.000, 0.000, 0.049,
+0.270 at steps 0-300."""
 EVAL_TASKS = 128
 """Held-out tasks of each evaluation (x `train.eval_samples`, 4)."""
 
@@ -85,10 +96,12 @@ def _pass(e: dict[str, Any]) -> dict[str, float]:
 def run(work: Path, *, teacher_steps: int = TEACHER_STEPS, student_steps: int = STUDENT_STEPS,
         student_lr: float = STUDENT_LR, eval_tasks: int = EVAL_TASKS, seed: int = 0,
         distill_kl: str = "sampled", student_overrides: tuple[str, ...] = (),
-        reuse_teacher: bool = False) -> dict[str, Any]:
+        reuse_teacher: bool = False, teacher_fraction: float = 0.0) -> dict[str, Any]:
     """The teacher's short main job, then the student's distillation (`algo.distill_kl=distill_kl`),
     in `work`. `reuse_teacher`: take the teacher of an earlier run in the same `work` (its
-    summary.json, checkpoint and base model) instead of training it again.
+    summary.json, checkpoint and base model) instead of training it again. `teacher_fraction`:
+    the student's `algo.distill_teacher_fraction` (GKD's mixture: that share of each step's
+    tasks is played by the teacher; 0: pure on-policy distillation).
 
     Returns:
         `teacher` (its pass@1 after the warm start and after GRPO: the teacher's figure),
@@ -108,18 +121,24 @@ def run(work: Path, *, teacher_steps: int = TEACHER_STEPS, student_steps: int = 
     student_args = ["--algo", "distill", "--steps", str(student_steps), f"model.path={base}",
                     f"algo.teacher_path={teacher['checkpoint']}", "sft.steps=0",
                     f"train.lr={student_lr}", f"algo.distill_kl={distill_kl}", *STUDENT_BATCH, *common,
+                    *([f"algo.distill_teacher_fraction={teacher_fraction}"] if teacher_fraction else []),
                     *student_overrides]
     student, s_wall = _train(student_args, work / "student")
     rows = [json.loads(line) for line in (work / "student" / "metrics.jsonl").open()]
     kl = [r["adv/reverse_kl"] for r in rows if "adv/reverse_kl" in r]
     dk = [v for r in rows for k, v in r.items() if k.endswith("distill_kl")]
-    rewards = [r["rollout/reward_mean"] for r in rows if "rollout/reward_mean" in r]
+    # the student's own episodes (with the mixture, reward_mean is over both samplers')
+    key = "rollout/student_reward_mean" if teacher_fraction else "rollout/reward_mean"
+    rewards = [r[key] for r in rows if key in r]
+    t_rewards = [r["rollout/teacher_reward_mean"] for r in rows if "rollout/teacher_reward_mean" in r]
+    gaps = [r["rollout/teacher_sampler_gap"] for r in rows if "rollout/teacher_sampler_gap" in r]
     return {
         "teacher": {"after_warm_start": _pass(teacher["eval_before"]), "final": _pass(teacher["eval_after"]),
                     "grpo_steps": teacher_steps, "sft_steps": teacher.get("sft_steps"), "wall_s": round(t_wall, 1)},
         "student_before": _pass(student["eval_before"]),
         "student_after": _pass(student["eval_after"]),
         "student": {"distill_steps": student_steps, "lr": student_lr, "distill_kl": distill_kl,
+                    "teacher_fraction": teacher_fraction,
                     "wall_s": round(s_wall, 1), "overrides": list(student_overrides)},
         "distill_kl_first": sum(dk[:5]) / max(len(dk[:5]), 1) if dk else None,
         "distill_kl_last": sum(dk[-5:]) / max(len(dk[-5:]), 1) if dk else None,
@@ -127,6 +146,8 @@ def run(work: Path, *, teacher_steps: int = TEACHER_STEPS, student_steps: int = 
         "reverse_kl_last": sum(kl[-5:]) / max(len(kl[-5:]), 1),
         "train_reward_first": sum(rewards[:5]) / max(len(rewards[:5]), 1),
         "train_reward_last": sum(rewards[-5:]) / max(len(rewards[-5:]), 1),
+        **({"teacher_rows_reward_mean": sum(t_rewards) / len(t_rewards),
+            "teacher_sampler_gap_max": max(gaps) if gaps else None} if t_rewards else {}),
         "eval_tasks": eval_tasks, "seed": seed,
     }
 
@@ -149,6 +170,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--distill-kl", default="sampled", choices=("sampled", "full", "topk", "forward"),
                     help="the student's algo.distill_kl (docs/algorithms.md)")
+    ap.add_argument("--teacher-fraction", type=float, default=0.0,
+                    help="the student's algo.distill_teacher_fraction (GKD's mixture; needs "
+                         "--distill-kl full|topk|forward)")
     ap.add_argument("--reuse-teacher", action="store_true",
                     help="with --work: take the teacher trained by an earlier run there")
     ap.add_argument("--tag", default="default")
@@ -162,7 +186,7 @@ def main() -> None:
         res = run(work, teacher_steps=a.teacher_steps, student_steps=a.student_steps,
                   student_lr=a.student_lr, eval_tasks=a.eval_tasks, seed=a.seed,
                   distill_kl=a.distill_kl, student_overrides=tuple(a.overrides),
-                  reuse_teacher=a.reuse_teacher)
+                  reuse_teacher=a.reuse_teacher, teacher_fraction=a.teacher_fraction)
     res.update({"commit": commit(), "date": time.strftime("%Y-%m-%d"), "wall_s": round(time.perf_counter() - t0, 1),
                 "load_avg_1m_at_end": os.getloadavg()[0]})
     allres = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}

@@ -49,6 +49,31 @@ are equal (bit for bit in float32 on CPU, tested).
   student's own prefixes (GKD's beta = 0 end, Agarwal et al. 2024; mode covering, where the
   reverse KL is mode seeking).
 
+GKD's mixture (`algo.distill_teacher_fraction` = 1 - lambda, Agarwal et al. 2024, arXiv
+2306.13649, Algorithm 1 and sec. 3.1): of each step's `rollout.tasks_per_step` tasks,
+n_T = round(fraction x tasks_per_step) are played by the teacher (an in-process hf engine with
+the teacher's weights, `teacher_engine`; the episodes run through the same agent loop, so the
+teacher's tokens are kept exactly as it sampled them and their loss_mask covers its generated
+tokens only) and the other tasks by the student. The loss is the same token-level divergence
+D (`distill_kl`) on both kinds of rows, averaged over all agent tokens:
+
+    L = (1 / N) sum_{rows i} sum_{agent tokens t of i} D(p_t(. | y^i_<t) || p_s(. | y^i_<t))
+
+where y^i is the student's sample (on-policy, GKD's lambda share) or the teacher's (GKD's
+"fixed dataset" of teacher outputs, here sampled fresh). With `distill_kl=forward`, on a
+teacher row D = sum_v p_t(v) (log p_t(v) - log p_s(v)): cross-entropy to the teacher's soft
+labels along its own sequences (word- and sequence-level KD, Kim & Rush 2016), the signal a
+random student gets where its own samples score nothing. GKD draws the batch's source once per
+step (u ~ U(0, 1) <= lambda); here a fixed share of every step's tasks is the teacher's (the
+same mixture in expectation, with less variance between steps). The teacher's rows carry
+`batch["teacher_rows"]` (B,) bool; their sampler log-probabilities (the teacher engine's) are
+kept as `teacher_sampler_logprobs` and replaced by the student's in `sampler_logprobs`, so that
+the learner's sampler/learner mismatch metrics and TIS weights read student rows only;
+`rollout/teacher_sampler_gap` is mean |teacher engine's logprob - inline teacher's logprob| over
+the teacher's tokens (~1e-6 in float32: the same tokens, the same weights). `sampled` is refused
+with a teacher fraction (its policy gradient is on-policy), and so are the env reward and the
+setups the teacher engine does not run in (`AlgoConfig.distill_teacher_fraction`).
+
 `full`, `topk` and `forward` run the inline teacher (`placement.teacher=worker` is refused at start-up:
 the worker returns sampled-token log-probabilities only) and keep a (B, T, V) or (B, T, k)
 teacher tensor in the batch.
@@ -188,6 +213,39 @@ def topk_reverse_kl(student_logp: torch.Tensor, teacher_topk_logp: torch.Tensor,
     return head + s_rest * (s_rest.log() - t_rest.log())
 
 
+def teacher_task_count(fraction: float, tasks_per_step: int) -> int:
+    """n_T = round(fraction x tasks_per_step), the tasks of a step the teacher plays (GKD's
+    1 - lambda share; Python's round, halves to even: 0.5 x 3 -> 2, 0.5 x 5 -> 2)."""
+    return int(round(fraction * tasks_per_step))
+
+
+def teacher_engine(cfg: Any, tok: Any) -> Any:
+    """An in-process `HFEngine` holding the teacher (`cfg.algo.teacher_path`) in `cfg.model.dtype`,
+    to sample the teacher's episodes of GKD's mixture (`algo.distill_teacher_fraction`); a
+    copy of its own (the inline scorer `load_teacher` stays float32 and untouched). Its
+    `policy_version` stays 0: the teacher never changes.
+
+    Raises:
+        FileNotFoundError: `teacher_path` is not a directory.
+    """
+    from agentrl.model import load_model
+    from agentrl.rollout.engines.hf import HFEngine
+
+    model, _ = load_model(cfg.algo.teacher_path, dtype=getattr(torch, cfg.model.dtype))
+    model.requires_grad_(False)
+    return HFEngine(model.eval(), tok, torch_threads=cfg.rollout.torch_threads, compile=cfg.rollout.compile)
+
+
+def mark_teacher_rows(trajs: list[Any], policy_version: int) -> None:
+    """Tag trajectories the teacher sampled: `info["sampler"] = "teacher"` (read by
+    `agentrl.train.build_batch` into `batch["teacher_rows"]`) and `policy_version` set to the
+    student's current one, so that the staleness filter (`train.max_staleness`), which bounds
+    how far behind the student's weights a sample is, never drops the frozen teacher's."""
+    for t in trajs:
+        t.info["sampler"] = "teacher"
+        t.policy_version = policy_version
+
+
 def wants_vocab_logprobs(cfg: Any) -> bool:
     """The learner passes the student's (B, T, V) log-probabilities to `loss` (`full`, `topk`)."""
     return getattr(cfg, "distill_kl", "sampled") != "sampled"
@@ -198,8 +256,17 @@ def prepare(batch: dict[str, Any], learner: Any, cfg: Any) -> tuple[dict[str, An
     teacher worker when `learner.teacher` is set (`placement.teacher=worker`; a prefetched
     result of the same rows when the loop started one), else from the inline teacher.
 
+    With GKD's mixture (`batch["teacher_rows"]`, (B,) bool, from `agentrl.train.build_batch`):
+    the teacher rows' `sampler_logprobs` (the teacher engine's) move to
+    `teacher_sampler_logprobs` and are replaced by the student's `old_logprobs`, so the learner's
+    mismatch metrics and TIS weights read student rows only.
+
     Returns:
-        the batch and `reverse_kl` (mean over agent tokens of log pi_student - log pi_teacher).
+        the batch and `reverse_kl` (mean over the student's agent tokens of log pi_student -
+        log pi_teacher); with teacher rows also `teacher_rows` (their count),
+        `forward_kl_teacher_rows` (mean over their agent tokens of log pi_teacher -
+        log pi_student, a one-sample forward KL) and `teacher_sampler_gap` (mean |teacher
+        engine's logprob - inline teacher's| there, nats).
     """
     batch["old_logprobs"] = learner.logprobs(batch)
     remote = getattr(learner, "teacher", None)
@@ -229,8 +296,22 @@ def prepare(batch: dict[str, Any], learner: Any, cfg: Any) -> tuple[dict[str, An
             teacher, batch, temperature=float(getattr(learner, "temperature", 1.0)),
             micro_batch_size=int(getattr(learner, "micro_batch_size", 16)))
     m = batch["loss_mask"] != 0
-    gap = (batch["old_logprobs"] - batch["teacher_logprobs"])[m]
-    return batch, {"reverse_kl": float(gap.mean()) if gap.numel() else 0.0}
+    stats: dict[str, float] = {}
+    rows = batch.get("teacher_rows")
+    if rows is not None and bool(rows.any()):  # GKD's mixture: the teacher's own samples
+        trow = rows.to(m.device)[:, None] & m
+        batch["teacher_sampler_logprobs"] = batch["sampler_logprobs"].clone()
+        batch["sampler_logprobs"] = torch.where(rows[:, None].to(m.device), batch["old_logprobs"].to(
+            batch["sampler_logprobs"]), batch["sampler_logprobs"])
+        fwd = (batch["teacher_logprobs"] - batch["old_logprobs"])[trow]  # one-sample forward KL
+        stats["forward_kl_teacher_rows"] = float(fwd.mean()) if fwd.numel() else 0.0
+        sgap = (batch["teacher_sampler_logprobs"] - batch["teacher_logprobs"])[trow].abs()
+        stats["teacher_sampler_gap"] = float(sgap.mean()) if sgap.numel() else 0.0
+        stats["teacher_rows"] = float(rows.sum())
+        m = m & ~rows.to(m.device)[:, None]
+    gap = (batch["old_logprobs"] - batch["teacher_logprobs"])[m]  # the student's own rows
+    stats["reverse_kl"] = float(gap.mean()) if gap.numel() else 0.0
+    return batch, stats
 
 
 def advantages(batch: dict[str, Any], cfg: Any) -> tuple[torch.Tensor, dict[str, float]]:
@@ -244,10 +325,12 @@ def advantages(batch: dict[str, Any], cfg: Any) -> tuple[torch.Tensor, dict[str,
 
     Returns:
         (B, T) float32 advantages (0 off the mask) and the group metrics of the env reward plus
-        `reverse_kl`.
+        `reverse_kl` (over the student's rows when `batch["teacher_rows"]` is given).
     """
     mask = batch["loss_mask"] != 0
     signal = torch.where(mask, batch["teacher_logprobs"].float() - batch["old_logprobs"].float(), 0.0)
+    if batch.get("teacher_rows") is not None:  # `reverse_kl` over the student's own rows
+        mask = mask & ~batch["teacher_rows"].to(mask.device)[:, None]
     # full / topk: the teacher signal is the KL term of `loss`, not an advantage
     adv = cfg.distill_coef * signal if not wants_vocab_logprobs(cfg) else torch.zeros_like(signal)
     if cfg.distill_reward_coef > 0:
@@ -264,7 +347,9 @@ def loss(logp: torch.Tensor, batch: dict[str, Any], cfg: Any, *, num_tokens: flo
     """GRPO's clipped surrogate (+ KL to the reference, - entropy) on the per-token advantages;
     with `distill_kl=full|topk` plus `distill_coef * token-mean(KL_t)` over agent tokens
     (`full_reverse_kl` / `topk_reverse_kl` of `vocab_logp` (B, T, V) against the batch's
-    `teacher_vocab_logprobs` / `teacher_topk_*`), normalised by the minibatch's `num_tokens`."""
+    `teacher_vocab_logprobs` / `teacher_topk_*`), normalised by the minibatch's `num_tokens`.
+    The KL term covers every agent token, the teacher's rows of GKD's mixture included (the same
+    formula at the teacher's own prefixes)."""
     total, metrics = grpo.loss(logp, batch, cfg, num_tokens=num_tokens, num_seqs=num_seqs, entropy=entropy)
     if not wants_vocab_logprobs(cfg):
         return total, metrics
