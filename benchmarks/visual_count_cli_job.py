@@ -26,7 +26,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from visual_count_learning import CONDITIONS, blind_baselines, evaluate, heldout_cases, paired_change  # noqa: E402
+from visual_count_learning import (  # noqa: E402
+    CONDITIONS,
+    blind_baselines,
+    evaluate,
+    git_commit,
+    heldout_cases,
+    paired_change,
+)
 
 
 def main() -> None:
@@ -53,7 +60,7 @@ def main() -> None:
     if a.questions:
         cmd.append(f"env.kwargs={{questions: [{', '.join(questions)}]}}")
     cmd += a.overrides
-    res: dict[str, Any] = {"args": vars(a), "job": " ".join(cmd[2:]), "questions": questions,
+    res: dict[str, Any] = {"args": vars(a), "job": " ".join(cmd[2:]), "commit": git_commit(), "questions": questions,
                            "load_avg_1m_at_start": os.getloadavg()[0]}
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ})

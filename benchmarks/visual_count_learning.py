@@ -287,6 +287,14 @@ def grpo_metrics(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def git_commit() -> str:
+    """The checkout's commit (short hash), with `+dirty` when tracked files differ from it."""
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                           capture_output=True, text=True).stdout.strip()
+    return rev + ("+dirty" if dirty else "")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--question", default="colour", choices=["count", "where", "colour", "both"],
@@ -323,7 +331,7 @@ def main() -> None:
 
     questions = ["count", "where"] if a.question == "both" else [a.question]
     t0 = time.perf_counter()
-    res: dict[str, Any] = {"args": vars(a), "cmd": " ".join(sys.argv[1:])}
+    res: dict[str, Any] = {"args": vars(a), "cmd": " ".join(sys.argv[1:]), "commit": git_commit()}
     cases = heldout_cases(questions, a.eval_tasks)
     res["blind_baselines"] = blind_baselines(questions, cases)
     with tempfile.TemporaryDirectory() as tmp:
