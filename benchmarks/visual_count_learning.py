@@ -107,7 +107,7 @@ def evaluate(model: Any, tok: Any, cases: list[dict[str, Any]],
              conditions: tuple[str, ...] = CONDITIONS) -> dict[str, Any]:
     """Greedy accuracy and teacher-forced answer loss (`answer_nll`) of `model` on `cases`, per
     condition (`CONDITIONS`, or the given subset); `right` is the per-task right/wrong string
-    ("1"/"0", in the order of `cases`)."""
+    ("1"/"0", in the order of `cases`), `by_answer` maps each right answer to [right, tasks]."""
     import torch
 
     from agentrl.models.vision_logprobs import vision_token_ids
@@ -140,8 +140,14 @@ def evaluate(model: Any, tok: Any, cases: list[dict[str, Any]],
             nll = float(answer_nll(model, trs))
         n = len(right)
         acc = sum(right) / n
+        by_answer: dict[str, list[int]] = {}
+        for c, r in zip(cases, right):
+            by_answer.setdefault(c["answer"], [0, 0])
+            by_answer[c["answer"]][0] += int(r)
+            by_answer[c["answer"]][1] += 1
         out[cond] = {"acc": acc, "acc_se": (acc * (1 - acc) / n) ** 0.5, "answer_nll": nll,
-                     "right": "".join("1" if r else "0" for r in right)}
+                     "right": "".join("1" if r else "0" for r in right),
+                     "by_answer": {k: by_answer[k] for k in sorted(by_answer)}}
     return out
 
 
