@@ -56,3 +56,16 @@ def test_config_command_prints_the_resolved_vision_defaults():
                          capture_output=True, text=True, check=True, timeout=60).stdout
     d = yaml.safe_load(out)
     assert (d["model"]["vision"], d["sft"]["lr"]) == (True, 5e-4)
+
+
+def test_eval_of_the_default_model_on_an_image_env_builds_the_vlm(tmp_path):
+    """`agentrl eval --env visual_count --model default` builds what a run would: the VLM."""
+    from agentrl.eval.cli import eval_command
+    from agentrl.vlm import is_vlm_dir
+
+    s = eval_command(env="visual_count", model="default", max_tasks=1, samples=1, max_tokens=2,
+                     out=str(tmp_path / "e"), console=None,
+                     overrides=["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2",
+                                "model.intermediate_size=64", "model.vocab_size=320",
+                                "model.vision_width=16", "model.vision_depth=1"])
+    assert is_vlm_dir(tmp_path / "e" / "base_vlm") and s["overall"]["episodes"] == 1
