@@ -15,7 +15,13 @@ training answer for that exact question, e.g. "How many red squares ...?"). The 
 answer-token loss (teacher-forced, nats per token) is reported for each condition too.
 
     PYTHONPATH=. python benchmarks/visual_count_learning.py --question colour --sft-steps 400 \
-        --sft-lr 5e-4 [--grpo-steps 15] [--vision-width 64] [--seed 0] [--out benchmarks/results/x.json]
+        --sft-lr 5e-4 [--grpo-steps 60 --grpo-tasks 16 --grpo-group 8 --grpo-lr 1e-4 \
+        --grpo-save-every 20] [--sft-model DIR] [--vision-width 64] [--seed 0] [--out x.json]
+
+With GRPO, `grpo_change` is the paired change over the same held-out tasks (per condition:
+mean of right_after - right_before, its standard error, tasks up and down), and `grpo_curve`
+the held-out accuracy at every saved checkpoint. `--sft-model DIR` keeps the warm start in DIR
+and reuses it on a later call (the warm start's figures come from DIR/sft_info.json).
 
 Evaluation is greedy (temperature 0), one sample per held-out task (`--eval-tasks`, the first N
 of visual_count's held-out split). Single seed per call: a figure from one call says what that
