@@ -272,17 +272,19 @@ def config_cmd(
     config: Annotated[Optional[str], typer.Option("--config", "-c", help="YAML file.")] = None,
     reference: Annotated[bool, typer.Option(help="Print the config reference (Markdown).")] = False,
 ) -> None:
-    """Print the resolved config, the algorithm's own defaults filled in as a run resolves them
-    (or the reference of every key)."""
+    """Print the resolved config, the env-, policy- and algorithm-dependent defaults filled in as
+    a run resolves them (`agentrl.run_defaults`), or the reference of every key."""
     if reference:
         print(config_reference())
         return
     try:
         cfg = load_config(config, overrides)
-        from agentrl.algos import get_algorithm, resolve_config
+        from agentrl.envs import import_env_modules
+        from agentrl.run_defaults import resolve_run_defaults
 
-        cfg = cfg.model_copy(update={"algo": resolve_config(get_algorithm(cfg.algo.name), cfg.algo)})
-    except (ConfigError, ValueError) as e:
+        import_env_modules(cfg.env.imports)
+        cfg = resolve_run_defaults(cfg)
+    except (ConfigError, ValueError, ImportError, AttributeError) as e:
         _fail(str(e))
     import yaml
 

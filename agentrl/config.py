@@ -53,7 +53,7 @@ class ModelConfig(_Section):
     path: str | None = None
     """Local Hugging Face model directory. None: build the embedded tiny default (see `tiny`)."""
     vision: bool = False
-    """Embedded default (no `path`): build a tiny vision-language model (Qwen2-VL: the text sizes below, a vision tower of `model.vision_depth` blocks of width `model.vision_width`, a PIL image processor) in OUT/base_vlm instead of the text model, for envs whose observations carry images (docs/multimodal.md). Runs in-process or on Ray rollout workers, on the hf engine or vLLM; with images LoRA, PPO's value head, a reference worker and learner ranks are refused at start-up."""
+    """Embedded default (no `path`): build a tiny vision-language model (Qwen2-VL: the text sizes below, a vision tower of `model.vision_depth` blocks of width `model.vision_width`, a PIL image processor) in OUT/base_vlm instead of the text model, for envs whose observations carry images (docs/multimodal.md). Runs in-process or on Ray rollout workers, on the hf engine or vLLM; with images LoRA, PPO's value head, a reference worker and learner ranks are refused at start-up. When not set: true for an env whose observations carry images (its class sets `observes_images`: `visual_count`) and no `model.path`, else false (`agentrl.run_defaults`; `agentrl config` prints the resolved value)."""
     hidden_size: int = Field(default=128, ge=8)
     """Embedded default: hidden size of the tiny Qwen2 model."""
     num_layers: int = Field(default=4, ge=1)
@@ -345,7 +345,7 @@ class SFTConfig(_Section):
     check_samples: int = Field(default=4, ge=1)
     """Samples per task of a pass-rate check (the k of `stop_pass_at_k`)."""
     lr: float = Field(default=2e-3, gt=0)
-    """Warm-start learning rate."""
+    """Warm-start learning rate. When not set and the policy is the embedded vision-language model (`model.vision`, given or resolved): 5e-4 (`agentrl.run_defaults.VISION_DEFAULTS`; at 2e-3 it stayed image-blind on `visual_count`, docs/multimodal.md)."""
     batch_size: int = Field(default=32, ge=1)
     """Warm-start sequences per step."""
     mix_envs: dict[str, float] = Field(default_factory=dict)

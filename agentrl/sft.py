@@ -22,6 +22,7 @@ import torch
 from agentrl.config import Config
 from agentrl.episodes import EVAL_SEED, episode_success, extrinsic_return
 from agentrl.learner import token_logprobs
+from agentrl.rollout.agent_loop import check_images_allowed
 from agentrl.rollout.chat import ChatRenderer
 from agentrl.rollout.collect import collect
 from agentrl.rollout.engines.base import SamplingParams
@@ -37,6 +38,8 @@ def sft_examples(env: Any, renderer: ChatRenderer, n: int, *, seed: int) -> list
 
     Raises:
         ValueError: if the env offers no reference answers at all.
+        ImageObservationError: the opening messages carry images and `renderer` renders text
+            only (`agentrl.rollout.agent_loop.check_images_allowed`), before any step is trained.
     """
     out = []
     get = getattr(env.unwrapped, "reference_answer", None)
@@ -53,7 +56,8 @@ def sft_examples(env: Any, renderer: ChatRenderer, n: int, *, seed: int) -> list
             ctx, px = renderer.prompt_inputs(obs, tools=info.get("tools"))  # type: ignore[attr-defined]
             tr.append_context(ctx)
             tr.append_images(0, ctx, px, renderer.image_token_id)  # type: ignore[attr-defined]
-        else:
+        else:  # a text-only model's template would drop image parts silently: refuse them
+            check_images_allowed(env, renderer, obs)
             tr.append_context(renderer.prompt_ids(obs, tools=info.get("tools")))
         ids = tok.encode(ans, add_special_tokens=False) + [renderer.end_of_turn_id]
         tr.append_sampled(ids, [0.0] * len(ids), text=ans)

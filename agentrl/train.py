@@ -182,7 +182,8 @@ def set_up(cfg: Config) -> tuple[Config, Any, Path]:
     """Threads, seeds and the algorithm of the run; writes OUT/config.json.
 
     Returns:
-        `(cfg with the algorithm's resolved settings, algorithm module, OUT)`.
+        `(cfg with the run's resolved defaults (`agentrl.run_defaults`: the env's, the
+        policy's and the algorithm's), algorithm module, OUT)`.
 
     Raises:
         ValueError: an unknown env, an `algo` option the algorithm does not support
@@ -190,8 +191,9 @@ def set_up(cfg: Config) -> tuple[Config, Any, Path]:
             `train.device=cuda` without a CUDA device.
         OutError: a new run's `out` is not empty (without `overwrite`), a file, or not writable.
     """
-    from agentrl.algos import check_options, get_algorithm, resolve_config
+    from agentrl.algos import check_options, get_algorithm
     from agentrl.learner import resolve_device
+    from agentrl.run_defaults import resolve_run_defaults
 
     resolve_device(cfg.train.device)  # fail early: train.device=cuda without a CUDA device
     quiet_libraries()
@@ -200,7 +202,7 @@ def set_up(cfg: Config) -> tuple[Config, Any, Path]:
     import_env_modules(cfg.env.imports)  # their register_env calls run before the lookup
     resolve_env_id(cfg.env.name)  # fail early on an unknown env
     algo = get_algorithm(cfg.algo.name)
-    cfg = cfg.model_copy(update={"algo": resolve_config(algo, cfg.algo)})  # e.g. GSPO's clips
+    cfg = resolve_run_defaults(cfg)  # e.g. GSPO's clips; a VLM for an image env, its SFT lr
     try:
         check_options(algo, cfg.algo)  # an option the algorithm would ignore fails here
     except ValueError as e:

@@ -15,7 +15,13 @@ training answer for that exact question, e.g. "How many red squares ...?"). The 
 answer-token loss (teacher-forced, nats per token) is reported for each condition too.
 
     PYTHONPATH=. python benchmarks/visual_count_learning.py --question colour --sft-steps 400 \
-        --sft-lr 5e-4 [--grpo-steps 15] [--vision-width 64] [--seed 0] [--out benchmarks/results/x.json]
+        --sft-lr 5e-4 [--grpo-steps 60 --grpo-tasks 16 --grpo-group 8 --grpo-lr 1e-4 \
+        --grpo-save-every 20] [--sft-model DIR] [--vision-width 64] [--seed 0] [--out x.json]
+
+With GRPO, `grpo_change` is the paired change over the same held-out tasks (per condition:
+mean of right_after - right_before, its standard error, tasks up and down), and `grpo_curve`
+the held-out accuracy at every saved checkpoint. `--sft-model DIR` keeps the warm start in DIR
+and reuses it on a later call (the warm start's figures come from DIR/sft_info.json).
 
 Evaluation is greedy (temperature 0), one sample per held-out task (`--eval-tasks`, the first N
 of visual_count's held-out split). Single seed per call: a figure from one call says what that
@@ -103,9 +109,11 @@ def blind_baselines(questions: list[str], cases: list[dict[str, Any]], n_train: 
             "best_answer_per_question_acc": sum(b == c["answer"] for b, c in zip(by_q, cases)) / len(cases)}
 
 
-def evaluate(model: Any, tok: Any, cases: list[dict[str, Any]]) -> dict[str, Any]:
+def evaluate(model: Any, tok: Any, cases: list[dict[str, Any]],
+             conditions: tuple[str, ...] = CONDITIONS) -> dict[str, Any]:
     """Greedy accuracy and teacher-forced answer loss (`answer_nll`) of `model` on `cases`, per
-    condition (`CONDITIONS`)."""
+    condition (`CONDITIONS`, or the given subset); `right` is the per-task right/wrong string
+    ("1"/"0", in the order of `cases`), `by_answer` maps each right answer to [right, tasks]."""
     import torch
 
     from agentrl.models.vision_logprobs import vision_token_ids
@@ -120,7 +128,7 @@ def evaluate(model: Any, tok: Any, cases: list[dict[str, Any]]) -> dict[str, Any
     engine = VisionHFEngine(model, image_token_id=renderer.image_token_id, banned_ids=vision_token_ids(model.config))
     params = SamplingParams(temperature=0.0, max_tokens=6, stop_token_ids=renderer.stop_ids, seed=0)
     out: dict[str, Any] = {}
-    for cond in CONDITIONS:
+    for cond in conditions:
         right, trs = [], []
         for c in cases:
             msgs = [{"role": "user", "content": [{"type": "image", "image": c[cond]},
@@ -138,8 +146,36 @@ def evaluate(model: Any, tok: Any, cases: list[dict[str, Any]]) -> dict[str, Any
             nll = float(answer_nll(model, trs))
         n = len(right)
         acc = sum(right) / n
-        out[cond] = {"acc": acc, "acc_se": (acc * (1 - acc) / n) ** 0.5, "answer_nll": nll}
+        by_answer: dict[str, list[int]] = {}
+        for c, r in zip(cases, right):
+            by_answer.setdefault(c["answer"], [0, 0])
+            by_answer[c["answer"]][0] += int(r)
+            by_answer[c["answer"]][1] += 1
+        out[cond] = {"acc": acc, "acc_se": (acc * (1 - acc) / n) ** 0.5, "answer_nll": nll,
+                     "right": "".join("1" if r else "0" for r in right),
+                     "by_answer": {k: by_answer[k] for k in sorted(by_answer)}}
     return out
+
+
+def paired_change(before: str, after: str) -> dict[str, Any]:
+    """Paired change of accuracy over the same tasks: `before` and `after` are per-task
+    right/wrong strings ("1"/"0", same order). Returns the mean difference `diff` =
+    mean(after_i - before_i), its standard error `se` = sd(d) / sqrt(n) (sd with n - 1), `z` =
+    diff / se, and the counts of tasks that went wrong -> right (`up`) and right -> wrong
+    (`down`).
+
+    Raises:
+        ValueError: strings of different lengths, or fewer than 2 tasks.
+    """
+    if len(before) != len(after) or len(before) < 2:
+        raise ValueError(f"need two right/wrong strings of one length >= 2, got {len(before)} and {len(after)}")
+    d = [int(a) - int(b) for b, a in zip(before, after)]
+    n = len(d)
+    mean = sum(d) / n
+    var = sum((x - mean) ** 2 for x in d) / (n - 1)
+    se = (var / n) ** 0.5
+    return {"diff": mean, "se": se, "z": mean / se if se > 0 else None,
+            "up": d.count(1), "down": d.count(-1), "n": n}
 
 
 def check_batched(model: Any, tok: Any, questions: list[str]) -> float:
@@ -234,17 +270,41 @@ def sft(model: Any, tok: Any, questions: list[str], a: argparse.Namespace) -> di
 
 
 def grpo(sft_dir: Path, run: Path, questions: list[str], a: argparse.Namespace) -> Path:
-    """`agentrl train --algo grpo` from the SFT model; returns its last checkpoint."""
+    """`agentrl train --algo grpo` from the SFT model; returns its last checkpoint (and, with
+    `--grpo-eval-every`, keeps every such checkpoint)."""
     qs = "[" + ", ".join(questions) + "]"
     cmd = [sys.executable, "-m", "agentrl.cli", "train", "--env", "visual_count", "--algo", "grpo",
            "--steps", str(a.grpo_steps), "--out", str(run), f"model.path={sft_dir}", f"seed={a.seed}",
            "sft.steps=0", f"rollout.tasks_per_step={a.grpo_tasks}", f"algo.group_size={a.grpo_group}",
            f"train.lr={a.grpo_lr}", "train.eval_tasks=8", "train.eval_samples=1", "rollout.max_tokens=6",
-           f"train.save_every={a.grpo_steps}", f"env.kwargs={{questions: {qs}}}"]
+           f"train.save_every={a.grpo_save_every or a.grpo_steps}", "train.keep_checkpoints=0",
+           f"algo.kl_coef={a.grpo_kl}", f"env.kwargs={{questions: {qs}}}"]
     r = subprocess.run(cmd, env={**os.environ}, capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(r.stdout[-3000:] + r.stderr[-3000:])
     return run / "checkpoints" / f"step_{a.grpo_steps}"
+
+
+def grpo_metrics(path: Path) -> list[dict[str, Any]]:
+    """Per-step training figures of the GRPO run's `metrics.jsonl`: its step, and every
+    `rollout/reward_mean`, `eval/pass@1*`, `loss/kl`, `loss/entropy` and `loss/logp_mismatch`
+    value logged at that step."""
+    rows = []
+    for line in path.read_text().splitlines():
+        d = json.loads(line)
+        keep = {k: v for k, v in d.items() if isinstance(v, (int, float)) and
+                (k.startswith("eval/pass@1") or k in ("step", "rollout/reward_mean", "loss/logp_mismatch", "loss/kl", "loss/entropy"))}
+        if len(keep) > 1:
+            rows.append(keep)
+    return rows
+
+
+def git_commit() -> str:
+    """The checkout's commit (short hash), with `+dirty` when tracked files differ from it."""
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                           capture_output=True, text=True).stdout.strip()
+    return rev + ("+dirty" if dirty else "")
 
 
 def main() -> None:
@@ -265,6 +325,12 @@ def main() -> None:
     ap.add_argument("--grpo-tasks", type=int, default=8)
     ap.add_argument("--grpo-group", type=int, default=4)
     ap.add_argument("--grpo-lr", type=float, default=1e-4)
+    ap.add_argument("--grpo-kl", type=float, default=0.0, help="algo.kl_coef of the GRPO run")
+    ap.add_argument("--grpo-save-every", type=int, default=0,
+                    help="also evaluate the GRPO checkpoint every N steps (0: the last only)")
+    ap.add_argument("--sft-model", default=None,
+                    help="directory of the SFT model: loaded (build and SFT skipped) when it exists, "
+                         "else written after SFT (to reuse one warm start for several GRPO runs)")
     ap.add_argument("--eval-tasks", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None)
@@ -277,31 +343,52 @@ def main() -> None:
 
     questions = ["count", "where"] if a.question == "both" else [a.question]
     t0 = time.perf_counter()
-    res: dict[str, Any] = {"args": vars(a), "cmd": " ".join(sys.argv[1:])}
+    res: dict[str, Any] = {"args": vars(a), "cmd": " ".join(sys.argv[1:]), "commit": git_commit()}
     cases = heldout_cases(questions, a.eval_tasks)
     res["blind_baselines"] = blind_baselines(questions, cases)
     with tempfile.TemporaryDirectory() as tmp:
-        base = build_model(Path(tmp) / "base", questions, a)
-        model, tok, improc = load_vlm(base)
-        tok.image_processor = improc
-        res["params"] = sum(p.numel() for p in model.parameters())
-        res["params_vision"] = sum(p.numel() for p in model.model.visual.parameters())
-        res["batched_loss_max_gap"] = check_batched(model, tok, questions)
-        res["untrained"] = evaluate(model, tok, cases)
-        res.update(sft(model, tok, questions, a))
-        res["after_sft"] = evaluate(model, tok, cases)
-        print(json.dumps({k: res[k] for k in ("blind_baselines", "after_sft")}, indent=1), flush=True)
-        if a.grpo_steps:
-            sft_dir = Path(tmp) / "sft"
+        sft_dir = Path(a.sft_model) if a.sft_model else Path(tmp) / "sft"
+        if a.sft_model and (sft_dir / "config.json").exists():  # a warm start made before
+            model, tok, improc = load_vlm(sft_dir)
+            tok.image_processor = improc
+            saved = json.loads((sft_dir / "sft_info.json").read_text())
+            res.update(saved)
+            res["sft_loaded_from"] = str(sft_dir)
+        else:
+            base = build_model(Path(tmp) / "base", questions, a)
+            model, tok, improc = load_vlm(base)
+            tok.image_processor = improc
+            res["params"] = sum(p.numel() for p in model.parameters())
+            res["params_vision"] = sum(p.numel() for p in model.model.visual.parameters())
+            res["batched_loss_max_gap"] = check_batched(model, tok, questions)
+            res["untrained"] = evaluate(model, tok, cases)
+            res.update(sft(model, tok, questions, a))
+            res["after_sft"] = evaluate(model, tok, cases)
             model.save_pretrained(sft_dir)
             tok.save_pretrained(sft_dir)
             improc.save_pretrained(sft_dir)
+            keep = ("params", "params_vision", "batched_loss_max_gap", "untrained", "sft_steps", "sft_seconds",
+                    "sft_loss_first", "sft_loss_every_50", "sft_loss_last_10_mean", "after_sft")
+            (sft_dir / "sft_info.json").write_text(json.dumps({"sft_args": vars(a), **{k: res[k] for k in keep}}))
+        print(json.dumps({k: res[k] for k in ("blind_baselines", "after_sft")}, indent=1), flush=True)
+        if a.grpo_steps:
             t1 = time.perf_counter()
-            ck = grpo(sft_dir, Path(tmp) / "run", questions, a)
+            run = Path(tmp) / "run"
+            ck = grpo(sft_dir, run, questions, a)
             res["grpo_seconds"] = round(time.perf_counter() - t1, 1)
-            m2, tok2, improc2 = load_vlm(ck)
-            tok2.image_processor = improc2
-            res["after_grpo"] = evaluate(m2, tok2, cases)
+            res["grpo_metrics"] = grpo_metrics(run / "metrics.jsonl")
+            steps = sorted({int(p.name.split("_")[1]) for p in (run / "checkpoints").glob("step_*")})
+            res["grpo_curve"] = {}
+            for st in steps:
+                m2, tok2, improc2 = load_vlm(run / "checkpoints" / f"step_{st}")
+                tok2.image_processor = improc2
+                ev = evaluate(m2, tok2, cases) if st == a.grpo_steps else evaluate(m2, tok2, cases, ("real",))
+                res["grpo_curve"][str(st)] = {c: {k: v for k, v in e.items() if k != "right"} for c, e in ev.items()}
+                if st == a.grpo_steps:
+                    res["after_grpo"] = ev
+            assert (run / "checkpoints" / f"step_{a.grpo_steps}") == ck
+            res["grpo_change"] = {c: paired_change(res["after_sft"][c]["right"], res["after_grpo"][c]["right"])
+                                  for c in CONDITIONS}
     res["wall_s"] = round(time.perf_counter() - t0, 1)
     res["load_avg_1m_at_end"] = os.getloadavg()[0]
     name = a.out or str(ROOT / "benchmarks" / "results" / f"visual_count_learning_{a.question}_w{a.vision_width}"

@@ -196,6 +196,10 @@ class VisualCountEnv(TextEnv):
         ValueError: a bad split, size, question kind, image format or `max_turns` < 1.
     """
 
+    observes_images = True
+    """Its observations carry images: a run without `model.path` gets `model.vision=true`
+    (`agentrl.run_defaults`)."""
+
     def __init__(self, split: str = "all", *, grid: int = 3, cell: int = 28, max_items: int = 5,
                  questions: tuple[str, ...] | list[str] = QUESTIONS, max_turns: int = 1,
                  feedback_image: bool = False, image_format: str = "pil", eval_size: int = 64):

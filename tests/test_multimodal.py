@@ -128,6 +128,32 @@ def test_text_only_model_errors_on_an_image_in_a_later_turn(tiny_tokenizer):
         del gym.registry["test/LateImage-v0"]
 
 
+def test_warm_start_examples_refuse_images_for_a_text_only_model(tiny_tokenizer):
+    """`sft_examples` with a text renderer refuses an image env before any step (the text
+    template would drop the image and the warm start would train on the question alone)."""
+    from agentrl.sft import sft_examples
+    from agentrl_envs.visual_count import VisualCountEnv
+
+    with pytest.raises(ImageObservationError, match="VisualCountEnv sent an image observation"):
+        sft_examples(VisualCountEnv("train"), ChatRenderer(tiny_tokenizer), 2, seed=0)
+    text = sft_examples(_TextAnswers(), ChatRenderer(tiny_tokenizer), 2, seed=0)
+    assert len(text) == 2 and text[0].vision is None  # text observations: unchanged
+
+
+class _TextAnswers(TextEnv):
+    """A text env with a reference answer."""
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return [{"role": "user", "content": "Say 7."}], {}
+
+    def reference_answer(self):
+        return "7"
+
+    def step(self, action):
+        return [], float(action.strip() == "7"), True, False, {}
+
+
 # -- rendering images in the agent loop (a vision renderer on the embedded tiny VLM) ------------
 @pytest.fixture(scope="module")
 def vlm(tmp_path_factory):

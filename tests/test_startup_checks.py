@@ -219,15 +219,16 @@ def test_embedded_model_survives_resets_that_raise_and_names_a_malformed_observa
 
 @pytest.mark.parametrize("model_path", [None, "tiny"])
 def test_text_policy_on_an_image_env_is_a_start_up_config_error(tmp_path, tiny_model_dir, model_path):
-    """The embedded text default, or a text-only model.path, on visual_count: exit 2 naming the
-    env and model.vision=true, before OUT is written (was an ImageObservationError traceback
-    from the first rollout)."""
+    """The embedded text default (model.vision=false given: unset, an image env gets the
+    embedded VLM, agentrl.run_defaults), or a text-only model.path, on visual_count: exit 2
+    naming the env and model.vision=true, before OUT is written (was an ImageObservationError
+    traceback from the first rollout)."""
     from typer.testing import CliRunner
 
     from agentrl.cli import app
 
     out = tmp_path / "run"
-    extra = [f"model.path={tiny_model_dir}"] if model_path else []
+    extra = [f"model.path={tiny_model_dir}"] if model_path else ["model.vision=false"]
     r = CliRunner().invoke(app, ["train", "--env", "visual_count", "--steps", "1", "--out", str(out),
                                  "sft.steps=0", *extra])
     flat = " ".join(r.output.split())

@@ -319,6 +319,10 @@ def eval_command(
 
     import_env_modules(cfg.env.imports)  # ImportError naming the module
     resolve_env_id(cfg.env.name)  # ValueError naming the registered envs
+    if builtin:  # the embedded model a run would build: the VLM for an env that observes images
+        from agentrl.run_defaults import resolve_run_defaults
+
+        cfg = resolve_run_defaults(cfg)
     quiet_libraries()
     torch.set_num_threads(cfg.rollout.torch_threads)
     split_arg = split or ("all" if dataset else "heldout")

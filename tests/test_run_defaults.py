@@ -1,0 +1,71 @@
+"""Env- and policy-dependent defaults (`agentrl.run_defaults`): an image env gets the embedded
+VLM and its warm-start learning rate; what the user set is kept; the text main job is unchanged."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import yaml
+
+from agentrl.config import Config, load_config
+from agentrl.run_defaults import env_observes_images, resolve_run_defaults
+
+
+def _resolved(*overrides: str) -> Config:
+    return resolve_run_defaults(load_config(None, list(overrides)))
+
+
+def test_the_text_main_job_resolves_to_the_global_defaults():
+    assert not env_observes_images("code_sandbox")
+    assert _resolved().model_dump() == Config().model_dump()  # grpo has no DEFAULTS of its own
+    cfg = _resolved("env.name=code_sandbox")
+    assert (cfg.model.vision, cfg.sft.lr) == (False, 2e-3)
+
+
+def test_an_image_env_gets_the_vlm_and_its_sft_lr_unless_set():
+    assert env_observes_images("visual_count") and env_observes_images("agentrl/VisualCount-v0")
+    cfg = _resolved("env.name=visual_count")
+    assert (cfg.model.vision, cfg.sft.lr) == (True, 5e-4)
+    # everything else is the global default
+    rest = cfg.model_dump()
+    want = Config().model_dump()
+    rest["env"]["name"] = want["env"]["name"]
+    rest["model"]["vision"], rest["sft"]["lr"] = want["model"]["vision"], want["sft"]["lr"]
+    assert rest == want
+    assert _resolved("env.name=visual_count", "sft.lr=1e-3").sft.lr == 1e-3  # set: kept
+    assert _resolved("env.name=visual_count", "sft.lr=2e-3").sft.lr == 2e-3  # even the global value
+    off = _resolved("env.name=visual_count", "model.vision=false")
+    assert (off.model.vision, off.sft.lr) == (False, 2e-3)
+    given = _resolved("env.name=visual_count", "model.path=/some/dir")  # a given model: not the embedded VLM
+    assert (given.model.vision, given.sft.lr) == (False, 2e-3)
+    text_env_vlm = _resolved("model.vision=true")  # asked for on a text env: the VLM's lr too
+    assert (text_env_vlm.model.vision, text_env_vlm.sft.lr) == (True, 5e-4)
+
+
+def test_resolving_twice_and_a_saved_config_change_nothing():
+    cfg = _resolved("env.name=visual_count")
+    assert resolve_run_defaults(cfg).model_dump() == cfg.model_dump()
+    saved = load_config(None, base=Config().model_dump() | {"env": {"name": "visual_count"}})
+    assert resolve_run_defaults(saved).model.vision is False  # a resumed run's saved keys are all set
+    assert resolve_run_defaults(saved).sft.lr == 2e-3
+
+
+def test_config_command_prints_the_resolved_vision_defaults():
+    out = subprocess.run([sys.executable, "-m", "agentrl.cli", "config", "env.name=visual_count"],
+                         capture_output=True, text=True, check=True, timeout=60).stdout
+    d = yaml.safe_load(out)
+    assert (d["model"]["vision"], d["sft"]["lr"]) == (True, 5e-4)
+
+
+def test_eval_of_the_default_model_on_an_image_env_builds_the_vlm(tmp_path):
+    """`agentrl eval --env visual_count --model default` builds what a run would: the VLM."""
+    from agentrl.eval.cli import eval_command
+    from agentrl.vlm import is_vlm_dir
+
+    s = eval_command(env="visual_count", model="default", max_tasks=1, samples=1, max_tokens=2,
+                     out=str(tmp_path / "e"), console=None,
+                     overrides=["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2",
+                                "model.intermediate_size=64", "model.vocab_size=320",
+                                "model.vision_width=16", "model.vision_depth=1"])
+    assert is_vlm_dir(tmp_path / "e" / "base_vlm") and s["overall"]["episodes"] == 1
