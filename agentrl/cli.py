@@ -97,11 +97,12 @@ def train(
             update={"imports": list(dict.fromkeys([*cfg.env.imports, *imports]))})})
     from agentrl.offline import is_preference_file
 
-    if cfg.algo.name == "dpo" and dataset and is_preference_file(dataset):
+    prefs = dataset or (cfg.env.dataset if resume else None)  # a resumed run's: its saved config's
+    if cfg.algo.name == "dpo" and prefs and is_preference_file(prefs):
         if resume:  # offline DPO saves no resumable state: refused, not run as an env dataset
-            _fail(f"--resume: offline DPO from a preference file ({dataset}) has no resume; start it "
+            _fail(f"--resume: offline DPO from a preference file ({prefs}) has no resume; start it "
                   "again with --overwrite (or another --out)")
-        _offline("dpo", cfg, dataset)  # offline DPO from the preference file: no env
+        _offline("dpo", cfg, prefs)  # offline DPO from the preference file: no env
         return
     from agentrl.envs import import_env_modules, resolve_env_id
 
@@ -155,7 +156,7 @@ def _offline(stage: str, cfg: Any, dataset: str) -> None:
         summary = run(cfg, dataset, say=lambda m: console.print(m, markup=False, highlight=False))
     except (FileNotFoundError, ValueError) as e:
         _fail(str(e))
-    console.print(json.dumps(summary), markup=False, highlight=False)
+    console.print(json.dumps(summary), markup=False, highlight=False, soft_wrap=True)  # one line: parseable
 
 
 @app.command()

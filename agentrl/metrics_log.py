@@ -116,5 +116,9 @@ def check_wandb_login() -> None:
         return
     except wandb.errors.Error as e:  # AuthenticationError: a malformed WANDB_API_KEY
         raise ConfigError(f"config error: log.wandb: {e} {WANDB_FIX}") from None
+    except ValueError as e:  # pydantic's ValidationError of its Settings: e.g. WANDB_MODE=bogus
+        said = " ".join(str(e).split())
+        raise ConfigError(f"config error: log.wandb: W&B refused its settings ({said}); check WANDB_MODE "
+                          f"(online, offline, disabled) and the other WANDB_* variables. {WANDB_FIX}") from None
     if not found:
         raise ConfigError(f"config error: log.wandb: no W&B API key is configured. {WANDB_FIX}")

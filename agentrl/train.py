@@ -317,7 +317,8 @@ metrics under a different task or objective (start a new run for that)."""
 
 def check_resume_keeps_the_run(cfg: Config, out: Path) -> None:
     """`--resume OUT` with a setting of `RESUME_FIXED` other than the run's (OUT/config.json)
-    is refused before anything is written, so the run's config.json stays the run's.
+    is refused before anything is written, so the run's config.json stays the run's; so is a
+    `train.steps` below the step of the run's newest intact checkpoint.
 
     Raises:
         ResumeError: names the setting, the run's value and the one asked for.
@@ -334,6 +335,13 @@ def check_resume_keeps_the_run(cfg: Config, out: Path) -> None:
             raise ResumeError(f"--resume {out}: the run was trained with {key}={was}, not {want}; "
                               "a resumed run keeps its env and algorithm (start a new run with "
                               "--out for another one)")
+    from agentrl.learner import latest_checkpoint
+
+    ck = latest_checkpoint(out)
+    done = json.loads((ck / "agentrl_state.json").read_text())["step"] if ck is not None else 0
+    if cfg.train.steps < done:  # would rewrite config.json's train.steps below the run's own
+        raise ResumeError(f"--resume {out}: the run is at step {done}, past train.steps={cfg.train.steps}; "
+                          f"give --steps {done} or more (or leave --steps out)")
 
 
 def env_has_reference_answers(name: str) -> bool:

@@ -7,6 +7,7 @@ import importlib.util
 import io
 import json
 import math
+import os
 import re
 import time
 
@@ -156,6 +157,24 @@ def test_wandb_without_an_api_key_fails_at_start_up_naming_the_key(tmp_path, mon
     monkeypatch.setenv("WANDB_MODE", "online")
     with pytest.raises(ConfigError, match="no W&B API key"):
         check_wandb_login()
+
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb not installed: the optional `wandb` extra")
+def test_wandb_with_an_invalid_mode_is_a_config_error(tmp_path):
+    """WANDB_MODE=bogus: W&B's settings validation raised a pydantic traceback from the start-up
+    check; now a ConfigError naming WANDB_MODE. A subprocess: wandb caches its settings per process."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(HOME=str(tmp_path), WANDB_MODE="bogus", WANDB_CONFIG_DIR=str(tmp_path / "wandb"))
+    code = ("from agentrl.config import ConfigError\nfrom agentrl.metrics_log import check_wandb_login\n"
+            "try:\n    check_wandb_login()\nexcept ConfigError as e:\n    print('CONFIG', e)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    said = " ".join(p.stdout.split())
+    assert p.returncode == 0 and "CONFIG config error: log.wandb: W&B refused its settings" in said, p.stdout + p.stderr
+    assert "check WANDB_MODE" in said
 
 
 # -- plot -----------------------------------------------------------------------------------

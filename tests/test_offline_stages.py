@@ -201,3 +201,17 @@ def test_cli_offline_dpo_refuses_resume(tmp_path):
     assert p.returncode == 2 and "--resume: offline DPO from a preference file" in said, said
     assert sorted(x.name for x in run.iterdir()) == ["config.json"]
     assert (run / "config.json").read_text() == saved
+
+
+def test_cli_resuming_an_offline_dpo_run_is_refused(tmp_path):
+    """`--resume RUN` alone on an offline-DPO run (its config.json names algo dpo and the
+    preference file as env.dataset) read the preference file as a code task file; refused now."""
+    prefs = _jsonl(tmp_path / "prefs.jsonl", PAIRS)
+    run = tmp_path / "run"
+    run.mkdir()
+    saved = json.dumps(load_config(None, ["algo.name=dpo", f"env.dataset={prefs}"]).model_dump(mode="json"))
+    (run / "config.json").write_text(saved)
+    p = _cli("train", "--resume", str(run), cwd=tmp_path)
+    said = " ".join(p.stdout.split())
+    assert p.returncode == 2 and "--resume: offline DPO from a preference file" in said, said
+    assert (run / "config.json").read_text() == saved

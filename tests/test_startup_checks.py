@@ -236,3 +236,17 @@ def test_text_policy_on_an_image_env_is_a_start_up_config_error(tmp_path, tiny_m
     assert "model.vision: env visual_count sends image observations" in flat
     assert "set model.vision=true" in flat and ("text-only" in flat if model_path else "embedded default" in flat)
     assert not out.exists()
+
+
+def test_resume_with_fewer_steps_than_done_is_refused_and_the_run_config_kept(tiny_model_dir, tmp_path):
+    """A run at step 2 resumed with train.steps=1 said 'nothing to do' but rewrote config.json's
+    train.steps to 1 (a later plain --resume then believed the run had 1 step): refused now,
+    naming the run's step, and config.json is the run's."""
+    out = tmp_path / "run"
+    train_mod.train(load_config(None, TOY + ["train.steps=2", f"model.path={tiny_model_dir}", f"out={out}"]))
+    before = (out / "config.json").read_text()
+    cfg = load_config(None, ["train.steps=1"], base=json.loads(before)).model_copy(update={"resume": str(out)})
+    with pytest.raises(train_mod.ResumeError, match=r"the run is at step 2, past train.steps=1; give --steps 2"):
+        train_mod.train(cfg)
+    assert (out / "config.json").read_text() == before
+    assert json.loads(before)["train"]["steps"] == 2
