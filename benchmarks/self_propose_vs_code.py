@@ -458,11 +458,11 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=30, help="RL steps per arm (the main job runs 360)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0].replace(" (issue 25)", ""))
+    ap.add_argument("--steps", type=int, default=30, help="RL steps per arm (default 30; the docs' runs used 40, the main job runs 360)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the warm start and both arms")
     ap.add_argument("--he-tasks", type=int, default=40, help="HumanEval problems evaluated (the first N; 0: none)")
-    ap.add_argument("--out", default="/tmp/agentrl_self_propose_vs_code")
+    ap.add_argument("--out", default="/tmp/agentrl_self_propose_vs_code", help="folder of the runs (warm start, arms)")
     ap.add_argument("--sp-warm", type=int, default=0,
                     help="SFT steps of arm (a) on self_propose reference answers before its RL (0: none)")
     ap.add_argument("--mix-warm", type=float, default=0.0,
