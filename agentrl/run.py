@@ -180,6 +180,23 @@ def check_vision_training(cfg: Config) -> None:
 
 
 # -- engine -------------------------------------------------------------------------------------
+def make_teacher_engine(cfg: Config, tok: Any) -> Any:
+    """An in-process `HFEngine` holding the teacher (`cfg.algo.teacher_path`) in `cfg.model.dtype`,
+    to sample the teacher's episodes of GKD's mixture (`algo.distill_teacher_fraction`); a
+    copy of its own (the inline scorer `load_teacher` stays float32 and untouched). Its
+    `policy_version` stays 0: the teacher never changes.
+
+    Raises:
+        FileNotFoundError: `teacher_path` is not a directory.
+    """
+    from agentrl.model import load_model
+    from agentrl.rollout.engines.hf import HFEngine
+
+    model, _ = load_model(cfg.algo.teacher_path, dtype=getattr(torch, cfg.model.dtype))
+    model.requires_grad_(False)
+    return HFEngine(model.eval(), tok, torch_threads=cfg.rollout.torch_threads, compile=cfg.rollout.compile)
+
+
 def make_engine(cfg: Config, model: Any, tok: Any, out: Path) -> Any:
     """The rollout engine of a run, holding a copy of `model`'s current weights as version 0.
 

@@ -159,7 +159,7 @@ class Loop:
     """Where stage progress goes (`agentrl.progress.Reporter`)."""
     teacher_engine: Any = None
     """distill's teacher sampler (`algo.distill_teacher_fraction > 0`): an in-process engine
-    behind `LockedEngine` with the frozen teacher's weights (`agentrl.algos.distill.teacher_engine`)."""
+    behind `LockedEngine` with the frozen teacher's weights (`agentrl.run.make_teacher_engine`)."""
     teacher_envs: list[Any] | None = None
     """The train envs the teacher's episodes run in (n_T x group_size of them)."""
 
@@ -513,10 +513,11 @@ def build_loop(cfg: Config, algo: Any, out: Path, model: Any, tok: Any, renderer
               eval_envs, pool, params, log, new_env, start_step, version, rewards,
               reporter=reporter or Reporter(enabled=False))
     if cfg.algo.name == "distill" and cfg.algo.distill_teacher_fraction > 0:  # GKD's mixture
-        from agentrl.algos.distill import teacher_engine, teacher_task_count
+        from agentrl.algos.distill import teacher_task_count
+        from agentrl.run import make_teacher_engine
 
         n_t = teacher_task_count(cfg.algo.distill_teacher_fraction, cfg.rollout.tasks_per_step)
-        lp.teacher_engine = LockedEngine(teacher_engine(cfg, tok), lock)
+        lp.teacher_engine = LockedEngine(make_teacher_engine(cfg, tok), lock)
         lp.teacher_envs = [new_env("train") for _ in range(n_t * cfg.algo.group_size)]
         say(f"[distill] the teacher plays {n_t} of each step's {cfg.rollout.tasks_per_step} tasks "
             f"(algo.distill_teacher_fraction={cfg.algo.distill_teacher_fraction})")

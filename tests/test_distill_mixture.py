@@ -97,7 +97,7 @@ def test_teacher_rows_of_a_real_batch_on_the_toy_env(tmp_path):
     seeds (token-in / token-out), and not the student's; their loss_mask is 1 on the sampled
     turns only; `prepare` finds the engine's sampler log-probabilities equal to the inline
     teacher's (same tokens, same weights) and hands the learner the student's on those rows."""
-    from agentrl.algos.distill import teacher_engine
+    from agentrl.run import make_teacher_engine
     from agentrl.envs import build_env
     from agentrl.model import load_model
     from agentrl.rollout.chat import ChatRenderer
@@ -129,7 +129,7 @@ def test_teacher_rows_of_a_real_batch_on_the_toy_env(tmp_path):
     seeds = task_seeds(cfg, 0)[3:]
     kw = dict(group_base=3, sample_seed=(cfg.seed * 100_003) * 31 + 7)
     with ThreadPoolExecutor(2) as pool:
-        ref = collect(teacher_engine(cfg, tok), renderer, [build_env(cfg, "train") for _ in range(2)],
+        ref = collect(make_teacher_engine(cfg, tok), renderer, [build_env(cfg, "train") for _ in range(2)],
                       seeds, 2, lp.params, cfg, pool, **kw)
         stu = collect(lp.engine, renderer, [build_env(cfg, "train") for _ in range(2)],
                       seeds, 2, lp.params, cfg, pool, **kw)

@@ -52,7 +52,7 @@ are equal (bit for bit in float32 on CPU, tested).
 GKD's mixture (`algo.distill_teacher_fraction` = 1 - lambda, Agarwal et al. 2024, arXiv
 2306.13649, Algorithm 1 and sec. 3.1): of each step's `rollout.tasks_per_step` tasks,
 n_T = round(fraction x tasks_per_step) are played by the teacher (an in-process hf engine with
-the teacher's weights, `teacher_engine`; the episodes run through the same agent loop, so the
+the teacher's weights, built by `agentrl.run.make_teacher_engine`: algos import no engine; the episodes run through the same agent loop, so the
 teacher's tokens are kept exactly as it sampled them and their loss_mask covers its generated
 tokens only) and the other tasks by the student. The loss is the same token-level divergence
 D (`distill_kl`) on both kinds of rows, averaged over all agent tokens:
@@ -217,23 +217,6 @@ def teacher_task_count(fraction: float, tasks_per_step: int) -> int:
     """n_T = round(fraction x tasks_per_step), the tasks of a step the teacher plays (GKD's
     1 - lambda share; Python's round, halves to even: 0.5 x 3 -> 2, 0.5 x 5 -> 2)."""
     return int(round(fraction * tasks_per_step))
-
-
-def teacher_engine(cfg: Any, tok: Any) -> Any:
-    """An in-process `HFEngine` holding the teacher (`cfg.algo.teacher_path`) in `cfg.model.dtype`,
-    to sample the teacher's episodes of GKD's mixture (`algo.distill_teacher_fraction`); a
-    copy of its own (the inline scorer `load_teacher` stays float32 and untouched). Its
-    `policy_version` stays 0: the teacher never changes.
-
-    Raises:
-        FileNotFoundError: `teacher_path` is not a directory.
-    """
-    from agentrl.model import load_model
-    from agentrl.rollout.engines.hf import HFEngine
-
-    model, _ = load_model(cfg.algo.teacher_path, dtype=getattr(torch, cfg.model.dtype))
-    model.requires_grad_(False)
-    return HFEngine(model.eval(), tok, torch_threads=cfg.rollout.torch_threads, compile=cfg.rollout.compile)
 
 
 def mark_teacher_rows(trajs: list[Any], policy_version: int) -> None:
