@@ -133,7 +133,7 @@ def test_wandb_missing_fails_at_start_up_with_a_clear_message(monkeypatch):
     assert load_config(None, ["log.wandb=false"]).log.wandb is False
 
 
-@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb not installed: the optional `wandb` extra")
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb not installed: the optional `wandb` extra (.ci/run installs it, so CI runs this)")
 def test_wandb_without_an_api_key_fails_at_start_up_naming_the_key(tmp_path, monkeypatch):
     """No API key and W&B online: exit 2 naming WANDB_API_KEY and WANDB_MODE=offline before OUT
     is written (was a wandb UsageError traceback after the model was built). Nothing reaches the
@@ -160,7 +160,7 @@ def test_wandb_without_an_api_key_fails_at_start_up_naming_the_key(tmp_path, mon
 
 
 
-@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb not installed: the optional `wandb` extra")
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb not installed: the optional `wandb` extra (.ci/run installs it, so CI runs this)")
 def test_wandb_with_an_invalid_mode_is_a_config_error(tmp_path):
     """WANDB_MODE=bogus: W&B's settings validation raised a pydantic traceback from the start-up
     check; now a ConfigError naming WANDB_MODE. A subprocess: wandb caches its settings per process."""
