@@ -250,6 +250,7 @@ def build_tiny_model(
     vocab_size: int = 1024,
     seed: int = 0,
     max_position_embeddings: int = 2048,
+    init_std: float | None = None,
 ) -> str:
     """Build the embedded default model and save it as a Hugging Face model directory.
 
@@ -259,7 +260,8 @@ def build_tiny_model(
     `tokenizer_config.json` and `chat_template.jinja` to `out_dir` (created if missing), so that
     `AutoModelForCausalLM.from_pretrained(out_dir)` / `AutoTokenizer.from_pretrained(out_dir)`
     load it offline. Same `texts` and `seed` give the same files. The global torch RNG is left
-    as it was.
+    as it was. `init_std` (None: the config's 0.02) is the `initializer_range`: the standard
+    deviation of the normal initialisation of the weight matrices and the embedding.
 
     Returns:
         `str(out_dir)`.
@@ -279,6 +281,8 @@ def build_tiny_model(
         intermediate_size=intermediate_size,
         max_position_embeddings=max_position_embeddings,
     )
+    if init_std is not None:
+        config.initializer_range = float(init_std)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config).float()

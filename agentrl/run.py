@@ -95,10 +95,11 @@ def default_model_dir(cfg: Config, out: Path, reporter: Any = None) -> str:
             return build_tiny_vlm(str(target), texts, hidden_size=m.hidden_size, num_layers=m.num_layers,
                                   num_heads=m.num_heads, intermediate_size=m.intermediate_size,
                                   vocab_size=m.vocab_size, vision_depth=m.vision_depth,
-                                  vision_width=m.vision_width, vision_heads=m.vision_heads, seed=cfg.seed)
+                                  vision_width=m.vision_width, vision_heads=m.vision_heads, seed=cfg.seed,
+                                  init_std=m.init_std)
         return build_tiny_model(str(target), texts, hidden_size=m.hidden_size, num_layers=m.num_layers,
                                 num_heads=m.num_heads, intermediate_size=m.intermediate_size,
-                                vocab_size=m.vocab_size, seed=cfg.seed)
+                                vocab_size=m.vocab_size, seed=cfg.seed, init_std=m.init_std)
 
 
 def load_policy(cfg: Config, out: Path, checkpoint: Path | None,

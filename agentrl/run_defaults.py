@@ -7,9 +7,10 @@ A few settings have a better default for some runs than the global one in `agent
   given: the embedded text model cannot read images (the agent loop refuses them), so the
   embedded default is then the tiny vision-language model;
 - a vision-language policy (`model.vision`, given or resolved as above) gets `VISION_DEFAULTS`
-  for the keys the user did not set: the warm start's learning rate 5e-4 instead of 2e-3
-  (docs/multimodal.md: at 2e-3 the tiny VLM stayed image-blind on `visual_count`, at 5e-4 it
-  learnt to read the colour of the circle);
+  for the keys the user did not set: the initialisation std `model.init_std` 0.1 instead of
+  the architecture's 0.02 (docs/multimodal.md: at 0.02 the tiny VLM sits on `visual_count`'s
+  answer prior, image-blind, for hundreds of warm-start steps) and the warm start's learning
+  rate 5e-4 instead of 2e-3 (at 2e-3 it stayed image-blind);
 - the algorithm's own `DEFAULTS` (`agentrl.algos.resolve_config`, e.g. GSPO's clips).
 
 A key counts as set when it is in its section's pydantic `model_fields_set` (given in a YAML
@@ -24,7 +25,7 @@ from typing import Any
 
 from agentrl.config import Config
 
-VISION_DEFAULTS: dict[str, dict[str, Any]] = {"sft": {"lr": 5e-4}}
+VISION_DEFAULTS: dict[str, dict[str, Any]] = {"model": {"init_std": 0.1}, "sft": {"lr": 5e-4}}
 """Section -> key -> value: defaults for a vision-language policy (keys the user did not set)."""
 
 
@@ -73,6 +74,6 @@ def resolve_run_defaults(cfg: Config) -> Config:
     update: dict[str, Any] = {"model": model}
     if model.vision and model.path is None:
         for section, values in VISION_DEFAULTS.items():
-            update[section] = _fill(getattr(cfg, section), values)
+            update[section] = _fill(update.get(section, getattr(cfg, section)), values)
     update["algo"] = resolve_config(get_algorithm(cfg.algo.name), cfg.algo)
     return cfg.model_copy(update=update)

@@ -152,6 +152,7 @@ def build_tiny_vlm(
     max_pixels: int = MAX_PIXELS,
     seed: int = 0,
     max_position_embeddings: int = 2048,
+    init_std: float | None = None,
 ) -> str:
     """Build the embedded VLM and save it as a Hugging Face model directory.
 
@@ -160,7 +161,11 @@ def build_tiny_vlm(
     (`tiny_image_processor`), and writes `config.json`, `generation_config.json`,
     `model.safetensors`, the tokenizer files, `chat_template.jinja` and
     `preprocessor_config.json` to `out_dir` (created if missing). Same arguments give the same
-    files; the global torch RNG is left as it was.
+    files; the global torch RNG is left as it was. `init_std` (None: the configs' 0.02) is the
+    `initializer_range` of the text and vision configs: the standard deviation of the normal
+    initialisation of every weight matrix, the patch embedding and the token embedding (at 0.02
+    the model sits on `visual_count`'s answer prior, image-blind, for hundreds of warm-start
+    steps; `agentrl.run_defaults.VISION_DEFAULTS` gives the embedded VLM 0.1: docs/multimodal.md).
 
     Returns:
         `str(out_dir)`.
@@ -176,6 +181,9 @@ def build_tiny_vlm(
                              num_heads=num_heads, intermediate_size=intermediate_size,
                              vision_depth=vision_depth, vision_width=vision_width,
                              vision_heads=vision_heads, max_position_embeddings=max_position_embeddings)
+    if init_std is not None:
+        config.text_config.initializer_range = float(init_std)
+        config.vision_config.initializer_range = float(init_std)
     processor = tiny_image_processor(min_pixels, max_pixels)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

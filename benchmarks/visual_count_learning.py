@@ -66,7 +66,7 @@ def build_model(out: Path, questions: list[str], a: argparse.Namespace) -> str:
     texts += env.corpus_texts()
     return build_tiny_vlm(out, texts, hidden_size=a.hidden_size, num_layers=a.num_layers,
                           vision_width=a.vision_width, vision_depth=a.vision_depth,
-                          vision_heads=a.vision_heads, seed=a.seed)
+                          vision_heads=a.vision_heads, seed=a.seed, init_std=a.init_std)
 
 
 def heldout_cases(questions: list[str], n: int) -> list[dict[str, Any]]:
@@ -321,6 +321,8 @@ def main() -> None:
     ap.add_argument("--vision-width", type=int, default=32)
     ap.add_argument("--vision-depth", type=int, default=2)
     ap.add_argument("--vision-heads", type=int, default=2)
+    ap.add_argument("--init-std", type=float, default=None,
+                    help="initialisation std of the VLM (model.init_std; default: the configs' 0.02)")
     ap.add_argument("--grpo-steps", type=int, default=0, help="GRPO steps after SFT (0: none)")
     ap.add_argument("--grpo-tasks", type=int, default=8)
     ap.add_argument("--grpo-group", type=int, default=4)

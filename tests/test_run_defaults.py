@@ -9,7 +9,7 @@ import sys
 import yaml
 
 from agentrl.config import Config, load_config
-from agentrl.run_defaults import env_observes_images, resolve_run_defaults
+from agentrl.run_defaults import VISION_DEFAULTS, env_observes_images, resolve_run_defaults
 
 
 def _resolved(*overrides: str) -> Config:
@@ -26,19 +26,24 @@ def test_the_text_main_job_resolves_to_the_global_defaults():
 def test_an_image_env_gets_the_vlm_and_its_sft_lr_unless_set():
     assert env_observes_images("visual_count") and env_observes_images("agentrl/VisualCount-v0")
     cfg = _resolved("env.name=visual_count")
-    assert (cfg.model.vision, cfg.sft.lr) == (True, 5e-4)
+    assert (cfg.model.vision, cfg.sft.lr, cfg.model.init_std) == (True, 5e-4, 0.1)
     # everything else is the global default
     rest = cfg.model_dump()
     want = Config().model_dump()
     rest["env"]["name"] = want["env"]["name"]
-    rest["model"]["vision"], rest["sft"]["lr"] = want["model"]["vision"], want["sft"]["lr"]
+    rest["model"]["vision"] = want["model"]["vision"]
+    for section, values in VISION_DEFAULTS.items():
+        for key in values:
+            assert rest[section][key] == values[key] != want[section][key], (section, key)
+            rest[section][key] = want[section][key]
     assert rest == want
+    assert _resolved("env.name=visual_count", "model.init_std=0.02").model.init_std == 0.02  # set: kept
     assert _resolved("env.name=visual_count", "sft.lr=1e-3").sft.lr == 1e-3  # set: kept
     assert _resolved("env.name=visual_count", "sft.lr=2e-3").sft.lr == 2e-3  # even the global value
     off = _resolved("env.name=visual_count", "model.vision=false")
     assert (off.model.vision, off.sft.lr) == (False, 2e-3)
     given = _resolved("env.name=visual_count", "model.path=/some/dir")  # a given model: not the embedded VLM
-    assert (given.model.vision, given.sft.lr) == (False, 2e-3)
+    assert (given.model.vision, given.sft.lr, given.model.init_std) == (False, 2e-3, None)
     text_env_vlm = _resolved("model.vision=true")  # asked for on a text env: the VLM's lr too
     assert (text_env_vlm.model.vision, text_env_vlm.sft.lr) == (True, 5e-4)
 

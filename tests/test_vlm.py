@@ -193,3 +193,35 @@ def test_model_vision_tower_size_keys(tmp_path, monkeypatch):
     for bad in (["model.vision_width=48", "model.vision_heads=5"], ["model.vision_width=24", "model.vision_heads=4"]):
         with pytest.raises((ConfigError, ValueError), match="vision_heads"):
             load_config(None, ["env.name=toy", "model.vision=true", *bad])
+
+
+def _weight_stds(model) -> dict[str, float]:
+    named = dict(model.named_parameters())
+    return {k: float(named[k].detach().std()) for k in named if named[k].dim() >= 2}
+
+
+def test_model_init_std_sets_the_initialisation_of_both_embedded_models(tmp_path, monkeypatch):
+    """`model.init_std` is the `initializer_range` of the embedded VLM's text and vision configs
+    (every weight matrix, the patch embedding and the token embedding drawn with that std) and
+    of the embedded text model; unset, the VLM gets 0.1 (`VISION_DEFAULTS`) and the text model
+    keeps transformers' 0.02."""
+    import agentrl.run as run
+    from agentrl.config import load_config
+    from agentrl.run_defaults import resolve_run_defaults
+
+    monkeypatch.setattr(run, "TOKENIZER_TASKS", 20)
+    small = ["model.hidden_size=64", "model.num_layers=1", "model.num_heads=2",
+             "model.intermediate_size=128", "model.vocab_size=300", "sft.steps=0"]
+    for i, (extra, want) in enumerate([(["model.vision=true"], 0.1), (["model.vision=true", "model.init_std=0.03"], 0.03),
+                                       ([], 0.02), (["model.init_std=0.05"], 0.05)]):
+        cfg = resolve_run_defaults(load_config(None, ["env.name=toy", *small, *extra]))
+        assert cfg.model.init_std == (None if want == 0.02 else want)
+        model, _, _ = run.load_policy(cfg, tmp_path / str(i), None)
+        stds = _weight_stds(model)
+        if "model.vision=true" in extra:
+            assert model.config.text_config.initializer_range == want
+            assert model.config.vision_config.initializer_range == want
+            assert any("patch_embed" in k for k in stds) and any("visual.blocks" in k for k in stds)
+        assert len(stds) > 5
+        # thousands of draws per matrix: each std within 10% of the asked one
+        assert all(abs(s / want - 1) < 0.1 for k, s in stds.items() if "norm" not in k), stds
