@@ -335,7 +335,8 @@ class SFTConfig(_Section):
     """Most supervised warm-start steps on reference solutions of the training split (0: skip)."""
     stop_pass_rate: float | None = Field(default=0.2, ge=0.0, le=1.0)
     """End the warm start once pass@1 (rollout temperature) on training tasks reaches this, so
-    RL starts with room to improve (None: run all steps). Checked every `check_every` steps."""
+    RL starts with room to improve (None: no pass@1 condition; with `stop_pass_at_k` also None,
+    every step runs). Checked every `check_every` steps."""
     check_every: int = Field(default=20, ge=1)
     """Warm-start steps between pass-rate checks."""
     min_steps: int = Field(default=150, ge=0)
