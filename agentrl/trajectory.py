@@ -181,7 +181,7 @@ class Trajectory:
             d.pop("vision")
             return d
         d = dataclasses.asdict(dataclasses.replace(self, vision=None, messages=[]))
-        d["messages"] = [_json_message(m) for m in messages]
+        d["messages"] = [json_message(m) for m in messages]
         d["vision"] = {"image_grid_thw": vision["image_grid_thw"].tolist(),
                        "image_spans": [list(s) for s in vision["image_spans"]]}
         return d
@@ -193,8 +193,10 @@ class Trajectory:
         return cls(**d)
 
 
-def _json_message(m: dict[str, Any]) -> dict[str, Any]:
-    """`m` with each image part's image replaced by the text `<image HxW>`."""
+def json_message(m: dict[str, Any]) -> dict[str, Any]:
+    """A JSON-ready copy of chat message `m`: each image part's image (a PIL image or an (H, W, 3)
+    array) replaced by the text `<image HxW>` (H, W in pixels); other parts and str content as
+    they are. Used by `Trajectory.to_dict` and the eval harness's `results.jsonl` rows."""
     if not isinstance(m.get("content"), list):
         return dict(m)
     parts = []

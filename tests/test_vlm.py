@@ -173,6 +173,9 @@ def test_train_and_eval_visual_count_on_the_embedded_vlm_subprocess(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     summary = json.loads((tmp_path / "ev" / "summary.json").read_text())
     assert summary["overall"]["episodes"] >= 1 and summary["overall"]["env_errors"] == 0
+    rows = [json.loads(x) for x in (tmp_path / "ev" / "results.jsonl").read_text().splitlines()]
+    # the board is written as its size, not as a PIL repr with a memory address
+    assert rows[0]["messages"][0]["content"][0] == {"type": "image", "image": "<image 84x84>"}
 
 
 def test_model_vision_tower_size_keys(tmp_path, monkeypatch):

@@ -29,7 +29,7 @@ from agentrl.eval.report import print_summary, summarize, summary_markdown
 from agentrl.rollout.agent_loop import EpisodeSpec, run_episodes
 from agentrl.rollout.chat import ChatRenderer
 from agentrl.rollout.engines.base import Engine, SamplingParams
-from agentrl.trajectory import Trajectory
+from agentrl.trajectory import Trajectory, json_message
 
 
 def batch_seed(seed: int, batch_index: int) -> int:
@@ -79,7 +79,8 @@ def episode_row(tr: Trajectory, task_index: int, sample: int, reset_kwargs: dict
     messages of every `info["error"]` the env recorded: env exceptions, tool-call errors, the
     code env's failure reasons),
     `turn_rewards`, `turn_verdicts`, `seconds` (generate + env time attributed to the episode),
-    `policy_version`, `messages` (the full transcript).
+    `policy_version`, `messages` (the full transcript; an image part's image is the text
+    `<image HxW>`, `agentrl.trajectory.json_message`).
     """
     errors = [e for e in tr.info.get("errors", []) if e is not None]
     if not tr.turns and tr.info.get("error") is not None:
@@ -104,7 +105,7 @@ def episode_row(tr: Trajectory, task_index: int, sample: int, reset_kwargs: dict
         "turn_verdicts": [t.info.get("verdict") for t in tr.turns],
         "seconds": float(sum(tr.timings.values())),
         "policy_version": tr.policy_version,
-        "messages": tr.messages,
+        "messages": [json_message(m) for m in tr.messages],
     }
 
 
