@@ -182,3 +182,24 @@ def test_learner_batched_vision_logprobs_equal_per_row(vlm, episodes):
         assert (lp[i, :len(x)][~fin] < -1e30).all()
     start = [k for k, t in enumerate(rows[0]) if t in r.vision_token_ids][0]  # <|vision_start|>
     assert lp[0, start] < -1e30
+
+
+@pytest.mark.slow
+def test_benchmark_runs(tmp_path):
+    """benchmarks/vision_engine_batching.py end to end at tiny settings: both arms give the same
+    completions and the learner's two paths the same logprobs."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "r.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
+    subprocess.run([sys.executable, str(root / "benchmarks" / "vision_engine_batching.py"), "--prompts", "3",
+                    "--n", "2", "--max-tokens", "3", "--repeats", "1", "--json", str(out)],
+                   check=True, env=env, capture_output=True, timeout=600)
+    res = json.loads(out.read_text())
+    assert res["generate"]["same_tokens_rows"] == 6 and res["generate"]["max_logprob_gap"] < 1e-4
+    assert res["learner"]["max_logprob_gap"] < 1e-4 and res["generate"]["ratio_wall"] > 0
