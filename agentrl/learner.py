@@ -56,7 +56,7 @@ def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Te
         entropy_grad: keep the entropy in the autograd graph (for an entropy bonus); else it is
             computed without gradient (a metric).
         vision: per row its `Trajectory.vision` (None: no images), for a vision-language
-            model: then each row runs its own forward with its pixels (`_vision_logits`) and
+            model: then the rows and their pixels run in one forward (`_vision_logits`) and
             the vision special tokens have probability 0, as in `VisionHFEngine`. None (a text
             batch): one batched forward, as always.
 
@@ -99,27 +99,30 @@ def token_vocab_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: to
 
 def _vision_logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    vision: list[dict[str, Any] | None]) -> torch.Tensor:
-    """(B, T, V) float32 logits of a vision-language model, one forward per row (its real
-    tokens and its images, `agentrl.models.vision_logprobs.vision_forward_inputs`), the vision
-    special tokens set to the lowest float32 (probability 0, as the sampler's -inf; finite so
-    that the entropy stays finite). Padding positions get 0 logits (their mask is 0)."""
-    from agentrl.models.vision_logprobs import vision_forward_inputs, vision_token_ids
+    """(B, T, V) float32 logits of a vision-language model for right-padded rows with their
+    images, in one forward (`agentrl.models.vision_batch`: the rows' real tokens re-padded with
+    an id that is no vision token, their pixels concatenated in row order, each row's own
+    multimodal rotary positions), the vision special tokens set to the lowest float32
+    (probability 0, as the sampler's -inf; finite so that the entropy stays finite). Padding
+    positions get 0 logits (their mask is 0)."""
+    from agentrl.models.vision_batch import mrope_positions, safe_pad_id, vision_batch_inputs
+    from agentrl.models.vision_logprobs import vision_token_ids
 
     cfg = getattr(model, "config", None)
     image_id = getattr(cfg, "image_token_id", None)
     if image_id is None:
         raise ValueError("a batch with images needs a vision-language model (its config has no image_token_id)")
     banned = vision_token_ids(cfg)
-    rows = []
-    for i, vis in enumerate(vision):
-        n = int(attention_mask[i].sum())
-        inputs = vision_forward_inputs(input_ids[i, :n].tolist(), vis, int(image_id))
-        inputs = {k: v.to(input_ids.device) for k, v in inputs.items()}
-        lg = model(**inputs).logits[0].float()
-        if banned:
-            lg = lg.index_fill(-1, torch.tensor(banned, device=lg.device), torch.finfo(torch.float32).min)
-        rows.append(torch.nn.functional.pad(lg, (0, 0, 0, input_ids.shape[1] - n)))
-    return torch.stack(rows)
+    lengths = attention_mask.sum(-1).tolist()
+    rows = [input_ids[i, :int(n)].tolist() for i, n in enumerate(lengths)]
+    inputs = vision_batch_inputs(rows, vision, int(image_id), pad_id=safe_pad_id(banned), left_pad=False,
+                                 device=input_ids.device)
+    pos = mrope_positions(model, inputs)
+    lg = model(**inputs, position_ids=pos).logits.float()  # (B, W, V), W = longest row
+    if banned:
+        lg = lg.index_fill(-1, torch.tensor(banned, device=lg.device), torch.finfo(torch.float32).min)
+    lg = lg.masked_fill(inputs["attention_mask"][..., None] == 0, 0.0)
+    return torch.nn.functional.pad(lg, (0, 0, 0, input_ids.shape[1] - lg.shape[1]))
 
 
 def token_logprobs_values(model: Any, value_head: torch.nn.Module, input_ids: torch.Tensor,
