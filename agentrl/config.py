@@ -275,7 +275,7 @@ class TrainConfig(_Section):
     steps: int = Field(default=360, ge=0)
     """Training steps (each: rollout -> advantages -> updates)."""
     lr: float = Field(default=3e-4, gt=0)
-    """AdamW learning rate."""
+    """AdamW learning rate. When not set and the policy is the embedded vision-language model (`model.vision`, given or resolved): 3e-5 (`agentrl.run_defaults.VISION_DEFAULTS`; at 3e-4 and 1e-4 GRPO undid much of what the warm start had learnt to read on `visual_count`, docs/multimodal.md)."""
     lr_warmup_steps: int = Field(default=0, ge=0)
     """Optimizer steps of linear learning-rate warm-up (from lr/(N+1) to lr)."""
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
@@ -332,17 +332,20 @@ class SFTConfig(_Section):
     """Section `sft`: the supervised warm start before RL."""
 
     steps: int = Field(default=500, ge=0)
-    """Most supervised warm-start steps on reference solutions of the training split (0: skip)."""
+    """Most supervised warm-start steps on reference solutions of the training split (0: skip). When not set and the policy is the embedded vision-language model: 300 (`VISION_DEFAULTS`)."""
     stop_pass_rate: float | None = Field(default=0.2, ge=0.0, le=1.0)
     """End the warm start once pass@1 (rollout temperature) on training tasks reaches this, so
     RL starts with room to improve (None: no pass@1 condition; with `stop_pass_at_k` also None,
-    every step runs). Checked every `check_every` steps."""
+    every step runs). Checked every `check_every` steps. When not set and the policy is the
+    embedded vision-language model: None, with `stop_pass_at_k` None too (`VISION_DEFAULTS`:
+    on `visual_count` an image-blind model passes the checks on the answer prior, so they ended
+    the warm start before the model read the board)."""
     check_every: int = Field(default=20, ge=1)
     """Warm-start steps between pass-rate checks."""
     min_steps: int = Field(default=150, ge=0)
     """Warm-start steps before the first pass-rate check."""
     stop_pass_at_k: float | None = Field(default=0.55, ge=0.0, le=1.0)
-    """Also require pass@k (k = `check_samples`) on training tasks to reach this before ending the warm start: the share of tasks on which a group of samples finds a solution, which is what GRPO can reinforce (None: no such condition)."""
+    """Also require pass@k (k = `check_samples`) on training tasks to reach this before ending the warm start: the share of tasks on which a group of samples finds a solution, which is what GRPO can reinforce (None: no such condition). None when not set and the policy is the embedded vision-language model (see `stop_pass_rate`)."""
     check_tasks: int = Field(default=64, ge=1)
     """Training tasks per pass-rate check."""
     check_samples: int = Field(default=4, ge=1)

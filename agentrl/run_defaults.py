@@ -9,8 +9,12 @@ A few settings have a better default for some runs than the global one in `agent
 - a vision-language policy (`model.vision`, given or resolved as above) gets `VISION_DEFAULTS`
   for the keys the user did not set: the initialisation std `model.init_std` 0.1 instead of
   the architecture's 0.02 (docs/multimodal.md: at 0.02 the tiny VLM sits on `visual_count`'s
-  answer prior, image-blind, for hundreds of warm-start steps) and the warm start's learning
-  rate 5e-4 instead of 2e-3 (at 2e-3 it stayed image-blind);
+  answer prior, image-blind, for hundreds of warm-start steps), the warm start's learning
+  rate 5e-4 instead of 2e-3 (at 2e-3 it stayed image-blind), a warm start of exactly 300
+  steps (no pass-rate stop: an image-blind model passes the stop checks on `visual_count`'s
+  answer prior, so they ended the warm start before it read the board) and RL's learning rate
+  `train.lr` 3e-5 instead of 3e-4 (at 3e-4 and 1e-4 GRPO lost much of what the warm start had
+  learnt to read; docs/multimodal.md, "The default CLI job");
 - the algorithm's own `DEFAULTS` (`agentrl.algos.resolve_config`, e.g. GSPO's clips).
 
 A key counts as set when it is in its section's pydantic `model_fields_set` (given in a YAML
@@ -25,7 +29,11 @@ from typing import Any
 
 from agentrl.config import Config
 
-VISION_DEFAULTS: dict[str, dict[str, Any]] = {"model": {"init_std": 0.1}, "sft": {"lr": 5e-4}}
+VISION_DEFAULTS: dict[str, dict[str, Any]] = {
+    "model": {"init_std": 0.1},
+    "sft": {"lr": 5e-4, "steps": 300, "stop_pass_rate": None, "stop_pass_at_k": None},
+    "train": {"lr": 3e-5},
+}
 """Section -> key -> value: defaults for a vision-language policy (keys the user did not set)."""
 
 

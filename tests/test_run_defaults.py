@@ -27,6 +27,7 @@ def test_an_image_env_gets_the_vlm_and_its_sft_lr_unless_set():
     assert env_observes_images("visual_count") and env_observes_images("agentrl/VisualCount-v0")
     cfg = _resolved("env.name=visual_count")
     assert (cfg.model.vision, cfg.sft.lr, cfg.model.init_std) == (True, 5e-4, 0.1)
+    assert (cfg.sft.steps, cfg.sft.stop_pass_rate, cfg.sft.stop_pass_at_k, cfg.train.lr) == (300, None, None, 3e-5)
     # everything else is the global default
     rest = cfg.model_dump()
     want = Config().model_dump()
@@ -40,12 +41,15 @@ def test_an_image_env_gets_the_vlm_and_its_sft_lr_unless_set():
     assert _resolved("env.name=visual_count", "model.init_std=0.02").model.init_std == 0.02  # set: kept
     assert _resolved("env.name=visual_count", "sft.lr=1e-3").sft.lr == 1e-3  # set: kept
     assert _resolved("env.name=visual_count", "sft.lr=2e-3").sft.lr == 2e-3  # even the global value
+    kept = _resolved("env.name=visual_count", "sft.stop_pass_rate=0.3", "train.lr=1e-4", "sft.steps=50")
+    assert (kept.sft.stop_pass_rate, kept.sft.stop_pass_at_k, kept.train.lr, kept.sft.steps) == (0.3, None, 1e-4, 50)
     off = _resolved("env.name=visual_count", "model.vision=false")
     assert (off.model.vision, off.sft.lr) == (False, 2e-3)
     given = _resolved("env.name=visual_count", "model.path=/some/dir")  # a given model: not the embedded VLM
     assert (given.model.vision, given.sft.lr, given.model.init_std) == (False, 2e-3, None)
     text_env_vlm = _resolved("model.vision=true")  # asked for on a text env: the VLM's lr too
     assert (text_env_vlm.model.vision, text_env_vlm.sft.lr) == (True, 5e-4)
+    assert _resolved("env.name=code_sandbox").train.lr == 3e-4  # the text job keeps RL's lr
 
 
 def test_resolving_twice_and_a_saved_config_change_nothing():
@@ -61,6 +65,7 @@ def test_config_command_prints_the_resolved_vision_defaults():
                          capture_output=True, text=True, check=True, timeout=60).stdout
     d = yaml.safe_load(out)
     assert (d["model"]["vision"], d["sft"]["lr"]) == (True, 5e-4)
+    assert (d["sft"]["stop_pass_rate"], d["sft"]["steps"], d["train"]["lr"]) == (None, 300, 3e-5)
 
 
 def test_eval_of_the_default_model_on_an_image_env_builds_the_vlm(tmp_path):
