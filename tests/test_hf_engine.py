@@ -440,3 +440,24 @@ def test_engine_accepts_a_model_object(model_dir, prompts):
     by_path = HFEngine(model_dir)
     greedy = SamplingParams(temperature=0.0, max_tokens=8)
     assert eng.generate(prompts, greedy) == by_path.generate(prompts, greedy)
+
+
+def test_record_stops_marks_stopped_rows_in_place():
+    """Slots 0 and 2 of 3 (output rows 4 and 1) sample a stop token at t=2: their rows get
+    length 3 and `stopped`, slot 1 stays alive; no stop ids or no hit: None, nothing changed."""
+    from agentrl.rollout.engines.hf import record_stops
+
+    alive = torch.tensor([True, True, True])
+    rows = torch.tensor([4, 0, 1])
+    out_len = torch.full((5,), 9)
+    stopped = torch.zeros(5, dtype=torch.bool)
+    assert record_stops(torch.tensor([7, 6, 7]), torch.tensor([], dtype=torch.long), alive, rows,
+                        out_len, stopped, 2) is None
+    assert record_stops(torch.tensor([5, 6, 5]), torch.tensor([7]), alive, rows, out_len, stopped, 2) is None
+    assert alive.all() and not stopped.any() and (out_len == 9).all()
+    assert record_stops(torch.tensor([7, 6, 7]), torch.tensor([7, 8]), alive, rows, out_len, stopped, 2) == 1
+    assert alive.tolist() == [False, True, False]
+    assert out_len.tolist() == [9, 3, 9, 9, 3] and stopped.tolist() == [False, True, False, False, True]
+    # a finished slot that samples a stop token again is not counted twice
+    assert record_stops(torch.tensor([7, 6, 7]), torch.tensor([7]), alive, rows, out_len, stopped, 3) is None
+    assert out_len.tolist() == [9, 3, 9, 9, 3]

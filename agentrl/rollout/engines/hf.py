@@ -76,6 +76,33 @@ def check_params(params: SamplingParams) -> None:
         raise ValueError(f"n must be >= 1, got {params.n}")
 
 
+def record_stops(tokens: torch.Tensor, stop_ids: torch.Tensor, alive: torch.Tensor, rows: torch.Tensor,
+                 out_len: torch.Tensor, stopped: torch.Tensor, t: int) -> int | None:
+    """Mark the batch slots whose token `t` is a stop token as finished, in place.
+
+    Args:
+        tokens: (S,) long, the tokens just sampled, one per batch slot.
+        stop_ids: (K,) long stop token ids (K may be 0: nothing stops).
+        alive: (S,) bool, the slots still decoding; the stopped ones are cleared.
+        rows: (S,) long, batch slot -> output row.
+        out_len: (R,) long per output row; a stopped row's is set to `t + 1` (stop token kept).
+        stopped: (R,) bool per output row; set for the stopped rows.
+        t: the 0-based index of `tokens` in the completions.
+
+    Returns:
+        The number of slots still alive if any slot stopped now, else None (unchanged).
+    """
+    if not stop_ids.numel():
+        return None
+    hit = torch.isin(tokens, stop_ids) & alive
+    if not bool(hit.any()):
+        return None
+    out_len[rows[hit]] = t + 1
+    stopped[rows[hit]] = True
+    alive &= ~hit
+    return int(alive.sum())
+
+
 class HFEngine:
     """Token-in, token-out sampling with a transformers causal LM (implements `Engine`).
 
@@ -348,13 +375,8 @@ class HFEngine:
             else:
                 out_tokens[rows, t] = tokens
                 out_logprobs[rows, t] = logprobs
-            if stop_ids.numel():
-                hit = torch.isin(tokens, stop_ids) & alive
-                if bool(hit.any()):
-                    out_len[rows[hit]] = t + 1
-                    stopped[rows[hit]] = True
-                    alive &= ~hit
-                    n_alive = int(alive.sum())
+            left = record_stops(tokens, stop_ids, alive, rows, out_len, stopped, t)
+            n_alive = n_alive if left is None else left
             if n_alive == 0 or t == max_new - 1:
                 break
             # (Compiled: never down to one row, where torch.compile would build another graph.)

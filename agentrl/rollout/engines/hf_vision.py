@@ -36,7 +36,7 @@ from agentrl.model import cache_kwarg, new_cache
 from agentrl.models.sampling import row_uniforms, sample_next
 from agentrl.models.vision_batch import mrope_positions, safe_pad_id, vision_batch_inputs
 from agentrl.rollout.engines.base import Completion, SamplingParams, row_seeds
-from agentrl.rollout.engines.hf import COMPACT_FRACTION, check_params
+from agentrl.rollout.engines.hf import COMPACT_FRACTION, check_params, record_stops
 
 
 class VisionHFEngine:
@@ -161,13 +161,8 @@ class VisionHFEngine:
             tokens, logprobs = sample_next(logits, params.temperature, params.top_p, u)
             out_tokens[rows, t] = tokens
             out_logprobs[rows, t] = logprobs
-            if stop_ids.numel():
-                hit = torch.isin(tokens, stop_ids) & alive
-                if bool(hit.any()):
-                    out_len[rows[hit]] = t + 1
-                    stopped[rows[hit]] = True
-                    alive &= ~hit
-                    n_alive = int(alive.sum())
+            left = record_stops(tokens, stop_ids, alive, rows, out_len, stopped, t)
+            n_alive = n_alive if left is None else left
             if n_alive == 0 or t == max_new - 1:
                 break
             if len(rows) - n_alive >= max(1, int(COMPACT_FRACTION * len(rows))):
