@@ -70,7 +70,7 @@ def train(
     seed: Annotated[Optional[int], typer.Option(help="Seed.", show_default=str(_DEFAULT.seed))] = None,
     resume: Annotated[Optional[str], typer.Option(help="Resume from this output directory.")] = None,
     dataset: Annotated[Optional[str], typer.Option(help="Task file (HumanEval/MBPP/EvalPlus format) or 'humaneval'; with --algo dpo, a preference JSONL file ({prompt, chosen, rejected} per line) trains offline DPO.", show_default="the env's own tasks")] = None,
-    model: Annotated[Optional[str], typer.Option(help="Local Hugging Face model directory (model.path).", show_default="the embedded tiny model, built in OUT/base_model")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Local Hugging Face model directory (model.path).", show_default="the embedded tiny model, built in OUT/base_model (OUT/base_vlm with model.vision)")] = None,
     wrap: Annotated[Optional[list[str]], typer.Option(help="Reward wrapper to stack (repeatable): judge, classifier, safety, curiosity.")] = None,
     ray_address: Annotated[Optional[str], typer.Option(help="Ray cluster to join (rollout.ray_address).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,

@@ -19,7 +19,8 @@ ALGOS = ("grpo", "dr_grpo", "gspo", "rloo", "reinforce_pp", "ppo", "dpo", "cispo
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True,
+                              allow_inf_nan=False)  # a float key must be finite (`train.lr=inf` is refused)
 
 
 class EnvConfig(_Section):
@@ -64,7 +65,7 @@ class ModelConfig(_Section):
     """Embedded default: MLP width."""
     vocab_size: int = Field(default=1024, ge=300)
     """Embedded default: byte-level BPE vocabulary size trained offline on the env's corpus."""
-    init_std: float | None = Field(default=None, gt=0)
+    init_std: float | None = Field(default=None, gt=0, le=1.0)
     """Embedded default: standard deviation of the normal initialisation of its weight matrices and embeddings (transformers' `initializer_range`, in the text config and, with `model.vision`, the vision tower's). None: the architecture's 0.02. When not set: 0.1 for the embedded vision-language model (`agentrl.run_defaults.VISION_DEFAULTS`; at 0.02 it sits on `visual_count`'s answer prior, image-blind, for hundreds of warm-start steps: docs/multimodal.md), the architecture's 0.02 for the text model."""
     vision_width: int = Field(default=32, ge=4)
     """Embedded default with `model.vision`: width (embedding size) of the vision tower's blocks; must be divisible by `model.vision_heads`."""

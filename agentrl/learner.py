@@ -251,6 +251,11 @@ class NonFiniteGradientError(FloatingPointError):
     """`max_nonfinite_steps` optimizer steps in a row had a NaN or infinite gradient norm."""
 
 
+class NonFiniteLossError(NonFiniteGradientError):
+    """The supervised warm start's loss became NaN or infinite (`agentrl.sft.sft_train`): the
+    run stops before saving a diverged model."""
+
+
 def _to(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
     """A shallow copy of `batch` with every tensor on `device` (the same tensors when they are
     there already)."""

@@ -21,7 +21,7 @@ import torch
 
 from agentrl.config import Config
 from agentrl.episodes import EVAL_SEED, episode_success, extrinsic_return
-from agentrl.learner import token_logprobs
+from agentrl.learner import NonFiniteLossError, token_logprobs
 from agentrl.rollout.agent_loop import check_images_allowed
 from agentrl.rollout.chat import ChatRenderer
 from agentrl.rollout.collect import collect
@@ -102,7 +102,12 @@ def sft_train(model: Any, examples: list[Trajectory], *, steps: int, lr: float, 
 
     Returns:
         the loss (nats per answer token) of every step run.
+
+    Raises:
+        NonFiniteLossError: a step's loss or gradient norm is NaN or infinite (the weights are
+            not updated by that step; the message names `sft.lr` and the step).
     """
+
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: 0.1 + 0.9 * 0.5 * (1 + torch.cos(torch.tensor(s / max(steps, 1) * 3.14159)).item()))
@@ -121,7 +126,12 @@ def sft_train(model: Any, examples: list[Trajectory], *, steps: int, lr: float, 
         loss = -(logp * mask).sum() / mask.sum().clamp(min=1)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        if not (torch.isfinite(loss) and torch.isfinite(gn)):
+            raise NonFiniteLossError(
+                f"warm start step {step}: loss {loss.item():.4g}, grad norm {gn.item():.4g} (not finite); "
+                f"the model has diverged or was built so (lower sft.lr, now {lr:g}, or check "
+                f"model.init_std); nothing was saved")
         opt.step()
         sched.step()
         losses.append(loss.item())

@@ -264,6 +264,13 @@ def preflight(cfg: Config) -> None:
     if path and not (Path(path) / "config.json").is_file():
         raise ConfigError(f"config error: model.path: {path} holds no config.json (not a Hugging "
                           "Face model directory)")
+    from agentrl.vlm import is_vlm_dir
+
+    if path and cfg.model.vision and not is_vlm_dir(path):
+        raise ConfigError(f"config error: model.vision=true with model.path={path}, a text-only model "
+                          "(no image processor and vision tower): model.vision builds the embedded "
+                          "vision-language model only without model.path; give a vision-language "
+                          "model directory, or drop model.path (docs/multimodal.md)")
     if cfg.rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
         raise ConfigError("config error: rollout.engine=vllm: vLLM is not installed in this "
                           "environment (docs/scale_out.md says how; or rollout.engine=hf)")

@@ -26,6 +26,11 @@ def test_overrides_and_yaml(tmp_path):
     ("algo.group_size=0", "algo.group_size: Input should be greater than or equal to 1"),
     ("nosection.x=1", "nosection: unknown key"),
     ("train.lr", "must be key=value"),
+    ("train.lr=inf", "train.lr: Input should be a finite number"),
+    ("sft.lr=.nan", "sft.lr: Input should be a finite number"),
+    ("rollout.temperature=inf", "rollout.temperature: Input should be a finite number"),
+    ("model.init_std=inf", "model.init_std: Input should be a finite number"),
+    ("model.init_std=1e6", "model.init_std: Input should be less than or equal to 1"),
 ])
 def test_errors_name_the_key(override, needle):
     with pytest.raises(ConfigError) as e:

@@ -56,3 +56,21 @@ def test_stop_check_reports_pass_at_1_and_pass_at_k(tiny_tokenizer):
     # consecutive rows, calls alternate, so exactly 2 of the 4 samples of an even task pass
     assert r["pass@1"] == pytest.approx(even * 0.5 / n_tasks)
     assert r["pass@4"] == pytest.approx(even / n_tasks)
+
+
+def test_a_diverging_warm_start_stops_with_a_clear_error_and_saves_no_model(tiny_model_dir, tmp_path):
+    """sft.lr=1e30 makes the weights NaN after one AdamW step: the warm start stops at the
+    first non-finite loss, naming the step and sft.lr, exit 2 without a traceback, and no
+    OUT/sft_model is written (a diverged model is not saved)."""
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+
+    out = tmp_path / "run"
+    r = CliRunner().invoke(app, ["train", "--env", "toy", "--steps", "1", "--out", str(out),
+                                 f"model.path={tiny_model_dir}", "sft.steps=5", "sft.lr=1e30",
+                                 "sft.batch_size=4"])
+    flat = " ".join(r.output.split())
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert "stopped: warm start step 1: loss nan" in flat and "lower sft.lr, now 1e+30" in flat, flat
+    assert not (out / "sft_model").exists()

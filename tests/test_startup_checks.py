@@ -250,3 +250,20 @@ def test_resume_with_fewer_steps_than_done_is_refused_and_the_run_config_kept(ti
         train_mod.train(cfg)
     assert (out / "config.json").read_text() == before
     assert json.loads(before)["train"]["steps"] == 2
+
+
+def test_model_vision_with_a_text_model_path_is_refused_at_start_up(tiny_model_dir, tmp_path):
+    """model.vision=true beside model.path=<a text-only model> crashed at the first warm-start
+    rollout with ImageObservationError (the image check trusted model.vision); now refused at
+    start-up naming both keys, nothing written."""
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+
+    out = tmp_path / "run"
+    r = CliRunner().invoke(app, ["train", "--env", "visual_count", "--steps", "1", "--out", str(out),
+                                 f"model.path={tiny_model_dir}", "model.vision=true", "sft.steps=2"])
+    flat = " ".join(r.output.split())
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert f"model.vision=true with model.path={tiny_model_dir}, a text-only model" in flat, flat
+    assert not out.exists()

@@ -175,8 +175,11 @@ class VisionHFEngine:
                                               use_cache=True))
             next_pos = next_pos + 1
         kept = torch.arange(max_new, device=dev)[None] < out_len[:, None]
-        if bool((~torch.isfinite(out_logprobs) & kept).any()):
-            raise FloatingPointError("VisionHFEngine.generate: non-finite logits")
+        bad = (~torch.isfinite(out_logprobs) & kept).any(-1)
+        if bool(bad.any()):
+            raise FloatingPointError(
+                f"VisionHFEngine.generate: the model gave non-finite logits (NaN or inf) in {int(bad.sum())} "
+                f"of {n_rows} rows; its weights have likely diverged (check the learner's loss and grad norm)")
         toks, lps, lens = out_tokens.tolist(), out_logprobs.tolist(), out_len.tolist()
         return [Completion(toks[r][:lens[r]], lps[r][:lens[r]], "stop" if s else "length")
                 for r, s in enumerate(stopped.tolist())]
