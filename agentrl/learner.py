@@ -601,6 +601,8 @@ class Learner:
         from agentrl.algos.losses import tis_weights
 
         B = batch["input_ids"].shape[0]
+        if B == 0 or not bool((batch["loss_mask"] != 0).any()):  # no agent token: no step
+            return {}
         unit = int(batch.get("unit_size", 1))
         if B % unit:
             raise ValueError(f"batch of {B} rows is not a whole number of units of {unit}")

@@ -48,7 +48,7 @@ def default_model_dir(cfg: Config, out: Path, reporter: Any = None) -> str:
     `TOKENIZER_TASKS x share` tasks of each env of `sft.mix_envs`). Progress goes
     to `reporter` (`agentrl.progress.Reporter`; None: silent): the task texts as a stage with
     its ETA, then the tokenizer training and model build (one call) as start/end lines."""
-    from agentrl.envs import content_text
+    from agentrl.envs import content_error, content_text
     from agentrl.model import build_tiny_model
     from agentrl.progress import Reporter
 
@@ -65,7 +65,7 @@ def default_model_dir(cfg: Config, out: Path, reporter: Any = None) -> str:
     with reporter.stage("model", sum(n for _, _, n in sources), unit="task texts for the tokenizer") as st:
         for name, env, n in sources:
             get = getattr(env.unwrapped, "reference_answer", None)
-            failed = 0
+            failed, last_bad = 0, ""
             for i in range(n):
                 try:  # a reset that raises is a lost task here, as in rollouts (contract 7)
                     obs, _ = env.reset(seed=500_000 + i)
@@ -76,13 +76,18 @@ def default_model_dir(cfg: Config, out: Path, reporter: Any = None) -> str:
                     raise ConfigError(f"env {name}: reset(seed={500_000 + i}) returned "
                                       f"{type(obs).__name__} {str(obs)[:80]!r}, not a list of chat "
                                       "messages ({'role': ..., 'content': ...})")
+                bad = next((e for e in (content_error(m["content"]) for m in obs) if e), None)
+                if bad:  # e.g. an image the processor cannot render: a lost task, as in rollouts
+                    failed, last_bad = failed + 1, bad
+                    continue
                 texts.extend(content_text(m["content"]) for m in obs)
                 if get is not None and get():
                     texts.append(get())
                 st.advance()
             if failed == n:
-                raise ConfigError(f"env {name}: every reset raised ({n} of {n}) while gathering "
-                                  "texts for the embedded tokenizer")
+                raise ConfigError(f"env {name}: every reset raised or returned a bad observation "
+                                  f"({n} of {n}) while gathering texts for the embedded tokenizer"
+                                  + (f"; last bad observation: {last_bad}" if last_bad else ""))
             feedback = getattr(env.unwrapped, "corpus_texts", None)
             if feedback is not None:
                 texts.extend(feedback())

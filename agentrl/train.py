@@ -844,6 +844,17 @@ def update(lp: Loop, trajs: list[Trajectory], step: int, m: dict[str, float]) ->
         trajs, m["rollout/refill_rounds"] = dynamic_sampling(
             trajs, lambda r: refill(lp, step, r), cfg.rollout.tasks_per_step * cfg.algo.group_size)
     batch = build_batch(trajs, lp.pad_id)
+    if not bool((batch["loss_mask"] != 0).any()):  # e.g. every reset failed: nothing to learn from
+        m["loss/skipped_empty_batch"] = 1.0
+        errs = [str(t.info["error"]) for t in trajs if t.info.get("error")]
+        lp.say(f"[warning] step {step + 1}: update skipped: the batch has no trainable tokens "
+               f"({len(trajs)} episodes, {len(errs)} with an env error"
+               + (f"; first: {errs[0][:200]}" if errs else "") + ") (loss/skipped_empty_batch)")
+        m["loss/lr"] = learner.lr
+        m["perf/policy_update_s"] = 0.0
+        m["perf/update_s"] = time.perf_counter() - t0
+        m["perf/update_tokens"] = 0.0
+        return []
     if cfg.algo.overlong_buffer > 0 or cfg.algo.mask_truncated:  # DAPO overlong shaping/filter
         from agentrl.algos.shaping import shape_batch
 

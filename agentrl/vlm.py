@@ -255,6 +255,11 @@ def to_pil(image: Any) -> Any:
     return Image.fromarray(image)
 
 
+class ImageProcessorError(ValueError):
+    """The image processor failed on an image (`encode_images`); the message names the image
+    (its index and size) and the processor's own error."""
+
+
 def encode_images(image_processor: Any, images: Sequence[Any]) -> dict[str, Any]:
     """Pixel inputs of `images` (PIL images or `(H, W, 3)` uint8 arrays).
 
@@ -262,13 +267,34 @@ def encode_images(image_processor: Any, images: Sequence[Any]) -> dict[str, Any]
         `{"pixel_values": float32 tensor (sum of patches, C * temporal * patch * patch),
         "image_grid_thw": int64 tensor (len(images), 3)}` as the Qwen2-VL image processor
         gives them; empty tensors (0 rows) when `images` is empty.
+
+    Raises:
+        ImageProcessorError: the processor raised (any exception) on one of `images`.
     """
     import torch
 
     if not images:
         return {"pixel_values": torch.zeros(0, 0), "image_grid_thw": torch.zeros(0, 3, dtype=torch.long)}
-    enc = image_processor(images=[to_pil(im) for im in images], return_tensors="pt")
+    try:
+        pil = [to_pil(im) for im in images]
+        enc = image_processor(images=pil, return_tensors="pt")
+    except Exception as e:  # noqa: BLE001 - whatever the processor raises, named with the image
+        raise ImageProcessorError(_failing_image(image_processor, images, e)) from e
     return {"pixel_values": enc["pixel_values"].float(), "image_grid_thw": enc["image_grid_thw"].long()}
+
+
+def _failing_image(image_processor: Any, images: Sequence[Any], error: Exception) -> str:
+    """The message of `ImageProcessorError`: the first of `images` the processor fails on alone
+    (index and size), with its error; `error` (of the whole call) when none fails alone."""
+    from agentrl.envs import image_size
+
+    for k, im in enumerate(images):
+        try:
+            image_processor(images=[to_pil(im)], return_tensors="pt")
+        except Exception as e:  # noqa: BLE001 - this one fails: name it
+            w, h = image_size(im)
+            return f"image processor failed on image {k} of size {w}x{h} (WxH): {type(e).__name__}: {e}"
+    return f"image processor failed on {len(images)} images: {type(error).__name__}: {error}"
 
 
 def image_token_counts(image_grid_thw: Any, merge_size: int = 2) -> list[int]:

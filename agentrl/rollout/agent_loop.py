@@ -26,6 +26,7 @@ from agentrl.envs import content_error, message_images
 from agentrl.rollout.chat import ChatRenderer
 from agentrl.rollout.engines.base import Engine, SamplingParams, prompt_key
 from agentrl.trajectory import Trajectory
+from agentrl.vlm import ImageProcessorError
 
 
 @dataclass
@@ -133,6 +134,12 @@ class ImageObservationError(ValueError):
     """An env sent an image to a policy that cannot see (a configuration error: the run stops)."""
 
 
+def env_label(env: Any) -> str:
+    """How messages name `env`: its Gymnasium id, else its (unwrapped) class name."""
+    spec = getattr(env, "spec", None)
+    return getattr(spec, "id", None) or type(getattr(env, "unwrapped", env)).__name__
+
+
 def check_images_allowed(env: Any, renderer: ChatRenderer, messages: list) -> None:
     """Raise when `messages` carry image parts and `renderer` renders text only (a text-only
     model's chat template would silently drop them).
@@ -143,8 +150,7 @@ def check_images_allowed(env: Any, renderer: ChatRenderer, messages: list) -> No
     """
     if getattr(renderer, "accepts_images", False) or not message_images(messages):
         return
-    spec = getattr(env, "spec", None)
-    env_name = getattr(spec, "id", None) or type(getattr(env, "unwrapped", env)).__name__
+    env_name = env_label(env)
     model = getattr(renderer.tokenizer, "name_or_path", "") or type(renderer.tokenizer).__name__
     raise ImageObservationError(
         f"env {env_name} sent an image observation, but the model {model!r} is text-only: "
@@ -171,7 +177,10 @@ def opening_prompt(env: Any, renderer: ChatRenderer, reset_kwargs: dict[str, Any
     if obs is None:
         return None, bool(info.get("env_timeout"))
     check_images_allowed(env, renderer, obs)
-    ids = renderer.prompt_ids(obs, tools=info.get("tools"))
+    try:
+        ids = renderer.prompt_ids(obs, tools=info.get("tools"))
+    except ImageProcessorError:  # run_episodes records it as a failed reset: in no generate call
+        return None, False
     return (ids if len(ids) < max_episode_tokens else None), False
 
 
@@ -311,27 +320,48 @@ class _Run:
                 tr.terminated = True
                 continue
             check_images_allowed(self.envs[i], self.renderer, obs)
+            try:
+                ids, px = self.observation_inputs(obs, tools=info.get("tools"), opening=True)
+            except ImageProcessorError as e:  # recorded like a bad observation (contract 7)
+                tr.info["error"] = (f"reset returned a bad observation: env {env_label(self.envs[i])}: "
+                                    f"{e}")
+                tr.terminated = True
+                continue
             tr.messages = list(obs)
-            self.append_observation(tr, obs, tools=info.get("tools"), opening=True)
+            self.add_observation(tr, ids, px)
             live.append(i)
         reset_s = time.perf_counter() - t0
         for tr in self.trajs:
             tr.timings["env"] += reset_s / max(n, 1)
         return live
 
-    def append_observation(self, tr: Trajectory, msgs: list, *, tools: list | None = None,
-                           opening: bool = False) -> None:
-        """Append the ids of observation `msgs` to `tr` as context: the opening prompt (with
-        `tools`) or a delta after an assistant turn. With a vision renderer the images' pixel
-        inputs and placeholder spans go with them (`Trajectory.append_images`)."""
+    def observation_inputs(self, msgs: list, *, tools: list | None = None, opening: bool = False
+                           ) -> tuple[list[int], dict[str, Any] | None]:
+        """The ids of observation `msgs` as context: the opening prompt (with `tools`) or a
+        delta after an assistant turn, and with a vision renderer the images' pixel inputs
+        (else None).
+
+        Raises:
+            ImageProcessorError: the image processor failed on one of the images.
+        """
         r = self.renderer
         if not r.accepts_images:
-            tr.append_context(r.prompt_ids(msgs, tools=tools) if opening else r.delta_ids(msgs))
-            return
-        ids, px = r.prompt_inputs(msgs, tools) if opening else r.delta_inputs(msgs)
+            return (r.prompt_ids(msgs, tools=tools) if opening else r.delta_ids(msgs)), None
+        return r.prompt_inputs(msgs, tools) if opening else r.delta_inputs(msgs)
+
+    def add_observation(self, tr: Trajectory, ids: list[int], px: dict[str, Any] | None) -> None:
+        """Append `observation_inputs`' ids to `tr` as context, and the images' pixel inputs
+        and placeholder spans with them when there are any (`Trajectory.append_images`)."""
         start = len(tr.token_ids)
         tr.append_context(ids)
-        tr.append_images(start, ids, px, r.image_token_id)
+        if px is not None:
+            tr.append_images(start, ids, px, self.renderer.image_token_id)
+
+    def append_observation(self, tr: Trajectory, msgs: list, *, tools: list | None = None,
+                           opening: bool = False) -> None:
+        """Append the ids of observation `msgs` to `tr` as context (`observation_inputs`, then
+        `add_observation`)."""
+        self.add_observation(tr, *self.observation_inputs(msgs, tools=tools, opening=opening))
 
     def make_room(self, live: list[int]) -> list[int]:
         """Truncate the episodes that reached `max_episode_tokens`; returns the others."""
@@ -383,6 +413,15 @@ class _Run:
         for i, (obs, reward, terminated, truncated, info) in zip(live, results):
             tr = self.trajs[i]
             tr.timings["env"] += env_s / len(live)
+            obs_inputs = None
+            if not (terminated or truncated):
+                check_images_allowed(self.envs[i], self.renderer, obs)
+                try:
+                    obs_inputs = self.observation_inputs(obs)
+                except ImageProcessorError as e:  # a penalised, recorded step (contract 7)
+                    terminated, truncated = True, False
+                    info = {**info, "error": f"step returned a bad observation: env "
+                            f"{env_label(self.envs[i])}: {e}", "env_exception": True}
             if info.get("env_exception") or info.get("env_timeout"):  # a penalised, recorded step
                 reward = self.error_reward
             if info.get("env_timeout"):
@@ -396,9 +435,9 @@ class _Run:
             tr.terminated, tr.truncated = terminated, truncated
             if terminated or truncated:
                 continue
-            check_images_allowed(self.envs[i], self.renderer, obs)
+            assert obs_inputs is not None
             tr.append_context(self.renderer.close_turn(tr.token_ids[t.start:t.end]))
-            self.append_observation(tr, obs)
+            self.add_observation(tr, *obs_inputs)
             tr.messages.extend(obs)
             still.append(i)
         return still
