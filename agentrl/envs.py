@@ -474,7 +474,9 @@ def build_env(cfg: Config, split: str | None = None, rewards: Any = None) -> Any
     if cfg.env.wrappers:
         try:
             if rewards is None:
-                from agentrl.rewards import RewardWrappers  # imported only when a wrapper is asked for
+                from agentrl.rewards import (
+                    RewardWrappers,  # imported only when a wrapper is asked for
+                )
 
                 rewards = RewardWrappers.from_config(cfg)
             env = rewards.wrap(env)
