@@ -474,9 +474,8 @@ def build_env(cfg: Config, split: str | None = None, rewards: Any = None) -> Any
     if cfg.env.wrappers:
         try:
             if rewards is None:
-                from agentrl.rewards import (
-                    RewardWrappers,  # imported only when a wrapper is asked for
-                )
+                # imported only when a wrapper is asked for
+                from agentrl.rewards import RewardWrappers
 
                 rewards = RewardWrappers.from_config(cfg)
             env = rewards.wrap(env)

@@ -107,7 +107,6 @@ def sft_train(model: Any, examples: list[Trajectory], *, steps: int, lr: float, 
         NonFiniteLossError: a step's loss or gradient norm is NaN or infinite (the weights are
             not updated by that step; the message names `sft.lr` and the step).
     """
-
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: 0.1 + 0.9 * 0.5 * (1 + torch.cos(torch.tensor(s / max(steps, 1) * 3.14159)).item()))

@@ -257,6 +257,7 @@ def preflight(cfg: Config) -> None:
 
     from agentrl.envs import build_env
     from agentrl.run import check_vision_training
+    from agentrl.vlm import is_vlm_dir
 
     path = cfg.model.path
     if path and not Path(path).is_dir():
@@ -264,8 +265,6 @@ def preflight(cfg: Config) -> None:
     if path and not (Path(path) / "config.json").is_file():
         raise ConfigError(f"config error: model.path: {path} holds no config.json (not a Hugging "
                           "Face model directory)")
-    from agentrl.vlm import is_vlm_dir
-
     if path and cfg.model.vision and not is_vlm_dir(path):
         raise ConfigError(f"config error: model.vision=true with model.path={path}, a text-only model "
                           "(no image processor and vision tower): model.vision builds the embedded "

@@ -197,13 +197,14 @@ def json_message(m: dict[str, Any]) -> dict[str, Any]:
     """A JSON-ready copy of chat message `m`: each image part's image (a PIL image or an (H, W, 3)
     array) replaced by the text `<image HxW>` (H, W in pixels); other parts and str content as
     they are. Used by `Trajectory.to_dict` and the eval harness's `results.jsonl` rows."""
+    from agentrl.envs import image_size  # (this module imports nothing of agentrl at load)
+
     if not isinstance(m.get("content"), list):
         return dict(m)
     parts = []
     for p in m["content"]:
         if isinstance(p, dict) and p.get("type") == "image":
-            img = p.get("image")
-            w, h = img.size if hasattr(img, "size") and not hasattr(img, "shape") else (img.shape[1], img.shape[0])
+            w, h = image_size(p.get("image"))
             parts.append({"type": "image", "image": f"<image {h}x{w}>"})
         else:
             parts.append(dict(p))

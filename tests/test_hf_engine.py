@@ -461,3 +461,16 @@ def test_record_stops_marks_stopped_rows_in_place():
     # a finished slot that samples a stop token again is not counted twice
     assert record_stops(torch.tensor([7, 6, 7]), torch.tensor([7]), alive, rows, out_len, stopped, 3) is None
     assert out_len.tolist() == [9, 3, 9, 9, 3]
+
+
+def test_check_finite_logprobs_counts_only_returned_tokens():
+    """A NaN past a row's length is ignored; a NaN or -inf at a returned token raises, naming
+    the engine and how many rows."""
+    import pytest
+
+    from agentrl.rollout.engines.hf import check_finite_logprobs
+
+    lp = torch.tensor([[-0.1, float("nan")], [-0.2, -0.3], [float("-inf"), -0.1]])
+    check_finite_logprobs(lp[:2], torch.tensor([1, 2]), "X")  # row 0's NaN is past its 1 token
+    with pytest.raises(FloatingPointError, match=r"^X.generate: .* in 2 of 3 rows"):
+        check_finite_logprobs(lp, torch.tensor([2, 2, 1]), "X")

@@ -357,12 +357,6 @@ class _Run:
         if px is not None:
             tr.append_images(start, ids, px, self.renderer.image_token_id)
 
-    def append_observation(self, tr: Trajectory, msgs: list, *, tools: list | None = None,
-                           opening: bool = False) -> None:
-        """Append the ids of observation `msgs` to `tr` as context (`observation_inputs`, then
-        `add_observation`)."""
-        self.add_observation(tr, *self.observation_inputs(msgs, tools=tools, opening=opening))
-
     def make_room(self, live: list[int]) -> list[int]:
         """Truncate the episodes that reached `max_episode_tokens`; returns the others."""
         out = []

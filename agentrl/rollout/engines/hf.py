@@ -103,6 +103,26 @@ def record_stops(tokens: torch.Tensor, stop_ids: torch.Tensor, alive: torch.Tens
     return int(alive.sum())
 
 
+def check_finite_logprobs(out_logprobs: torch.Tensor, out_len: torch.Tensor, engine: str) -> None:
+    """Raise when a returned token's logprob is not finite (the weights have likely diverged).
+
+    Args:
+        out_logprobs: (R, max_new) float32 sampler logprobs per output row.
+        out_len: (R,) long, the tokens each row returns (positions past it are ignored).
+        engine: the engine's name for the message (e.g. "HFEngine").
+
+    Raises:
+        FloatingPointError: naming how many rows had a NaN or infinite logprob.
+    """
+    kept = torch.arange(out_logprobs.shape[1], device=out_logprobs.device)[None] < out_len[:, None]
+    bad = (~torch.isfinite(out_logprobs) & kept).any(-1)
+    if bool(bad.any()):
+        raise FloatingPointError(
+            f"{engine}.generate: the model gave non-finite logits (NaN or inf) in {int(bad.sum())} of "
+            f"{out_logprobs.shape[0]} rows; its weights have likely diverged (check the learner's loss "
+            "and grad norm)")
+
+
 class HFEngine:
     """Token-in, token-out sampling with a transformers causal LM (implements `Engine`).
 
@@ -398,12 +418,7 @@ class HFEngine:
                 sampled = sample_next(logits, params.temperature, params.top_p, draws(t + 1))
             next_pos = next_pos + 1
 
-        kept = torch.arange(max_new, device=dev)[None] < out_len[:, None]
-        bad = (~torch.isfinite(out_logprobs) & kept).any(-1)
-        if bool(bad.any()):
-            raise FloatingPointError(
-                f"HFEngine.generate: the model gave non-finite logits (NaN or inf) in {int(bad.sum())} of "
-                f"{n_rows} rows; its weights have likely diverged (check the learner's loss and grad norm)")
+        check_finite_logprobs(out_logprobs, out_len, "HFEngine")
         tok_lists = out_tokens.tolist()
         lp_lists = out_logprobs.tolist()
         lens = out_len.tolist()

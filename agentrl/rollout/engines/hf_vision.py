@@ -36,7 +36,12 @@ from agentrl.model import cache_kwarg, new_cache
 from agentrl.models.sampling import row_uniforms, sample_next
 from agentrl.models.vision_batch import mrope_positions, safe_pad_id, vision_batch_inputs
 from agentrl.rollout.engines.base import Completion, SamplingParams, row_seeds
-from agentrl.rollout.engines.hf import COMPACT_FRACTION, check_params, record_stops
+from agentrl.rollout.engines.hf import (
+    COMPACT_FRACTION,
+    check_finite_logprobs,
+    check_params,
+    record_stops,
+)
 
 
 class VisionHFEngine:
@@ -174,12 +179,7 @@ class VisionHFEngine:
                                               position_ids=next_pos[:, None], **{self._cache_kw: cache},
                                               use_cache=True))
             next_pos = next_pos + 1
-        kept = torch.arange(max_new, device=dev)[None] < out_len[:, None]
-        bad = (~torch.isfinite(out_logprobs) & kept).any(-1)
-        if bool(bad.any()):
-            raise FloatingPointError(
-                f"VisionHFEngine.generate: the model gave non-finite logits (NaN or inf) in {int(bad.sum())} "
-                f"of {n_rows} rows; its weights have likely diverged (check the learner's loss and grad norm)")
+        check_finite_logprobs(out_logprobs, out_len, "VisionHFEngine")
         toks, lps, lens = out_tokens.tolist(), out_logprobs.tolist(), out_len.tolist()
         return [Completion(toks[r][:lens[r]], lps[r][:lens[r]], "stop" if s else "length")
                 for r, s in enumerate(stopped.tolist())]
