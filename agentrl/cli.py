@@ -40,7 +40,7 @@ def _check_dataset(env: str | None, dataset: str | None) -> None:
     solutions that fail the static check (compile + entry point) are reported, count and ids."""
     if not dataset:
         return
-    from agentrl.envs import resolve_env_id
+    from agentrl.env.registry import resolve_env_id
 
     try:
         if resolve_env_id(env or "code_sandbox") != resolve_env_id("code_sandbox"):
@@ -104,7 +104,7 @@ def train(
                   "again with --overwrite (or another --out)")
         _offline("dpo", cfg, prefs)  # offline DPO from the preference file: no env
         return
-    from agentrl.envs import import_env_modules, resolve_env_id
+    from agentrl.env.registry import import_env_modules, resolve_env_id
 
     try:
         import_env_modules(cfg.env.imports)
@@ -115,13 +115,13 @@ def train(
     except (ValueError, ImportError, AttributeError) as e:
         _fail(f"config error: env.name: {e}")
     _check_dataset(cfg.env.name, cfg.env.dataset)
-    from agentrl.learner import NonFiniteGradientError, resolve_device
+    from agentrl.learner.local import NonFiniteGradientError, resolve_device
 
     try:
         resolve_device(cfg.train.device)
     except ValueError as e:
         _fail(f"config error: {e}")
-    from agentrl.learner_group import PlacementError
+    from agentrl.learner.group import PlacementError
     from agentrl.sandbox.backends import BackendError
     from agentrl.train import OutError, ResumeError, RunInterrupted
     from agentrl.train import train as run_train
@@ -132,7 +132,7 @@ def train(
         console.print(f"[yellow]{escape(str(e))}[/yellow]")
         raise typer.Exit(e.exit_code) from None
     except KeyboardInterrupt as e:  # before the RL loop, or a second Ctrl-C: no save of its own
-        from agentrl.learner import latest_checkpoint
+        from agentrl.learner.local import latest_checkpoint
 
         run = cfg.resume or cfg.out
         ck = latest_checkpoint(run)
@@ -242,7 +242,7 @@ def serve_corpus_cmd(
     host: Annotated[str, typer.Option(help="Host to bind (loopback by default).")] = "127.0.0.1",
 ) -> None:
     """Serve a document corpus over HTTP for the web_qa env's fetch tool."""
-    from agentrl.corpus_server import main as serve
+    from agentrl.infra.corpus_server import main as serve
 
     serve(path, host=host, port=port)
 
@@ -254,7 +254,7 @@ def envs(
     """List the registered environments, one line each (built in, installed packages' `agentrl.envs` entry points, and --import modules)."""
     import gymnasium as gym
 
-    from agentrl.envs import DESCRIPTIONS, SHORT_NAMES, import_env_modules, load_env_plugins
+    from agentrl.env.registry import DESCRIPTIONS, SHORT_NAMES, import_env_modules, load_env_plugins
 
     try:
         load_env_plugins()
@@ -274,14 +274,14 @@ def config_cmd(
     reference: Annotated[bool, typer.Option(help="Print the config reference (Markdown).")] = False,
 ) -> None:
     """Print the resolved config, the env-, policy- and algorithm-dependent defaults filled in as
-    a run resolves them (`agentrl.run_defaults`), or the reference of every key."""
+    a run resolves them (`agentrl.run`), or the reference of every key."""
     if reference:
         print(config_reference())
         return
     try:
         cfg = load_config(config, overrides)
-        from agentrl.envs import import_env_modules
-        from agentrl.run_defaults import resolve_run_defaults
+        from agentrl.env.registry import import_env_modules
+        from agentrl.run import resolve_run_defaults
 
         import_env_modules(cfg.env.imports)
         cfg = resolve_run_defaults(cfg)
@@ -298,7 +298,7 @@ def plot(
     out: Annotated[Optional[str], typer.Option(help="Where the PNGs go (default: FIRST_RUN/plots).")] = None,
 ) -> None:
     """Plot learning curves of one or more runs: `agentrl plot runs/a runs/b`."""
-    from agentrl.plot import plot_runs
+    from agentrl.log.plot import plot_runs
 
     try:
         paths = plot_runs(runs, out or str(Path(runs[0]) / "plots"))
@@ -316,7 +316,7 @@ def show(
     plain: Annotated[bool, typer.Option(help="No colour: trained tokens wrapped in ⟦ ⟧.")] = False,
 ) -> None:
     """Print a saved episode with roles, rewards, verdicts and the loss mask visible."""
-    from agentrl.show import show_episode
+    from agentrl.log.show import show_episode
 
     try:
         show_episode(run, step, index, Console(no_color=plain, highlight=False), plain=plain)
@@ -329,7 +329,7 @@ def doctor() -> None:
     """What this machine has for agentrl: sandbox backend and isolation, torch/CUDA devices, Ray,
     vLLM, plotting/TensorBoard, installed extras, with the fix for each missing part. Exit code 1
     when a part a default run needs is missing."""
-    from agentrl.doctor import render, run_checks
+    from agentrl.sandbox.doctor import render, run_checks
 
     checks = run_checks()
     for line in render(checks):
@@ -346,7 +346,7 @@ def merge(
     """Merge a LoRA checkpoint's adapters into its base model (a plain model directory)."""
     import transformers
 
-    from agentrl.lora import merge_checkpoint
+    from agentrl.learner.lora import merge_checkpoint
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()

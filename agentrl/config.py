@@ -54,7 +54,7 @@ class ModelConfig(_Section):
     path: str | None = None
     """Local Hugging Face model directory. None: build the embedded tiny default (see `tiny`)."""
     vision: bool = False
-    """Embedded default (no `path`): build a tiny vision-language model (Qwen2-VL: the text sizes below, a vision tower of `model.vision_depth` blocks of width `model.vision_width`, a PIL image processor) in OUT/base_vlm instead of the text model, for envs whose observations carry images (docs/multimodal.md). Runs in-process or on Ray rollout workers, on the hf engine or vLLM; with images LoRA, PPO's value head, a reference worker and learner ranks are refused at start-up. When not set: true for an env whose observations carry images (its class sets `observes_images`: `visual_count`) and no `model.path`, else false (`agentrl.run_defaults`; `agentrl config` prints the resolved value)."""
+    """Embedded default (no `path`): build a tiny vision-language model (Qwen2-VL: the text sizes below, a vision tower of `model.vision_depth` blocks of width `model.vision_width`, a PIL image processor) in OUT/base_vlm instead of the text model, for envs whose observations carry images (docs/multimodal.md). Runs in-process or on Ray rollout workers, on the hf engine or vLLM; with images LoRA, PPO's value head, a reference worker and learner ranks are refused at start-up. When not set: true for an env whose observations carry images (its class sets `observes_images`: `visual_count`) and no `model.path`, else false (`agentrl.run`; `agentrl config` prints the resolved value)."""
     hidden_size: int = Field(default=128, ge=8)
     """Embedded default: hidden size of the tiny Qwen2 model."""
     num_layers: int = Field(default=4, ge=1)
@@ -66,7 +66,7 @@ class ModelConfig(_Section):
     vocab_size: int = Field(default=1024, ge=300)
     """Embedded default: byte-level BPE vocabulary size trained offline on the env's corpus."""
     init_std: float | None = Field(default=None, gt=0, le=1.0)
-    """Embedded default: standard deviation of the normal initialisation of its weight matrices and embeddings (transformers' `initializer_range`, in the text config and, with `model.vision`, the vision tower's). None: the architecture's 0.02. When not set: 0.1 for the embedded vision-language model (`agentrl.run_defaults.VISION_DEFAULTS`; at 0.02 it sits on `visual_count`'s answer prior, image-blind, for hundreds of warm-start steps: docs/multimodal.md), the architecture's 0.02 for the text model."""
+    """Embedded default: standard deviation of the normal initialisation of its weight matrices and embeddings (transformers' `initializer_range`, in the text config and, with `model.vision`, the vision tower's). None: the architecture's 0.02. When not set: 0.1 for the embedded vision-language model (`agentrl.run.VISION_DEFAULTS`; at 0.02 it sits on `visual_count`'s answer prior, image-blind, for hundreds of warm-start steps: docs/multimodal.md), the architecture's 0.02 for the text model."""
     vision_width: int = Field(default=32, ge=4)
     """Embedded default with `model.vision`: width (embedding size) of the vision tower's blocks; must be divisible by `model.vision_heads`."""
     vision_depth: int = Field(default=2, ge=1)
@@ -276,11 +276,11 @@ class TrainConfig(_Section):
     steps: int = Field(default=360, ge=0)
     """Training steps (each: rollout -> advantages -> updates)."""
     lr: float = Field(default=3e-4, gt=0)
-    """AdamW learning rate. When not set and the policy is the embedded vision-language model (`model.vision`, given or resolved): 3e-5 (`agentrl.run_defaults.VISION_DEFAULTS`; at 3e-4 and 1e-4 GRPO undid much of what the warm start had learnt to read on `visual_count`, docs/multimodal.md)."""
+    """AdamW learning rate. When not set and the policy is the embedded vision-language model (`model.vision`, given or resolved): 3e-5 (`agentrl.run.VISION_DEFAULTS`; at 3e-4 and 1e-4 GRPO undid much of what the warm start had learnt to read on `visual_count`, docs/multimodal.md)."""
     lr_warmup_steps: int = Field(default=0, ge=0)
     """Optimizer steps of linear learning-rate warm-up (from lr/(N+1) to lr)."""
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
-    """Learning rate after the warm-up: constant, or decaying (linearly, or on a half cosine) to `lr * lr_min_ratio` at the run's last optimizer step (`agentrl.schedules.lr_multiplier`)."""
+    """Learning rate after the warm-up: constant, or decaying (linearly, or on a half cosine) to `lr * lr_min_ratio` at the run's last optimizer step (`agentrl.learner.schedules.lr_multiplier`)."""
     lr_min_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
     """Final learning rate of the decaying schedules, as a fraction of `lr`."""
     weight_decay: float = 0.0
@@ -352,7 +352,7 @@ class SFTConfig(_Section):
     check_samples: int = Field(default=4, ge=1)
     """Samples per task of a pass-rate check (the k of `stop_pass_at_k`)."""
     lr: float = Field(default=2e-3, gt=0)
-    """Warm-start learning rate. When not set and the policy is the embedded vision-language model (`model.vision`, given or resolved): 5e-4 (`agentrl.run_defaults.VISION_DEFAULTS`; at 2e-3 it stayed image-blind on `visual_count`, docs/multimodal.md)."""
+    """Warm-start learning rate. When not set and the policy is the embedded vision-language model (`model.vision`, given or resolved): 5e-4 (`agentrl.run.VISION_DEFAULTS`; at 2e-3 it stayed image-blind on `visual_count`, docs/multimodal.md)."""
     batch_size: int = Field(default=32, ge=1)
     """Warm-start sequences per step."""
     mix_envs: dict[str, float] = Field(default_factory=dict)
@@ -399,7 +399,7 @@ class PlacementConfig(_Section):
     reference_gpus: float = Field(default=0.0, ge=0)
     """GPUs Ray reserves for the reference worker (> 0: it runs on CUDA)."""
     reference_dtype: Literal["float32", "bfloat16", "int8"] = "float32"
-    """Parameter dtype of the reference worker: `float32`, `bfloat16`, or `int8` (CPU only: torch's dynamic int8 quantization of every Linear layer, per-channel weights, `agentrl.placement.quantize_int8`; refused at start-up where torch lacks it). Its logprobs then differ from float32 ones by the rounding; `ref/logp_gap_*` measures it (figures: docs/scale_out.md)."""
+    """Parameter dtype of the reference worker: `float32`, `bfloat16`, or `int8` (CPU only: torch's dynamic int8 quantization of every Linear layer, per-channel weights, `agentrl.models.int8.quantize_int8`; refused at start-up where torch lacks it). Its logprobs then differ from float32 ones by the rounding; `ref/logp_gap_*` measures it (figures: docs/scale_out.md)."""
     teacher: Literal["inline", "worker"] = "inline"
     """distill: where the teacher (`algo.teacher_path`) runs. `inline`: a frozen copy in the driver process, on the learner's device, its logprobs computed in the step. `worker`: a Ray actor of its own (the reference worker's machinery: prefill only, no graph, dropout off, its own CPUs / GPUs and dtype), its logprobs started as soon as a batch is sampled and overlapping the rest of the step (`perf/teacher_*`). Same logprobs as inline in float32 (bit-equal on CPU, tested; stated tolerance 1e-6 nats). Other algorithms refuse `worker` at start-up."""
     teacher_cpus: float = Field(default=1.0, gt=0)
@@ -425,7 +425,7 @@ class PlacementConfig(_Section):
     @classmethod
     def _int8_where_available(cls, v: str, info: Any) -> str:
         if v == "int8":
-            from agentrl.placement import int8_unavailable
+            from agentrl.models.int8 import int8_unavailable
 
             why = int8_unavailable()
             if why is not None:

@@ -29,8 +29,8 @@ from typing import Any
 import torch
 
 from agentrl.config import Config
-from agentrl.jsonl import jsonl_rows
-from agentrl.trajectory import Trajectory
+from agentrl.infra.jsonl import jsonl_rows
+from agentrl.types import Trajectory
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -107,7 +107,7 @@ def conversation_examples(convs: list[list[dict[str, str]]], renderer: Any) -> l
 
 def _start(cfg: Config) -> tuple[Path, Any, Any, Any, int]:
     """OUT (checked, config written), model, tokenizer, renderer, pad id."""
-    from agentrl.checkpoints import check_out
+    from agentrl.learner.checkpoints import check_out
     from agentrl.rollout.chat import ChatRenderer
     from agentrl.run import load_policy
 
@@ -152,8 +152,8 @@ def dpo_from_file(cfg: Config, path: str | Path, say: Callable[[str], None] = pr
     """
     from agentrl.algos import OPTIONAL, dpo
     from agentrl.algos.dpo import load_preferences, preference_batch
-    from agentrl.learner import Learner
-    from agentrl.metrics_log import MetricsLog
+    from agentrl.learner.local import Learner
+    from agentrl.log.metrics import MetricsLog
 
     for key, off in OPTIONAL.items():  # none would act on a file's pairs: refused, not ignored
         if getattr(cfg.algo, key) != off:
@@ -203,7 +203,7 @@ def sft_from_file(cfg: Config, path: str | Path, say: Callable[[str], None] = pr
     Raises:
         FileNotFoundError / ValueError: from `load_conversations` (the line is named).
     """
-    from agentrl.metrics_log import MetricsLog
+    from agentrl.log.metrics import MetricsLog
     from agentrl.sft import sft_train
 
     convs = load_conversations(path)

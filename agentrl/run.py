@@ -2,7 +2,7 @@
 path or the embedded tiny model), the envs (`build_env`, with shared reward wrappers), the
 rollout engine (in process, Ray workers or vLLM) and the held-out envs. `agentrl.train`,
 `agentrl.sft` and `agentrl eval` build their pieces here; the Ray workers make their envs with
-the same `build_env` (`agentrl.envs`), so that every env of a run is made one way.
+the same `build_env` (`agentrl.env.base`), so that every env of a run is made one way.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from agentrl.config import Config, ConfigError
-from agentrl.envs import _env_accepts, build_env
+from agentrl.rollout.envs import _env_accepts, build_env
 
 __all__ = ["_env_accepts", "build_env", "default_model_dir", "heldout_envs", "load_policy", "make_engine",
            "quiet_libraries", "reward_wrappers", "rollout_compile_note", "seed_everything"]
@@ -46,17 +46,17 @@ def default_model_dir(cfg: Config, out: Path, reporter: Any = None) -> str:
     """Build the embedded tiny model in `OUT/base_model` (tokenizer trained on texts of the env:
     opening messages and reference answers of `TOKENIZER_TASKS` training tasks, and of
     `TOKENIZER_TASKS x share` tasks of each env of `sft.mix_envs`). Progress goes
-    to `reporter` (`agentrl.progress.Reporter`; None: silent): the task texts as a stage with
+    to `reporter` (`agentrl.log.progress.Reporter`; None: silent): the task texts as a stage with
     its ETA, then the tokenizer training and model build (one call) as start/end lines."""
-    from agentrl.envs import content_error, content_text
-    from agentrl.model import build_tiny_model
-    from agentrl.progress import Reporter
+    from agentrl.env.content import content_error, content_text
+    from agentrl.log.progress import Reporter
+    from agentrl.models.tiny import build_tiny_model
 
     reporter = reporter or Reporter(enabled=False)
     target = out / ("base_vlm" if cfg.model.vision else "base_model")
     if (target / "config.json").exists():
         return str(target)
-    from agentrl.envs import build_named_env
+    from agentrl.rollout.envs import build_named_env
 
     sources = [(cfg.env.name, build_env(cfg, "train"), TOKENIZER_TASKS)] + [  # the warm start's other envs too
         (name, build_named_env(cfg, name, "train"), max(1, round(TOKENIZER_TASKS * share)))
@@ -95,7 +95,7 @@ def default_model_dir(cfg: Config, out: Path, reporter: Any = None) -> str:
     with reporter.stage("model", None, unit=f"training the tokenizer on {len(texts)} texts and "
                         "building the model"):
         if m.vision:
-            from agentrl.vlm import build_tiny_vlm
+            from agentrl.models.vlm import build_tiny_vlm
 
             return build_tiny_vlm(str(target), texts, hidden_size=m.hidden_size, num_layers=m.num_layers,
                                   num_heads=m.num_heads, intermediate_size=m.intermediate_size,
@@ -114,15 +114,15 @@ def load_policy(cfg: Config, out: Path, checkpoint: Path | None,
     its progress to `reporter`).
 
     Returns:
-        `(model, tokenizer, directory loaded)`, the model in eval mode (`agentrl.model.load_model`).
+        `(model, tokenizer, directory loaded)`, the model in eval mode (`agentrl.models.tiny.load_model`).
 
     Raises:
         ValueError: a vision-language policy with settings it cannot run with yet
             (`check_vision_training`).
     """
-    from agentrl.lora import load_checkpoint
-    from agentrl.model import load_model
-    from agentrl.vlm import is_vlm_dir
+    from agentrl.learner.lora import load_checkpoint
+    from agentrl.models.tiny import load_model
+    from agentrl.models.vlm import is_vlm_dir
 
     if checkpoint is not None:
         if is_vlm_dir(checkpoint):
@@ -136,10 +136,10 @@ def load_policy(cfg: Config, out: Path, checkpoint: Path | None,
 
 
 def _load_vlm_policy(path: str | Path) -> tuple[Any, Any]:
-    """`(model, tokenizer)` of a vision-language directory (`agentrl.vlm.load_vlm`), the image
+    """`(model, tokenizer)` of a vision-language directory (`agentrl.models.vlm.load_vlm`), the image
     processor carried as `tokenizer.image_processor` (for the renderer, the engine and the
     checkpoints)."""
-    from agentrl.vlm import load_vlm
+    from agentrl.models.vlm import load_vlm
 
     model, tok, image_processor = load_vlm(path)
     tok.image_processor = image_processor
@@ -170,7 +170,7 @@ def check_vision_training(cfg: Config) -> None:
     Raises:
         ValueError: naming the key to change.
     """
-    from agentrl.vlm import is_vlm_dir
+    from agentrl.models.vlm import is_vlm_dir
 
     if not (cfg.model.vision or (cfg.model.path and is_vlm_dir(cfg.model.path))):
         return
@@ -195,7 +195,7 @@ def make_teacher_engine(cfg: Config, tok: Any) -> Any:
     Raises:
         FileNotFoundError: `teacher_path` is not a directory.
     """
-    from agentrl.model import load_model
+    from agentrl.models.tiny import load_model
     from agentrl.rollout.engines.hf import HFEngine
 
     model, _ = load_model(cfg.algo.teacher_path, dtype=getattr(torch, cfg.model.dtype))
@@ -215,7 +215,7 @@ def make_engine(cfg: Config, model: Any, tok: Any, out: Path) -> Any:
         engine a copy cast to it; the learner keeps float32 master weights, its compute
         precision is `train.precision`).
     """
-    from agentrl.lora import plain_copy
+    from agentrl.learner.lora import plain_copy
 
     image_processor = getattr(tok, "image_processor", None)  # a vision-language policy
     if cfg.rollout.num_workers > 0 or cfg.rollout.engine == "vllm":
@@ -273,3 +273,86 @@ def heldout_envs(cfg: Config, rewards: Any = None) -> list[Any]:
     from agentrl.eval.harness import heldout_width
 
     return [build_env(cfg, "heldout", rewards) for _ in range(heldout_width(cfg))]
+
+
+# -- defaults that depend on the env or on the policy ----------------------------------------------
+# Defaults that depend on the env or on the policy, resolved once per run.
+#
+# A few settings have a better default for some runs than the global one in `agentrl.config`:
+#
+# - an env whose observations carry images (its class sets `observes_images = True`, e.g.
+#   `visual_count`) gets `model.vision=true` when neither `model.path` nor `model.vision` is
+#   given: the embedded text model cannot read images (the agent loop refuses them), so the
+#   embedded default is then the tiny vision-language model;
+# - a vision-language policy (`model.vision`, given or resolved as above) gets `VISION_DEFAULTS`
+#   for the keys the user did not set: the initialisation std `model.init_std` 0.1 instead of
+#   the architecture's 0.02 (docs/multimodal.md: at 0.02 the tiny VLM sits on `visual_count`'s
+#   answer prior, image-blind, for hundreds of warm-start steps), the warm start's learning
+#   rate 5e-4 instead of 2e-3 (at 2e-3 it stayed image-blind), a warm start of exactly 300
+#   steps (no pass-rate stop: an image-blind model passes the stop checks on `visual_count`'s
+#   answer prior, so they ended the warm start before it read the board) and RL's learning rate
+#   `train.lr` 3e-5 instead of 3e-4 (at 3e-4 and 1e-4 GRPO lost much of what the warm start had
+#   learnt to read; docs/multimodal.md, "The default CLI job");
+# - the algorithm's own `DEFAULTS` (`agentrl.algos.resolve_config`, e.g. GSPO's clips).
+#
+# A key counts as set when it is in its section's pydantic `model_fields_set` (given in a YAML
+# file, an override or a keyword; a resumed run's saved config sets every key, so a resumed run
+# keeps its settings). The text main job (`agentrl train` with nothing else) is unchanged.
+# `agentrl config` prints the resolved values.
+
+VISION_DEFAULTS: dict[str, dict[str, Any]] = {
+    "model": {"init_std": 0.1},
+    "sft": {"lr": 5e-4, "steps": 300, "stop_pass_rate": None, "stop_pass_at_k": None},
+    "train": {"lr": 3e-5},
+}
+"""Section -> key -> value: defaults for a vision-language policy (keys the user did not set)."""
+
+
+def env_observes_images(name: str) -> bool:
+    """Does env `name`'s class declare `observes_images = True` (its observations carry image
+    parts)? The class is looked up, not built.
+
+    Raises:
+        ValueError: an unknown env (`agentrl.env.registry.resolve_env_id`).
+    """
+    import gymnasium as gym
+    from gymnasium.envs.registration import load_env_creator
+
+    from agentrl.env.registry import resolve_env_id
+
+    ep = gym.spec(resolve_env_id(name)).entry_point
+    cls = load_env_creator(ep) if isinstance(ep, str) else ep
+    return bool(getattr(cls, "observes_images", False))
+
+
+def _fill(section: Any, values: dict[str, Any]) -> Any:
+    """`section` with `values` for the keys not in its `model_fields_set` (a copy, or itself)."""
+    update = {k: v for k, v in values.items() if k not in section.model_fields_set}
+    if not update:
+        return section
+    return section.model_copy(update=update)  # pydantic adds the filled keys to model_fields_set
+
+
+def resolve_run_defaults(cfg: Config) -> Config:
+    """`cfg` with the env-, policy- and algorithm-dependent defaults filled into the keys the
+    user did not set (see the module docstring), in that order: `model.vision` for an env that
+    observes images (no `model.path`), then `VISION_DEFAULTS` when `model.vision` is true, then
+    the algorithm's `DEFAULTS`.
+
+    A `model.path` holding a vision-language directory gets no `VISION_DEFAULTS` (a given model
+    is not the embedded one the figures were measured on).
+
+    Raises:
+        ValueError: an unknown env or algorithm.
+    """
+    from agentrl.algos import get_algorithm, resolve_config
+
+    model = cfg.model
+    if model.path is None and "vision" not in model.model_fields_set and env_observes_images(cfg.env.name):
+        model = _fill(model, {"vision": True})
+    update: dict[str, Any] = {"model": model}
+    if model.vision and model.path is None:
+        for section, values in VISION_DEFAULTS.items():
+            update[section] = _fill(update.get(section, getattr(cfg, section)), values)
+    update["algo"] = resolve_config(get_algorithm(cfg.algo.name), cfg.algo)
+    return cfg.model_copy(update=update)

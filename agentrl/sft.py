@@ -20,14 +20,14 @@ import numpy as np
 import torch
 
 from agentrl.config import Config
-from agentrl.episodes import EVAL_SEED, episode_success, extrinsic_return
-from agentrl.learner import NonFiniteLossError, token_logprobs
+from agentrl.eval.episodes import EVAL_SEED, episode_success, extrinsic_return
+from agentrl.learner.local import NonFiniteLossError, token_logprobs
 from agentrl.rollout.agent_loop import check_images_allowed
 from agentrl.rollout.chat import ChatRenderer
 from agentrl.rollout.collect import collect
 from agentrl.rollout.engines.base import SamplingParams
 from agentrl.run import build_env
-from agentrl.trajectory import Trajectory, collate
+from agentrl.types import Trajectory, collate
 
 
 def sft_examples(env: Any, renderer: ChatRenderer, n: int, *, seed: int) -> list[Trajectory]:
@@ -79,7 +79,7 @@ def warm_start_examples(cfg: Config, renderer: ChatRenderer, n: int, *,
     Raises:
         ValueError: an env offers no reference answers (`sft_examples`).
     """
-    from agentrl.envs import build_named_env
+    from agentrl.rollout.envs import build_named_env
 
     out = sft_examples(build_env(cfg, "train"), renderer, n, seed=seed)
     counts = {cfg.env.name: len(out)}
@@ -177,7 +177,7 @@ def warm_start(cfg: Config, model: Any, tok: Any, renderer: ChatRenderer, pad_id
     `sft.check_tasks` tasks x k samples).
     Trains `model` in place, writes OUT/sft_metrics.jsonl (line-buffered: each row is on disk
     when written) and saves OUT/sft_model. Progress (steps, ETA, loss) goes to `reporter`
-    (`agentrl.progress.Reporter`; None: silent).
+    (`agentrl.log.progress.Reporter`; None: silent).
 
     Returns:
         `sft_loss_first`, `sft_loss_last` (nats per answer token), `sft_steps`, `sft_seconds`,
@@ -187,8 +187,8 @@ def warm_start(cfg: Config, model: Any, tok: Any, renderer: ChatRenderer, pad_id
     Raises:
         ValueError: the env offers no reference answers (`sft_examples`).
     """
-    from agentrl.lora import plain_copy
-    from agentrl.progress import Reporter
+    from agentrl.learner.lora import plain_copy
+    from agentrl.log.progress import Reporter
     from agentrl.rollout.engines.hf import HFEngine
 
     reporter = reporter or Reporter(enabled=False)

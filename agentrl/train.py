@@ -8,7 +8,7 @@ stage a function:
     evaluate -> summary
 
 Everything runs in this process when `rollout.num_workers=0` and `train.learner_workers=0` (a
-breakpoint works anywhere); the learner is `agentrl.learner_group.make_learner`'s.
+breakpoint works anywhere); the learner is `agentrl.learner.group.make_learner`'s.
 The pieces of a run are built by `agentrl.run`; the warm start is `agentrl.sft.warm_start`.
 """
 
@@ -28,9 +28,9 @@ import numpy as np
 import torch
 
 from agentrl.config import Config, ConfigError
-from agentrl.envs import import_env_modules, resolve_env_id
-from agentrl.episodes import episode_success, reward_component_means
-from agentrl.metrics_log import MetricsLog
+from agentrl.env.registry import import_env_modules, resolve_env_id
+from agentrl.eval.episodes import episode_success, reward_component_means
+from agentrl.log.metrics import MetricsLog
 from agentrl.rollout.chat import ChatRenderer
 from agentrl.rollout.collect import check_batch_hooks, collect
 from agentrl.rollout.engines.base import SamplingParams
@@ -45,7 +45,7 @@ from agentrl.run import (
     rollout_compile_note,
     seed_everything,
 )
-from agentrl.trajectory import Trajectory, collate
+from agentrl.types import Trajectory, collate
 
 __all__ = ["DYNAMIC_SAMPLING_MAX_ROUNDS", "build_batch", "collect", "dynamic_sampling", "format_eval", "train"]
 
@@ -156,7 +156,7 @@ class Loop:
     rewards: Any = None  # the driver's `RewardWrappers` (None without env.wrappers)
     source_start: int = 0  # the first step of the current batch source (`make_source`)
     reporter: Any = None
-    """Where stage progress goes (`agentrl.progress.Reporter`)."""
+    """Where stage progress goes (`agentrl.log.progress.Reporter`)."""
     teacher_engine: Any = None
     """distill's teacher sampler (`algo.distill_teacher_fraction > 0`): an in-process engine
     behind `LockedEngine` with the frozen teacher's weights (`agentrl.run.make_teacher_engine`)."""
@@ -165,13 +165,13 @@ class Loop:
 
 
 def lr_schedule(cfg: Config) -> Callable[[int], float]:
-    """The run's learning-rate factor per optimizer step (`agentrl.schedules.lr_multiplier`):
+    """The run's learning-rate factor per optimizer step (`agentrl.learner.schedules.lr_multiplier`):
     `train.lr_warmup_steps` of warm-up, then `train.lr_schedule` decaying to
     `train.lr_min_ratio` at the run's last optimizer step (`train.steps` x
     `algo.update_epochs` x `algo.minibatches`)."""
     from functools import partial
 
-    from agentrl.schedules import lr_multiplier
+    from agentrl.learner.schedules import lr_multiplier
 
     total = cfg.train.steps * cfg.algo.update_epochs * cfg.algo.minibatches
     return partial(lr_multiplier, warmup=cfg.train.lr_warmup_steps, total=total,
@@ -182,7 +182,7 @@ def set_up(cfg: Config) -> tuple[Config, Any, Path]:
     """Threads, seeds and the algorithm of the run; writes OUT/config.json.
 
     Returns:
-        `(cfg with the run's resolved defaults (`agentrl.run_defaults`: the env's, the
+        `(cfg with the run's resolved defaults (`agentrl.run`: the env's, the
         policy's and the algorithm's), algorithm module, OUT)`.
 
     Raises:
@@ -192,8 +192,8 @@ def set_up(cfg: Config) -> tuple[Config, Any, Path]:
         OutError: a new run's `out` is not empty (without `overwrite`), a file, or not writable.
     """
     from agentrl.algos import check_options, get_algorithm
-    from agentrl.learner import resolve_device
-    from agentrl.run_defaults import resolve_run_defaults
+    from agentrl.learner.local import resolve_device
+    from agentrl.run import resolve_run_defaults
 
     resolve_device(cfg.train.device)  # fail early: train.device=cuda without a CUDA device
     quiet_libraries()
@@ -228,7 +228,7 @@ def set_up(cfg: Config) -> tuple[Config, Any, Path]:
         cfg = cfg.model_copy(update={"out": str(out), "overwrite": False})
         check_resume_keeps_the_run(cfg, out)
     if not cfg.resume:
-        from agentrl.checkpoints import check_out
+        from agentrl.learner.checkpoints import check_out
 
         try:
             check_out(out, overwrite=cfg.overwrite)
@@ -255,9 +255,9 @@ def preflight(cfg: Config) -> None:
     """
     import importlib.util
 
-    from agentrl.envs import build_env
+    from agentrl.models.vlm import is_vlm_dir
+    from agentrl.rollout.envs import build_env
     from agentrl.run import check_vision_training
-    from agentrl.vlm import is_vlm_dir
 
     path = cfg.model.path
     if path and not Path(path).is_dir():
@@ -278,7 +278,7 @@ def preflight(cfg: Config) -> None:
     except ValueError as e:
         raise ConfigError(f"config error: {e}") from None
     if cfg.log.wandb:
-        from agentrl.metrics_log import check_wandb_login
+        from agentrl.log.metrics import check_wandb_login
 
         check_wandb_login()
     env = build_env(cfg, "train")  # ConfigError for keywords the env or a wrapper refuses
@@ -297,8 +297,8 @@ def check_policy_sees_images(cfg: Config, env: Any) -> None:
     Raises:
         ConfigError: naming the env and the key to set (`model.vision=true`, or `model.path`).
     """
-    from agentrl.envs import message_images
-    from agentrl.vlm import is_vlm_dir
+    from agentrl.env.content import message_images
+    from agentrl.models.vlm import is_vlm_dir
 
     path = cfg.model.path
     if cfg.model.vision or (path and is_vlm_dir(path)):  # a resumed run's too: its config says
@@ -341,7 +341,7 @@ def check_resume_keeps_the_run(cfg: Config, out: Path) -> None:
             raise ResumeError(f"--resume {out}: the run was trained with {key}={was}, not {want}; "
                               "a resumed run keeps its env and algorithm (start a new run with "
                               "--out for another one)")
-    from agentrl.learner import latest_checkpoint
+    from agentrl.learner.local import latest_checkpoint
 
     ck = latest_checkpoint(out)
     done = json.loads((ck / "agentrl_state.json").read_text())["step"] if ck is not None else 0
@@ -436,7 +436,7 @@ def resume_checkpoint(cfg: Config, out: Path, say: Callable[[str], None]) -> Pat
     Raises:
         ResumeError: `cfg.resume` is set and OUT has no intact checkpoint.
     """
-    from agentrl.learner import latest_checkpoint
+    from agentrl.learner.local import latest_checkpoint
 
     if not cfg.resume:
         return None
@@ -457,19 +457,19 @@ def build_loop(cfg: Config, algo: Any, out: Path, model: Any, tok: Any, renderer
     """The engine (current weights), the learner (loaded from `ck` on resume), the env sets
     with their shared reward wrappers, the held-out envs and the metrics log; stage progress
     goes to `reporter` (None: silent)."""
-    from agentrl.learner_group import make_learner
-    from agentrl.lora import merged_state_dict
+    from agentrl.learner.group import make_learner
+    from agentrl.learner.lora import merged_state_dict
 
     engine = make_engine(cfg, model, tok, out)
     learner = make_learner(cfg, algo, model, lr_schedule(cfg))
     from agentrl.algos import needs_reference
 
     if cfg.placement.reference == "worker" and needs_reference(algo, cfg.algo):
-        from agentrl.placement import make_reference
+        from agentrl.learner.frozen import make_reference
 
         learner.reference = make_reference(cfg, model, tok, out, ck)
     if cfg.placement.teacher == "worker" and cfg.algo.name == "distill":
-        from agentrl.placement import make_teacher
+        from agentrl.learner.frozen import make_teacher
 
         learner.teacher = make_teacher(cfg)
     for note in (learner.compile_note(), rollout_compile_note(cfg, engine)):
@@ -490,7 +490,7 @@ def build_loop(cfg: Config, algo: Any, out: Path, model: Any, tok: Any, renderer
     envs = [new_env("train") for _ in range(n_eps)]
     check_batch_hooks(engine, envs[0])  # e.g. self_propose with Ray rollout workers: refused now
     if ck is not None and "env_state" in extra:  # e.g. self_propose's task buffer
-        from agentrl.envs import load_env_state
+        from agentrl.env.base import load_env_state
 
         load_env_state(envs[0], extra["env_state"])
     eval_envs = heldout_envs(cfg, rewards)
@@ -513,7 +513,7 @@ def build_loop(cfg: Config, algo: Any, out: Path, model: Any, tok: Any, renderer
     if cfg.rollout.mode == "async" and not hasattr(engine, "run"):
         env_sets.fill(cfg.rollout.batches_in_flight)  # built now, in a fixed order
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else renderer.end_of_turn_id
-    from agentrl.progress import Reporter
+    from agentrl.log.progress import Reporter
 
     lp = Loop(cfg, out, say, algo, model, tok, renderer, pad_id, learner, engine, lock, env_sets,
               eval_envs, pool, params, log, new_env, start_step, version, rewards,
@@ -551,7 +551,7 @@ def restore_reward_state(lp: Loop, ck: Path) -> None:
     Raises:
         ValueError: the file is unreadable, or a part does not fit its wrapper (names `ck`).
     """
-    from agentrl.checkpoints import REWARD_STATE, unpack_state
+    from agentrl.learner.checkpoints import REWARD_STATE, unpack_state
 
     f = ck / REWARD_STATE
     if not f.exists():
@@ -589,7 +589,7 @@ def restore_inline_reference(cfg: Config, learner: Any, ck: Path, out: Path) -> 
     if not (out / "reference_model" / "config.json").exists():
         raise ResumeError(f"--resume {out}: {ck} has no reference weights (ref_model.pt) and "
                           f"{out / 'reference_model'} does not exist")
-    from agentrl.model import load_model
+    from agentrl.models.tiny import load_model
 
     ref.load_state_dict(load_model(out / "reference_model")[0].state_dict())
 
@@ -677,7 +677,7 @@ def run_batch(lp: Loop, step: int) -> list[Trajectory]:
 
 
 def frozen_workers(learner: Any) -> list[Any]:
-    """The learner's frozen-model workers (`agentrl.placement.RemoteFrozenModel`): the
+    """The learner's frozen-model workers (`agentrl.learner.frozen.RemoteFrozenModel`): the
     reference's (`placement.reference=worker`) and the teacher's (`placement.teacher=worker`),
     those that are set."""
     return [w for w in (getattr(learner, "reference", None), getattr(learner, "teacher", None))
@@ -692,7 +692,7 @@ def prefetch_reference(lp: Loop, trajs: list[Trajectory]) -> None:
     in async mode this runs on the actor thread, so the logprobs of batch s+1 overlap the
     learner's update of batch s. The loop's `learner.logprobs(batch, ref=True)` (and distill's
     `prepare`) takes the result when its batch has the same rows
-    (`agentrl.placement.batch_key`); when dynamic sampling or the staleness filter changed the
+    (`agentrl.learner.frozen.batch_key`); when dynamic sampling or the staleness filter changed the
     rows, it is computed then."""
     workers = frozen_workers(lp.learner)
     if workers and trajs and not lp.cfg.algo.dynamic_sampling:
@@ -875,7 +875,7 @@ def update(lp: Loop, trajs: list[Trajectory], step: int, m: dict[str, float]) ->
     # what the advantages were computed from (the kept groups' valid returns, under dynamic
     # sampling): their own names, never over the raw rollout statistics above
     m.update({f"adv/{k}": float(v) for k, v in gstats.items()})
-    from agentrl.learner import NonFiniteGradientError
+    from agentrl.learner.local import NonFiniteGradientError
 
     t_upd = time.perf_counter()
     try:
@@ -965,11 +965,11 @@ def log_step(lp: Loop, step: int, m: dict[str, float], trajs: list[Trajectory]) 
 
 def checkpoint(lp: Loop, step: int) -> Path:
     """Save the learner, the reward wrappers' state (`reward_state`, as `REWARD_STATE`) and the
-    train envs' `agentrl.envs.env_state` (as `env_state` in `agentrl_state.json`, when they have
+    train envs' `agentrl.env.base.env_state` (as `env_state` in `agentrl_state.json`, when they have
     one) after `step` steps to OUT/checkpoints/step_<step>, then delete all but the newest
     `train.keep_checkpoints`."""
-    from agentrl.checkpoints import REWARD_STATE, pack_state, prune
-    from agentrl.envs import env_state
+    from agentrl.env.base import env_state
+    from agentrl.learner.checkpoints import REWARD_STATE, pack_state, prune
 
     path = lp.out / "checkpoints" / f"step_{step}"
     extra: dict[str, Any] = {"step": step, "policy_version": lp.version}
@@ -998,7 +998,7 @@ def report(lp: Loop, before: dict[str, float], after: dict[str, float], final: P
     evaluations' `reward_mean` is left out of the summary when it equals their pass@1
     (`heldout_reward_is_pass@1`; OUT/eval/*/summary.json keep every metric); `stage_seconds`
     holds `sft` (the warm start's `sft_seconds`) and `stage_seconds(OUT/metrics.jsonl)`."""
-    from agentrl.summary import (
+    from agentrl.log.summary import (
         cost_profile,
         format_profile,
         reward_repeats_pass1,
@@ -1040,8 +1040,8 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
     Raises:
         ValueError: a configuration that cannot run (e.g. unknown env), before any work.
     """
-    from agentrl.lora import wrap_lora
-    from agentrl.progress import Reporter
+    from agentrl.learner.lora import wrap_lora
+    from agentrl.log.progress import Reporter
     from agentrl.sft import warm_start
 
     reporter = Reporter(console, enabled=not cfg.quiet)
@@ -1093,7 +1093,7 @@ def _evaluate_train_evaluate(lp: Loop, ck: Path | None, sft_info: dict[str, Any]
                              timings: dict[str, float], console: Any) -> dict[str, Any]:
     """The rest of `train`: evaluate, the RL loop, the final checkpoint, evaluation and the
     summary."""
-    from agentrl.learner import latest_checkpoint
+    from agentrl.learner.local import latest_checkpoint
 
     cfg, out = lp.cfg, lp.out
     before = evaluate_before(lp, resumed=ck is not None)

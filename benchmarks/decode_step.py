@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--compile", action="store_true", help="also time HFEngine(compile=True)")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
-    from agentrl.model import load_model
+    from agentrl.models.tiny import load_model
     from agentrl.rollout.engines.hf import HFEngine
 
     if a.model is None:

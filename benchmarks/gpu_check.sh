@@ -20,7 +20,7 @@ $PY - "$OUT" <<'PY'
 import sys
 from pathlib import Path
 from agentrl.config import load_config
-from agentrl.model import build_tiny_model
+from agentrl.models.tiny import build_tiny_model
 from agentrl.run import default_model_dir
 out = Path(sys.argv[1]) / "model05b"
 if not (out / "config.json").exists():  # the embedded model's tokenizer, a ~0.5B Qwen2 shape

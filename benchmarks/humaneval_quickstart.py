@@ -34,7 +34,7 @@ def main() -> None:
     import torch
 
     from agentrl.config import load_config
-    from agentrl.model import load_model
+    from agentrl.models.tiny import load_model
     from agentrl.rollout.chat import ChatRenderer
     from agentrl.run import build_env, default_model_dir, quiet_libraries
     from agentrl.sft import sft_examples, sft_train

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from agentrl.envs import TextEnv
+from agentrl.env.base import TextEnv
 
 
 class LatencyEnv(TextEnv):

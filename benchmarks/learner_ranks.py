@@ -97,7 +97,7 @@ def in_process_arm(name: str, rows: int, tokens: int, repeats: int) -> dict:
 
 
 def _in_process(name: str, rows: int, tokens: int, repeats: int) -> dict:
-    from agentrl.learner import Learner
+    from agentrl.learner.local import Learner
 
     torch.set_num_threads(1)
     base = rss_mb()
@@ -112,7 +112,7 @@ def _in_process(name: str, rows: int, tokens: int, repeats: int) -> dict:
 def group_arm(name: str, workers: int, rows: int, tokens: int, repeats: int) -> dict:
     import ray
 
-    from agentrl.learner_group import LearnerGroup
+    from agentrl.learner.group import LearnerGroup
 
     model = make_model(CONFIGS[name])
     batch = make_batch(CONFIGS[name]["vocab_size"], rows, tokens)
@@ -127,8 +127,8 @@ def group_arm(name: str, workers: int, rows: int, tokens: int, repeats: int) -> 
 
 
 def sync_arms(name: str, repeats: int) -> dict:
-    from agentrl.learner import Learner
-    from agentrl.learner_group import LearnerGroup
+    from agentrl.learner.group import LearnerGroup
+    from agentrl.learner.local import Learner
     from agentrl.rollout.engines.hf import HFEngine
 
     model = make_model(CONFIGS[name])
@@ -164,7 +164,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     ap.add_argument("--json", default="benchmarks/results/learner_ranks.json")
     args = ap.parse_args()
-    from agentrl.cluster import ensure_ray
+    from agentrl.infra.cluster import ensure_ray
 
     ensure_ray(None, num_cpus=2)
     update_models = ["embedded (0.9M)"] if args.quick else ["embedded (0.9M)", "qwen2-20M"]

@@ -41,7 +41,7 @@ def make_batch(model, tok, prompts: int, gens: int, max_tokens: int, seed: int):
     from vs_trl_env import frac_a, prompt_text
 
     from agentrl.train import build_batch
-    from agentrl.trajectory import Trajectory
+    from agentrl.types import Trajectory
 
     eos, pad = tok.eos_token_id, tok.pad_token_id
     trajs = []
@@ -83,8 +83,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     from agentrl.algos import get_algorithm
     from agentrl.config import AlgoConfig
-    from agentrl.learner import Learner
-    from agentrl.model import load_model
+    from agentrl.learner.local import Learner
+    from agentrl.models.tiny import load_model
 
     with tempfile.TemporaryDirectory(prefix="learner_update_") as d:
         build_tiny_qwen(d)
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
           f"prompt {int(batch['loss_mask'][0].nonzero()[0])} tokens; fused AdamW: {learner.fused}; "
           f"torch threads {torch.get_num_threads()}")
 
-    import agentrl.prefix_share as ps
+    import agentrl.learner.prefix_share as ps
 
     arms = a.arms.split(",")
     unknown = set(arms) - set(ARMS)

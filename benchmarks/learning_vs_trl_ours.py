@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> dict:
     from learning_vs_trl_common import Clock, result_line, run_config, save_checkpoint, warm_sandbox
     from transformers import AutoTokenizer
 
-    import agentrl.learner as learner_mod
+    import agentrl.learner.local as learner_mod
     import agentrl.train as train_mod
 
     warm, out = Path(a.warm), Path(a.out)

@@ -92,7 +92,7 @@ def run_arm(arm: str, out: Path, clf: str, args: argparse.Namespace) -> dict:
     keys = sorted({k for r in steps[1:] for k in r if k.startswith("perf/") and k.endswith("_s")
                    and k != "perf/loop_s"})
     stages = {k[len("perf/"):-2]: sum(r.get(k, 0.0) for r in steps[1:]) for k in keys}
-    from agentrl.summary import cost_profile
+    from agentrl.log.summary import cost_profile
 
     return {"arm": arm, "step_s": steady, "stages": stages,
             "profile": [(label, round(s, 3), round(share, 3)) for label, s, share in cost_profile(stages)],

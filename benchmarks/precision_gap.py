@@ -15,7 +15,7 @@ Qwen2 of 19.3M parameters (key `qwen2-21M`) built by the same builder from a con
    (`model.dtype=bfloat16`, `agentrl.run.make_engine`).
 3. Sampler gap: |sampler logprob - the float32 learner's teacher-forced logprob| over the agent
    tokens (mean, p99, max): what `loss/logp_mismatch` and `loss/logp_mismatch_max` log.
-4. Reference gap: the reference worker's own code (`agentrl.placement.ReferenceActor`, here in
+4. Reference gap: the reference worker's own code (`agentrl.learner.frozen.FrozenModelActor`, here in
    process) in float32, bfloat16 and int8 on the float32 engine's trajectories:
    |logp_x - logp_fp32| over the agent tokens (mean, p99, max; what `ref/logp_gap_*` logs on a
    sample), and the seconds of one reference pass over the batch (1 thread, after a warm-up
@@ -107,11 +107,11 @@ def sample(policy_dir: str, dtype: str, out: Path, args: argparse.Namespace, tas
     from concurrent.futures import ThreadPoolExecutor
 
     from agentrl.config import load_config
-    from agentrl.envs import build_env
-    from agentrl.model import load_model
+    from agentrl.models.tiny import load_model
     from agentrl.rollout.chat import ChatRenderer
     from agentrl.rollout.collect import collect
     from agentrl.rollout.engines.base import SamplingParams
+    from agentrl.rollout.envs import build_env
     from agentrl.run import make_engine
 
     c = load_config(None, [f"model.path={policy_dir}", f"model.dtype={dtype}", "env.name=code_sandbox",
@@ -143,8 +143,8 @@ def kl_and_loss(policy_dir: str, batch: dict, refs: dict[str, torch.Tensor], kl_
     from agentrl.algos.common import sequence_kl
     from agentrl.algos.losses import kl
     from agentrl.config import AlgoConfig
-    from agentrl.learner import _slice, disable_dropout, token_logprobs
-    from agentrl.model import load_model
+    from agentrl.learner.local import _slice, disable_dropout, token_logprobs
+    from agentrl.models.tiny import load_model
 
     grpo = get_algorithm("grpo")
     cfg = resolve_config(grpo, AlgoConfig(name="grpo", kl_coef=kl_coef))
@@ -191,9 +191,9 @@ def kl_and_loss(policy_dir: str, batch: dict, refs: dict[str, torch.Tensor], kl_
 
 def measure(name: str, out: Path, args: argparse.Namespace) -> dict:
     """All figures of model `name` (its run in OUT)."""
-    from agentrl.learner import Learner, latest_checkpoint
-    from agentrl.model import load_model
-    from agentrl.placement import ReferenceActor
+    from agentrl.learner.frozen import FrozenModelActor as ReferenceActor
+    from agentrl.learner.local import Learner, latest_checkpoint
+    from agentrl.models.tiny import load_model
     from agentrl.train import build_batch
 
     torch.set_num_threads(1)

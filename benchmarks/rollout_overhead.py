@@ -29,7 +29,7 @@ from typing import Any
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from agentrl.envs import TextEnv  # noqa: E402
+from agentrl.env.base import TextEnv  # noqa: E402
 from agentrl.rollout.agent_loop import EpisodeSpec, run_episodes  # noqa: E402
 from agentrl.rollout.chat import ChatRenderer  # noqa: E402
 from agentrl.rollout.engines.base import SamplingParams  # noqa: E402
@@ -102,7 +102,7 @@ def main() -> None:
 
     import torch
 
-    from agentrl.model import build_tiny_model, load_model
+    from agentrl.models.tiny import build_tiny_model, load_model
 
     torch.set_num_threads(args.threads)
     tmp = tempfile.mkdtemp(prefix="rollout_bench_")

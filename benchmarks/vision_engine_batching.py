@@ -52,8 +52,8 @@ def _since(t0: tuple[float, float]) -> tuple[float, float]:
 
 def build(tmp: str, n_prompts: int, init_std: float):
     """(model, renderer, prompts, images) on the embedded VLM at the default sizes."""
+    from agentrl.models.vlm import build_tiny_vlm, load_vlm
     from agentrl.rollout.chat import VisionChatRenderer
-    from agentrl.vlm import build_tiny_vlm, load_vlm
     from agentrl_envs.visual_count import FEEDBACK, VisualCountEnv, make_task
 
     texts = [make_task(k).question for k in range(200)] + [FEEDBACK, "1,2", "3", "2,3"] * 20
@@ -86,7 +86,7 @@ def main() -> None:
     import torch
     import transformers
 
-    from agentrl.learner import token_logprobs
+    from agentrl.learner.local import token_logprobs
     from agentrl.models.vision_logprobs import vision_logprobs
     from agentrl.rollout.engines.base import SamplingParams
     from agentrl.rollout.engines.hf_vision import VisionHFEngine

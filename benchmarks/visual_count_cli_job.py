@@ -49,7 +49,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from agentrl.vlm import load_vlm
+    from agentrl.models.vlm import load_vlm
     from agentrl_envs.visual_count import QUESTIONS
 
     questions = a.questions.split(",") if a.questions else list(QUESTIONS)

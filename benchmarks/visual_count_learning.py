@@ -1,7 +1,7 @@
 """Does the embedded tiny vision-language model learn to *read* the `visual_count` boards?
 
 A supervised warm start (SFT on reference answers of training tasks) of the embedded tiny VLM
-(`agentrl.vlm.build_tiny_vlm`), optionally followed by GRPO (`agentrl train` as a subprocess,
+(`agentrl.models.vlm.build_tiny_vlm`), optionally followed by GRPO (`agentrl train` as a subprocess,
 starting from the SFT model), each evaluated on held-out tasks three ways:
 
 - `real`: the task's own board;
@@ -55,8 +55,8 @@ def _env(split: str, questions: list[str], eval_size: int = 64) -> Any:
 def build_model(out: Path, questions: list[str], a: argparse.Namespace) -> str:
     """The embedded VLM, its tokenizer trained on 2000 training tasks' texts (as
     `agentrl.run.default_model_dir`)."""
-    from agentrl.envs import content_text
-    from agentrl.vlm import build_tiny_vlm
+    from agentrl.env.content import content_text
+    from agentrl.models.vlm import build_tiny_vlm
 
     env = _env("train", questions)
     texts = []
@@ -120,7 +120,7 @@ def evaluate(model: Any, tok: Any, cases: list[dict[str, Any]],
     from agentrl.rollout.chat import VisionChatRenderer
     from agentrl.rollout.engines.base import SamplingParams
     from agentrl.rollout.engines.hf_vision import VisionHFEngine
-    from agentrl.trajectory import Trajectory
+    from agentrl.types import Trajectory
     from agentrl_envs.visual_count import parse_answer
 
     model.eval()
@@ -180,13 +180,13 @@ def paired_change(before: str, after: str) -> dict[str, Any]:
 
 def check_batched(model: Any, tok: Any, questions: list[str]) -> float:
     """Largest gap between `answer_nll` and the library's per-row loss
-    (`agentrl.learner.token_logprobs` with `vision=`) on 8 training examples."""
+    (`agentrl.learner.local.token_logprobs` with `vision=`) on 8 training examples."""
     import torch
 
-    from agentrl.learner import token_logprobs
+    from agentrl.learner.local import token_logprobs
     from agentrl.rollout.chat import VisionChatRenderer
     from agentrl.sft import sft_examples
-    from agentrl.trajectory import collate
+    from agentrl.types import collate
 
     renderer = VisionChatRenderer(tok, tok.image_processor)
     exs = sft_examples(_env("train", questions), renderer, 8, seed=123)
@@ -341,7 +341,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     torch.manual_seed(a.seed)
-    from agentrl.vlm import load_vlm
+    from agentrl.models.vlm import load_vlm
 
     questions = ["count", "where"] if a.question == "both" else [a.question]
     t0 = time.perf_counter()

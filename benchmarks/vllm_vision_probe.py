@@ -30,8 +30,8 @@ TEXTS = ["How many red squares are in the image?", "Which cell holds the circle?
 
 def build(path: str) -> dict:
     """The VLM (text head 64) and two visual_count openings: ids (widened), images, pixels."""
+    from agentrl.models.vlm import build_tiny_vlm, load_vlm
     from agentrl.rollout.chat import VisionChatRenderer
-    from agentrl.vlm import build_tiny_vlm, load_vlm
     from agentrl_envs.visual_count import VisualCountEnv
 
     d = build_tiny_vlm(path, TEXTS, hidden_size=128, num_layers=2, num_heads=2, intermediate_size=256,
@@ -76,7 +76,7 @@ def probe(kind: str, spec_path: str) -> dict:
     from transformers import AutoModelForImageTextToText
 
     from agentrl.models.vision_logprobs import vision_logprobs
-    from agentrl.vlm import encode_images, load_vlm
+    from agentrl.models.vlm import encode_images, load_vlm
 
     model = AutoModelForImageTextToText.from_pretrained(spec["dir"], dtype=torch.float32).eval()
     _, _, ip = load_vlm(spec["dir"])
@@ -89,7 +89,7 @@ def probe(kind: str, spec_path: str) -> dict:
         px = encode_images(ip, images)
         vision = {"image_grid_thw": px["image_grid_thw"], "images": images}
         if kind == "widened":
-            from agentrl.vlm import to_pil
+            from agentrl.models.vlm import to_pil
 
             req = {"prompt_token_ids": case["ids"], "multi_modal_data": {"image": [to_pil(im) for im in images]}}
             o = llm.generate([req], SamplingParams(max_tokens=1, detokenize=False), use_tqdm=False)[0]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrl.envs import TextEnv
+from agentrl.env.base import TextEnv
 
 TOPICS = ["apple", "banana", "code", "python", "list", "string", "number", "cat",
           "data", "file", "word", "sum"]

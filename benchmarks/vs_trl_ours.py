@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> dict:
     bt.pin_threads(1)
     import vs_trl_patches as proposed
 
-    import agentrl.learner as learner_mod
-    import agentrl.metrics_log as metrics_log
+    import agentrl.learner.local as learner_mod
+    import agentrl.log.metrics as metrics_log
     import agentrl.train as train_mod
     from agentrl.config import load_config
     from agentrl.models import static_decode

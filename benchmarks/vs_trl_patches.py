@@ -12,9 +12,9 @@ times both), and `fast_sync` is `HFEngine.update_weights` (direct `Tensor.copy_`
 checks, without the cached plan the patch kept).
 
 The learner-side patches measured here before (`prefix_share`, `logits_from_loss`,
-`fused_adamw`) are now in the library: `agentrl/prefix_share.py` with
+`fused_adamw`) are now in the library: `agentrl/learner/prefix_share.py` with
 `Learner(prefix_share=True)` (config `train.prefix_share`) and the fused AdamW of
-`agentrl.learner.make_adamw`; `benchmarks/learner_update.py` times the update with prefix
+`agentrl.learner.local.make_adamw`; `benchmarks/learner_update.py` times the update with prefix
 sharing on and off.
 """
 
@@ -24,9 +24,9 @@ import functools
 from typing import Any
 
 PATCHES: tuple[str, ...] = ()
-APPLIED = {"prefix_share": "agentrl/prefix_share.py, Learner(prefix_share=True)",
-           "logits_from_loss": "agentrl/prefix_share.py (subsumed by prefix_share)",
-           "fused_adamw": "agentrl.learner.make_adamw",
+APPLIED = {"prefix_share": "agentrl/learner/prefix_share.py, Learner(prefix_share=True)",
+           "logits_from_loss": "agentrl/learner/prefix_share.py (subsumed by prefix_share)",
+           "fused_adamw": "agentrl.learner.local.make_adamw",
            "fast_decode": "agentrl/models/static_decode.py, HFEngine(static_decode=True)",
            "fast_sync": "agentrl.rollout.engines.hf.HFEngine.update_weights"}
 """Patches proposed here before and now in the library (name -> where)."""

@@ -19,7 +19,7 @@ import dataclasses
 import re
 from typing import Any
 
-from agentrl.envs import TextEnv
+from agentrl.env.base import TextEnv
 from agentrl.sandbox import Limits, SandboxPool, SandboxResult
 from agentrl.sandbox.pool import default_pool
 from agentrl_envs import code_tasks

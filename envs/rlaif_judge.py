@@ -18,7 +18,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from agentrl.envs import TextEnv
+from agentrl.env.base import TextEnv
 from agentrl.rewards.judge import Judge, make_judge
 
 DATA = Path(__file__).parent / "data" / "rlaif_prompts.jsonl"

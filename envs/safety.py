@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from agentrl.envs import TextEnv
+from agentrl.env.base import TextEnv
 from agentrl.rewards.classifier import Classifier, load_classifier
 from agentrl.rewards.lexicon import LexiconSafetyClassifier
 from agentrl_envs.rlaif_judge import load_tasks, pick_task

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from agentrl.envs import TextEnv
+from agentrl.env.base import TextEnv
 from agentrl.rewards.curiosity import ngram_buckets
 from agentrl.sandbox import Limits, SandboxPool
 from agentrl.sandbox.pool import default_pool
@@ -211,7 +211,7 @@ class SelfProposeEnv(TextEnv):
             self.buffer.fresh.clear()
 
     def state_dict(self) -> dict[str, Any]:
-        """The env state a checkpoint keeps: the task buffer (`agentrl.envs.env_state`)."""
+        """The env state a checkpoint keeps: the task buffer (`agentrl.env.base.env_state`)."""
         return {"buffer": self.buffer.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from agentrl.envs import TextEnv
+from agentrl.env.base import TextEnv
 
 WORDS = ("apple", "river", "stone", "cloud")
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from agentrl.envs import TextEnv
+from agentrl.env.base import TextEnv
 from agentrl_envs.code_datasets import normalize_split, split_fraction
 
 COLOURS: dict[str, tuple[int, int, int]] = {
@@ -198,7 +198,7 @@ class VisualCountEnv(TextEnv):
 
     observes_images = True
     """Its observations carry images: a run without `model.path` gets `model.vision=true`
-    (`agentrl.run_defaults`)."""
+    (`agentrl.run`)."""
 
     def __init__(self, split: str = "all", *, grid: int = 3, cell: int = 28, max_items: int = 5,
                  questions: tuple[str, ...] | list[str] = QUESTIONS, max_turns: int = 1,

@@ -6,7 +6,7 @@ text). A turn without a tool call is its final answer (`Answer: ...` or plain te
 the normalised exact match (`reward="em"`) or token F1 (`reward="f1"`) against the gold answers
 (SQuAD normalisation), and the episode ends. Each tool turn earns `-tool_call_penalty` per call.
 
-Documents are served by `agentrl.corpus_server` at `<base>/doc/<slug>`; with no
+Documents are served by `agentrl.infra.corpus_server` at `<base>/doc/<slug>`; with no
 `fetch_base_url` the env starts one server per corpus per process (127.0.0.1, free port, daemon
 thread) on first reset and shares it between env instances.
 """
@@ -23,8 +23,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from agentrl.corpus_server import Document, hotpot_documents, load_documents, serve_corpus, slugify
-from agentrl.envs import TextEnv
+from agentrl.env.base import TextEnv
+from agentrl.infra.corpus_server import (
+    Document,
+    hotpot_documents,
+    load_documents,
+    serve_corpus,
+    slugify,
+)
 from agentrl_envs.code_datasets import normalize_split, split_fraction
 from agentrl_envs.tool_env import tool_info
 from agentrl_tools.executor import ToolRunner, add_system_text

@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agentrl.envs import TextEnv, register_env
+from agentrl.env.base import TextEnv
+from agentrl.env.registry import register_env
 
 PROMPTS = ["Say something about cats.", "Tell me about dogs.", "Describe the sea."]
 

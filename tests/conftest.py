@@ -36,7 +36,7 @@ TINY_TEXTS = [
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
     """A tiny Qwen2 model + offline ChatML tokenizer, built once per test session."""
-    from agentrl.model import build_tiny_model
+    from agentrl.models.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", TINY_TEXTS,
                             hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,

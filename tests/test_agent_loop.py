@@ -6,7 +6,7 @@ from __future__ import annotations
 import gymnasium as gym
 import pytest
 
-from agentrl.envs import TextEnv
+from agentrl.env.base import TextEnv
 from agentrl.rollout.agent_loop import EpisodeSpec, run_episodes
 from agentrl.rollout.chat import ChatRenderer, render_ids
 from agentrl.rollout.engines.base import SamplingParams

@@ -20,7 +20,7 @@ from agentrl.algos.shaping import (
     turn_lengths,
 )
 from agentrl.config import AlgoConfig, ConfigError, load_config
-from agentrl.trajectory import Trajectory
+from agentrl.types import Trajectory
 
 
 def t(x):
@@ -163,8 +163,8 @@ def test_tis_sequence_level_and_mask_mode_by_hand():
 
 
 def test_tis_level_and_mode_reach_the_learner(tiny_model_dir):
-    from agentrl.learner import Learner
-    from agentrl.model import load_model
+    from agentrl.learner.local import Learner
+    from agentrl.models.tiny import load_model
     from agentrl.train import build_batch
 
     model, _ = load_model(tiny_model_dir)
@@ -206,8 +206,8 @@ def test_kl_estimator_in_the_reward_from_the_config():
 
 
 def test_dr_grpo_constant_normaliser_from_the_config(tiny_model_dir):
-    from agentrl.learner import Learner
-    from agentrl.model import load_model
+    from agentrl.learner.local import Learner
+    from agentrl.models.tiny import load_model
     from agentrl.train import build_batch
 
     model, _ = load_model(tiny_model_dir)
@@ -497,8 +497,8 @@ def test_distill_advantages_by_hand_on_three_tokens():
 
 
 def test_distill_teacher_equal_to_student_gives_zero_signal(tiny_model_dir):
-    from agentrl.learner import Learner
-    from agentrl.model import load_model
+    from agentrl.learner.local import Learner
+    from agentrl.models.tiny import load_model
     from agentrl.train import build_batch
 
     distill = get_algorithm("distill")

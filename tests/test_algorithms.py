@@ -27,9 +27,9 @@ from agentrl.algos import (
 )
 from agentrl.algos.turns import turn_group_advantages, turn_index, turn_returns
 from agentrl.config import AlgoConfig, load_config
-from agentrl.learner import Learner
-from agentrl.model import load_model
-from agentrl.trajectory import Trajectory
+from agentrl.learner.local import Learner
+from agentrl.models.tiny import load_model
+from agentrl.types import Trajectory
 
 
 def ns(**kw):
@@ -275,7 +275,7 @@ def _trajs(n=4, seed=0, rewards=None, truncated=None):
 
 
 def test_value_head_values_and_truncation_bootstrap(tiny_model_dir):
-    from agentrl.learner import token_logprobs_values
+    from agentrl.learner.local import token_logprobs_values
     from agentrl.train import build_batch
 
     model, _ = load_model(tiny_model_dir)

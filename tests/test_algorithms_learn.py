@@ -113,7 +113,7 @@ def test_distill_from_a_trained_teacher_raises_toy_reward(toy_model, tmp_path):
 
 RETRY_TOY = '''
 import re
-from agentrl.envs import TextEnv
+from agentrl.env.base import TextEnv
 
 WORDS = ("apple", "river", "stone", "cloud")
 
@@ -175,7 +175,7 @@ def test_turn_credit_gigpo_on_grpo_is_the_gigpo_run(toy_model, tmp_path, monkeyp
     import torch
 
     from agentrl.config import load_config
-    from agentrl.model import load_model
+    from agentrl.models.tiny import load_model
     from agentrl.train import train
 
     (tmp_path / "retry_toy.py").write_text(RETRY_TOY)

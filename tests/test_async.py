@@ -11,7 +11,7 @@ import torch
 
 from agentrl.config import load_config
 from agentrl.rollout.source import AsyncSource, SyncSource
-from agentrl.trajectory import Trajectory
+from agentrl.types import Trajectory
 
 TINY = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2",
         "model.intermediate_size=64", "sft.steps=0", "rollout.tasks_per_step=2",
@@ -293,8 +293,8 @@ def test_async_config_validation():
 
 
 def _final_weights(tmp_path, name, extra):
-    from agentrl.learner import latest_checkpoint
-    from agentrl.model import load_model
+    from agentrl.learner.local import latest_checkpoint
+    from agentrl.models.tiny import load_model
     from agentrl.train import train
 
     cfg = load_config(None, TINY + [f"out={tmp_path / name}", "env.name=toy", "train.steps=3"] + extra)

@@ -24,7 +24,7 @@ torch.set_num_threads(1)
 def tiny(tmp_path_factory):
     from vs_trl_model import build_tiny_qwen
 
-    from agentrl.model import load_model
+    from agentrl.models.tiny import load_model
 
     d = tmp_path_factory.mktemp("tiny_qwen")
     info = build_tiny_qwen(d)
@@ -80,7 +80,7 @@ def test_summarize_drops_warmup_and_takes_medians():
 
 # -- proposed patches compute the same thing ----------------------------------------------------
 def test_shared_prefix_groups():
-    from agentrl.prefix_share import shared_prefix_groups
+    from agentrl.learner.prefix_share import shared_prefix_groups
 
     ids = torch.tensor([[5, 6, 7, 1], [5, 6, 8, 2], [5, 9, 7, 1], [5, 9, 7, 3]])
     # rows 0-1 share [5, 6]; row 2 differs; row 3 shares [5, 9] with row 2
@@ -144,8 +144,8 @@ def _batch(tok_rows):
 def test_learner_prefix_share_matches_token_logprobs(tiny, which):
     """The library's `prefix_shared_logprobs` (formerly the prefix_share / logits_from_loss
     patches) on the benchmark's model (grouped-query attention): both of its paths."""
-    from agentrl.learner import token_logprobs
-    from agentrl.prefix_share import prefix_shared_logprobs
+    from agentrl.learner.local import token_logprobs
+    from agentrl.learner.prefix_share import prefix_shared_logprobs
 
     _, model, _ = tiny
     model.train()

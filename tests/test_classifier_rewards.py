@@ -16,7 +16,7 @@ import torch
 from _reward_fixtures import ECHO_ID, EchoEnv, build_tiny_classifier, set_constant_head
 from gymnasium.utils.env_checker import check_env
 
-from agentrl.envs import make_env, register_env
+from agentrl.env.registry import make_env, register_env
 from agentrl.rewards import (
     WRAPPERS,
     ClassifierReward,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from agentrl.envs import make_env
+from agentrl.env.registry import make_env
 from agentrl.sandbox import Limits
 from agentrl.sandbox.pool import default_pool
 from agentrl_envs import code_tasks

@@ -12,8 +12,8 @@ import torch
 from torch._dynamo.utils import counters
 
 from agentrl.config import Config
-from agentrl.model import build_tiny_model
 from agentrl.models import static_decode
+from agentrl.models.tiny import build_tiny_model
 from agentrl.rollout.engines.base import SamplingParams
 from agentrl.rollout.engines.hf import HFEngine
 from agentrl.run import rollout_compile_note

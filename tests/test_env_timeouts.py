@@ -16,7 +16,8 @@ import time
 import pytest
 
 from agentrl.config import load_config
-from agentrl.envs import TextEnv, register_env
+from agentrl.env.base import TextEnv
+from agentrl.env.registry import register_env
 from agentrl.rollout.agent_loop import EpisodeSpec, run_episodes
 from agentrl.rollout.chat import ChatRenderer
 from agentrl.rollout.engines.base import SamplingParams
@@ -92,7 +93,7 @@ def say_target(tok):
 
 
 def test_a_hung_step_ends_only_its_episode_and_its_env_is_replaced(tiny_tokenizer, release):
-    from agentrl.envs import make_env
+    from agentrl.env.registry import make_env
 
     r = ChatRenderer(tiny_tokenizer)
     engine = ScriptedEngine(tiny_tokenizer, say_target(tiny_tokenizer))
@@ -133,7 +134,7 @@ def test_a_hung_step_ends_only_its_episode_and_its_env_is_replaced(tiny_tokenize
 
 
 def test_a_hung_reset_gives_an_empty_recorded_episode(tiny_tokenizer, release):
-    from agentrl.envs import make_env
+    from agentrl.env.registry import make_env
 
     r = ChatRenderer(tiny_tokenizer)
     engine = ScriptedEngine(tiny_tokenizer, say_target(tiny_tokenizer))
@@ -154,7 +155,7 @@ def test_a_hung_reset_gives_an_empty_recorded_episode(tiny_tokenizer, release):
 def test_evaluation_reports_a_timed_out_episode(tiny_tokenizer, tmp_path, release):
     """`run_eval` with `step_timeout_s`: the hung episode ends as `step_timeout`, counted in
     `env_errors`, and the batch does not wait for it."""
-    from agentrl.envs import make_env
+    from agentrl.env.registry import make_env
     from agentrl.eval.harness import run_eval
     from agentrl.eval.report import read_results
 

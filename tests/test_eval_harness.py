@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from agentrl.envs import TextEnv, make_env, register_env
+from agentrl.env.base import TextEnv
+from agentrl.env.registry import make_env, register_env
 from agentrl.eval.cli import eval_command, resolve_model
 from agentrl.eval.harness import run_eval
 from agentrl.eval.reference import reference_engine
@@ -449,7 +450,7 @@ def test_eval_command_with_ray_workers(tiny_model_dir, tmp_path):
 def test_every_builtin_env_runs_through_the_harness(name, tiny_tokenizer):
     """Each registered built-in env, its task list (or seeds), a fixed scripted answer: two
     recorded episodes, none broken by the env."""
-    from agentrl.envs import SHORT_NAMES
+    from agentrl.env.registry import SHORT_NAMES
 
     assert name in SHORT_NAMES
     tasks, _ = list_tasks(make_env(name), 2)

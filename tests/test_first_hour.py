@@ -9,7 +9,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from agentrl.cli import app
-from agentrl.metrics_log import MetricsLog
+from agentrl.log.metrics import MetricsLog
 
 ROOT = Path(__file__).parent.parent
 
@@ -46,7 +46,7 @@ def test_progress_without_a_terminal_prints_plain_lines_with_eta(monkeypatch):
 
     from rich.console import Console
 
-    from agentrl import progress as pr
+    from agentrl.log import progress as pr
 
     clock = iter([0.0, 2.0, 4.0, 30.0, 40.0, 40.0, 41.0])
     monkeypatch.setattr(pr.time, "perf_counter", lambda: next(clock))
@@ -74,7 +74,7 @@ def test_progress_on_a_terminal_is_a_bar_with_eta_and_quiet_prints_nothing():
 
     from rich.console import Console
 
-    from agentrl.progress import Reporter, format_seconds
+    from agentrl.log.progress import Reporter, format_seconds
 
     buf = io.StringIO()
     rep = Reporter(Console(file=buf, width=120, force_terminal=True))
@@ -100,7 +100,7 @@ def _metrics(path, rows):
 
 
 def test_smoothing_is_the_debiased_ema():
-    from agentrl.plot import smooth
+    from agentrl.log.plot import smooth
 
     # m0 = 0.5 * 1 = 0.5 -> 0.5 / (1 - 0.5) = 1; m1 = 0.25 -> 0.25 / 0.75 = 1/3
     got = smooth([1.0, 0.0], 0.5)
@@ -109,7 +109,7 @@ def test_smoothing_is_the_debiased_ema():
 
 
 def test_stage_shares_split_rollout_into_generate_and_env():
-    from agentrl.plot import stage_shares
+    from agentrl.log.plot import stage_shares
 
     rows = [{"step": 0, "eval/seconds": 9.0},  # the before-RL evaluation: no step time
             {"step": 1, "perf/rollout_s": 3.0, "perf/env_s": 1.0, "perf/update_s": 2.0, "perf/sync_s": 0.5},
@@ -126,8 +126,8 @@ def test_plot_panels_skip_duplicates_and_flat_kl_and_start_at_the_before_rl_eval
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from agentrl.plot import labels, panels, plot_runs
-    from agentrl.summary import read_metrics
+    from agentrl.log.plot import labels, panels, plot_runs
+    from agentrl.log.summary import read_metrics
 
     same = [{"step": 0, "eval/pass@1": 0.2, "eval/pass@1_se": 0.05}]
     same += [{"step": s, "rollout/reward_mean": s / 10, "rollout/pass_rate": s / 10, "loss/kl": 0.0,
@@ -166,7 +166,7 @@ def test_summary_panel_counts_eval_once_shows_se_and_no_repeated_reward(tmp_path
 
     from rich.console import Console
 
-    from agentrl.summary import stage_seconds, summary_panel
+    from agentrl.log.summary import stage_seconds, summary_panel
 
     rows = [{"step": 0, "eval/pass@1": 0.25, "eval/seconds": 2.0},
             {"step": 1, "perf/rollout_s": 1.0, "perf/update_s": 0.5, "perf/loop_s": 1.5,
@@ -224,7 +224,7 @@ def test_a_registered_custom_env_resolves_the_same_way_in_a_fresh_process(tmp_pa
     _readme_env(tmp_path)
     code = """
 import gymnasium as gym
-from agentrl.envs import import_env_modules, resolve_env_id
+from agentrl.env.registry import import_env_modules, resolve_env_id
 ids = {}
 ids["registered id, no import"] = resolve_env_id("my_envs/GuessParity-v0")  # namespace imported
 import_env_modules(["my_envs"])
@@ -236,13 +236,13 @@ print(sorted(set(ids.values())), sorted(i for i in gym.registry if "GuessParity"
     r = _fresh(code, tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["['my_envs/GuessParity-v0']", "['my_envs/GuessParity-v0']"]
-    r = _fresh("from agentrl.envs import resolve_env_id; resolve_env_id('parity')", tmp_path)
+    r = _fresh("from agentrl.env.registry import resolve_env_id; resolve_env_id('parity')", tmp_path)
     assert r.returncode != 0 and "--import MODULE" in r.stderr  # the error says what to do
 
 
 def test_an_unregistered_class_gets_one_custom_id(tmp_path):
     (tmp_path / "loose.py").write_text("from agentrl import TextEnv\n\nclass Loose(TextEnv):\n    'x'\n")
-    r = _fresh("from agentrl.envs import resolve_env_id as r; print(r('loose:Loose'), r('loose:Loose'))", tmp_path)
+    r = _fresh("from agentrl.env.registry import resolve_env_id as r; print(r('loose:Loose'), r('loose:Loose'))", tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["custom/Loose-v0", "custom/Loose-v0"]
 
@@ -256,7 +256,7 @@ def test_an_installed_package_registers_through_the_entry_point_group(tmp_path):
         "from agentrl import register_env\n\n"
         "def register():\n"
         "    register_env('plug/Toy-v0', 'agentrl_envs.toy:ToyEnv', short_name='plugtoy', description='plugged')\n")
-    r = _fresh("from agentrl.envs import resolve_env_id; print(resolve_env_id('plugtoy'))", tmp_path, str(site))
+    r = _fresh("from agentrl.env.registry import resolve_env_id; print(resolve_env_id('plugtoy'))", tmp_path, str(site))
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "plug/Toy-v0"
     r = _fresh("from agentrl.cli import main; import sys; sys.argv = ['agentrl', 'envs']; main()", tmp_path, str(site))
@@ -277,7 +277,7 @@ def test_envs_and_eval_take_import(tmp_path):
 
 # -- agentrl show: advantage and trained (item 6) -------------------------------------------
 def _episodes(tiny_tokenizer, returns, groups):
-    from agentrl.trajectory import Trajectory
+    from agentrl.types import Trajectory
 
     out = []
     for r, g in zip(returns, groups):
@@ -313,7 +313,7 @@ def test_show_says_whether_an_episode_was_trained(tmp_path, tiny_model_dir, tiny
 
     from rich.console import Console
 
-    from agentrl.show import show_episode
+    from agentrl.log.show import show_episode
 
     trajs = _episodes(tiny_tokenizer, [1.0, 0.0, 1.0, 1.0], [0, 0, 1, 1])
     for t, (adv, tr) in zip(trajs, [(0.7071, True), (-0.7071, True), (0.0, False), (0.0, False)]):
@@ -375,7 +375,7 @@ def test_gitignore_and_readme_merge_example():
 
 # -- agentrl doctor (item 8) ----------------------------------------------------------------
 def test_doctor_reports_each_part_with_a_fix_for_missing_ones():
-    from agentrl.doctor import Check, check_module, render
+    from agentrl.sandbox.doctor import Check, check_module, render
 
     r = CliRunner().invoke(app, ["doctor"], env={"COLUMNS": "200"})
     text = r.output

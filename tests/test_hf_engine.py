@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from agentrl.model import build_tiny_model, chat_stop_ids, render_ids
+from agentrl.models.tiny import build_tiny_model, chat_stop_ids, render_ids
 from agentrl.rollout.engines.base import Completion, SamplingParams, row_seeds
 from agentrl.rollout.engines.hf import HFEngine, check_params, row_uniforms, sample_next
 
@@ -399,7 +399,7 @@ def test_empty_and_invalid_prompts(engine):
 
 # -- weights --------------------------------------------------------------------------------
 def test_update_weights_changes_outputs_and_version(model_dir, tmp_path, prompts):
-    from agentrl.model import load_model
+    from agentrl.models.tiny import load_model
 
     eng = HFEngine(model_dir)
     greedy = SamplingParams(temperature=0.0, max_tokens=12)
@@ -432,7 +432,7 @@ def test_bad_state_dict_changes_nothing(model_dir, prompts):
 
 
 def test_engine_accepts_a_model_object(model_dir, prompts):
-    from agentrl.model import load_model
+    from agentrl.models.tiny import load_model
 
     model, tok = load_model(model_dir)
     eng = HFEngine(model, tok)

@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from agentrl.http_deadline import (
+from agentrl.infra.http_deadline import (
     DeadlineExceeded,
     ReplyTooLarge,
     fresh_connection_limits,

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from agentrl.envs import TextEnv, content_error
+from agentrl.env.base import TextEnv
+from agentrl.env.content import content_error
 from agentrl.rollout.agent_loop import EpisodeSpec, run_episodes
 from agentrl.rollout.engines.base import SamplingParams
 from agentrl.rollout.engines.scripted import ScriptedEngine
@@ -26,7 +27,7 @@ def test_content_error_rejects_zero_sides_and_extreme_aspect_with_size():
 
 @pytest.fixture(scope="module")
 def vlm(tmp_path_factory):
-    from agentrl.vlm import build_tiny_vlm, load_vlm
+    from agentrl.models.vlm import build_tiny_vlm, load_vlm
 
     d = build_tiny_vlm(tmp_path_factory.mktemp("vlm") / "m", ["How many red squares?", "Wrong, look again."] * 5,
                        hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, vocab_size=320)
@@ -93,9 +94,9 @@ def test_unrenderable_images_are_recorded_env_errors(vlm):
 def test_learner_update_on_a_batch_without_trainable_tokens_is_skipped(vlm):
     from agentrl.algos import get_algorithm
     from agentrl.config import AlgoConfig
-    from agentrl.learner import Learner
+    from agentrl.learner.local import Learner
     from agentrl.train import build_batch
-    from agentrl.trajectory import Trajectory
+    from agentrl.types import Trajectory
 
     model, tok, _ = vlm
     trs = [Trajectory(group_id=0) for _ in range(2)]
@@ -150,7 +151,7 @@ def test_cli_every_reset_bad_image_embedded_vlm_exits_2(tmp_path):
 def test_cli_every_reset_bad_image_given_vlm_skips_updates(tmp_path):
     import json
 
-    from agentrl.vlm import build_tiny_vlm
+    from agentrl.models.vlm import build_tiny_vlm
 
     d = build_tiny_vlm(tmp_path / "vlm", ["How many?", "look again"] * 5, hidden_size=32, num_layers=1,
                        num_heads=2, intermediate_size=64, vocab_size=320)

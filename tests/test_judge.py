@@ -21,7 +21,7 @@ import torch
 from _reward_fixtures import ECHO_ID, EchoEnv
 from gymnasium.utils.env_checker import check_env
 
-from agentrl.envs import make_env, register_env
+from agentrl.env.registry import make_env, register_env
 from agentrl.rewards import (
     JudgeClient,
     JudgeReward,
@@ -460,7 +460,7 @@ def test_rlaif_env_with_url(faults):
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from agentrl.model import build_tiny_model
+    from agentrl.models.tiny import build_tiny_model
     from agentrl.rewards.serve_judge import serve_judge
 
     path = build_tiny_model(tmp_path_factory.mktemp("judge_model"), ["Score: 7. The answer is good."] * 20,

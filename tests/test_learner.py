@@ -11,9 +11,9 @@ import torch
 
 from agentrl.algos import get_algorithm
 from agentrl.config import AlgoConfig
-from agentrl.learner import Learner, latest_checkpoint, token_logprobs
-from agentrl.model import load_model
-from agentrl.trajectory import Trajectory
+from agentrl.learner.local import Learner, latest_checkpoint, token_logprobs
+from agentrl.models.tiny import load_model
+from agentrl.types import Trajectory
 
 
 class FixedLogits(torch.nn.Module):
@@ -124,7 +124,7 @@ def test_checkpoint_roundtrip_is_atomic(tiny_model_dir, tiny_tokenizer, tmp_path
     assert learner2.load(p) == {"step": 3, "policy_version": 3}
 
 
-# -- prefix sharing (agentrl/prefix_share.py) and the fused optimizer ---------------------------
+# -- prefix sharing (agentrl/learner/prefix_share.py) and the fused optimizer ---------------------------
 def _rows(rows):
     """Right-padded (ids, attention, loss mask) from [(ids, loss mask), ...] lists."""
     T = max(len(r) for r, _ in rows)
@@ -172,7 +172,7 @@ def _prefix_cases():
 
 def _forward_sizes(model):
     """Batch sizes of the model's forwards (a pre-hook on its decoder), and the handle."""
-    from agentrl.lora import is_peft
+    from agentrl.learner.lora import is_peft
 
     base = model.get_base_model() if is_peft(model) else model
     sizes: list[int] = []
@@ -187,9 +187,9 @@ def _compare_prefix_share(model, rows, sizes_expected, entropy_grad=True, static
     With `entropy_grad=False` the shared path takes the fused lm_head (`logprob_head`) and the
     loss has no entropy term; then `static` runs the decoder as `static_forward.forward_hidden`
     (where the model supports it) or as the transformers forward."""
-    from agentrl import prefix_share
+    from agentrl.learner import prefix_share
+    from agentrl.learner.prefix_share import prefix_shared_logprobs
     from agentrl.models.static_forward import static_forward_supported
-    from agentrl.prefix_share import prefix_shared_logprobs
 
     static_calls = []
 
@@ -239,8 +239,8 @@ def _compare_prefix_share(model, rows, sizes_expected, entropy_grad=True, static
 @pytest.mark.parametrize("path", ["entropy_grad", "fused_head", "fused_head_static"])
 @pytest.mark.parametrize("case", list(_prefix_cases()))
 def test_prefix_shared_logprobs_equal_the_plain_forward(tiny_model_dir, case, path):
+    from agentrl.learner.prefix_share import decoder_and_head, prefix_share_supported
     from agentrl.models.static_forward import static_forward_supported
-    from agentrl.prefix_share import decoder_and_head, prefix_share_supported
 
     model, _ = load_model(tiny_model_dir)
     model.train()
@@ -254,8 +254,8 @@ def test_prefix_shared_logprobs_equal_the_plain_forward(tiny_model_dir, case, pa
 
 def test_prefix_shared_logprobs_with_lora(tiny_model_dir):
     pytest.importorskip("peft", reason="LoRA needs the lora extra (peft)")
-    from agentrl.lora import wrap_lora
-    from agentrl.prefix_share import decoder_and_head, prefix_share_supported
+    from agentrl.learner.lora import wrap_lora
+    from agentrl.learner.prefix_share import decoder_and_head, prefix_share_supported
 
     base, _ = load_model(tiny_model_dir)
     model = wrap_lora(base, r=4, alpha=8, target_modules="all-linear", base_path=tiny_model_dir)
@@ -274,7 +274,7 @@ def test_prefix_shared_logprobs_with_lora(tiny_model_dir):
 
 
 def test_prefix_share_falls_back_for_models_without_a_cache():
-    from agentrl.prefix_share import prefix_share_supported, shared_prefix_groups
+    from agentrl.learner.prefix_share import prefix_share_supported, shared_prefix_groups
 
     assert not prefix_share_supported(FixedLogits())
     learner = Learner(FixedLogits(), lr=1e-2)
@@ -353,7 +353,7 @@ def test_fused_adamw_step_equals_the_default_adamw(tiny_model_dir):
         opt.step()
     for p, q in zip(model.parameters(), ref.parameters()):
         assert torch.allclose(p, q, atol=1e-6, rtol=0)
-    from agentrl.learner import make_adamw
+    from agentrl.learner.local import make_adamw
 
     cplx = torch.nn.Parameter(torch.zeros(2, dtype=torch.complex64))
     opt, fused = make_adamw([cplx], lr=1e-3, weight_decay=0.0)
@@ -395,7 +395,7 @@ def test_fused_optimizer_checkpoint_resumes_exactly(tiny_model_dir, tiny_tokeniz
 def test_prefix_share_with_activation_checkpointing_runs_one_forward(tiny_model_dir, monkeypatch):
     """Activation checkpointing makes transformers drop the cache in training: no sharing (one
     forward); and if the cache comes back unfilled anyway, the single forward is used."""
-    import agentrl.prefix_share as ps
+    import agentrl.learner.prefix_share as ps
 
     model, _ = load_model(tiny_model_dir)
     model.gradient_checkpointing_enable()
@@ -414,8 +414,8 @@ def _shared_case():
 def test_compiled_static_forward_equals_eager(tiny_model_dir, monkeypatch):
     """`train.compile` path: dynamo traces the static forward (backend "eager" here, so the test
     stays fast; the inductor build is the slow test below) and gives the eager values."""
+    from agentrl.learner.prefix_share import prefix_shared_logprobs
     from agentrl.models import static_forward
-    from agentrl.prefix_share import prefix_shared_logprobs
 
     monkeypatch.setattr(static_forward, "COMPILE_BACKEND", "eager")
     monkeypatch.setattr(static_forward, "_COMPILED", {})
@@ -436,8 +436,8 @@ def test_compiled_static_forward_keeps_its_graphs_across_shapes(tiny_model_dir, 
     `past`) instead of compiling again."""
     from torch._dynamo.utils import counters
 
+    from agentrl.learner.prefix_share import prefix_shared_logprobs
     from agentrl.models import static_forward
-    from agentrl.prefix_share import prefix_shared_logprobs
 
     monkeypatch.setattr(static_forward, "COMPILE_BACKEND", "eager")
     monkeypatch.setattr(static_forward, "_COMPILED", {})
@@ -459,8 +459,8 @@ def test_compiled_static_forward_keeps_its_graphs_across_shapes(tiny_model_dir, 
 
 
 def test_compile_failure_falls_back_to_eager_with_a_warning(tiny_model_dir, monkeypatch):
+    from agentrl.learner.prefix_share import prefix_shared_logprobs
     from agentrl.models import static_forward
-    from agentrl.prefix_share import prefix_shared_logprobs
 
     def broken(fn, **kw):  # what a machine without a C++ compiler gives at the first call
         def call(*a, **k):
@@ -516,14 +516,14 @@ def _equal_reward_batch(seed, rewards):
 def test_skipping_zero_advantage_rows_gives_the_same_update(tiny_model_dir, monkeypatch, name):
     """Groups 0 and 2 have equal rewards (advantage 0): with the skip their rows are not
     forwarded, yet the loss, gradient and weights equal the full update's."""
-    from agentrl import prefix_share
+    from agentrl.learner import prefix_share
 
     cfg = AlgoConfig(name=name)
     algo = get_algorithm(name)
     batch0 = _equal_reward_batch(0, [(1.0, 1.0, 1.0), (0.0, 1.0, 0.0), (0.0, 0.0, 0.0), (1.0, 0.0, 0.0)])
     out, rows_seen = [], []
     forward = prefix_share.prefix_shared_logprobs
-    monkeypatch.setattr("agentrl.learner.prefix_shared_logprobs",
+    monkeypatch.setattr("agentrl.learner.local.prefix_shared_logprobs",
                         lambda m, ids, *a, **k: rows_seen.append(ids.shape[0]) or forward(m, ids, *a, **k))
     for skip in (False, True):
         model, _ = load_model(tiny_model_dir)

@@ -13,14 +13,14 @@ from test_learner import _group_batch
 
 from agentrl.algos import get_algorithm
 from agentrl.config import AlgoConfig, load_config
-from agentrl.learner import (
+from agentrl.learner.local import (
     Learner,
     NonFiniteGradientError,
     disable_dropout,
     resolve_device,
     token_logprobs,
 )
-from agentrl.model import load_model
+from agentrl.models.tiny import load_model
 
 CUDA = torch.cuda.is_available()
 
@@ -127,7 +127,7 @@ def test_bf16_logprobs_are_float32_from_upcast_logits(tiny_model_dir):
 def test_bf16_turns_off_the_static_decoder_and_compile(tiny_model_dir, monkeypatch):
     """The fallback decision: under bf16 the prefix-shared forward never calls the static
     float32 decoder (nor compiles it), and the learner says so in one line."""
-    import agentrl.prefix_share as ps
+    import agentrl.learner.prefix_share as ps
 
     calls = []
     real = ps.forward_hidden
@@ -226,7 +226,7 @@ def test_the_loop_logs_skipped_steps_and_names_the_step_that_stops(tiny_model_di
     lp = SimpleNamespace(cfg=cfg, algo=NaNAdvantages(), pad_id=0, say=said.append,
                          learner=Learner(model, lr=1e-2, micro_batch_size=4,
                                          max_nonfinite_steps=cfg.train.max_nonfinite_steps))
-    from agentrl.trajectory import Trajectory
+    from agentrl.types import Trajectory
 
     def episodes(seed):
         g = torch.Generator().manual_seed(seed)
@@ -311,7 +311,7 @@ def test_learner_on_cuda_pushes_weights_to_the_cpu_engine(tiny_model_dir):
     on the CPU for the loop (logprobs come back there), the update's gradient equals the CPU
     one to float32 rounding, and the in-process HFEngine (its own CPU copy, made before the
     learner moved the model) loads the learner's CUDA weights."""
-    from agentrl.lora import merged_state_dict, plain_copy
+    from agentrl.learner.lora import merged_state_dict, plain_copy
     from agentrl.rollout.engines.hf import HFEngine
 
     cfg = AlgoConfig(name="grpo")

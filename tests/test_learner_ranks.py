@@ -15,16 +15,16 @@ from transformers import AutoModelForCausalLM
 
 from agentrl.algos import get_algorithm, resolve_config
 from agentrl.config import AlgoConfig
-from agentrl.dist import DataParallel
-from agentrl.learner import Learner
-from agentrl.learner_group import LearnerGroup
+from agentrl.learner.dist import DataParallel
+from agentrl.learner.group import LearnerGroup
+from agentrl.learner.local import Learner
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
 @pytest.fixture(scope="module")
 def ray_up():
-    from agentrl.cluster import ensure_ray
+    from agentrl.infra.cluster import ensure_ray
 
     ensure_ray(None, num_cpus=2)
     yield
@@ -189,7 +189,7 @@ def test_sharded_checkpoint_resumes_with_one_rank_and_in_process(ray_up, tiny_mo
                                                                  tmp_path):
     """2 ranks: 2 updates, save, 1 more update (the reference). The checkpoint loaded by 1
     rank and by the in-process learner, then the same third update: the same weights."""
-    from agentrl.lora import merged_state_dict
+    from agentrl.learner.lora import merged_state_dict
 
     algo = get_algorithm("grpo")
     cfg = resolve_config(algo, AlgoConfig(name="grpo", kl_coef=0.05))

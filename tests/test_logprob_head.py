@@ -1,4 +1,4 @@
-"""`agentrl.logprob_head.head_logprobs`: hand-computed values, gradients against autograd on the
+"""`agentrl.learner.logprob_head.head_logprobs`: hand-computed values, gradients against autograd on the
 plain ops (float64), chunk boundaries, temperature, bias, empty input; and the model split
 (`prefix_share.decoder_and_head`) refusing heads that are not a plain linear map."""
 
@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from agentrl import logprob_head
-from agentrl.logprob_head import head_logprobs
+from agentrl.learner import logprob_head
+from agentrl.learner.logprob_head import head_logprobs
 
 
 def _head(weight, bias=None):
@@ -96,8 +96,8 @@ def test_frozen_head_gets_no_gradient_and_empty_input():
 
 
 def test_decoder_and_head_refuses_a_scaled_head(tiny_model_dir):
-    from agentrl.model import load_model
-    from agentrl.prefix_share import decoder_and_head
+    from agentrl.learner.prefix_share import decoder_and_head
+    from agentrl.models.tiny import load_model
 
     model, _ = load_model(tiny_model_dir)
     split = decoder_and_head(model)
@@ -126,8 +126,8 @@ def test_decoder_and_head_refuses_a_scaled_head(tiny_model_dir):
 
 
 def test_decoder_and_head_rechecks_a_replaced_head_and_keeps_module_modes(tiny_model_dir):
-    from agentrl.model import load_model
-    from agentrl.prefix_share import decoder_and_head
+    from agentrl.learner.prefix_share import decoder_and_head
+    from agentrl.models.tiny import load_model
 
     model, _ = load_model(tiny_model_dir)
     model.train()

@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 pytest.importorskip("peft", reason="LoRA needs the lora extra (peft)")
 
 from agentrl.config import load_config  # noqa: E402
-from agentrl.learner import Learner  # noqa: E402
-from agentrl.lora import (  # noqa: E402
+from agentrl.learner.local import Learner  # noqa: E402
+from agentrl.learner.lora import (
     is_peft,
     load_checkpoint,
     merge_checkpoint,
@@ -23,7 +23,7 @@ from agentrl.lora import (  # noqa: E402
     plain_copy,
     wrap_lora,
 )
-from agentrl.model import load_model  # noqa: E402
+from agentrl.models.tiny import load_model  # noqa: E402
 from agentrl.train import train  # noqa: E402
 
 ARGS = ["env.name=toy", "sft.steps=0", "rollout.tasks_per_step=2", "algo.group_size=2",
@@ -58,7 +58,7 @@ def test_only_adapters_train_and_the_reference_is_the_base_without_a_copy(tiny_m
     pol_before = learner.logprobs(batch)
     ref = learner.logprobs(batch, ref=True)
     pol = learner.logprobs(batch)
-    from agentrl.learner import token_logprobs
+    from agentrl.learner.local import token_logprobs
 
     with torch.no_grad():
         want, _ = token_logprobs(base, IDS, torch.ones_like(IDS))

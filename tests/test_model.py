@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentrl.model import (
+from agentrl.models.tiny import (
     CHAT_TEMPLATE,
     build_tiny_model,
     build_tokenizer,

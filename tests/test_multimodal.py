@@ -8,18 +8,13 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 from PIL import Image
 
-from agentrl.envs import (
-    ChatMessages,
-    TextEnv,
-    content_error,
-    content_text,
-    is_image,
-    message_images,
-)
+from agentrl.env.base import ChatMessages, TextEnv
+from agentrl.env.content import content_error, content_text, message_images
 from agentrl.rollout.agent_loop import EpisodeSpec, ImageObservationError, run_episodes
 from agentrl.rollout.chat import ChatRenderer
 from agentrl.rollout.engines.base import SamplingParams
 from agentrl.rollout.engines.scripted import ScriptedEngine
+from agentrl.types import is_image
 
 
 def _img(seed: int, h: int = 8, w: int = 6) -> np.ndarray:
@@ -157,7 +152,7 @@ class _TextAnswers(TextEnv):
 # -- rendering images in the agent loop (a vision renderer on the embedded tiny VLM) ------------
 @pytest.fixture(scope="module")
 def vlm(tmp_path_factory):
-    from agentrl.vlm import build_tiny_vlm, load_vlm
+    from agentrl.models.vlm import build_tiny_vlm, load_vlm
 
     d = build_tiny_vlm(tmp_path_factory.mktemp("vlm") / "m", ["How many red squares are in the image?",
                        "Wrong, look again.", "Which cell holds the circle? 1,2"] * 5,
@@ -174,8 +169,8 @@ def test_two_turn_image_episode_ids_masks_and_pixels_exact(vlm):
 
     import torch
 
+    from agentrl.models.vlm import IMAGE_PAD, VISION_END, VISION_START, encode_images
     from agentrl.rollout.chat import VisionChatRenderer
-    from agentrl.vlm import IMAGE_PAD, VISION_END, VISION_START, encode_images
     from agentrl_envs.visual_count import FEEDBACK, VisualCountEnv, draw, make_task
 
     model, tok, ip = vlm
@@ -220,7 +215,7 @@ def test_two_turn_image_episode_ids_masks_and_pixels_exact(vlm):
 
 
 def test_text_trajectories_keep_their_dict_shape(tiny_tokenizer):
-    from agentrl.trajectory import Trajectory
+    from agentrl.types import Trajectory
 
     tr = Trajectory()
     tr.append_context([1, 2])
@@ -302,7 +297,7 @@ def test_learner_takes_pixel_values_ratio_one_then_a_grpo_step(vlm, tmp_path):
 
     from agentrl.algos import get_algorithm
     from agentrl.config import AlgoConfig
-    from agentrl.learner import Learner
+    from agentrl.learner.local import Learner
     from agentrl.rollout.chat import VisionChatRenderer
     from agentrl.rollout.engines.hf_vision import VisionHFEngine
     from agentrl.train import build_batch

@@ -17,11 +17,11 @@ from typer.testing import CliRunner
 
 from agentrl.cli import app
 from agentrl.config import ConfigError, load_config
-from agentrl.metrics_log import MetricsLog
-from agentrl.show import CLOSE, OPEN, load_episode, render_episode, show_episode
-from agentrl.summary import read_metrics, stage_seconds
+from agentrl.log.metrics import MetricsLog
+from agentrl.log.show import CLOSE, OPEN, load_episode, render_episode, show_episode
+from agentrl.log.summary import read_metrics, stage_seconds
 from agentrl.train import train
-from agentrl.trajectory import Trajectory
+from agentrl.types import Trajectory
 
 TINY = ["env.name=toy", "sft.steps=0", "rollout.tasks_per_step=2", "algo.group_size=2",
         "train.eval_tasks=2", "train.eval_samples=1", "rollout.max_tokens=24",
@@ -138,7 +138,7 @@ def test_wandb_without_an_api_key_fails_at_start_up_naming_the_key(tmp_path, mon
     """No API key and W&B online: exit 2 naming WANDB_API_KEY and WANDB_MODE=offline before OUT
     is written (was a wandb UsageError traceback after the model was built). Nothing reaches the
     network: the check is `wandb.login(verify=False, prompt=False)`, HOME is an empty folder."""
-    from agentrl.metrics_log import check_wandb_login
+    from agentrl.log.metrics import check_wandb_login
 
     for var in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_DISABLED", "NETRC", "WANDB_IDENTITY_TOKEN_FILE"):
         monkeypatch.delenv(var, raising=False)
@@ -169,7 +169,7 @@ def test_wandb_with_an_invalid_mode_is_a_config_error(tmp_path):
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(HOME=str(tmp_path), WANDB_MODE="bogus", WANDB_CONFIG_DIR=str(tmp_path / "wandb"))
-    code = ("from agentrl.config import ConfigError\nfrom agentrl.metrics_log import check_wandb_login\n"
+    code = ("from agentrl.config import ConfigError\nfrom agentrl.log.metrics import check_wandb_login\n"
             "try:\n    check_wandb_login()\nexcept ConfigError as e:\n    print('CONFIG', e)\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     said = " ".join(p.stdout.split())

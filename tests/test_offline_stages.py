@@ -87,7 +87,7 @@ def test_offline_dpo_from_a_file_learns_the_preferences(tiny_model_dir, tmp_path
     assert rows[0]["loss/dpo_loss"] == pytest.approx(0.693147, abs=1e-4)  # policy == reference
     assert rows[-1]["loss/dpo_loss"] < rows[0]["loss/dpo_loss"] - 0.05
     assert s["pairs"] == 2 and s["reward_accuracy"] == 1.0
-    from agentrl.model import load_model
+    from agentrl.models.tiny import load_model
 
     model, _ = load_model(s["model"])  # OUT/model is a Hugging Face directory
     base, _ = load_model(tiny_model_dir)

@@ -11,7 +11,7 @@ from agentrl.config import load_config
 
 
 def _engine(tiny_model_dir, tmp_path, dtype):
-    from agentrl.model import load_model
+    from agentrl.models.tiny import load_model
     from agentrl.run import make_engine
 
     cfg = load_config(overrides=[f"model.dtype={dtype}", f"model.path={tiny_model_dir}"])
@@ -53,7 +53,7 @@ def test_unknown_dtype_is_refused_naming_the_key():
 def ray_up():
     import ray
 
-    from agentrl.cluster import ensure_ray
+    from agentrl.infra.cluster import ensure_ray
 
     ensure_ray(None, num_cpus=2)
     yield
@@ -72,9 +72,9 @@ def _batch(tok_vocab: int, B: int = 5, T: int = 24, seed: int = 0) -> dict:
 
 
 def _learner_and_worker(tiny_model_dir, tmp_path, dtype="float32", keep_fp32=False):
-    from agentrl.learner import Learner
-    from agentrl.model import load_model
-    from agentrl.placement import RemoteFrozenModel, save_reference_model
+    from agentrl.learner.frozen import RemoteFrozenModel, save_reference_model
+    from agentrl.learner.local import Learner
+    from agentrl.models.tiny import load_model
 
     model, tok = load_model(tiny_model_dir)
     learner = Learner(model, lr=1e-3, use_ref=True, micro_batch_size=2, temperature=0.7)
@@ -142,7 +142,7 @@ def embedded_model_dir(tmp_path_factory):
     random weights, its tokenizer trained on the test texts."""
     from conftest import TINY_TEXTS
 
-    from agentrl.model import build_tiny_model
+    from agentrl.models.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("embedded") / "model", TINY_TEXTS, seed=0)
 
@@ -153,7 +153,7 @@ def test_int8_reference_within_tolerance_of_float32(embedded_model_dir):
     tolerance of float32 (mean |gap| < 0.03 nats, max < 0.1; measured 0.009-0.011 and
     0.026-0.039 on these random weights) and not equal to them (it is quantized), and
     `logp_gap` reports exactly that gap."""
-    from agentrl.placement import FrozenModelActor
+    from agentrl.learner.frozen import FrozenModelActor
 
     fp32 = FrozenModelActor(embedded_model_dir, temperature=0.7, micro_batch_size=2)
     q = FrozenModelActor(embedded_model_dir, dtype="int8", temperature=0.7, micro_batch_size=2, keep_fp32=True)
@@ -181,7 +181,7 @@ def test_int8_reward_model_within_tolerance_of_float32(tmp_path):
     import numpy as np
     from _reward_fixtures import build_tiny_classifier
 
-    from agentrl.placement import ClassifierActor
+    from agentrl.rewards.remote import ClassifierActor
 
     path = build_tiny_classifier(tmp_path / "clf", id2label={0: "safe", 1: "unsafe"})
     fp32, q = ClassifierActor(path), ClassifierActor(path, dtype="int8")
@@ -204,9 +204,9 @@ def test_precision_config_errors_name_the_key(monkeypatch):
             load_config(overrides=over)
     assert load_config(overrides=["placement.reference=worker", "placement.reference_dtype=int8"]) \
         .placement.reference_dtype == "int8"
-    import agentrl.placement
+    import agentrl.models.int8
 
-    monkeypatch.setattr(agentrl.placement, "int8_unavailable", lambda: "torch X has no quantized CPU kernels")
+    monkeypatch.setattr(agentrl.models.int8, "int8_unavailable", lambda: "torch X has no quantized CPU kernels")
     with pytest.raises(ConfigError, match="placement.reference_dtype=int8: torch X has no quantized CPU kernels"):
         load_config(overrides=["placement.reference=worker", "placement.reference_dtype=int8"])
 
@@ -230,8 +230,8 @@ def signal(tmp_path_factory):
 def _run(tmp_path, name, extra):
     import json
 
-    from agentrl.learner import latest_checkpoint
-    from agentrl.model import load_model
+    from agentrl.learner.local import latest_checkpoint
+    from agentrl.models.tiny import load_model
     from agentrl.train import train
 
     cfg = load_config(None, TINY + [f"out={tmp_path / name}"] + extra)
@@ -290,9 +290,9 @@ def test_reward_model_worker_scores_equal_inline(ray_up, tmp_path):
     import numpy as np
     from _reward_fixtures import ECHO_ID, build_tiny_classifier
 
-    from agentrl.placement import RemoteClassifier
     from agentrl.rewards import RewardWrappers
     from agentrl.rewards.classifier import SequenceClassifier
+    from agentrl.rewards.remote import RemoteClassifier
 
     path = build_tiny_classifier(tmp_path / "clf", id2label={0: "safe", 1: "unsafe"})
     inline = SequenceClassifier(path)
@@ -387,7 +387,7 @@ def test_train_bf16_engine_logs_the_sampler_gap(tmp_path, signal):
 # -- the cost profile -------------------------------------------------------------------------------
 def test_cost_profile_by_hand():
     """Seconds and shares of the step seconds, in PROFILE order, only the logged stages."""
-    from agentrl.summary import cost_profile, format_profile
+    from agentrl.log.summary import cost_profile, format_profile
 
     stages = {"step": 20.0, "generate": 7.0, "env": 3.0, "reward_model": 2.5, "policy_update": 5.0,
               "sync": 0.5, "update": 9.0, "loop": 21.0}
@@ -451,8 +451,8 @@ def test_resume_inline_after_a_worker_run_keeps_the_reference(ray_up, tmp_path, 
     """2 steps with the reference on a worker, resumed inline to 3 steps: the learner's frozen
     copy is the run's starting weights (OUT/reference_model), not the resumed policy, so the
     run ends as 3 steps with the worker do."""
-    from agentrl.learner import latest_checkpoint
-    from agentrl.model import load_model
+    from agentrl.learner.local import latest_checkpoint
+    from agentrl.models.tiny import load_model
     from agentrl.train import train
 
     kl = ["algo.kl_coef=0.5"] + signal
@@ -469,7 +469,7 @@ def test_resume_inline_after_a_worker_run_keeps_the_reference(ray_up, tmp_path, 
 # -- the distillation teacher on its own worker (issue #24; real Ray) --------------------------------
 def _teacher_dir(base_dir, out, seed=1):
     """A teacher with the policy's tokenizer: `base_dir`'s weights moved by N(0, 0.05^2)."""
-    from agentrl.model import load_model
+    from agentrl.models.tiny import load_model
 
     model, tok = load_model(base_dir)
     g = torch.Generator().manual_seed(seed)
@@ -488,7 +488,7 @@ def test_teacher_worker_equals_inline_teacher(ray_up, tiny_model_dir, tmp_path):
     bit for bit on CPU (stated tolerance 1e-6 nats: float32 rounding of other kernels or
     devices), a prefetched result is the one taken, and the metrics are `perf/teacher_*`."""
     from agentrl.algos.distill import load_teacher, teacher_logprobs
-    from agentrl.placement import RemoteFrozenModel
+    from agentrl.learner.frozen import RemoteFrozenModel
 
     teacher_dir = _teacher_dir(tiny_model_dir, tmp_path / "teacher")
     teacher = load_teacher(teacher_dir)
@@ -503,7 +503,7 @@ def test_teacher_worker_equals_inline_teacher(ray_up, tiny_model_dir, tmp_path):
         assert remote.prefetched == 1
         assert torch.allclose(got, inline, atol=1e-6, rtol=0)
         assert torch.equal(got, inline)  # same function, shapes and weights: exact on CPU
-        from agentrl.model import load_model
+        from agentrl.models.tiny import load_model
 
         student, _ = load_model(tiny_model_dir)  # the teacher is not the student
         assert (teacher_logprobs(student, batch, temperature=0.7, micro_batch_size=2) - inline)[mask].abs().max() > 1e-3

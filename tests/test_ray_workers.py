@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from agentrl.config import Config
-from agentrl.envs import TextEnv
+from agentrl.env.base import TextEnv
 from agentrl.rollout.agent_loop import EpisodeSpec, run_episodes
 from agentrl.rollout.chat import ChatRenderer
 from agentrl.rollout.engines.base import SamplingParams
@@ -116,7 +116,7 @@ def params_of(renderer: ChatRenderer, temperature: float = 1.0) -> SamplingParam
 
 def perturbed_state_dict(model_dir: str, scale: float) -> dict[str, torch.Tensor]:
     """The model's weights with every floating tensor multiplied by `scale`."""
-    from agentrl.model import load_model
+    from agentrl.models.tiny import load_model
 
     model, _ = load_model(model_dir)
     return {k: (v * scale if v.is_floating_point() else v) for k, v in model.state_dict().items()}
@@ -482,7 +482,7 @@ def turn_rewards(trajs) -> list[tuple[float, float, float]]:
 def check_reward_state_round_trip(make_pool, renderer) -> None:
     """A pool that sampled one batch hands its workers' reward state to a new pool; both then
     sample the next batch with the same rewards, a pool that was not given it with others."""
-    from agentrl.checkpoints import pack_state, unpack_state
+    from agentrl.learner.checkpoints import pack_state, unpack_state
 
     a = make_pool()
     try:

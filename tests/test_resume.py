@@ -27,8 +27,8 @@ from safetensors.torch import load_file
 
 import agentrl.train as train_mod
 from agentrl.config import load_config
-from agentrl.learner import latest_checkpoint
-from agentrl.summary import read_metrics
+from agentrl.learner.local import latest_checkpoint
+from agentrl.log.summary import read_metrics
 
 ARGS = ["env.name=toy", "sft.steps=0", "rollout.tasks_per_step=2", "algo.group_size=2",
         "train.eval_tasks=2", "train.eval_samples=1", "train.steps=6", "train.log_rollouts_every=1",
@@ -190,7 +190,7 @@ def test_reward_wrapper_state_is_checkpointed_and_resumed(tiny_model_dir, tmp_pa
     """A run crashed in step 2 and resumed from its step-1 checkpoint gives step 2 the rewards
     and the weights of an uninterrupted run. One env thread: with several, episodes of a batch
     reach the shared memory / multiplier in thread order, which no run reproduces (docs)."""
-    from agentrl.checkpoints import REWARD_STATE, unpack_state
+    from agentrl.learner.checkpoints import REWARD_STATE, unpack_state
 
     A, B = tmp_path / "A", tmp_path / "B"
     train_mod.train(load_config(None, WRAPPED + [f"model.path={tiny_model_dir}", f"out={A}"]))

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from agentrl.checkpoints import pack_state, unpack_state
-from agentrl.envs import make_env
+from agentrl.env.registry import make_env
+from agentrl.learner.checkpoints import pack_state, unpack_state
 from agentrl.rewards import RewardWrappers
 from agentrl.rewards.judge import JudgeClient
 

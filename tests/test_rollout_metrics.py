@@ -11,7 +11,7 @@ import json
 import pytest
 
 from agentrl.config import load_config
-from agentrl.envs import TextEnv
+from agentrl.env.base import TextEnv
 
 
 class ParityEnv(TextEnv):

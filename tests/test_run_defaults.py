@@ -1,4 +1,4 @@
-"""Env- and policy-dependent defaults (`agentrl.run_defaults`): an image env gets the embedded
+"""Env- and policy-dependent defaults (`agentrl.run`): an image env gets the embedded
 VLM and its warm-start learning rate; what the user set is kept; the text main job is unchanged."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 import yaml
 
 from agentrl.config import Config, load_config
-from agentrl.run_defaults import VISION_DEFAULTS, env_observes_images, resolve_run_defaults
+from agentrl.run import VISION_DEFAULTS, env_observes_images, resolve_run_defaults
 
 
 def _resolved(*overrides: str) -> Config:
@@ -71,7 +71,7 @@ def test_config_command_prints_the_resolved_vision_defaults():
 def test_eval_of_the_default_model_on_an_image_env_builds_the_vlm(tmp_path):
     """`agentrl eval --env visual_count --model default` builds what a run would: the VLM."""
     from agentrl.eval.cli import eval_command
-    from agentrl.vlm import is_vlm_dir
+    from agentrl.models.vlm import is_vlm_dir
 
     s = eval_command(env="visual_count", model="default", max_tasks=1, samples=1, max_tokens=2,
                      out=str(tmp_path / "e"), console=None,

@@ -18,10 +18,10 @@ import pytest
 from typer.testing import CliRunner
 
 import agentrl.train as train_mod
-from agentrl.checkpoints import check_out, intact, latest_checkpoint, prune
 from agentrl.cli import app
 from agentrl.config import load_config
-from agentrl.summary import read_metrics
+from agentrl.learner.checkpoints import check_out, intact, latest_checkpoint, prune
+from agentrl.log.summary import read_metrics
 
 ARGS = ["env.name=toy", "sft.steps=0", "rollout.tasks_per_step=2", "algo.group_size=2",
         "train.eval_tasks=2", "train.eval_samples=1", "rollout.max_tokens=16",

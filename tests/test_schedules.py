@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from agentrl.schedules import lr_multiplier
+from agentrl.learner.schedules import lr_multiplier
 
 
 def test_warmup_then_constant_by_hand():
@@ -45,7 +45,7 @@ def test_learner_optimizer_follows_the_run_schedule(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     from agentrl.config import load_config
-    from agentrl.learner import Learner
+    from agentrl.learner.local import Learner
     from agentrl.train import lr_schedule
 
     cfg = load_config(None, ["train.lr=0.01", "train.steps=4", "train.lr_warmup_steps=1",

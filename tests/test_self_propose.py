@@ -13,9 +13,10 @@ from gymnasium.utils.env_checker import check_env
 import agentrl.train as train_mod
 from agentrl.algos import grpo
 from agentrl.config import load_config
-from agentrl.envs import env_state, load_env_state, make_env
+from agentrl.env.base import env_state, load_env_state
+from agentrl.env.registry import make_env
 from agentrl.sandbox.pool import default_pool
-from agentrl.trajectory import Trajectory, Turn
+from agentrl.types import Trajectory, Turn
 from agentrl_envs import self_propose_tasks as spt
 from agentrl_envs.self_propose import SelfProposeEnv, program_novelty, role_of
 from agentrl_envs.self_propose_tasks import SEED_TASKS, ParseError, Task, TaskBuffer

@@ -24,7 +24,7 @@ def test_mix_envs_parses_and_refuses_a_share_that_is_not_positive():
 
 
 def test_examples_mix_both_envs_in_the_shares_asked_for(tiny_tokenizer):
-    from agentrl.envs import build_named_env
+    from agentrl.rollout.envs import build_named_env
     from agentrl.sft import sft_examples, warm_start_examples
 
     renderer = ChatRenderer(tiny_tokenizer)
@@ -46,7 +46,7 @@ def test_examples_mix_both_envs_in_the_shares_asked_for(tiny_tokenizer):
 
 
 def test_embedded_tokenizer_trains_on_the_mix_envs_texts_too(monkeypatch, tmp_path):
-    import agentrl.model as model_mod
+    import agentrl.models.tiny as model_mod
     import agentrl.run as run_mod
 
     seen = {}

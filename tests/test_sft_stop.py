@@ -7,7 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from agentrl.envs import TextEnv, make_env, register_env
+from agentrl.env.base import TextEnv
+from agentrl.env.registry import make_env, register_env
 from agentrl.rollout.chat import ChatRenderer
 from agentrl.rollout.engines.scripted import ScriptedEngine
 
@@ -33,7 +34,7 @@ def test_stop_check_reports_pass_at_1_and_pass_at_k(tiny_tokenizer):
     With 4 samples per task: even tasks c = 2 of n = 4, so pass@1 = 1/2 and pass@4 = 1; odd
     tasks 0. Overall pass@1 = even/2/n_tasks, pass@4 = even/n_tasks."""
     from agentrl.config import load_config
-    from agentrl.episodes import EVAL_SEED
+    from agentrl.eval.episodes import EVAL_SEED
     from agentrl.sft import evaluate
 
     calls = {"n": 0}

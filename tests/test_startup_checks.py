@@ -9,8 +9,8 @@ import shutil
 import pytest
 
 import agentrl.train as train_mod
-from agentrl.checkpoints import check_out
 from agentrl.config import ConfigError, load_config
+from agentrl.learner.checkpoints import check_out
 
 TOY = ["env.name=toy", "sft.steps=0", "rollout.tasks_per_step=2", "algo.group_size=2",
        "train.eval_tasks=2", "train.eval_samples=1", "train.steps=1", "rollout.max_tokens=8",
@@ -77,7 +77,7 @@ def test_bad_yaml_and_values_name_the_file_or_key(tmp_path):
 
 def test_distill_teacher_with_another_tokenizer_is_refused(tiny_model_dir, tiny_tokenizer, tmp_path):
     from agentrl.algos.distill import check_teacher_tokenizer
-    from agentrl.model import build_tiny_model
+    from agentrl.models.tiny import build_tiny_model
 
     check_teacher_tokenizer(tiny_model_dir, tiny_tokenizer)  # the same tokenizer: accepted
     other = build_tiny_model(tmp_path / "other", ["a completely different corpus of words"] * 30,
@@ -138,7 +138,7 @@ def test_sft_dataset_that_is_a_directory_says_so(tmp_path):
     ("env.kwargs.max_turns=abc", r"env\.kwargs: code_sandbox .*'max_turns': 'abc'.*ValueError"),
 ])
 def test_env_kwargs_the_env_refuses_are_config_errors_naming_the_key(tmp_path, kwarg, message):
-    from agentrl.envs import build_env
+    from agentrl.rollout.envs import build_env
 
     cfg = load_config(None, ["env.name=code_sandbox", kwarg, f"out={tmp_path / 'run'}"])
     with pytest.raises(ConfigError, match=message):
@@ -184,7 +184,7 @@ class _FlakyResetEnv:
     """Resets raise on one seed in 50; the others give a one-message task."""
 
     def __new__(cls, bad_obs: bool = False):
-        from agentrl.envs import TextEnv
+        from agentrl.env.base import TextEnv
 
         class Env(TextEnv):
             def reset(self, *, seed=None, options=None):
@@ -202,7 +202,7 @@ class _FlakyResetEnv:
 
 
 def test_embedded_model_survives_resets_that_raise_and_names_a_malformed_observation(tmp_path):
-    from agentrl.envs import register_env
+    from agentrl.env.registry import register_env
     from agentrl.run import default_model_dir
 
     register_env("agentrl-test/FlakyReset-v0", _FlakyResetEnv, short_name="test_flaky_reset")
@@ -220,7 +220,7 @@ def test_embedded_model_survives_resets_that_raise_and_names_a_malformed_observa
 @pytest.mark.parametrize("model_path", [None, "tiny"])
 def test_text_policy_on_an_image_env_is_a_start_up_config_error(tmp_path, tiny_model_dir, model_path):
     """The embedded text default (model.vision=false given: unset, an image env gets the
-    embedded VLM, agentrl.run_defaults), or a text-only model.path, on visual_count: exit 2
+    embedded VLM, agentrl.run), or a text-only model.path, on visual_count: exit 2
     naming the env and model.vision=true, before OUT is written (was an ImageObservationError
     traceback from the first rollout)."""
     from typer.testing import CliRunner

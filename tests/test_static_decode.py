@@ -59,7 +59,7 @@ def llama_biased_gqa():
 
 @pytest.fixture(scope="module")
 def tiny_model(tiny_model_dir):
-    from agentrl.model import load_model
+    from agentrl.models.tiny import load_model
 
     return load_model(tiny_model_dir)[0]
 
@@ -145,7 +145,7 @@ def test_step_logits_equal_the_model_forward(tiny_model):
 
 def test_weight_changes_reach_the_decoder(tiny_model_dir):
     """`update_weights` and in-place edits (an optimizer step) both rebuild the fused weights."""
-    from agentrl.model import load_model
+    from agentrl.models.tiny import load_model
 
     model = load_model(tiny_model_dir)[0]
     on, off = HFEngine(model, static_decode=True), HFEngine(load_model(tiny_model_dir)[0], static_decode=False)

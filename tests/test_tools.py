@@ -12,8 +12,8 @@ from typing import Literal
 
 import pytest
 
-from agentrl.corpus_server import make_documents, serve_corpus
-from agentrl.envs import TextEnv
+from agentrl.env.base import TextEnv
+from agentrl.infra.corpus_server import make_documents, serve_corpus
 from agentrl_envs.tool_env import ToolEnv
 from agentrl_tools.calculator import calculator, evaluate
 from agentrl_tools.executor import ToolRunner, add_system_text, call_with_timeout, format_result

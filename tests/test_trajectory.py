@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from agentrl.train import build_batch
-from agentrl.trajectory import Trajectory, collate
+from agentrl.types import Trajectory, collate
 
 
 def traj(prompt, sampled, reward, group=0):

@@ -16,7 +16,7 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="module")
 def vlm(tmp_path_factory):
-    from agentrl.vlm import build_tiny_vlm, load_vlm
+    from agentrl.models.vlm import build_tiny_vlm, load_vlm
 
     d = build_tiny_vlm(tmp_path_factory.mktemp("vlm") / "m", ["How many red squares are in the image?",
                        "Wrong, look again.", "Which cell holds the circle? 1,2"] * 5,
@@ -144,7 +144,7 @@ def test_learner_batched_vision_logprobs_equal_per_row(vlm, episodes):
     text-only row) equals the per-row forward (`vision_logprobs`) within 1e-5 at every real
     position, through `Learner.logprobs` at micro-batch sizes 1 and 3 too; vision tokens get
     probability 0 (their logprob is the lowest float32 after the log-softmax)."""
-    from agentrl.learner import Learner, token_logprobs
+    from agentrl.learner.local import Learner, token_logprobs
     from agentrl.models.vision_logprobs import vision_logprobs
     from agentrl.train import build_batch
 

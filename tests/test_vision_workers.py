@@ -28,7 +28,7 @@ TEXTS = ["How many red squares are in the image?", "Which cell holds the circle?
 
 @pytest.fixture(scope="module")
 def vlm_dir(tmp_path_factory) -> str:
-    from agentrl.vlm import build_tiny_vlm
+    from agentrl.models.vlm import build_tiny_vlm
 
     return build_tiny_vlm(tmp_path_factory.mktemp("vlm") / "m", TEXTS, hidden_size=32, num_layers=1,
                           num_heads=2, intermediate_size=64, vocab_size=320, seed=0)
@@ -51,8 +51,8 @@ def specs() -> list[EpisodeSpec]:
 
 def in_process(vlm_dir: str, state_dict, seed: int) -> list:
     """What `rollout.num_workers=0` runs: `run_episodes` on one in-process `VisionHFEngine`."""
-    from agentrl.envs import build_env
     from agentrl.rollout.chat import VisionChatRenderer
+    from agentrl.rollout.envs import build_env
     from agentrl.rollout.workers import vision_engine_of_dir
 
     engine, tok = vision_engine_of_dir(vlm_dir, torch.float32, 1)
@@ -84,7 +84,7 @@ def assert_same(got: list, want: list) -> None:
 def ray_cluster():
     import ray
 
-    from agentrl.cluster import ensure_ray
+    from agentrl.infra.cluster import ensure_ray
 
     t0 = time.perf_counter()
     ensure_ray(None, num_cpus=1)
@@ -99,11 +99,11 @@ def test_a_ray_worker_runs_image_episodes_as_in_process_and_the_learner_agrees(r
     the same seed, with the initial weights and after a push of other weights (which the
     worker's VLM then samples from: other tokens); the `Learner`'s logprobs of the pushed policy
     on the worker's trajectories equal the sampler's within 1e-4."""
-    from agentrl.learner import Learner
+    from agentrl.learner.local import Learner
+    from agentrl.models.vlm import load_vlm
     from agentrl.rollout.chat import VisionChatRenderer
     from agentrl.rollout.workers import RolloutPool
     from agentrl.train import build_batch
-    from agentrl.vlm import load_vlm
 
     pool = RolloutPool(vision_cfg(num_workers=1), vlm_dir)
     try:
@@ -165,7 +165,7 @@ def test_train_visual_count_on_one_ray_worker_subprocess(tmp_path):
     assert len(recs) == 4
     assert {(r["info"]["rollout_worker"], r["policy_version"]) for r in recs} == {(0, 1)}
     assert all(r["vision"]["image_grid_thw"] == [[1, 6, 6]] for r in recs)
-    from agentrl.vlm import is_vlm_dir
+    from agentrl.models.vlm import is_vlm_dir
 
     assert is_vlm_dir(out / "rollout_model") and is_vlm_dir(out / "checkpoints" / "step_2")
 

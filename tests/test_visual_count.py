@@ -9,7 +9,9 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 from PIL import Image
 
-from agentrl.envs import ChatMessages, make_env, message_images
+from agentrl.env.base import ChatMessages
+from agentrl.env.content import message_images
+from agentrl.env.registry import make_env
 from agentrl_envs.visual_count import (
     COLOURS,
     FEEDBACK,

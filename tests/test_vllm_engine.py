@@ -17,7 +17,7 @@ import time
 import pytest
 import torch
 
-from agentrl.envs import TextEnv
+from agentrl.env.base import TextEnv
 from agentrl.rollout.agent_loop import EpisodeSpec
 from agentrl.rollout.chat import ChatRenderer
 from agentrl.rollout.engines.base import SamplingParams
@@ -64,7 +64,7 @@ def vllm_module():
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
     """Tiny Qwen2, tied embeddings, head size 64 (a size every vLLM attention backend has)."""
-    from agentrl.model import build_tiny_model
+    from agentrl.models.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("vllm") / "model", TEXTS, hidden_size=128,
                             num_layers=2, num_heads=2, intermediate_size=256, vocab_size=400, seed=0)
@@ -109,7 +109,7 @@ def prompts(renderer):
 
 def learner_logprobs(model, prompt: list[int], completion: list[int], temperature: float) -> list[float]:
     """The learner's teacher-forced logprobs of `completion` after `prompt` (`token_logprobs`)."""
-    from agentrl.learner import token_logprobs
+    from agentrl.learner.local import token_logprobs
 
     ids = torch.tensor([prompt + completion])
     with torch.no_grad():
@@ -329,7 +329,7 @@ def test_sleep_and_wake_up_on_gpu(model_dir, prompts):
     eng.wake_up()
     with pytest.raises(RuntimeError, match=r"discarded by sleep\(level=2\)"):
         eng.generate(prompts, p)
-    from agentrl.model import load_model
+    from agentrl.models.tiny import load_model
 
     eng.update_weights(load_model(model_dir)[0].state_dict(), 1)
     assert [c.token_ids for c in eng.generate(prompts, p)] == [c.token_ids for c in before]
@@ -345,7 +345,7 @@ def test_rollout_worker_runs_episodes_on_vllm(worker, hf, renderer):
     diffs = []
     for t in trajs:
         ids = torch.tensor([t.token_ids])
-        from agentrl.learner import token_logprobs
+        from agentrl.learner.local import token_logprobs
 
         with torch.no_grad():
             lp, _ = token_logprobs(hf.model, ids, torch.ones_like(ids))

@@ -45,7 +45,7 @@ def vllm_module():
 @pytest.fixture(scope="module")
 def vlm_dir(tmp_path_factory) -> str:
     """The embedded VLM with text head size 64 (a size every vLLM attention backend has)."""
-    from agentrl.vlm import build_tiny_vlm
+    from agentrl.models.vlm import build_tiny_vlm
 
     return build_tiny_vlm(tmp_path_factory.mktemp("vlm") / "m", TEXTS, hidden_size=128, num_layers=2,
                           num_heads=2, intermediate_size=256, vocab_size=400, seed=0)
@@ -82,7 +82,7 @@ def params(renderer, temperature: float) -> SamplingParams:
 
 def teacher_forced(model, trajs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The `Learner`'s logprobs of `model` on `trajs`, the sampler's, and the loss mask."""
-    from agentrl.learner import Learner
+    from agentrl.learner.local import Learner
     from agentrl.train import build_batch
 
     batch = build_batch(trajs, pad_id=0)
@@ -103,10 +103,10 @@ def test_vllm_image_episodes_greedy_equal_hf_and_logprobs_equal_the_learner(work
     ids and masks equal `VisionHFEngine`'s on the same episodes; sampled at T=1, vLLM's logprobs
     equal the learner's teacher-forced ones on every sampled token within 1e-4 (ratio 1), no
     vision token is sampled, and the image placeholders are context (mask 0)."""
-    from agentrl.envs import build_env
+    from agentrl.models.vlm import load_vlm
     from agentrl.rollout.chat import VisionChatRenderer
+    from agentrl.rollout.envs import build_env
     from agentrl.rollout.workers import vision_engine_of_dir
-    from agentrl.vlm import load_vlm
 
     r = worker.renderer
     greedy = worker.run(specs(), params(r, 0.0), seed=0)
@@ -137,7 +137,7 @@ def test_vllm_weight_update_reaches_the_vision_tower(worker, vlm_dir):
     """Pushing weights whose only change is in the vision tower (`model.visual.*`, noise of std
     0.5) changes vLLM's logprobs of the same episodes, and they equal the learner's on the
     pushed weights within 1e-4; the unchanged weights give the old logprobs back."""
-    from agentrl.vlm import load_vlm
+    from agentrl.models.vlm import load_vlm
 
     r = worker.renderer
     model, _, _ = load_vlm(vlm_dir)

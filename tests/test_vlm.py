@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from agentrl.vlm import (
+from agentrl.models.vlm import (
     IMAGE_PAD,
     VISION_END,
     VISION_START,
@@ -210,7 +210,7 @@ def test_model_init_std_sets_the_initialisation_of_both_embedded_models(tmp_path
     keeps transformers' 0.02."""
     import agentrl.run as run
     from agentrl.config import load_config
-    from agentrl.run_defaults import resolve_run_defaults
+    from agentrl.run import resolve_run_defaults
 
     monkeypatch.setattr(run, "TOKENIZER_TASKS", 20)
     small = ["model.hidden_size=64", "model.num_layers=1", "model.num_heads=2",

@@ -11,14 +11,14 @@ import httpx
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from agentrl.corpus_server import (
+from agentrl.env.registry import make_env, register_env
+from agentrl.infra.corpus_server import (
     load_documents,
     make_documents,
     paragraphs,
     serve_corpus,
     slugify,
 )
-from agentrl.envs import make_env, register_env
 from agentrl_envs.web_qa import (
     DEFAULT_CORPUS,
     DEFAULT_QUESTIONS,
@@ -126,12 +126,12 @@ def test_corpus_server_pages(small):
 
 
 def test_serve_corpus_command(small):
-    """`python -m agentrl.corpus_server PATH --port 0` (what `agentrl serve-corpus` runs)."""
+    """`python -m agentrl.infra.corpus_server PATH --port 0` (what `agentrl serve-corpus` runs)."""
     import re
     import subprocess
     import sys
 
-    proc = subprocess.Popen([sys.executable, "-m", "agentrl.corpus_server", str(small / "corpus.jsonl"),
+    proc = subprocess.Popen([sys.executable, "-m", "agentrl.infra.corpus_server", str(small / "corpus.jsonl"),
                              "--port", "0"], stdout=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()

@@ -17,7 +17,11 @@ from urllib.parse import urljoin, urlsplit
 
 import httpx
 
-from agentrl.http_deadline import DeadlineExceeded, fresh_connection_limits, request_with_deadline
+from agentrl.infra.http_deadline import (
+    DeadlineExceeded,
+    fresh_connection_limits,
+    request_with_deadline,
+)
 from agentrl_tools.registry import Tool, ToolError, tool
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -155,7 +159,7 @@ _CLIENTS_LOCK = threading.Lock()
 
 def _client(trust_env: bool) -> httpx.Client:
     """A shared client (making one costs ~0.1-0.7 s for its SSL context; clients are
-    thread-safe), without keep-alive (`agentrl.http_deadline`). trust_env=False for loopback: a proxy from the environment must not
+    thread-safe), without keep-alive (`agentrl.infra.http_deadline`). trust_env=False for loopback: a proxy from the environment must not
     intercept requests to the local corpus server."""
     with _CLIENTS_LOCK:
         if trust_env not in _CLIENTS:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import bm25s
 from bm25s.tokenization import Tokenizer
 
-from agentrl.corpus_server import Document
+from agentrl.infra.corpus_server import Document
 from agentrl_tools.registry import Tool, ToolError, tool
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")

@@ -26,7 +26,7 @@ them, in this order each step: `build_batch` -> `prepare` -> reference logprobs 
   REINFORCE++; `train.skip_zero_advantage`).
 - `wants_vocab_logprobs(cfg) -> bool` [False]: `loss` is called with `vocab_logp=` (B, T, V),
   the policy's log-probabilities over the whole vocabulary at each position, with gradient
-  (`agentrl.learner.token_vocab_logprobs`; distill's `distill_kl=full|topk`).
+  (`agentrl.learner.local.token_vocab_logprobs`; distill's `distill_kl=full|topk`).
 - `OPTIONS: tuple[str, ...]` [()]: the optional `AlgoConfig` features (keys of `OPTIONAL`) the
   algorithm supports; `check_options` refuses the others at start-up when they are switched on,
   so no option is silently ignored.

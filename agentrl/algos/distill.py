@@ -17,10 +17,10 @@ temperature. A teacher equal to the student gives exactly 0.
 The teacher (`algo.teacher_path`, a local Hugging Face directory with the policy's tokenizer)
 is frozen, in eval mode, dropout off. Inline (`placement.teacher=inline`) it is loaded once per
 process on the learner's device and its forward runs in `prepare` without gradient; on a worker
-(`placement.teacher=worker`) it is a `agentrl.placement.RemoteFrozenModel` set as
+(`placement.teacher=worker`) it is a `agentrl.learner.frozen.RemoteFrozenModel` set as
 `learner.teacher` by the training loop, which starts its logprobs as soon as a batch is sampled
 (the reference worker's pipeline), and `prepare` takes the result. Both compute
-`agentrl.placement.frozen_logprobs` (the same micro-batches, trimmed the same way), so the two
+`agentrl.learner.frozen.frozen_logprobs` (the same micro-batches, trimmed the same way), so the two
 are equal (bit for bit in float32 on CPU, tested).
 
 `algo.distill_kl` picks the teacher signal:
@@ -100,12 +100,12 @@ def load_teacher(path: str | Path, device: str | torch.device = "cpu") -> Any:
     no gradient, dropout off).
 
     Raises:
-        FileNotFoundError: `path` is not a directory (from `agentrl.model.load_model`).
+        FileNotFoundError: `path` is not a directory (from `agentrl.models.tiny.load_model`).
     """
     key = (str(Path(path).resolve()), str(device))
     if key not in _TEACHERS:
-        from agentrl.learner import disable_dropout
-        from agentrl.model import load_model
+        from agentrl.learner.local import disable_dropout
+        from agentrl.models.tiny import load_model
 
         model, _ = load_model(path)
         model.requires_grad_(False)
@@ -139,7 +139,7 @@ def check_teacher_tokenizer(path: str | Path, tok: Any) -> None:
 def teacher_logprobs(teacher: Any, batch: dict[str, Any], *, temperature: float = 1.0,
                      micro_batch_size: int = 16) -> torch.Tensor:
     """(B, T) float32 log pi_teacher of every token of `batch["input_ids"]` given those before
-    it, 0 at t = 0 and on padding, on the batch's device: `agentrl.placement.frozen_logprobs`
+    it, 0 at t = 0 and on padding, on the batch's device: `agentrl.learner.frozen.frozen_logprobs`
     of the inline `teacher` model (what a teacher worker computes).
 
     Args:
@@ -152,7 +152,7 @@ def teacher_logprobs(teacher: Any, batch: dict[str, Any], *, temperature: float 
         ValueError: a token id is outside the teacher's vocabulary (another tokenizer; names
             `algo.teacher_path`).
     """
-    from agentrl.placement import frozen_logprobs
+    from agentrl.learner.frozen import frozen_logprobs
 
     try:
         out = frozen_logprobs(teacher, batch["input_ids"], batch["attention_mask"], batch["lengths"],
@@ -257,7 +257,7 @@ def prepare(batch: dict[str, Any], learner: Any, cfg: Any) -> tuple[dict[str, An
     if mode != "sampled":
         if remote is not None:  # the config refuses this at start-up; a direct caller too
             raise ValueError(f"algo.distill_kl={mode} needs placement.teacher=inline")
-        from agentrl.placement import frozen_vocab_logprobs
+        from agentrl.learner.frozen import frozen_vocab_logprobs
 
         teacher = load_teacher(cfg.teacher_path, getattr(learner, "device", "cpu"))
         try:

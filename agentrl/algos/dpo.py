@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from agentrl.algos.losses import dpo_loss, sequence_logps
-from agentrl.jsonl import jsonl_rows
+from agentrl.infra.jsonl import jsonl_rows
 
 NEEDS_REF = True
 
@@ -190,7 +190,7 @@ def preference_batch(pairs: list[dict[str, Any]], renderer: Any, pad_id: int) ->
     Raises:
         ValueError: no pairs.
     """
-    from agentrl.trajectory import Trajectory, collate
+    from agentrl.types import Trajectory, collate
 
     if not pairs:
         raise ValueError("preference_batch: no pairs")

@@ -89,7 +89,7 @@ def resolve_model(model: str) -> tuple[Path, Path | None]:
         cfg = run / "config.json" if run is not None and (run / "config.json").is_file() else None
         return p, cfg
     if (p / "checkpoints").is_dir():
-        from agentrl.learner import latest_checkpoint
+        from agentrl.learner.local import latest_checkpoint
 
         ck = latest_checkpoint(p)
         if ck is None:
@@ -311,7 +311,7 @@ def eval_command(
     # heavy imports only now (arguments and config are valid)
     import torch
 
-    from agentrl.envs import import_env_modules, resolve_env_id
+    from agentrl.env.registry import import_env_modules, resolve_env_id
     from agentrl.eval.harness import run_eval
     from agentrl.eval.tasks import list_tasks
     from agentrl.rollout.chat import ChatRenderer
@@ -320,7 +320,7 @@ def eval_command(
     import_env_modules(cfg.env.imports)  # ImportError naming the module
     resolve_env_id(cfg.env.name)  # ValueError naming the registered envs
     if builtin:  # the embedded model a run would build: the VLM for an env that observes images
-        from agentrl.run_defaults import resolve_run_defaults
+        from agentrl.run import resolve_run_defaults
 
         cfg = resolve_run_defaults(cfg)
     quiet_libraries()
@@ -354,8 +354,8 @@ def eval_command(
         mt, met = max(mt, answer_cap), max(met, episode_cap)
         model_label = "reference" + (f" (tokenizer {tok_dir})" if tok_dir else "")
     elif use_pool:
+        from agentrl.models.vlm import is_vlm_dir
         from agentrl.rollout.workers import RolloutPool, load_tokenizer
-        from agentrl.vlm import is_vlm_dir
 
         pool = RolloutPool(cfg, str(model_dir))  # the workers render images themselves
         tok = load_tokenizer(str(model_dir))
@@ -374,7 +374,7 @@ def eval_command(
         def rollout(specs: list[Any], params: Any, s: int | None) -> list[Any]:
             return pool.run(specs, params, s, split=split_arg)
     else:
-        from agentrl.vlm import is_vlm_dir
+        from agentrl.models.vlm import is_vlm_dir
 
         if is_vlm_dir(str(model_dir)) and cfg.rollout.engine == "hf":  # in-process vision engine
             from agentrl.run import vision_engine

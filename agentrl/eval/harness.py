@@ -24,12 +24,12 @@ from typing import Any
 
 import numpy as np
 
-from agentrl.episodes import episode_success, extrinsic_return
+from agentrl.eval.episodes import episode_success, extrinsic_return
 from agentrl.eval.report import print_summary, summarize, summary_markdown
 from agentrl.rollout.agent_loop import EpisodeSpec, run_episodes
 from agentrl.rollout.chat import ChatRenderer
 from agentrl.rollout.engines.base import Engine, SamplingParams
-from agentrl.trajectory import Trajectory, json_message
+from agentrl.types import Trajectory, json_message
 
 
 def batch_seed(seed: int, batch_index: int) -> int:
@@ -71,8 +71,8 @@ def episode_row(tr: Trajectory, task_index: int, sample: int, reset_kwargs: dict
     """One `results.jsonl` row for an episode.
 
     Fields: `task_index`, `task_id` (the env's reset `info["task_id"]`, else `task_label`),
-    `sample` (0..N-1), `reset_kwargs`, `success` (`agentrl.episodes.episode_success`), `reward`
-    (extrinsic return, `agentrl.episodes.extrinsic_return`; None when NaN), `return` (sum of all
+    `sample` (0..N-1), `reset_kwargs`, `success` (`agentrl.eval.episodes.episode_success`), `reward`
+    (extrinsic return, `agentrl.eval.episodes.extrinsic_return`; None when NaN), `return` (sum of all
     turn rewards, bonuses included; None when NaN), `verdict` (last turn's `info["verdict"]` or
     None), `turns`, `tokens` (sampled tokens), `total_tokens` (all tokens), `finish_reasons`
     (sampler finish reason per turn), `end` (see `agentrl.eval.report`), `errors` (the
@@ -80,7 +80,7 @@ def episode_row(tr: Trajectory, task_index: int, sample: int, reset_kwargs: dict
     code env's failure reasons),
     `turn_rewards`, `turn_verdicts`, `seconds` (generate + env time attributed to the episode),
     `policy_version`, `messages` (the full transcript; an image part's image is the text
-    `<image HxW>`, `agentrl.trajectory.json_message`).
+    `<image HxW>`, `agentrl.types.json_message`).
     """
     errors = [e for e in tr.info.get("errors", []) if e is not None]
     if not tr.turns and tr.info.get("error") is not None:
@@ -219,7 +219,7 @@ def run_eval(
             unused; `renderer` gives the stop ids.
         step_timeout_s, reset_timeout_s: most seconds an env step / reset may run (None: no
             limit); see `run_episodes`.
-        reporter: where the progress (episodes done, ETA) goes (`agentrl.progress.Reporter`;
+        reporter: where the progress (episodes done, ETA) goes (`agentrl.log.progress.Reporter`;
             default: one on `console`, silent without one).
         stage: the progress line's name.
 
@@ -258,7 +258,7 @@ def run_eval(
                                 make_env=make_env)
 
         run_batch = run_here
-    from agentrl.progress import Reporter
+    from agentrl.log.progress import Reporter
 
     if reporter is None:
         reporter = Reporter(console, enabled=console is not None)
@@ -374,7 +374,7 @@ def evaluate_heldout(engine: Engine | None, renderer: ChatRenderer, envs: list[A
     from agentrl.eval.tasks import list_tasks
 
     if make_env is None:
-        from agentrl.envs import build_env
+        from agentrl.rollout.envs import build_env
 
         make_env = partial(build_env, cfg, "heldout")
     tasks, source = list_tasks(envs[0], cfg.train.eval_tasks, default_n=cfg.train.eval_tasks)

@@ -102,7 +102,7 @@ def reference_engine(make_env: Callable[[], Any], renderer: ChatRenderer,
 
 def reference_texts(make_env: Callable[[], Any], tasks: Iterable[dict[str, Any]]) -> list[str]:
     """Opening-message texts and reference answers of `tasks`: the corpus the reference run's
-    tokenizer is trained on (`agentrl.model.build_tokenizer`), so token counts are those of a
+    tokenizer is trained on (`agentrl.models.tiny.build_tokenizer`), so token counts are those of a
     tokenizer fitted to the tasks, like the embedded default model's."""
     env = make_env()
     texts: list[str] = []
@@ -124,7 +124,7 @@ def reference_setup(make_env: Callable[[], Any], tasks: Sequence[dict[str, Any]]
         make_env: makes one env of the evaluated kind.
         tasks: reset kwargs of the tasks.
         tokenizer_dir: a model directory whose tokenizer to use; None: train the embedded
-            byte-level BPE tokenizer (`agentrl.model.build_tokenizer`) offline on the tasks'
+            byte-level BPE tokenizer (`agentrl.models.tiny.build_tokenizer`) offline on the tasks'
             texts (`reference_texts`).
         vocab_size: vocabulary of that trained tokenizer.
 
@@ -140,7 +140,7 @@ def reference_setup(make_env: Callable[[], Any], tasks: Sequence[dict[str, Any]]
 
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
     else:
-        from agentrl.model import build_tokenizer
+        from agentrl.models.tiny import build_tokenizer
 
         tokenizer = build_tokenizer(reference_texts(make_env, tasks), vocab_size=vocab_size)
     renderer = ChatRenderer(tokenizer)

@@ -13,7 +13,7 @@ Metric definitions (overall and per task):
   the same family would give; None with fewer than two tasks).
 - `success_rate`: successes / episodes (= pass@1 when every task has the same n).
 - `reward_mean`, `reward_std`: mean and population std (ddof = 0) of the episode's extrinsic
-  reward (`agentrl.episodes.extrinsic_return`) over episodes whose reward is a number; episodes
+  reward (`agentrl.eval.episodes.extrinsic_return`) over episodes whose reward is a number; episodes
   with a NaN reward are counted in `nan_rewards`.
 - `turns_mean`: agent turns per episode; `tokens_mean`: sampled (generated) tokens per episode;
   `total_tokens_mean`: all tokens of the episode (prompt and observations included).

@@ -5,7 +5,7 @@ Protocol, checked in this order on the env and its unwrapped core:
 2. `tasks() -> list`: the fixed task list of the env's split (the code_sandbox env: a dataset
    file's tasks, or the built-in family's fixed list); task i is reset with
    `options={"task_index": i}`;
-3. otherwise the held-out seeds `EVAL_SEED + i` (`agentrl.episodes.EVAL_SEED`), the same tasks the
+3. otherwise the held-out seeds `EVAL_SEED + i` (`agentrl.eval.episodes.EVAL_SEED`), the same tasks the
    in-training evaluation uses.
 """
 
@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrl.episodes import EVAL_SEED
+from agentrl.eval.episodes import EVAL_SEED
 
 
 def seed_tasks(n: int) -> list[dict[str, Any]]:
-    """Reset kwargs `{"seed": EVAL_SEED + i}` for i < n (`agentrl.episodes.EVAL_SEED`)."""
+    """Reset kwargs `{"seed": EVAL_SEED + i}` for i < n (`agentrl.eval.episodes.EVAL_SEED`)."""
     return [{"seed": EVAL_SEED + i} for i in range(n)]
 
 

@@ -7,6 +7,6 @@
 - `sampling`: the seeded per-row sampler (`sample_next`, `row_uniforms`) that the decode step
   compiles into one graph with the decoder.
 
-The embedded tiny model builder and `load_model` stay in `agentrl.model`. Nothing here imports
-`agentrl.rollout`, `agentrl.learner` or `agentrl.train`.
+The embedded tiny model builder and `load_model` stay in `agentrl.models.tiny`. Nothing here imports
+`agentrl.rollout`, `agentrl.learner.local` or `agentrl.train`.
 """

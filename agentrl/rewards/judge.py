@@ -8,7 +8,7 @@ server (contract 7): the result carries `score = reward = NaN` and the reason in
 reward so that the episode is excluded from group statistics (case R1), never a silent 0.
 
 HTTP client: a time limit on each whole request (connect, send and every read together, with a
-watchdog that cuts a connection dripping bytes; `agentrl.http_deadline`), a cap on the reply's
+watchdog that cuts a connection dripping bytes; `agentrl.infra.http_deadline`), a cap on the reply's
 size, retries with exponential backoff on timeouts, connection errors, HTTP 429
 and 5xx (wait `backoff * 2**k` before retry k+1, at most `backoff_max`), a concurrency limit
 (a semaphore shared by every thread that uses the client), and an LRU cache of valid scores keyed
@@ -180,7 +180,7 @@ class JudgeClient:
                  max_reply_bytes: int = 1 << 20):
         import httpx
 
-        from agentrl.http_deadline import fresh_connection_limits
+        from agentrl.infra.http_deadline import fresh_connection_limits
 
         if not (math.isfinite(low) and math.isfinite(high)) or low >= high:
             raise ValueError(f"judge scale must have finite low < high, got [{low}, {high}]")
@@ -219,7 +219,7 @@ class JudgeClient:
         """`model`, or the first id of `GET /v1/models` (remembered), or "default" (not
         remembered, so a server that comes up later is asked again)."""
         if self.model is None:
-            from agentrl.http_deadline import request_with_deadline
+            from agentrl.infra.http_deadline import request_with_deadline
 
             models_url = self.url[: -len("/chat/completions")] + "/models"
             try:
@@ -285,7 +285,11 @@ class JudgeClient:
         """
         import httpx
 
-        from agentrl.http_deadline import DeadlineExceeded, ReplyTooLarge, request_with_deadline
+        from agentrl.infra.http_deadline import (
+            DeadlineExceeded,
+            ReplyTooLarge,
+            request_with_deadline,
+        )
 
         body = {"model": self._model_name(), "messages": request, "temperature": self.temperature,
                 "max_tokens": self.max_tokens}

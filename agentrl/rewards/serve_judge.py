@@ -41,7 +41,7 @@ class ChatModel:
     """
 
     def __init__(self, model_path: str | Path, *, name: str | None = None, max_tokens_cap: int = 2048):
-        from agentrl.model import chat_stop_ids, load_model
+        from agentrl.models.tiny import chat_stop_ids, load_model
 
         self.model, self.tokenizer = load_model(model_path)
         self.name = name or Path(model_path).resolve().name
@@ -80,7 +80,7 @@ class ChatModel:
         if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
             raise _BadRequest("'stop' must be a string or a list of non-empty strings")
 
-        from agentrl.model import render_text
+        from agentrl.models.tiny import render_text
 
         try:
             text = render_text(self.tokenizer, messages, add_generation_prompt=True)

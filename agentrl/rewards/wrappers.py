@@ -91,7 +91,7 @@ class RewardWrappers:
             update_every (the shared multiplier), the rest to `SequenceClassifier`.
             curiosity: `CuriosityMemory` settings.
         remote: score the classifier / safety model on its own Ray actor
-            (`agentrl.placement.RemoteClassifier` keywords: dtype, cpus, gpus, torch_threads,
+            (`agentrl.rewards.remote.RemoteClassifier` keywords: dtype, cpus, gpus, torch_threads,
             ray_address; `placement.reward_model=worker`); None: in this process.
 
     Raises:
@@ -146,7 +146,7 @@ class RewardWrappers:
 
     def _classifier(self, model: Any, kwargs: dict[str, Any]) -> Any:
         if self.remote is not None and isinstance(model, (str, Path)):
-            from agentrl.placement import RemoteClassifier
+            from agentrl.rewards.remote import RemoteClassifier
 
             return RemoteClassifier(model, **self.remote, **kwargs)
         return load_classifier(model, **kwargs)
@@ -185,7 +185,7 @@ class RewardWrappers:
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        """The state that changes rewards across steps, to checkpoint (`agentrl.checkpoints.
+        """The state that changes rewards across steps, to checkpoint (`agentrl.learner.checkpoints.
         pack_state` writes it): `curiosity` (the memory: counts, RND networks, t), `safety`
         (the Lagrange multiplier, its update count and buffered costs) and `judge` (a
         `JudgeClient`'s score cache and counters), each present when its wrapper is; numpy

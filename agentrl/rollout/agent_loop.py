@@ -22,11 +22,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from agentrl.envs import content_error, message_images
+from agentrl.env.content import content_error, message_images
+from agentrl.models.vlm import ImageProcessorError
 from agentrl.rollout.chat import ChatRenderer
 from agentrl.rollout.engines.base import Engine, SamplingParams, prompt_key
-from agentrl.trajectory import Trajectory
-from agentrl.vlm import ImageProcessorError
+from agentrl.types import Trajectory
 
 
 @dataclass

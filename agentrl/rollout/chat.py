@@ -25,8 +25,8 @@ _BASE: list[Message] = [
 def render_ids(tokenizer: Any, messages: list[Message], *, add_generation_prompt: bool,
                tools: list[dict] | None = None) -> list[int]:
     """Render chat messages with the tokenizer's chat template to a plain list of token ids
-    (see `agentrl.model.render_ids`)."""
-    from agentrl.model import render_ids as _render
+    (see `agentrl.models.tiny.render_ids`)."""
+    from agentrl.models.tiny import render_ids as _render
 
     return _render(tokenizer, messages, add_generation_prompt=add_generation_prompt, tools=tools)
 
@@ -102,7 +102,7 @@ class VisionChatRenderer(ChatRenderer):
     """`ChatRenderer` for a vision-language model: image parts render through the chat
     template (one image placeholder each, e.g. Qwen2-VL's `<|vision_start|><|image_pad|>
     <|vision_end|>`), the placeholder is widened to one id per merged patch as the model's
-    processor would (`agentrl.vlm.expand_image_pads`), and the images go through the image
+    processor would (`agentrl.models.vlm.expand_image_pads`), and the images go through the image
     processor. Deltas are cut exactly as in `ChatRenderer`, so history is never re-rendered.
 
     Args:
@@ -125,7 +125,7 @@ class VisionChatRenderer(ChatRenderer):
     accepts_images = True
 
     def __init__(self, tokenizer: Any, image_processor: Any, image_token: str | None = None):
-        from agentrl.vlm import IMAGE_PAD, VISION_TOKENS
+        from agentrl.models.vlm import IMAGE_PAD, VISION_TOKENS
 
         super().__init__(tokenizer)
         self.image_processor = image_processor
@@ -140,8 +140,8 @@ class VisionChatRenderer(ChatRenderer):
     def _with_images(self, ids: list[int], messages: list[Message]) -> tuple[list[int], dict[str, Any]]:
         import numpy as np
 
-        from agentrl.envs import message_images
-        from agentrl.vlm import encode_images, expand_image_pads, image_token_counts, to_pil
+        from agentrl.env.content import message_images
+        from agentrl.models.vlm import encode_images, expand_image_pads, image_token_counts, to_pil
 
         images = message_images(list(messages))
         px = encode_images(self.image_processor, images)

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from agentrl.trajectory import Trajectory
+from agentrl.types import Trajectory
 
 RunBatch = Callable[[int], list[Trajectory]]  # batch index -> trajectories
 ApplyWeights = Callable[[dict[str, Any], int], None]  # (state_dict, version) -> None

@@ -45,12 +45,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from agentrl.cluster import ensure_ray  # (also imported from here by callers)
 from agentrl.config import Config
+from agentrl.infra.cluster import ensure_ray  # (also imported from here by callers)
 from agentrl.rollout.agent_loop import EpisodeSpec, run_episodes
 from agentrl.rollout.engines.base import Engine, SamplingParams
 from agentrl.rollout.source import Leases, LockedEngine
-from agentrl.trajectory import Trajectory
+from agentrl.types import Trajectory
 
 
 def worker_concurrency(cfg: Config) -> int:
@@ -62,7 +62,7 @@ def worker_concurrency(cfg: Config) -> int:
 
 
 def load_tokenizer(path: str | Path) -> Any:
-    """The tokenizer of a local model directory, set up as `agentrl.model.load_model` does
+    """The tokenizer of a local model directory, set up as `agentrl.models.tiny.load_model` does
     (pad token = eos when missing, left padding), without loading the weights."""
     from transformers import AutoTokenizer
 
@@ -78,7 +78,7 @@ def make_engine(cfg: Config, model_path: str | Path) -> tuple[Engine, Any]:
 
     Returns:
         `(engine, tokenizer)`. `hf`: `HFEngine` with `cfg.rollout.torch_threads` threads and
-        `cfg.model.dtype`; on a vision-language directory (`agentrl.vlm.is_vlm_dir`) a
+        `cfg.model.dtype`; on a vision-language directory (`agentrl.models.vlm.is_vlm_dir`) a
         `VisionHFEngine` instead, its tokenizer carrying the image processor as
         `tokenizer.image_processor` (so the worker renders with `VisionChatRenderer`).
         `vllm`: `VLLMEngine` with `cfg.model.dtype`, seed `cfg.seed` and the keywords of
@@ -91,7 +91,7 @@ def make_engine(cfg: Config, model_path: str | Path) -> tuple[Engine, Any]:
     """
     import torch
 
-    from agentrl.vlm import is_vlm_dir
+    from agentrl.models.vlm import is_vlm_dir
 
     if not Path(model_path).is_dir():
         raise FileNotFoundError(f"model directory not found: {model_path}")
@@ -118,15 +118,15 @@ def make_engine(cfg: Config, model_path: str | Path) -> tuple[Engine, Any]:
 
 def vision_engine_of_dir(model_path: str | Path, dtype: Any, torch_threads: int | None = None) -> tuple[Engine, Any]:
     """`(VisionHFEngine, tokenizer)` of the vision-language directory `model_path`, the model
-    loaded with the Auto classes in `dtype` (`agentrl.vlm.load_vlm`) and the image processor
+    loaded with the Auto classes in `dtype` (`agentrl.models.vlm.load_vlm`) and the image processor
     carried as `tokenizer.image_processor`.
 
     Raises:
-        FileNotFoundError, ValueError: as `agentrl.vlm.load_vlm`.
+        FileNotFoundError, ValueError: as `agentrl.models.vlm.load_vlm`.
     """
     from agentrl.models.vision_logprobs import vision_token_ids
+    from agentrl.models.vlm import load_vlm
     from agentrl.rollout.engines.hf_vision import VisionHFEngine
-    from agentrl.vlm import load_vlm
 
     model, tok, image_processor = load_vlm(model_path, dtype=dtype)
     tok.image_processor = image_processor
@@ -175,7 +175,7 @@ class RolloutWorker:
         cfg: the run's config (`rollout.*` for the engine, threads and limits; `env.*` for envs).
         model_path: local Hugging Face model directory the engine starts from (version 0).
         worker_id: index of this worker (recorded in `Trajectory.info["rollout_worker"]`).
-        env_factory: `split -> env`; default `agentrl.envs.build_env(cfg, split, rewards)`
+        env_factory: `split -> env`; default `agentrl.rollout.envs.build_env(cfg, split, rewards)`
             with one `RewardWrappers` per worker (state such as a curiosity memory or a safety
             multiplier is shared by the worker's envs, not across workers).
     """
@@ -218,7 +218,7 @@ class RolloutWorker:
     def _make_env(self, split: str) -> Any:
         if self._env_factory is not None:
             return self._env_factory(split)
-        from agentrl.envs import build_env
+        from agentrl.rollout.envs import build_env
 
         return build_env(self.cfg, split, self._ensure_rewards())
 

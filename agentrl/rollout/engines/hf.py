@@ -47,9 +47,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from agentrl.model import cache_kwarg, new_cache
 from agentrl.models.sampling import UNIFORM_BLOCK, row_uniforms, sample_next
 from agentrl.models.static_decode import DecoderWeights, StaticDecoder, unsupported_reason
+from agentrl.models.tiny import cache_kwarg, new_cache
 from agentrl.rollout.engines.base import Completion, SamplingParams, row_seeds
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -128,7 +128,7 @@ class HFEngine:
 
     Args:
         model_or_path: a local Hugging Face model directory (loaded with
-            `agentrl.model.load_model`) or a loaded `PreTrainedModel`. A passed model is used
+            `agentrl.models.tiny.load_model`) or a loaded `PreTrainedModel`. A passed model is used
             as is (not copied) and put in eval mode: give the engine its own instance when a
             learner trains another one in the same process.
         tokenizer: optional; loaded with the model when a path is given. The engine itself
@@ -166,7 +166,7 @@ class HFEngine:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if isinstance(model_or_path, (str, Path)):
-            from agentrl.model import load_model
+            from agentrl.models.tiny import load_model
 
             model, loaded_tok = load_model(model_or_path, dtype=dtype)
             tokenizer = tokenizer if tokenizer is not None else loaded_tok

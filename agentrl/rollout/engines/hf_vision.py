@@ -32,8 +32,8 @@ from typing import Any
 
 import torch
 
-from agentrl.model import cache_kwarg, new_cache
 from agentrl.models.sampling import row_uniforms, sample_next
+from agentrl.models.tiny import cache_kwarg, new_cache
 from agentrl.models.vision_batch import mrope_positions, safe_pad_id, vision_batch_inputs
 from agentrl.rollout.engines.base import Completion, SamplingParams, row_seeds
 from agentrl.rollout.engines.hf import (

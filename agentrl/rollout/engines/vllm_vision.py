@@ -39,7 +39,7 @@ _lock = threading.Lock()
 
 def collapse_image_pads(ids: Sequence[int], pad_id: int) -> list[int]:
     """`ids` with each run of consecutive `pad_id`s shortened to one `pad_id` (the inverse of
-    `agentrl.vlm.expand_image_pads` when images are separated by other ids, as the chat
+    `agentrl.models.vlm.expand_image_pads` when images are separated by other ids, as the chat
     template's `<|vision_start|>` / `<|vision_end|>` make them).
 
     Example: `[5, 9, 9, 9, 7, 9, 9]` with pad 9 -> `[5, 9, 7, 9]`.
@@ -71,7 +71,7 @@ def image_prompt(ids: Sequence[int], vision: dict[str, Any] | None, pad_id: int)
     short = collapse_image_pads(ids, pad_id)
     if short.count(pad_id) != n:
         raise ValueError(f"{short.count(pad_id)} image placeholder runs in the prompt for {n} images")
-    from agentrl.vlm import to_pil
+    from agentrl.models.vlm import to_pil
 
     return {"prompt_token_ids": short, "multi_modal_data": {"image": [to_pil(im) for im in images]}}
 

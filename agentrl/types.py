@@ -1,4 +1,5 @@
 """The data contract between rollout and learner: `Turn`, `Trajectory`, and batch collation.
+This module imports nothing of agentrl.
 
 A trajectory is one episode as the policy saw it: the exact token ids fed to and produced by
 the engine (contract 1 of docs/design.md), a `loss_mask` that is 1 only on sampled tokens
@@ -11,6 +12,28 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
+
+Message = dict[str, Any]
+
+def is_image(x: Any) -> bool:
+    """Whether `x` is an image an observation may carry: a PIL image, or a numpy array of
+    shape `(H, W, 3)` (H, W >= 1), dtype uint8 (RGB, 0-255)."""
+    if isinstance(x, np.ndarray):
+        return x.dtype == np.uint8 and x.ndim == 3 and x.shape[2] == 3 and x.shape[0] > 0 and x.shape[1] > 0
+    try:
+        from PIL import Image
+    except ImportError:  # pillow missing: nothing can be a PIL image
+        return False
+    return isinstance(x, Image.Image)
+
+def image_size(x: Any) -> tuple[int, int]:
+    """`(width, height)` of image `x` (a PIL image or an `(H, W, 3)` array)."""
+    if isinstance(x, np.ndarray):
+        return int(x.shape[1]), int(x.shape[0])
+    w, h = x.size
+    return int(w), int(h)
 
 
 @dataclass
@@ -92,7 +115,7 @@ class Trajectory:
 
     def append_images(self, start: int, ids: list[int], pixels: dict[str, Any], image_token_id: int) -> None:
         """Record the images of context `ids` just appended at position `start`: their pixel
-        inputs (`agentrl.vlm.encode_images`, plus `images` when given) and the spans of their
+        inputs (`agentrl.models.vlm.encode_images`, plus `images` when given) and the spans of their
         placeholder runs.
 
         Raises:
@@ -197,8 +220,6 @@ def json_message(m: dict[str, Any]) -> dict[str, Any]:
     """A JSON-ready copy of chat message `m`: each image part's image (a PIL image or an (H, W, 3)
     array) replaced by the text `<image HxW>` (H, W in pixels); other parts and str content as
     they are. Used by `Trajectory.to_dict` and the eval harness's `results.jsonl` rows."""
-    from agentrl.envs import image_size  # (this module imports nothing of agentrl at load)
-
     if not isinstance(m.get("content"), list):
         return dict(m)
     parts = []

@@ -3,7 +3,7 @@ components; and the seeds of the held-out seeded tasks. Shared by training and e
 
 from __future__ import annotations
 
-from agentrl.trajectory import Trajectory
+from agentrl.types import Trajectory
 
 EVAL_SEED = 10_000_000  # held-out evaluation tasks use seeds EVAL_SEED + i in every run
 

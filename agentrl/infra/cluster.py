@@ -27,3 +27,9 @@ def ensure_ray(address: str | None = None, *, num_cpus: int | None = None, **ini
         kw["num_cpus"] = num_cpus
     kw.update(init_kwargs)
     ray.init(address=address or None, **kw)
+
+
+def actor_options(cpus: float, gpus: float) -> dict[str, Any]:
+    """Ray actor options of a worker role: its reserved CPUs / GPUs, no restarts (a dead worker
+    fails the step with Ray's error, the run's checkpoint stays)."""
+    return {"num_cpus": cpus, "num_gpus": gpus, "max_restarts": 0}

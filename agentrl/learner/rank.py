@@ -1,6 +1,6 @@
 """One learner rank: a `torch.distributed` process (gloo on CPU, NCCL on CUDA) holding an FSDP2
 shard of the policy (and of the value head and reference model), run as a Ray actor by
-`agentrl.learner_group.LearnerGroup`.
+`agentrl.learner.group.LearnerGroup`.
 
     set up:  init_process_group -> Learner(model, dp=DataParallel(rank, world)) (fully_shard)
     update:  every rank gets the whole batch, trains on its dealt rows, FSDP reduces gradients
@@ -25,9 +25,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from agentrl.dist import DataParallel, full_state_dict
-from agentrl.learner import Learner, resolve_device
-from agentrl.lora import is_peft, merge_lora_state
+from agentrl.learner.dist import DataParallel, full_state_dict
+from agentrl.learner.local import Learner, resolve_device
+from agentrl.learner.lora import is_peft, merge_lora_state
 
 
 def free_address() -> str:
@@ -65,7 +65,7 @@ class LearnerRank:
     def setup(self, master: str, model: Any, learner_kwargs: dict[str, Any], seed: int) -> dict[str, Any]:
         """Join the process group at `master` (`host:port`, rank 0's) and build the sharded
         learner from `model` (the driver's policy, the same on every rank) with
-        `agentrl.learner.Learner` keywords. Returns `params` (parameters of this rank's
+        `agentrl.learner.local.Learner` keywords. Returns `params` (parameters of this rank's
         shards) and `lr` (of the first step)."""
         device = resolve_device(learner_kwargs.get("device"))
         if device.type == "cuda":

@@ -227,7 +227,7 @@ def main(path: str | Path, host: str = "127.0.0.1", port: int = 8765) -> None:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(prog="python -m agentrl.corpus_server", description=main.__doc__)
+    ap = argparse.ArgumentParser(prog="python -m agentrl.infra.corpus_server", description=main.__doc__)
     ap.add_argument("path", help="corpus directory, .jsonl, or HotpotQA-style .json")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8765)

@@ -1,8 +1,8 @@
 """Data parallelism for the learner: which rows a rank trains on, FSDP2 sharding, and the
 few collectives the update needs (gloo on CPU, NCCL on CUDA; `torch.distributed`).
 
-A `DataParallel` is handed to `agentrl.learner.Learner(dp=...)` by a learner rank
-(`agentrl.learner_rank`). Every rank receives the whole batch; within each minibatch the rows
+A `DataParallel` is handed to `agentrl.learner.local.Learner(dp=...)` by a learner rank
+(`agentrl.learner.rank`). Every rank receives the whole batch; within each minibatch the rows
 (units of rows for DPO pairs) that the forward needs are dealt round-robin, unit k to rank
 k mod world, and every rank runs the same number of micro-batches (a rank with fewer rows runs
 a weight-0 dummy micro-batch, so the FSDP all-gathers and reduce-scatters match). The loss is

@@ -26,60 +26,13 @@ import hashlib
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-REFERENCE_DTYPES = ("float32", "bfloat16", "int8")
-"""`placement.reference_dtype` / `teacher_dtype` / `reward_model_dtype` values: `int8` is torch's dynamic
-int8 quantization of the Linear layers, on CPU only, where `int8_unavailable()` is None."""
-
-
-def int8_unavailable() -> str | None:
-    """Why this platform cannot run an int8 model (`quantize_int8`), or None when it can: torch
-    must have `torch.ao.quantization.quantize_dynamic` (deprecated since torch 2.10 in favour of
-    `torchao`, still shipped by 2.13) and a quantized CPU kernel engine (fbgemm / x86 / onednn /
-    qnnpack). The config checks this at start-up, so that a torch without it is refused then,
-    naming the key, and not in the middle of a run."""
-    try:
-        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic  # noqa: F401
-    except ImportError as e:
-        return (f"torch {torch.__version__} has no torch.ao.quantization.quantize_dynamic ({e}); "
-                "int8 needs it (or a port to torchao, not built)")
-    engines = set(torch.backends.quantized.supported_engines) - {"none"}
-    if not engines & {"fbgemm", "x86", "onednn", "qnnpack"}:
-        return f"torch {torch.__version__} has no quantized CPU kernels (engines: {sorted(engines) or 'none'})"
-    return None
-
-
-def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
-    """A copy of `model` (float32, on CPU) whose `nn.Linear` layers are dynamically quantized to
-    int8: weights int8, symmetric, one scale per output channel (`per_channel_dynamic_qconfig`);
-    activations quantized to 8 bits per call from their observed range, the matmul in int8 with
-    int32 accumulation, the output float32 (torch `quantize_dynamic`, the fbgemm / x86 kernels).
-    Embeddings, norms, rotary and the softmax stay float32. A tied output head (`lm_head`
-    sharing the embedding) becomes an int8 copy of the embedding; the embedding stays float32.
-    Deprecation warnings of `torch.ao.quantization` (torch >= 2.10) are silenced here only.
-
-    Raises:
-        RuntimeError: the platform has no int8 path (`int8_unavailable`'s reason)."""
-    why = int8_unavailable()
-    if why is not None:
-        raise RuntimeError(why)
-    import warnings
-
-    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
-
-    with warnings.catch_warnings():
-        # torch >= 2.10: "torch.ao.quantization is deprecated" (DeprecationWarning) and
-        # "torch.quantize_per_channel ... are deprecated" (UserWarning)
-        warnings.filterwarnings("ignore", message=r"(?s).*torch\.(ao\.quantization|quantize_per).*deprecated")
-        q = quantize_dynamic(model.float().cpu(), {torch.nn.Linear: per_channel_dynamic_qconfig},
-                             dtype=torch.qint8, inplace=False)
-    return q
+from agentrl.infra.cluster import actor_options
+from agentrl.models.int8 import REFERENCE_DTYPES, quantize_int8
 
 
 def batch_key(batch: dict[str, Any]) -> str:
@@ -97,7 +50,7 @@ def frozen_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.T
                     lengths: torch.Tensor, *, temperature: float = 1.0,
                     micro_batch_size: int = 16) -> torch.Tensor:
     """(B, T) float32 teacher-forced log-probabilities of a frozen `model` (no gradient): each
-    token given those before it, at `temperature` (`agentrl.learner.token_logprobs`), computed
+    token given those before it, at `temperature` (`agentrl.learner.local.token_logprobs`), computed
     in micro-batches of `micro_batch_size` rows, each trimmed to its longest row (as
     `Learner.logprobs`); 0 at t = 0 and past each micro-batch's longest row. On the CPU.
 
@@ -108,7 +61,7 @@ def frozen_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.T
     Raises:
         ValueError: a token id outside the model's vocabulary (another tokenizer).
     """
-    from agentrl.learner import _slice, token_logprobs
+    from agentrl.learner.local import _slice, token_logprobs
 
     check_vocabulary(model, input_ids)
     device = next(model.parameters()).device
@@ -155,7 +108,7 @@ def frozen_vocab_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: t
     Raises:
         ValueError: a token id outside the model's vocabulary (another tokenizer).
     """
-    from agentrl.learner import _slice, full_precision
+    from agentrl.learner.local import _slice, full_precision
 
     check_vocabulary(model, input_ids)
     device = next(model.parameters()).device
@@ -211,8 +164,8 @@ class FrozenModelActor:
     def __init__(self, model_dir: str, *, dtype: str = "float32", temperature: float = 1.0,
                  micro_batch_size: int = 16, torch_threads: int = 1, device: str = "cpu",
                  keep_fp32: bool = False) -> None:
-        from agentrl.learner import disable_dropout
-        from agentrl.model import load_model
+        from agentrl.learner.local import disable_dropout
+        from agentrl.models.tiny import load_model
 
         if dtype not in REFERENCE_DTYPES:
             raise ValueError(f"frozen model dtype {dtype!r}; allowed: {', '.join(REFERENCE_DTYPES)}")
@@ -287,12 +240,6 @@ class FrozenModelActor:
         return b
 
 
-def actor_options(cpus: float, gpus: float) -> dict[str, Any]:
-    """Ray actor options of a worker role: its reserved CPUs / GPUs, no restarts (a dead worker
-    fails the step with Ray's error, the run's checkpoint stays)."""
-    return {"num_cpus": cpus, "num_gpus": gpus, "max_restarts": 0}
-
-
 class RemoteFrozenModel:
     """The driver's side of a frozen-model worker (`FrozenModelActor`), the reference's or the
     teacher's: `logprobs(batch)` answers what the inline model would (`frozen_logprobs`; for the
@@ -322,7 +269,7 @@ class RemoteFrozenModel:
                  ray_address: str | None = None) -> None:
         import ray
 
-        from agentrl.cluster import ensure_ray
+        from agentrl.infra.cluster import ensure_ray
 
         ensure_ray(ray_address)
         self.role = role
@@ -404,7 +351,7 @@ def save_reference_model(model: Any, tok: Any, out: Path, checkpoint: Path | Non
 
     Raises:
         ValueError: resuming from a `checkpoint` that has neither (no reference to restore)."""
-    from agentrl.lora import plain_copy
+    from agentrl.learner.lora import plain_copy
 
     target = out / "reference_model"
     if (target / "config.json").exists():
@@ -418,119 +365,6 @@ def save_reference_model(model: Any, tok: Any, out: Path, checkpoint: Path | Non
     ref.save_pretrained(target)
     tok.save_pretrained(target)
     return target
-
-
-# -- the reward model -----------------------------------------------------------------------------
-class ClassifierActor:
-    """A `SequenceClassifier` in a process of its own (a Ray actor of `RemoteClassifier`).
-
-    Args:
-        path: the classifier's model directory; dtype: `float32`, `bfloat16` parameters, or
-        `int8` (`quantize_int8`, CPU only); torch_threads: torch threads of the process;
-        kwargs: `SequenceClassifier` options.
-
-    Raises:
-        ValueError: an unknown dtype. RuntimeError: int8 without the platform's int8 path."""
-
-    def __init__(self, path: str, *, dtype: str = "float32", torch_threads: int = 1, **kwargs: Any) -> None:
-        from agentrl.rewards.classifier import SequenceClassifier
-
-        if dtype not in REFERENCE_DTYPES:
-            raise ValueError(f"reward model dtype {dtype!r}; allowed: {', '.join(REFERENCE_DTYPES)}")
-        torch.set_num_threads(torch_threads)
-        self.clf = SequenceClassifier(path, **kwargs)
-        if dtype == "bfloat16":
-            self.clf.model.to(torch.bfloat16)
-        elif dtype == "int8":
-            self.clf.model = quantize_int8(self.clf.model).eval()
-        self.busy_s = 0.0
-
-    def logits(self, prompts: Sequence[Any], responses: Sequence[str]) -> np.ndarray:
-        """`SequenceClassifier.logits` (B, num_labels) float64."""
-        t0 = time.perf_counter()
-        try:
-            return self.clf.logits(prompts, responses)
-        finally:
-            self.busy_s += time.perf_counter() - t0
-
-    def meta(self) -> dict[str, int]:
-        """`num_labels`, `label`, `unsafe_label` of the loaded classifier."""
-        return {"num_labels": self.clf.num_labels, "label": self.clf.label, "unsafe_label": self.clf.unsafe_label}
-
-    def take_busy(self) -> float:
-        """Seconds spent scoring since the last call (then reset to 0)."""
-        b, self.busy_s = self.busy_s, 0.0
-        return b
-
-
-class RemoteClassifier:
-    """A classifier scored on its own Ray actor, with the interface of `SequenceClassifier`
-    (`score`, `p_unsafe`, `logits`), for the reward wrappers (`placement.reward_model=worker`).
-
-    The actor is named after the model path and options (`get_if_exists`): the driver's env
-    wrappers and those of every rollout worker of the run score on the same actor.
-
-    Args:
-        path: the classifier's model directory.
-        dtype, cpus, gpus: the actor's dtype and Ray resources (`placement.reward_model_*`).
-        torch_threads: torch threads of the actor.
-        ray_address: the cluster to join (None: a local one, or the one already up).
-        kwargs: `SequenceClassifier` options (label, unsafe_label, input_format, ...).
-
-    Raises:
-        FileNotFoundError: `path` is not a directory.
-    """
-
-    def __init__(self, path: str | Path, *, dtype: str = "float32", cpus: float = 1.0, gpus: float = 0.0,
-                 torch_threads: int = 1, ray_address: str | None = None, **kwargs: Any) -> None:
-        import json
-
-        import ray
-
-        from agentrl.cluster import ensure_ray
-
-        if not Path(path).is_dir():
-            raise FileNotFoundError(f"classifier model directory not found: {path}")
-        ensure_ray(ray_address)
-        spec = json.dumps([str(Path(path).resolve()), dtype, kwargs], sort_keys=True, default=str)
-        name = "agentrl_reward_model_" + hashlib.blake2b(spec.encode(), digest_size=8).hexdigest()
-        cls = ray.remote(**actor_options(cpus, gpus))(ClassifierActor)
-        self.actor = cls.options(name=name, get_if_exists=True, lifetime=None).remote(
-            str(path), dtype=dtype, torch_threads=torch_threads, **kwargs)
-        meta = ray.get(self.actor.meta.remote())
-        self.num_labels, self.label, self.unsafe_label = meta["num_labels"], meta["label"], meta["unsafe_label"]
-        self.wait_s = 0.0
-        self._lock = threading.Lock()
-
-    def logits(self, prompts: Sequence[Any], responses: Sequence[str]) -> np.ndarray:
-        """(B, num_labels) float64 logits, computed on the actor."""
-        import ray
-
-        if len(prompts) != len(responses):
-            raise ValueError(f"{len(prompts)} prompts for {len(responses)} responses")
-        t0 = time.perf_counter()
-        out = ray.get(self.actor.logits.remote(list(prompts), list(responses)))
-        with self._lock:
-            self.wait_s += time.perf_counter() - t0
-        return out
-
-    def score(self, prompts: Sequence[Any], responses: Sequence[str]) -> np.ndarray:
-        """As `SequenceClassifier.score`."""
-        from agentrl.rewards.classifier import score_from_logits
-
-        return score_from_logits(self.logits(prompts, responses), self.num_labels, self.label)
-
-    def p_unsafe(self, prompts: Sequence[Any], responses: Sequence[str]) -> np.ndarray:
-        """As `SequenceClassifier.p_unsafe`."""
-        from agentrl.rewards.classifier import p_unsafe_from_logits
-
-        return p_unsafe_from_logits(self.logits(prompts, responses), self.num_labels, self.unsafe_label)
-
-    def take_busy(self) -> float:
-        """Seconds the actor spent scoring since the last call (then reset to 0)."""
-        import ray
-
-        return float(ray.get(self.actor.take_busy.remote()))
 
 
 def make_frozen_worker(cfg: Any, role: str, model_dir: str | Path) -> RemoteFrozenModel:

@@ -5,7 +5,7 @@ Logprobs are taken from `logits / temperature`, the distribution the sampler dre
 policy that has not changed gives a PPO ratio of exactly 1 (case L4).
 
 The training forward of `Learner.update` runs each group's shared prompt once and computes
-lm_head and log-softmax only where the loss reads (`agentrl.prefix_share`, `agentrl.logprob_head`,
+lm_head and log-softmax only where the loss reads (`agentrl.learner.prefix_share`, `agentrl.learner.logprob_head`,
 `agentrl.models.static_forward`; `Learner(prefix_share=True)`);
 the optimizer is the fused AdamW kernel where torch has one for the parameters.
 
@@ -35,10 +35,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from agentrl.checkpoints import seal
-from agentrl.dist import DataParallel, total_norm
-from agentrl.lora import is_peft
-from agentrl.prefix_share import prefix_share_supported, prefix_shared_logprobs
+from agentrl.learner.checkpoints import seal
+from agentrl.learner.dist import DataParallel, total_norm
+from agentrl.learner.lora import is_peft
+from agentrl.learner.prefix_share import prefix_share_supported, prefix_shared_logprobs
 
 
 def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
@@ -341,7 +341,7 @@ class Learner:
             checkpoints. It starts at zero (V = 0 everywhere) so early values add no noise.
         prefix_share: the training forward of `update` uses `prefix_shared_logprobs` (each
             group's shared prompt forwarded once; lm_head, log-softmax and entropy only at
-            loss positions, fused into `agentrl.logprob_head.head_logprobs` when the entropy
+            loss positions, fused into `agentrl.learner.logprob_head.head_logprobs` when the entropy
             needs no gradient; the decoder as `agentrl.models.static_forward` for float32 Qwen2/Llama
             without LoRA) when the model supports it (`prefix_share_supported`: transformers
             decoder-only models, LoRA/PEFT-wrapped too). Not with a value head (PPO), which
@@ -358,7 +358,7 @@ class Learner:
             the forward (entropy, ratios, `logp_mismatch`) then cover the other rows (when
             every row of a minibatch is idle, its first row still runs, for the metrics);
             `skipped_rows_frac` reports the fraction left out.
-        lr_schedule: the factor on `lr` at each optimizer step (`agentrl.schedules.lr_multiplier`
+        lr_schedule: the factor on `lr` at each optimizer step (`agentrl.learner.schedules.lr_multiplier`
             with the run's settings); None: constant. Stepped once per optimizer step, saved and
             restored with checkpoints.
         device: where the policy, value head, reference model and every batch tensor of the
@@ -436,7 +436,7 @@ class Learner:
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
         if dp is not None:  # FSDP2: parameters become DTensor shards before the optimizer sees them
-            from agentrl.dist import shard
+            from agentrl.learner.dist import shard
 
             for m in (self.model, self.ref_model, self.value_head):
                 if m is not None:
@@ -459,8 +459,8 @@ class Learner:
 
     def state_dict_for_engines(self) -> dict[str, torch.Tensor]:
         """The policy's weights under the plain model's names, LoRA merged
-        (`agentrl.lora.merged_state_dict`), for `update_weights` of the engines."""
-        from agentrl.lora import merged_state_dict
+        (`agentrl.learner.lora.merged_state_dict`), for `update_weights` of the engines."""
+        from agentrl.learner.lora import merged_state_dict
 
         return merged_state_dict(self.model)
 
@@ -479,7 +479,7 @@ class Learner:
     @torch.no_grad()
     def logprobs(self, batch: dict[str, Any], *, ref: bool = False) -> torch.Tensor:
         """(B, T) logprobs of the policy (or the reference) on the batch, without gradient.
-        With `reference` set (a `agentrl.placement.RemoteFrozenModel`), the reference's come
+        With `reference` set (a `agentrl.learner.frozen.RemoteFrozenModel`), the reference's come
         from that worker. `ref_seconds` adds up the seconds spent on reference logprobs."""
         if ref:
             t0 = time.perf_counter()
@@ -832,9 +832,9 @@ class Learner:
     def save(self, path: str | Path, tokenizer: Any, extra: dict[str, Any],
              files: dict[str, bytes] | None = None) -> Path:
         """Write a checkpoint atomically (a temp dir, fsynced, with a SHA-256 manifest, renamed
-        into place: `agentrl.checkpoints.seal`): the policy as a Hugging
+        into place: `agentrl.learner.checkpoints.seal`): the policy as a Hugging
         Face model directory (loads with `AutoModelForCausalLM.from_pretrained`; LoRA: the
-        adapters, see `agentrl.lora.load_checkpoint`), optimizer and
+        adapters, see `agentrl.learner.lora.load_checkpoint`), optimizer and
         scheduler state, RNG states, the value head (`value_head.pt`, PPO) and `algo_state`
         (`algo_state.pt`), `extra` (step, policy version, data cursor) as JSON, and `files`
         (name -> bytes, e.g. the reward wrappers' state), all covered by the manifest."""
@@ -904,7 +904,7 @@ class Learner:
 
     def _load_sharded(self, path: Path) -> None:
         """Model, value-head, optimizer and reference state from the DCP checkpoint of learner
-        ranks (`path`/dcp, `agentrl.learner_rank.LearnerRank.save`), into this unsharded
+        ranks (`path`/dcp, `agentrl.learner.rank.LearnerRank.save`), into this unsharded
         in-process learner (DCP without a process group). The RNG states stay as `load` sets
         them (the driver's)."""
         import torch.distributed.checkpoint as dcp
@@ -934,8 +934,8 @@ class Learner:
 
 
 def latest_checkpoint(out_dir: str | Path, on_skip: Callable[[Path, str], None] | None = None) -> Path | None:
-    """The newest intact `OUT/checkpoints/step_N` (`agentrl.checkpoints.latest_checkpoint`:
+    """The newest intact `OUT/checkpoints/step_N` (`agentrl.learner.checkpoints.latest_checkpoint`:
     interrupted saves and checkpoints that fail their manifest are skipped)."""
-    from agentrl.checkpoints import latest_checkpoint as newest
+    from agentrl.learner.checkpoints import latest_checkpoint as newest
 
     return newest(out_dir, on_skip)

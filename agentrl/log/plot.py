@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentrl.summary import read_metrics
+from agentrl.log.summary import read_metrics
 
 STAGE_KEYS = ("generate", "env", "update", "sync", "eval")
 """The stacked stages of `time_share.png`, bottom to top."""

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentrl.model import CHAT_TEMPLATE, build_tokenizer, chat_stop_ids
+from agentrl.models.tiny import CHAT_TEMPLATE, build_tokenizer, chat_stop_ids
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -39,9 +39,9 @@ _TEXT_OR_IMAGE_PART = (
     "{%- endif -%}"
 )
 if _TEXT_PART not in CHAT_TEMPLATE:  # pragma: no cover - guards the derivation below
-    raise RuntimeError("agentrl.model.CHAT_TEMPLATE changed: update agentrl.vlm.VLM_CHAT_TEMPLATE")
+    raise RuntimeError("agentrl.models.tiny.CHAT_TEMPLATE changed: update agentrl.models.vlm.VLM_CHAT_TEMPLATE")
 VLM_CHAT_TEMPLATE = CHAT_TEMPLATE.replace(_TEXT_PART, _TEXT_OR_IMAGE_PART)
-"""`agentrl.model.CHAT_TEMPLATE` where an image part renders as
+"""`agentrl.models.tiny.CHAT_TEMPLATE` where an image part renders as
 `<|vision_start|><|image_pad|><|vision_end|>` (one pad; `expand_image_pads` widens it)."""
 
 MIN_PIXELS = 56 * 56
@@ -51,7 +51,7 @@ multiples of 28): a 56x56 image becomes 4 image tokens, a 112x112 one 16."""
 
 
 def build_vlm_tokenizer(texts: Iterable[str], vocab_size: int = 1024) -> PreTrainedTokenizerBase:
-    """`agentrl.model.build_tokenizer` plus the special tokens `VISION_TOKENS` (the last four
+    """`agentrl.models.tiny.build_tokenizer` plus the special tokens `VISION_TOKENS` (the last four
     ids) and `VLM_CHAT_TEMPLATE`.
 
     Raises:
@@ -93,7 +93,7 @@ def tiny_vlm_config(
 ) -> Any:
     """The `Qwen2VLConfig` of the embedded VLM for `tokenizer` (which must have `VISION_TOKENS`).
 
-    Text model as `agentrl.model.tiny_config` (tied embeddings, GQA, float32); multimodal
+    Text model as `agentrl.models.tiny.tiny_config` (tied embeddings, GQA, float32); multimodal
     rotary sections split the rotary half-dimension 1/4 : 3/8 : 3/8 (time, height, width) as
     Qwen2-VL's `[16, 24, 24]` of 64. Vision tower: `vision_depth` blocks of width
     `vision_width`, patch 14, spatial merge 2, its merger projecting to `hidden_size`.
@@ -165,7 +165,7 @@ def build_tiny_vlm(
     `initializer_range` of the text and vision configs: the standard deviation of the normal
     initialisation of every weight matrix, the patch embedding and the token embedding (at 0.02
     the model sits on `visual_count`'s answer prior, image-blind, for hundreds of warm-start
-    steps; `agentrl.run_defaults.VISION_DEFAULTS` gives the embedded VLM 0.1: docs/multimodal.md).
+    steps; `agentrl.run.VISION_DEFAULTS` gives the embedded VLM 0.1: docs/multimodal.md).
 
     Returns:
         `str(out_dir)`.
@@ -286,7 +286,7 @@ def encode_images(image_processor: Any, images: Sequence[Any]) -> dict[str, Any]
 def _failing_image(image_processor: Any, images: Sequence[Any], error: Exception) -> str:
     """The message of `ImageProcessorError`: the first of `images` the processor fails on alone
     (index and size), with its error; `error` (of the whole call) when none fails alone."""
-    from agentrl.envs import image_size
+    from agentrl.types import image_size
 
     for k, im in enumerate(images):
         try:

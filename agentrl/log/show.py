@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agentrl.trajectory import Trajectory
+from agentrl.types import Trajectory
 
 OPEN, CLOSE = "⟦", "⟧"
 TRAINED_STYLE = "bold black on bright_green"

@@ -97,7 +97,7 @@ def merge_lora_state(state: dict[str, torch.Tensor], inner: Any) -> dict[str, to
     `get_base_model()` module, whose LoRA layers give the scalings): every LoRA layer's weight
     becomes `W + scaling * B @ A` (transposed for `fan_in_fan_out` layers), the adapter tensors
     are dropped and `.base_layer.` leaves the names. For gathered weights of a sharded model
-    (`agentrl.learner_rank`), where the module's own tensors are shards."""
+    (`agentrl.learner.rank`), where the module's own tensors are shards."""
     from peft.tuners.lora import LoraLayer
 
     out = {k.replace(".base_layer.", "."): v for k, v in state.items() if ".lora_" not in k}
@@ -136,7 +136,7 @@ def load_checkpoint(path: str | Path) -> tuple[Any, Any]:
     Raises:
         FileNotFoundError: the directory, or the adapters' base model directory, is missing.
     """
-    from agentrl.model import load_model
+    from agentrl.models.tiny import load_model
 
     path = Path(path)
     cfg_file = path / "adapter_config.json"

@@ -1,7 +1,7 @@
 """Prefix sharing in the learner's training forward: each group's shared prompt is run once.
 
 A GRPO batch holds G episodes per task, so G rows begin with the same prompt. The plain forward
-(`agentrl.learner.token_logprobs`) recomputes that prompt G times, and computes lm_head,
+(`agentrl.learner.local.token_logprobs`) recomputes that prompt G times, and computes lm_head,
 log-softmax and entropy at every position although the loss reads only the agent's tokens.
 `prefix_shared_logprobs` returns the same logprobs and entropies at every position the loss
 reads (and the same gradients, to float32 rounding) with less work:
@@ -18,7 +18,7 @@ reads (and the same gradients, to float32 rounding) with less work:
 - lm_head, log-softmax and entropy run only at the positions where the loss mask is nonzero.
   When the model is a decoder plus a plain linear lm_head (`decoder_and_head`, checked once per
   model) and the entropy needs no gradient, the decoder's (N, E) hidden states at those
-  positions go to `agentrl.logprob_head.head_logprobs` (lm_head, log-softmax, entropy and their
+  positions go to `agentrl.learner.logprob_head.head_logprobs` (lm_head, log-softmax, entropy and their
   backward in one chunked function); otherwise the model's logits there are gathered into one
   (N, V) block.
 
@@ -39,10 +39,10 @@ from typing import Any
 
 import torch
 
-from agentrl.logprob_head import head_logprobs
-from agentrl.lora import is_peft
-from agentrl.model import cache_kwarg, new_cache
+from agentrl.learner.logprob_head import head_logprobs
+from agentrl.learner.lora import is_peft
 from agentrl.models.static_forward import forward_hidden, static_forward_supported
+from agentrl.models.tiny import cache_kwarg, new_cache
 
 
 def _base_model(model: Any) -> Any:
@@ -121,7 +121,7 @@ def decoder_and_head(model: Any) -> tuple[Any, torch.nn.Linear] | None:
     Checked on a 3-token input in eval mode (max difference at most 1e-5 of the logits' scale)
     once per model, and again when its lm_head or decoder module was replaced since (e.g.
     `resize_token_embeddings`, an adapter injected on lm_head); `prefix_shared_logprobs` then
-    computes the logprobs from the hidden states with `agentrl.logprob_head.head_logprobs`.
+    computes the logprobs from the hidden states with `agentrl.learner.logprob_head.head_logprobs`.
     """
     base = _base_model(model)
     try:

@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from agentrl.checkpoints import seal
-from agentrl.learner import Learner
+from agentrl.learner.checkpoints import seal
+from agentrl.learner.local import Learner
 
 PLACEMENT_TIMEOUT_S = 60.0
 """Seconds to wait for the learner ranks' placement group before failing with what is free."""
@@ -48,7 +48,7 @@ class PlacementError(RuntimeError):
 
 
 def learner_kwargs(cfg: Any, algo: Any, lr_schedule: Any) -> dict[str, Any]:
-    """The `agentrl.learner.Learner` keywords of a run (`train.*`, the algorithm's needs)."""
+    """The `agentrl.learner.local.Learner` keywords of a run (`train.*`, the algorithm's needs)."""
     from agentrl.algos import needs_reference
 
     return dict(lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, grad_clip=cfg.train.grad_clip,
@@ -82,7 +82,7 @@ def _unwrap(e: BaseException) -> BaseException:
 
 class LearnerGroup:
     """`workers` learner ranks as Ray actors in a placement group, one `torch.distributed`
-    rank each; the driver's side of `agentrl.learner_rank.LearnerRank`.
+    rank each; the driver's side of `agentrl.learner.rank.LearnerRank`.
 
     Args:
         model: the policy (the driver keeps it as the export copy; each rank gets a copy
@@ -107,8 +107,8 @@ class LearnerGroup:
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from agentrl.cluster import ensure_ray
-        from agentrl.learner_rank import LearnerRank
+        from agentrl.infra.cluster import ensure_ray
+        from agentrl.learner.rank import LearnerRank
 
         if workers < 1:
             raise ValueError(f"train.learner_workers={workers}: a group needs at least 1 rank")

@@ -1,0 +1,2 @@
+"""The env API: `TextEnv` (a `gymnasium.Env` of text actions and chat-message observations,
+`base`), the registry (`registry`), content checks (`content`)."""
