@@ -1,13 +1,17 @@
 """The contracts as types (agentrl/types.py): the keys of a collated batch are the `Batch`
-TypedDict's, every batch key the library reads or writes is one of them, and (checked by mypy
-in .ci/run, not at runtime) the learners and collectors satisfy their Protocols."""
+TypedDict's, every batch key the library reads or writes is one of them, and (checked by mypy:
+`test_mypy_passes`, and .ci/run) the learners, collectors and engines satisfy their Protocols."""
 
 from __future__ import annotations
 
 import ast
+import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from agentrl.learner.group import LearnerGroup
@@ -107,3 +111,13 @@ def test_every_batch_key_in_the_library_is_declared() -> None:
     assert not unknown, f"batch keys not declared in agentrl.types.Batch: {unknown}"
     unused = BATCH_KEYS - set(found)
     assert not unused, f"keys declared in agentrl.types.Batch that agentrl/ never uses: {unused}"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mypy") is None, reason="mypy not installed (the dev extra)")
+def test_mypy_passes() -> None:
+    """mypy with pyproject.toml's [tool.mypy]: agentrl/types.py strictly, and this module's typed
+    functions above (`Learner` and `LearnerGroup` are `agentrl.types.Learner`s, ...). A few
+    seconds: torch and the other heavy libraries are read as Any."""
+    r = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
