@@ -1,5 +1,7 @@
-"""The data contract between rollout and learner: `Turn`, `Trajectory`, and batch collation.
-This module imports nothing of agentrl.
+"""The data contract between rollout and learner: `Turn`, `Trajectory`, the collated `Batch`,
+and the Protocols the loop holds its parts by (`Collector`, `Learner`). This module imports
+nothing of agentrl. The engine's contract, `Engine`, lives beside its `SamplingParams` and
+`Completion` in `agentrl.rollout.engines.base`.
 
 A trajectory is one episode as the policy saw it: the exact token ids fed to and produced by
 the engine (contract 1 of docs/design.md), a `loss_mask` that is 1 only on sampled tokens
@@ -11,9 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 Message = dict[str, Any]
 
@@ -232,7 +238,86 @@ def json_message(m: dict[str, Any]) -> dict[str, Any]:
     return {**m, "content": parts}
 
 
-def collate(trajs: list[Trajectory], pad_id: int, *, pad_to: int | None = None) -> dict[str, Any]:
+class Batch(TypedDict, total=False):
+    """The collated batch of B trajectories, right-padded to T tokens, that goes from `collate`
+    to the algorithms and the learner: a plain dict at runtime, its keys named here once.
+
+    Row b is trajectory b; column t its t-th token. Every (B, T) tensor is 0 on padding
+    (`attention_mask` 0) and, unless said otherwise, off the agent's tokens (`loss_mask` 0).
+    Logprobs are natural logs of `softmax(logits / temperature)` at the sampled token. Keys are
+    added by stage: `collate`, then the loop's batch building, the algorithm's `prepare` and
+    `advantages`, then the learner's `update` (per micro-batch for `max_len`).
+    """
+
+    # -- collate (agentrl.types) ----------------------------------------------------------------
+    #: (B, T) int64: token ids, `pad_id` on padding.
+    input_ids: torch.Tensor
+    #: (B, T) int64: 1 on the trajectory's tokens, 0 on padding.
+    attention_mask: torch.Tensor
+    #: (B, T) float32: 1 on agent-sampled tokens (contract 2), else 0.
+    loss_mask: torch.Tensor
+    #: (B, T) float32: the engine's logprob of each sampled token (contract 3), 0 elsewhere.
+    #: Distillation's teacher rows get the student's `old_logprobs` here.
+    sampler_logprobs: torch.Tensor
+    #: (B, T) float32: each turn's reward on its last sampled token (contract 4), else 0;
+    #: reward shaping (`agentrl.algos.shaping`: overlong penalty) rewrites it.
+    token_rewards: torch.Tensor
+    #: (B,) int64: tokens of each trajectory (T = the largest, or `pad_to`).
+    lengths: torch.Tensor
+    #: B entries, `Trajectory.vision` of each row (None: a row without images); only present
+    #: when some trajectory has images.
+    vision: list[dict[str, Any] | None]
+
+    # -- the loop's batch building (train.build_batch; dpo.pair_batch, dpo.preference_batch) ----
+    #: (B,) float32: episode returns (NaN: a failed reward or no sampled token); shaping adds
+    #: its penalties. DPO: 1.0 for chosen, 0.0 for rejected rows.
+    scores: torch.Tensor
+    #: (B,) int64: the advantage group of each row (GRPO groups, role-aware; DPO: the pair).
+    group_ids: torch.Tensor
+    #: (B,) bool: the episode hit a limit (Gymnasium's truncated), for PPO's bootstrap.
+    truncated: torch.Tensor
+    #: (B,) bool: rows the teacher engine sampled (distill's GKD mixture); absent otherwise.
+    teacher_rows: torch.Tensor
+    #: int: consecutive rows that share every minibatch and micro-batch (DPO pairs: 2);
+    #: absent means 1.
+    unit_size: int
+
+    # -- the algorithm's prepare / advantages (agentrl.algos) ------------------------------------
+    #: (B, T) float32: the learner's logprobs under the weights that sampled (PPO ratio's
+    #: denominator); set by `prepare` or at the start of `Learner.update`.
+    old_logprobs: torch.Tensor
+    #: (B, T) float32: the reference model's logprobs, for a KL.
+    ref_logprobs: torch.Tensor
+    #: (B, T) float32: token-level advantages (0 off the mask), from `algo.advantages`; a (B,)
+    #: tensor of per-row advantages is also accepted by the learner's idle-row test.
+    advantages: torch.Tensor
+    #: (B, T) float32: PPO's value targets R = A + V_old (before whitening).
+    returns: torch.Tensor
+    #: (B, T) float32: PPO's V(s_t) under the sampling weights (0 at t = 0).
+    old_values: torch.Tensor
+    #: (B,) float32: PPO's V after the last agent token for truncated rows, 0 otherwise.
+    bootstrap_values: torch.Tensor
+    #: float: PPO's KL-in-reward coefficient for this batch (adaptive controller's beta).
+    kl_coef: float
+    #: (B, T) float32: distillation teacher's logprobs of the sampled tokens.
+    teacher_logprobs: torch.Tensor
+    #: (B, T) float32: the teacher engine's sampler logprobs on teacher rows (GKD mixture).
+    teacher_sampler_logprobs: torch.Tensor
+    #: (B, T, V) float32: the teacher's whole next-token distribution (`distill_kl=full`).
+    teacher_vocab_logprobs: torch.Tensor
+    #: (B, T, k) float32: the teacher's k largest logprobs (`distill_kl=topk`).
+    teacher_topk_logprobs: torch.Tensor
+    #: (B, T, k) int64: the token ids of `teacher_topk_logprobs`.
+    teacher_topk_ids: torch.Tensor
+
+    # -- the learner's update (agentrl.learner.local) ---------------------------------------------
+    #: (B, T) float32: truncated importance-sampling weights (with `algo.tis_cap`).
+    tis_weights: torch.Tensor
+    #: int: per micro-batch, Dr. GRPO's L_max (`algo.norm_len`, else the padded width T).
+    max_len: int
+
+
+def collate(trajs: list[Trajectory], pad_id: int, *, pad_to: int | None = None) -> Batch:
     """Right-pad trajectories into `(B, T)` tensors for the learner.
 
     Args:
@@ -241,11 +326,9 @@ def collate(trajs: list[Trajectory], pad_id: int, *, pad_to: int | None = None) 
         pad_to: minimum T (tokens); T is max(len) otherwise.
 
     Returns:
-        dict with `input_ids` (B,T) long, `attention_mask` (B,T) long, `loss_mask` (B,T) float,
-        `sampler_logprobs` (B,T) float, `token_rewards` (B,T) float, `lengths` (B,) long;
-        plus `vision` (a list of B `Trajectory.vision`, None for a row without images) when
-        any trajectory has images. Padding has attention 0 and loss_mask 0, so it never adds
-        to a loss or a return.
+        a `Batch` with `input_ids`, `attention_mask`, `loss_mask`, `sampler_logprobs`,
+        `token_rewards` (B, T) and `lengths` (B,); plus `vision` when any trajectory has
+        images. Padding has attention 0 and loss_mask 0, so it never adds to a loss or a return.
     """
     import torch
 
@@ -264,7 +347,7 @@ def collate(trajs: list[Trajectory], pad_id: int, *, pad_to: int | None = None) 
         slp[i, :n] = torch.tensor(t.sampler_logprobs, dtype=torch.float32)
         rew[i, :n] = torch.tensor(t.token_rewards(), dtype=torch.float32)
     lengths = torch.tensor([len(t.token_ids) for t in trajs], dtype=torch.long)
-    out: dict[str, Any] = {
+    out: Batch = {
         "input_ids": input_ids,
         "attention_mask": attention,
         "loss_mask": loss_mask,
@@ -275,3 +358,95 @@ def collate(trajs: list[Trajectory], pad_id: int, *, pad_to: int | None = None) 
     if any(t.vision is not None for t in trajs):  # a text batch has no "vision" key
         out["vision"] = [t.vision for t in trajs]
     return out
+
+
+# -- the Protocols the loop holds its parts by ------------------------------------------------------
+class Collector(Protocol):
+    """Where the loop gets a step's trajectories: synchronously (`SyncSource`: sampled when
+    asked) or from actor threads with bounded staleness (`AsyncSource`), both in
+    `agentrl.rollout.source`."""
+
+    def next_batch(self, step: int) -> tuple[list[Trajectory], dict[str, float]]:
+        """Batch `step`'s trajectories (group-major) and the source's metrics (waits, staleness);
+        each batch index is returned exactly once, in order."""
+        ...
+
+    def push_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        """Hand the policy's new weights (`Learner.state_dict_for_engines`) to the engines as
+        policy `version` (now, or when the actors next take them)."""
+        ...
+
+    def close(self) -> None:
+        """Stop sampling and free the source's threads."""
+        ...
+
+
+class Learner(Protocol):
+    """What the loop and the algorithms may call on a learner: the in-process
+    `agentrl.learner.local.Learner` and the group of FSDP2 ranks
+    `agentrl.learner.group.LearnerGroup` both satisfy it (tests/test_types.py has mypy check it).
+
+    The batch arguments are `dict[str, Any]` (a `Batch` at runtime) until agentrl/learner is
+    annotated with `Batch`.
+
+    Attributes:
+        algo_state: the algorithm's state across steps (e.g. PPO's `kl_coef`), checkpointed.
+        optimizer_steps: optimizer steps taken so far.
+        nonfinite_streak: optimizer steps skipped in a row for a non-finite gradient norm.
+        temperature: the sampling temperature the logprobs are computed at.
+        micro_batch_size: rows per forward.
+        reference: the reference worker (`placement.reference=worker`), set by the loop, or None.
+        teacher: distillation's teacher worker (`placement.teacher=worker`), or None.
+        ref_seconds: seconds spent computing reference logprobs so far.
+    """
+
+    algo_state: dict[str, Any]
+    optimizer_steps: int
+    nonfinite_streak: int
+    temperature: float
+    micro_batch_size: int
+    reference: Any
+    teacher: Any
+    ref_seconds: float
+
+    @property
+    def lr(self) -> float:
+        """The learning rate of the next optimizer step."""
+        ...
+
+    def update(self, batch: dict[str, Any], algo: Any, cfg: Any, *, epochs: int = 1,
+               minibatches: int = 1, seed: int = 0, on_policy_shortcut: bool = True
+               ) -> dict[str, float]:
+        """`epochs` x `minibatches` optimizer steps of `algo.loss` on the batch; the metrics
+        averaged over optimizer steps ({} for a batch without agent tokens)."""
+        ...
+
+    def logprobs(self, batch: dict[str, Any], *, ref: bool = False) -> torch.Tensor:
+        """(B, T) float32 logprobs of the policy (or the reference, `ref=True`), no gradient."""
+        ...
+
+    def logprobs_and_values(self, batch: dict[str, Any]
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """logp (B, T), values (B, T) and the bootstrap values (B,) in one forward (PPO)."""
+        ...
+
+    def state_dict_for_engines(self) -> dict[str, torch.Tensor]:
+        """The policy's full weights under the plain model's names (LoRA merged), on CPU."""
+        ...
+
+    def compile_note(self) -> str:
+        """One line on what `train.compile` does for this learner ("" when off)."""
+        ...
+
+    def fast_path_notes(self) -> list[str]:
+        """One line per fast path of the training forward these settings turn off."""
+        ...
+
+    def save(self, path: str | Path, tokenizer: Any, extra: dict[str, Any],
+             files: dict[str, bytes] | None = None) -> Path:
+        """Write a checkpoint atomically at `path`; returns it."""
+        ...
+
+    def load(self, path: str | Path) -> dict[str, Any]:
+        """Restore a checkpoint written by `save`; returns its `extra`."""
+        ...
