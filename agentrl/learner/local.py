@@ -340,20 +340,15 @@ class Learner:
                ) -> dict[str, float]:
         """Run `epochs` x `minibatches` optimizer steps of `algo.loss(logp, rows, cfg, ...)`.
 
-        `batch["old_logprobs"]` (the ratio's denominator, contract 3) are recomputed first unless
-        the batch has them; with one optimizer step and no importance correction the update's own
-        forward gives them (`on_policy_shortcut`). Each micro-batch's loss is normalised by its
-        minibatch's counts and gets `max_len` = `cfg.norm_len` or the padded width (Dr. GRPO's
-        L_max). Rows `k*u .. k*u+u-1` of `batch["unit_size"]` u (default 1; DPO pairs: 2) share
-        a minibatch and a micro-batch.
+        `old_logprobs` (contract 3) are recomputed first unless the batch has them or, with one
+        step and no importance correction, the update's own forward gives them
+        (`on_policy_shortcut`). A micro-batch's loss is normalised by its minibatch's counts and
+        gets `max_len` = `cfg.norm_len` or the padded width. Rows `k*u .. k*u+u-1`
+        (`batch["unit_size"]` u, default 1; DPO pairs 2) stay in one micro-batch.
 
-        Returns:
-            metrics averaged over optimizer steps (`UpdateStats.result`); {} for a batch without
-            an agent token (no step).
-
-        Raises:
-            NonFiniteGradientError: `max_nonfinite_steps` skipped steps in a row.
-            ValueError: rows that are not whole units; a forward the batch cannot have.
+        Returns: metrics averaged over optimizer steps (`UpdateStats.result`); {} without an
+        agent token. Raises: `NonFiniteGradientError` (`max_nonfinite_steps` skips in a row);
+        ValueError for rows that are not whole units or a forward the batch cannot have.
         """
         B, unit = batch["input_ids"].shape[0], int(batch.get("unit_size", 1))
         if B == 0 or not bool((batch["loss_mask"] != 0).any()):  # no agent token: no step
@@ -396,10 +391,7 @@ class Learner:
                         continue
                     if single and "sampler_logprobs" in sub:
                         stats.mismatch(logp.detach(), sub["sampler_logprobs"], sub["loss_mask"])
-                    # weight of a micro-batch's means: its share of the forwarded agent tokens
-                    mask = sub["loss_mask"]
-                    w = float(mask.sum()) / fwd_tokens if fwd_tokens > 0 else len(micro) / len(fwd)
-                    stats.micro(m, loss, ent, mask, w)
+                    stats.micro(m, loss, ent, sub["loss_mask"], fwd_tokens, len(micro) / len(fwd))
                 stats.step(self._step(fill=len(fwd) < len(mb)))
         return stats.result(self.dp, rows=B * epochs if idle is not None else None)
 

@@ -48,8 +48,11 @@ class UpdateStats:
             self.mism_max = max(self.mism_max, float(gap[mask != 0].max()))
 
     def micro(self, m: dict[str, Any], loss: torch.Tensor, ent: torch.Tensor, mask: torch.Tensor,
-              w: float) -> None:
-        """Add a micro-batch's loss metrics `m`, its `loss` and mean entropy; `w` weighs its means."""
+              fwd_tokens: float, rows_share: float) -> None:
+        """Add a micro-batch's loss metrics `m`, its `loss` and mean entropy (B, T) `ent` over
+        `mask`. Its means weigh its share of the minibatch's `fwd_tokens` forwarded agent tokens
+        (`rows_share`, its share of the forwarded rows, when there are none)."""
+        w = float(mask.sum()) / fwd_tokens if fwd_tokens > 0 else rows_share
         m["entropy"] = float((ent.detach() * mask).sum() / mask.sum().clamp(min=1))
         m["loss"] = float(loss.detach())
         for k, v in m.items():
