@@ -1,6 +1,8 @@
 """Teacher-forced forward math of the learner: log-probabilities, entropies, values and the
 full next-token distribution of a batch's rows, and the training forwards `Learner.update`
-chooses among (plain, value head, prefix-shared, vocabulary).
+chooses among (plain, value head, prefix-shared, vocabulary); the forward's settings on a model
+(dropout off, activation checkpointing) and the batch's rows (`slice_rows`, `minibatch_rows`,
+`forward_rows`, `to_device`).
 
 Logprobs are taken from `logits / temperature`, the distribution the sampler drew from, so a
 policy that has not changed gives a PPO ratio of exactly 1 (case L4). Under bf16 autocast the
