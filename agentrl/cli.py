@@ -115,7 +115,8 @@ def train(
     except (ValueError, ImportError, AttributeError) as e:
         _fail(f"config error: env.name: {e}")
     _check_dataset(cfg.env.name, cfg.env.dataset)
-    from agentrl.learner.local import NonFiniteGradientError, resolve_device
+    from agentrl.learner.local import resolve_device
+    from agentrl.learner.optim import NonFiniteGradientError
 
     try:
         resolve_device(cfg.train.device)
@@ -132,7 +133,7 @@ def train(
         console.print(f"[yellow]{escape(str(e))}[/yellow]")
         raise typer.Exit(e.exit_code) from None
     except KeyboardInterrupt as e:  # before the RL loop, or a second Ctrl-C: no save of its own
-        from agentrl.learner.local import latest_checkpoint
+        from agentrl.learner.checkpoints import latest_checkpoint
 
         run = cfg.resume or cfg.out
         ck = latest_checkpoint(run)

@@ -21,7 +21,8 @@ import torch
 
 from agentrl.config import Config
 from agentrl.eval.episodes import EVAL_SEED, episode_success, extrinsic_return
-from agentrl.learner.local import NonFiniteLossError, token_logprobs
+from agentrl.learner.forward import token_logprobs
+from agentrl.learner.optim import NonFiniteLossError
 from agentrl.rollout.agent_loop import check_images_allowed
 from agentrl.rollout.chat import ChatRenderer
 from agentrl.rollout.collect import collect

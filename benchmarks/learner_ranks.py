@@ -116,8 +116,7 @@ def group_arm(name: str, workers: int, rows: int, tokens: int, repeats: int) -> 
 
     model = make_model(CONFIGS[name])
     batch = make_batch(CONFIGS[name]["vocab_size"], rows, tokens)
-    group = LearnerGroup(model, dict(lr=1e-4, micro_batch_size=8, prefix_share=False),
-                         algo_name="grpo", workers=workers)
+    group = LearnerGroup(model, dict(lr=1e-4, micro_batch_size=8, prefix_share=False), workers=workers)
     try:
         times = time_updates(group, batch, repeats)
         rss = ray.get([r.peak_rss_mb.remote() for r in group.ranks])
@@ -143,7 +142,7 @@ def sync_arms(name: str, repeats: int) -> dict:
         ts.append(time.perf_counter() - t0)
     res["in_process_s"] = statistics.median(ts)
     del local
-    group = LearnerGroup(copy.deepcopy(model), dict(lr=1e-4, prefix_share=False), algo_name="grpo", workers=2)
+    group = LearnerGroup(copy.deepcopy(model), dict(lr=1e-4, prefix_share=False), workers=2)
     try:
         ts = []
         for v in range(repeats):

@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     def set_arm(arm: str) -> None:
         learner.prefix_share, learner.compile = arm != "off", arm == "compiled"
+        learner.train_forward = learner._train_forward()  # the forward is chosen from these
         ps.decoder_and_head = split if arm in ("head", "static", "compiled") else (lambda m: None)
         ps.static_forward_supported = static_ok if arm in ("static", "compiled") else (lambda m: False)
 

@@ -143,7 +143,7 @@ def kl_and_loss(policy_dir: str, batch: dict, refs: dict[str, torch.Tensor], kl_
     from agentrl.algos.common import sequence_kl
     from agentrl.algos.losses import kl
     from agentrl.config import AlgoConfig
-    from agentrl.learner.local import _slice, disable_dropout, token_logprobs
+    from agentrl.learner.forward import disable_dropout, slice_rows, token_logprobs
     from agentrl.models.tiny import load_model
 
     grpo = get_algorithm("grpo")
@@ -155,7 +155,7 @@ def kl_and_loss(policy_dir: str, batch: dict, refs: dict[str, torch.Tensor], kl_
     mask = batch["loss_mask"] != 0
     full = dict(batch)
     full["advantages"], _ = grpo.advantages(full, cfg)
-    sub = _slice(full, torch.arange(min(grad_rows, full["input_ids"].shape[0])))
+    sub = slice_rows(full, torch.arange(min(grad_rows, full["input_ids"].shape[0])))
     n_tok, n_seq = float(sub["loss_mask"].sum()), sub["input_ids"].shape[0]
     logp, _ = token_logprobs(model, sub["input_ids"], sub["attention_mask"], temperature=1.0)
 
@@ -191,8 +191,9 @@ def kl_and_loss(policy_dir: str, batch: dict, refs: dict[str, torch.Tensor], kl_
 
 def measure(name: str, out: Path, args: argparse.Namespace) -> dict:
     """All figures of model `name` (its run in OUT)."""
+    from agentrl.learner.checkpoints import latest_checkpoint
     from agentrl.learner.frozen import FrozenModelActor as ReferenceActor
-    from agentrl.learner.local import Learner, latest_checkpoint
+    from agentrl.learner.local import Learner
     from agentrl.models.tiny import load_model
     from agentrl.train import build_batch
 

@@ -86,7 +86,7 @@ def main() -> None:
     import torch
     import transformers
 
-    from agentrl.learner.local import token_logprobs
+    from agentrl.learner.forward import token_logprobs
     from agentrl.models.vision_logprobs import vision_logprobs
     from agentrl.rollout.engines.base import SamplingParams
     from agentrl.rollout.engines.hf_vision import VisionHFEngine

@@ -180,10 +180,10 @@ def paired_change(before: str, after: str) -> dict[str, Any]:
 
 def check_batched(model: Any, tok: Any, questions: list[str]) -> float:
     """Largest gap between `answer_nll` and the library's per-row loss
-    (`agentrl.learner.local.token_logprobs` with `vision=`) on 8 training examples."""
+    (`agentrl.learner.forward.token_logprobs` with `vision=`) on 8 training examples."""
     import torch
 
-    from agentrl.learner.local import token_logprobs
+    from agentrl.learner.forward import token_logprobs
     from agentrl.rollout.chat import VisionChatRenderer
     from agentrl.sft import sft_examples
     from agentrl.types import collate

@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> dict:
     bt.pin_threads(1)
     import vs_trl_patches as proposed
 
+    import agentrl.learner.forward as forward_mod
     import agentrl.learner.local as learner_mod
     import agentrl.log.metrics as metrics_log
     import agentrl.train as train_mod
@@ -93,8 +94,9 @@ def main(argv: list[str] | None = None) -> dict:
         return out
 
     HFEngine.generate = generate
-    learner_mod.token_logprobs = bt.timed(learner_mod.token_logprobs, "fwd_logprobs")
-    learner_mod.prefix_shared_logprobs = bt.timed(learner_mod.prefix_shared_logprobs, "fwd_logprobs")
+    learner_mod.token_logprobs = bt.timed(learner_mod.token_logprobs, "fwd_logprobs")  # no-grad passes
+    forward_mod.token_logprobs = bt.timed(forward_mod.token_logprobs, "fwd_logprobs")  # the update's
+    forward_mod.prefix_shared_logprobs = bt.timed(forward_mod.prefix_shared_logprobs, "fwd_logprobs")
 
     steps: list[dict] = []
     base = {"snap": bt.snapshot(), "tok": 0, "eval": False}

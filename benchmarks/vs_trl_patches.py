@@ -14,7 +14,7 @@ checks, without the cached plan the patch kept).
 The learner-side patches measured here before (`prefix_share`, `logits_from_loss`,
 `fused_adamw`) are now in the library: `agentrl/learner/prefix_share.py` with
 `Learner(prefix_share=True)` (config `train.prefix_share`) and the fused AdamW of
-`agentrl.learner.local.make_adamw`; `benchmarks/learner_update.py` times the update with prefix
+`agentrl.learner.optim.make_adamw`; `benchmarks/learner_update.py` times the update with prefix
 sharing on and off.
 """
 
@@ -26,7 +26,7 @@ from typing import Any
 PATCHES: tuple[str, ...] = ()
 APPLIED = {"prefix_share": "agentrl/learner/prefix_share.py, Learner(prefix_share=True)",
            "logits_from_loss": "agentrl/learner/prefix_share.py (subsumed by prefix_share)",
-           "fused_adamw": "agentrl.learner.local.make_adamw",
+           "fused_adamw": "agentrl.learner.optim.make_adamw",
            "fast_decode": "agentrl/models/static_decode.py, HFEngine(static_decode=True)",
            "fast_sync": "agentrl.rollout.engines.hf.HFEngine.update_weights"}
 """Patches proposed here before and now in the library (name -> where)."""

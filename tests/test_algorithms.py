@@ -25,6 +25,7 @@ from agentrl.algos import (
     resolve_config,
     rloo,
 )
+from agentrl.algos.losses import tis_weights_of
 from agentrl.algos.turns import turn_group_advantages, turn_index, turn_returns
 from agentrl.config import AlgoConfig, load_config
 from agentrl.learner.local import Learner
@@ -275,7 +276,7 @@ def _trajs(n=4, seed=0, rewards=None, truncated=None):
 
 
 def test_value_head_values_and_truncation_bootstrap(tiny_model_dir):
-    from agentrl.learner.local import token_logprobs_values
+    from agentrl.learner.forward import token_logprobs_values
     from agentrl.train import build_batch
 
     model, _ = load_model(tiny_model_dir)
@@ -355,7 +356,7 @@ def test_tis_weights_and_mismatch_in_the_update(tiny_model_dir):
     grpo = get_algorithm("grpo")
     batch["advantages"], _ = grpo.advantages(batch, cfg)
     m = learner.update(batch, grpo, cfg)
-    w = batch["tis_weights"]
+    w = tis_weights_of(batch, cfg)  # what grpo.loss weighs with (old_logprobs: the update's)
     # rows 1-3: min(exp(0.5), 1.5) = 1.5 (capped); row 0: exp(-1) = 0.367879; 0 off the mask
     assert torch.allclose(w[1:][mask[1:] != 0], torch.tensor(1.5))
     assert torch.allclose(w[0][mask[0] != 0], torch.tensor(math.exp(-1.0)), atol=1e-5)

@@ -293,7 +293,7 @@ def test_async_config_validation():
 
 
 def _final_weights(tmp_path, name, extra):
-    from agentrl.learner.local import latest_checkpoint
+    from agentrl.learner.checkpoints import latest_checkpoint
     from agentrl.models.tiny import load_model
     from agentrl.train import train
 

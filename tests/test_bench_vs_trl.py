@@ -144,7 +144,7 @@ def _batch(tok_rows):
 def test_learner_prefix_share_matches_token_logprobs(tiny, which):
     """The library's `prefix_shared_logprobs` (formerly the prefix_share / logits_from_loss
     patches) on the benchmark's model (grouped-query attention): both of its paths."""
-    from agentrl.learner.local import token_logprobs
+    from agentrl.learner.forward import token_logprobs
     from agentrl.learner.prefix_share import prefix_shared_logprobs
 
     _, model, _ = tiny

@@ -11,7 +11,9 @@ import torch
 
 from agentrl.algos import get_algorithm
 from agentrl.config import AlgoConfig
-from agentrl.learner.local import Learner, latest_checkpoint, token_logprobs
+from agentrl.learner.checkpoints import latest_checkpoint
+from agentrl.learner.forward import token_logprobs
+from agentrl.learner.local import Learner
 from agentrl.models.tiny import load_model
 from agentrl.types import Trajectory
 
@@ -353,7 +355,7 @@ def test_fused_adamw_step_equals_the_default_adamw(tiny_model_dir):
         opt.step()
     for p, q in zip(model.parameters(), ref.parameters()):
         assert torch.allclose(p, q, atol=1e-6, rtol=0)
-    from agentrl.learner.local import make_adamw
+    from agentrl.learner.optim import make_adamw
 
     cplx = torch.nn.Parameter(torch.zeros(2, dtype=torch.complex64))
     opt, fused = make_adamw([cplx], lr=1e-3, weight_decay=0.0)
@@ -523,7 +525,7 @@ def test_skipping_zero_advantage_rows_gives_the_same_update(tiny_model_dir, monk
     batch0 = _equal_reward_batch(0, [(1.0, 1.0, 1.0), (0.0, 1.0, 0.0), (0.0, 0.0, 0.0), (1.0, 0.0, 0.0)])
     out, rows_seen = [], []
     forward = prefix_share.prefix_shared_logprobs
-    monkeypatch.setattr("agentrl.learner.local.prefix_shared_logprobs",
+    monkeypatch.setattr("agentrl.learner.forward.prefix_shared_logprobs",
                         lambda m, ids, *a, **k: rows_seen.append(ids.shape[0]) or forward(m, ids, *a, **k))
     for skip in (False, True):
         model, _ = load_model(tiny_model_dir)

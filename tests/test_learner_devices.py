@@ -13,13 +13,9 @@ from test_learner import _group_batch
 
 from agentrl.algos import get_algorithm
 from agentrl.config import AlgoConfig, load_config
-from agentrl.learner.local import (
-    Learner,
-    NonFiniteGradientError,
-    disable_dropout,
-    resolve_device,
-    token_logprobs,
-)
+from agentrl.learner.forward import disable_dropout, token_logprobs
+from agentrl.learner.local import Learner, resolve_device
+from agentrl.learner.optim import NonFiniteGradientError
 from agentrl.models.tiny import load_model
 
 CUDA = torch.cuda.is_available()

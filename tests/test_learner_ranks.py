@@ -116,7 +116,7 @@ def test_two_gloo_ranks_give_the_in_process_update(ray_up, tiny_model_dir, algo_
     model = _model(tiny_model_dir, attention_dropout=0.1)
     value = getattr(algo, "VALUE_HEAD", False)
     local = Learner(copy.deepcopy(model), **_kw(value_head=value))
-    group = LearnerGroup(copy.deepcopy(model), _kw(value_head=value), algo_name=algo_name, workers=2)
+    group = LearnerGroup(copy.deepcopy(model), _kw(value_head=value), workers=2)
     try:
         assert sum(group.shard_params) == sum(p.numel() for p in local._params())
         assert all(n < sum(group.shard_params) for n in group.shard_params)  # sharded, not copied
@@ -155,7 +155,7 @@ def test_token_mean_over_ranks_with_unequal_token_counts(ray_up, tiny_model_dir)
     b["loss_mask"] = ((pos >= 4) & (pos < b["lengths"][:, None])).float()
     assert b["loss_mask"].sum(1).tolist() == [10.0, 2.0]
     b["advantages"] = torch.tensor([1.0, -1.0])
-    group = LearnerGroup(_model(tiny_model_dir), _kw(), algo_name="grpo", workers=2)
+    group = LearnerGroup(_model(tiny_model_dir), _kw(), workers=2)
     local = Learner(_model(tiny_model_dir), **_kw())
     try:
         mg = group.update(dict(b), algo, cfg)
@@ -172,7 +172,7 @@ def test_a_nan_on_one_rank_skips_the_step_on_both(ray_up, tiny_model_dir):
     algo = get_algorithm("grpo")
     cfg = resolve_config(algo, AlgoConfig(name="grpo"))
     model = _model(tiny_model_dir)
-    group = LearnerGroup(copy.deepcopy(model), _kw(max_nonfinite_steps=3), algo_name="grpo", workers=2)
+    group = LearnerGroup(copy.deepcopy(model), _kw(max_nonfinite_steps=3), workers=2)
     try:
         b = _batch()
         b["advantages"] = torch.tensor([1.0, math.nan, -1.0, 1.0, -1.0, 1.0])  # row 1: rank 1 only
@@ -202,7 +202,7 @@ def test_sharded_checkpoint_resumes_with_one_rank_and_in_process(ray_up, tiny_mo
         b["ref_logprobs"] = learner.logprobs(b, ref=True)
         return learner.update(b, algo, cfg, seed=3)
 
-    two = LearnerGroup(_model(tiny_model_dir), kw, algo_name="grpo", workers=2)
+    two = LearnerGroup(_model(tiny_model_dir), kw, workers=2)
     try:
         _train(two, algo, cfg, steps=2)
         ck = two.save(tmp_path / "step_2", tiny_tokenizer, {"step": 2, "policy_version": 2})
@@ -213,7 +213,7 @@ def test_sharded_checkpoint_resumes_with_one_rank_and_in_process(ray_up, tiny_mo
     assert (ck / "dcp").is_dir() and (ck / "model.safetensors").exists()
     export = AutoModelForCausalLM.from_pretrained(ck)  # the consolidated export loads as is
 
-    one = LearnerGroup(copy.deepcopy(export), kw, algo_name="grpo", workers=1)
+    one = LearnerGroup(copy.deepcopy(export), kw, workers=1)
     try:
         assert one.load(ck) == {"step": 2, "policy_version": 2}
         assert one.optimizer_steps == 2
@@ -239,8 +239,8 @@ def test_one_nccl_rank_on_a_gpu_gives_the_cpu_update(ray_up, tiny_model_dir):
     cfg = resolve_config(algo, AlgoConfig(name="grpo"))
     model = _model(tiny_model_dir)
     local = Learner(copy.deepcopy(model), **_kw())
-    gpu = LearnerGroup(copy.deepcopy(model), _kw(device="cuda"), algo_name="grpo", workers=1, gpus=1)
-    bf16 = LearnerGroup(copy.deepcopy(model), _kw(device="cuda", precision="bf16"), algo_name="grpo",
+    gpu = LearnerGroup(copy.deepcopy(model), _kw(device="cuda"), workers=1, gpus=1)
+    bf16 = LearnerGroup(copy.deepcopy(model), _kw(device="cuda", precision="bf16"),
                         workers=1, gpus=1)
     try:
         m_local, m_gpu, m_bf16 = _train(local, algo, cfg), _train(gpu, algo, cfg), _train(bf16, algo, cfg)

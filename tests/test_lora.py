@@ -58,7 +58,7 @@ def test_only_adapters_train_and_the_reference_is_the_base_without_a_copy(tiny_m
     pol_before = learner.logprobs(batch)
     ref = learner.logprobs(batch, ref=True)
     pol = learner.logprobs(batch)
-    from agentrl.learner.local import token_logprobs
+    from agentrl.learner.forward import token_logprobs
 
     with torch.no_grad():
         want, _ = token_logprobs(base, IDS, torch.ones_like(IDS))

@@ -230,7 +230,7 @@ def signal(tmp_path_factory):
 def _run(tmp_path, name, extra):
     import json
 
-    from agentrl.learner.local import latest_checkpoint
+    from agentrl.learner.checkpoints import latest_checkpoint
     from agentrl.models.tiny import load_model
     from agentrl.train import train
 
@@ -451,7 +451,7 @@ def test_resume_inline_after_a_worker_run_keeps_the_reference(ray_up, tmp_path, 
     """2 steps with the reference on a worker, resumed inline to 3 steps: the learner's frozen
     copy is the run's starting weights (OUT/reference_model), not the resumed policy, so the
     run ends as 3 steps with the worker do."""
-    from agentrl.learner.local import latest_checkpoint
+    from agentrl.learner.checkpoints import latest_checkpoint
     from agentrl.models.tiny import load_model
     from agentrl.train import train
 

@@ -27,7 +27,7 @@ from safetensors.torch import load_file
 
 import agentrl.train as train_mod
 from agentrl.config import load_config
-from agentrl.learner.local import latest_checkpoint
+from agentrl.learner.checkpoints import latest_checkpoint
 from agentrl.log.summary import read_metrics
 
 ARGS = ["env.name=toy", "sft.steps=0", "rollout.tasks_per_step=2", "algo.group_size=2",

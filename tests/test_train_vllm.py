@@ -80,7 +80,7 @@ def _rollouts(out: Path, step: int) -> list[dict]:
 
 def _sampler_gap(model, trajs: list[dict]) -> float:
     """Mean |learner logprob - sampler logprob| of `model` over the agent tokens of `trajs`."""
-    from agentrl.learner.local import token_logprobs
+    from agentrl.learner.forward import token_logprobs
 
     tot, n = 0.0, 0
     for t in trajs:
@@ -137,7 +137,7 @@ def test_greedy_tokens_equal_hf_after_the_weight_pushes(run):
     """After 3 pushes through `train`'s sync path, vLLM's greedy ids and logprobs are those of an
     HF engine on the final checkpoint, and differ measurably from the SFT weights'."""
     from agentrl.config import load_config
-    from agentrl.learner.local import latest_checkpoint
+    from agentrl.learner.checkpoints import latest_checkpoint
     from agentrl.rollout.chat import ChatRenderer
     from agentrl.rollout.engines.base import SamplingParams
     from agentrl.rollout.engines.hf import HFEngine
@@ -157,7 +157,7 @@ def test_greedy_tokens_equal_hf_after_the_weight_pushes(run):
         assert g.token_ids == w.token_ids and g.finish_reason == w.finish_reason
         assert g.logprobs == pytest.approx(w.logprobs, abs=1e-4)
     sft = HFEngine(str(out / "sft_model"), torch_threads=1)
-    from agentrl.learner.local import token_logprobs
+    from agentrl.learner.forward import token_logprobs
 
     moved = 0.0
     for prompt, g in zip(prompts, got):
@@ -174,7 +174,7 @@ def test_one_ray_worker_samples_the_same_tokens(run, tmp_path):
     (per-row seeds do not depend on where a row runs) and the same final weights."""
     import ray
 
-    from agentrl.learner.local import latest_checkpoint
+    from agentrl.learner.checkpoints import latest_checkpoint
     from agentrl.models.tiny import load_model
 
     out, summary, _ = run

@@ -109,7 +109,7 @@ def prompts(renderer):
 
 def learner_logprobs(model, prompt: list[int], completion: list[int], temperature: float) -> list[float]:
     """The learner's teacher-forced logprobs of `completion` after `prompt` (`token_logprobs`)."""
-    from agentrl.learner.local import token_logprobs
+    from agentrl.learner.forward import token_logprobs
 
     ids = torch.tensor([prompt + completion])
     with torch.no_grad():
@@ -345,7 +345,7 @@ def test_rollout_worker_runs_episodes_on_vllm(worker, hf, renderer):
     diffs = []
     for t in trajs:
         ids = torch.tensor([t.token_ids])
-        from agentrl.learner.local import token_logprobs
+        from agentrl.learner.forward import token_logprobs
 
         with torch.no_grad():
             lp, _ = token_logprobs(hf.model, ids, torch.ones_like(ids))

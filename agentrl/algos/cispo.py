@@ -34,7 +34,7 @@ import torch
 
 from agentrl.algos import grpo
 from agentrl.algos.common import kl_entropy_terms
-from agentrl.algos.losses import cispo_policy_loss
+from agentrl.algos.losses import cispo_policy_loss, tis_weights_of
 
 DEFAULTS = {"clip_low": 1.0}
 """No lower bound on the IS weight (MiniMax-M1, sec. 3.1)."""
@@ -62,7 +62,7 @@ def loss(logp: torch.Tensor, batch: dict[str, Any], cfg: Any, *, num_tokens: flo
     pg, metrics = cispo_policy_loss(
         logp, batch["old_logprobs"], batch["advantages"], batch["loss_mask"],
         clip_low=cfg.clip_low, clip_high=cfg.clip_high, agg=cfg.agg, num_tokens=num_tokens,
-        num_seqs=num_seqs, max_len=batch.get("max_len"), tis_weights=batch.get("tis_weights"))
+        num_seqs=num_seqs, max_len=batch.get("max_len"), tis_weights=tis_weights_of(batch, cfg))
     extra, m = kl_entropy_terms(logp, batch, cfg, num_tokens=num_tokens, entropy=entropy)
     metrics.update(m)
     return pg + extra, metrics

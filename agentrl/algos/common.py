@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from agentrl.algos.losses import aggregate, kl, ppo_policy_loss
+from agentrl.algos.losses import aggregate, kl, ppo_policy_loss, tis_weights_of
 
 
 def drop_invalid_rows(batch: dict[str, Any]) -> int:
@@ -112,7 +112,7 @@ def surrogate_loss_kl_in_reward(logp: torch.Tensor, batch: dict[str, Any], cfg: 
     pg, metrics = ppo_policy_loss(
         logp, batch["old_logprobs"], batch["advantages"], batch["loss_mask"],
         clip_low=cfg.clip_low, clip_high=cfg.clip_high, agg=cfg.agg, num_tokens=num_tokens,
-        num_seqs=num_seqs, max_len=batch.get("max_len"), tis_weights=batch.get("tis_weights"),
+        num_seqs=num_seqs, max_len=batch.get("max_len"), tis_weights=tis_weights_of(batch, cfg),
         dual_clip=getattr(cfg, "dual_clip", None))
     extra, m = kl_entropy_terms(logp, batch, cfg, num_tokens=num_tokens, entropy=entropy,
                                 kl_in_loss=False)

@@ -14,8 +14,8 @@ Options:
   is `--algo gigpo`;
 - dynamic sampling (`cfg.dynamic_sampling`, DAPO): groups without signal are dropped and the
   batch refilled by the training loop (`agentrl.train.dynamic_sampling`);
-- truncated importance sampling (`cfg.tis_cap`, `tis_level`, `tis_mode`): `Learner.update`
-  puts `tis_weights` in the batch, multiplied into the per-token loss here;
+- truncated importance sampling (`cfg.tis_cap`, `tis_level`, `tis_mode`): `losses.tis_weights_of`
+  weighs the per-token loss here from the old and sampler logprobs;
 - Dr. GRPO's L_max (`cfg.norm_len`): `Learner.update` passes it as `max_len`.
 """
 
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from agentrl.algos.advantages import expand_to_tokens, group_advantages, group_stats
-from agentrl.algos.losses import aggregate, kl, ppo_policy_loss
+from agentrl.algos.losses import aggregate, kl, ppo_policy_loss, tis_weights_of
 from agentrl.algos.turns import gigpo_advantages, turn_group_advantages
 
 OPTIONS = ("turn_advantages", "turn_credit", "dual_clip", "tis_cap", "overlong_buffer", "mask_truncated")
@@ -64,7 +64,7 @@ def loss(logp: torch.Tensor, batch: dict[str, Any], cfg: Any, *, num_tokens: flo
     pg, metrics = ppo_policy_loss(
         logp, batch["old_logprobs"], batch["advantages"], mask,
         clip_low=cfg.clip_low, clip_high=cfg.clip_high, agg=agg, num_tokens=num_tokens,
-        num_seqs=num_seqs, max_len=batch.get("max_len"), tis_weights=batch.get("tis_weights"),
+        num_seqs=num_seqs, max_len=batch.get("max_len"), tis_weights=tis_weights_of(batch, cfg),
         dual_clip=getattr(cfg, "dual_clip", None))
     total = pg
     if cfg.kl_coef > 0 and "ref_logprobs" in batch:

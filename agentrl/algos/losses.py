@@ -14,6 +14,7 @@ Conventions (see docs/algorithms.md):
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +35,7 @@ __all__ = [
     "dpo_loss",
     "sequence_logps",
     "tis_weights",
+    "tis_weights_of",
     "entropy_from_logits",
     "logprobs_from_logits",
 ]
@@ -696,3 +698,17 @@ def logprobs_from_logits(logits: Tensor, token_ids: Tensor, *, temperature: floa
         )
     x = logits.to(_float_dtype(logits)) / temperature
     return torch.log_softmax(x, dim=-1).gather(-1, token_ids.unsqueeze(-1)).squeeze(-1)
+
+
+def tis_weights_of(batch: dict[str, Any], cfg: Any) -> Tensor | None:
+    """The truncated importance weights a loss multiplies in, for a (micro-)batch: its
+    `tis_weights` when it has them, else `tis_weights(old_logprobs, sampler_logprobs, loss_mask,
+    cap=cfg.tis_cap, level=cfg.tis_level, mode=cfg.tis_mode)` when `cfg.tis_cap` is set and the
+    batch has `sampler_logprobs`; else None. (B, T) float32 without gradient, or None."""
+    if "tis_weights" in batch:
+        return batch["tis_weights"]
+    cap = getattr(cfg, "tis_cap", None)
+    if cap is None or "sampler_logprobs" not in batch:
+        return None
+    return tis_weights(batch["old_logprobs"], batch["sampler_logprobs"], batch["loss_mask"], cap=cap,
+                       level=getattr(cfg, "tis_level", "token"), mode=getattr(cfg, "tis_mode", "truncate"))

@@ -52,7 +52,7 @@ from agentrl.algos.common import (
     sequence_kl,
     token_rewards,
 )
-from agentrl.algos.losses import masked_mean, ppo_policy_loss, value_loss
+from agentrl.algos.losses import masked_mean, ppo_policy_loss, tis_weights_of, value_loss
 
 OPTIONS = ("dual_clip", "tis_cap", "overlong_buffer", "mask_truncated")
 
@@ -172,7 +172,7 @@ def loss(logp: torch.Tensor, batch: dict[str, Any], cfg: Any, *, num_tokens: flo
     pg, metrics = ppo_policy_loss(
         logp, batch["old_logprobs"], batch["advantages"], mask,
         clip_low=cfg.clip_low, clip_high=cfg.clip_high, agg=cfg.agg, num_tokens=num_tokens,
-        num_seqs=num_seqs, max_len=batch.get("max_len"), tis_weights=batch.get("tis_weights"),
+        num_seqs=num_seqs, max_len=batch.get("max_len"), tis_weights=tis_weights_of(batch, cfg),
         dual_clip=getattr(cfg, "dual_clip", None))
     vf, vm = value_loss(values, batch["old_values"], batch["returns"], mask,
                         clip=cfg.value_clip, num_tokens=num_tokens)

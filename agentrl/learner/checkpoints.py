@@ -8,6 +8,9 @@
   `latest_checkpoint` returns the newest intact `OUT/checkpoints/step_N`, naming the ones it
   skipped (a flipped byte, a truncated file, a missing file).
 - `prune` keeps the newest `keep` checkpoints (`train.keep_checkpoints`).
+- The layout of a learner's checkpoint is written by `write_checkpoint` (the in-process learner
+  and the group of ranks alike) and its parts read back by `read_state`; `rng_state` /
+  `set_rng_state` are the torch, numpy, Python (and CUDA) generators saved with it.
 - `pack_state` / `unpack_state`: a nested state (dicts, lists, scalars, numpy arrays; the reward
   wrappers' state, `REWARD_STATE`) as one safetensors file: the arrays as tensors, the rest as
   JSON in the file's metadata.
@@ -18,12 +21,25 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+
 MANIFEST = "manifest.json"
+TRAINER_STATE = "trainer_state.pt"
+"""Optimizer (in-process learner), scheduler, optimizer-step count and the driver's RNG states."""
+VALUE_HEAD = "value_head.pt"
+REF_MODEL = "ref_model.pt"
+ALGO_STATE = "algo_state.pt"
+RUN_STATE = "agentrl_state.json"
+"""`extra` of `write_checkpoint`: the loop's step, policy version and data cursor."""
+SHARDED = "dcp"
+"""The learner ranks' `torch.distributed.checkpoint` folder (`agentrl.learner.rank`)."""
 REWARD_STATE = "reward_state.safetensors"
 """The reward wrappers' state in a checkpoint (`agentrl.rewards.RewardWrappers.state_dict`)."""
 
@@ -110,6 +126,78 @@ def _fsync_dir(d: Path) -> None:
         os.close(fd)
 
 
+def write_checkpoint(path: str | Path, model: Any, tokenizer: Any, *, trainer_state: dict[str, Any],
+                     algo_state: dict[str, Any], extra: dict[str, Any],
+                     files: dict[str, bytes] | None = None,
+                     value_head: dict[str, torch.Tensor] | None = None,
+                     ref_model: dict[str, torch.Tensor] | None = None,
+                     sharded: Callable[[Path], None] | None = None) -> Path:
+    """Write a learner's checkpoint atomically into `path` (a temp folder, sealed: `seal`):
+
+        config.json, model weights    `model.save_pretrained` (LoRA: the adapters)
+        tokenizer files                `tokenizer.save_pretrained` (+ its image processor)
+        trainer_state.pt               `trainer_state`
+        value_head.pt, ref_model.pt    the value head's / reference model's state (when given)
+        dcp/                           what `sharded(tmp)` writes (learner ranks)
+        algo_state.pt                  `algo_state` (e.g. PPO's adaptive KL coefficient)
+        agentrl_state.json             `extra` (step, policy version, data cursor)
+        NAME                           each of `files` (name -> bytes, e.g. the reward state)
+
+    Returns `path`."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if getattr(tokenizer, "image_processor", None) is not None:  # a vision-language policy
+        tokenizer.image_processor.save_pretrained(tmp)
+    if sharded is not None:
+        sharded(tmp)
+    torch.save(trainer_state, tmp / TRAINER_STATE)
+    if ref_model is not None:
+        torch.save(ref_model, tmp / REF_MODEL)
+    if value_head is not None:
+        torch.save(value_head, tmp / VALUE_HEAD)
+    torch.save(algo_state, tmp / ALGO_STATE)
+    (tmp / RUN_STATE).write_text(json.dumps(extra, indent=1))
+    for name, data in (files or {}).items():
+        (tmp / name).write_bytes(data)
+    return seal(tmp, path)
+
+
+def read_state(path: str | Path, name: str) -> Any:
+    """The part `name` of the checkpoint in `path` (`TRAINER_STATE`, `VALUE_HEAD`, `REF_MODEL`,
+    `ALGO_STATE`: tensors on the CPU; `RUN_STATE`: the `extra` dict), or None when the
+    checkpoint has no such file."""
+    f = Path(path) / name
+    if not f.exists():
+        return None
+    if name == RUN_STATE:
+        return json.loads(f.read_text())
+    if name == ALGO_STATE:  # the algorithm's small state, as it saved it
+        return torch.load(f, weights_only=False)
+    if name == TRAINER_STATE:  # numpy's and Python's RNG states are not tensors
+        return torch.load(f, weights_only=False, map_location="cpu")
+    return torch.load(f, map_location="cpu")
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's torch, numpy, Python and CUDA (None without CUDA) generator states."""
+    return {"torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state(),
+            "python_rng": random.getstate(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(st: dict[str, Any]) -> None:
+    """Restore the generators of `rng_state` (CUDA's when saved and available)."""
+    torch.set_rng_state(st["torch_rng"])
+    np.random.set_state(st["numpy_rng"])
+    random.setstate(st["python_rng"])
+    if st.get("cuda_rng") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(st["cuda_rng"])
+
+
 def intact(ck: Path) -> str | None:
     """None when checkpoint `ck` matches its manifest (or has none: written before manifests),
     else why not (a missing or unreadable manifest entry, a size or digest mismatch)."""
@@ -138,7 +226,7 @@ def checkpoints(out: Path) -> list[Path]:
     if not ck.is_dir():
         return []
     done = [p for p in ck.iterdir() if p.name.startswith("step_") and not p.name.endswith(".tmp")
-            and p.name[5:].isdigit() and (p / "agentrl_state.json").exists()]
+            and p.name[5:].isdigit() and (p / RUN_STATE).exists()]
     return sorted(done, key=lambda p: int(p.name[5:]))
 
 
@@ -166,8 +254,6 @@ def prune(out: Path, keep: int) -> list[Path]:
 
 
 def _encode(obj: Any, path: str, arrays: dict[str, Any]) -> Any:
-    import numpy as np
-
     if isinstance(obj, np.ndarray):
         arrays[path] = np.ascontiguousarray(obj)
         return {"__array__": path, "shape": list(obj.shape)}  # safetensors stores () as (1,)

@@ -11,6 +11,10 @@ across ranks): each rank's loss is its share of the global token-mean, and FSDP'
 reduce-scatter averages over ranks, so the loss is multiplied by `world` before `backward`
 to make the reduced gradient the sum of the shares, i.e. the single-process gradient.
 
+Sharded checkpoints (`save_sharded` / `load_sharded`): the policy (with the value head) and its
+optimizer, and the reference model, with `torch.distributed.checkpoint` (DCP), reloadable by
+any number of ranks or, without a process group, by the in-process learner.
+
 Sharding follows torchtitan's `parallelize`: `fully_shard` on every decoder layer (the
 model's `_no_split_modules` classes), then on the root.
 """
@@ -23,6 +27,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 
 
 @dataclass
@@ -110,3 +121,35 @@ def full_state_dict(module: torch.nn.Module, *, keep: bool) -> dict[str, torch.T
             out[k] = full.detach().to("cpu", copy=True)
         del full
     return out
+
+
+def _dcp_state(learner: Any) -> tuple[torch.nn.ModuleDict, dict[str, Any]]:
+    """The module holding `learner`'s policy (and value head) and the DCP state of it, its
+    optimizer and its reference model (`model`, `optim`, `ref`)."""
+    mods: dict[str, torch.nn.Module] = {"policy": learner.model}
+    if learner.value_head is not None:
+        mods["value_head"] = learner.value_head
+    container = torch.nn.ModuleDict(mods)
+    msd, osd = get_state_dict(container, learner.optimizer)
+    state: dict[str, Any] = {"model": msd, "optim": osd}
+    if learner.ref_model is not None:
+        state["ref"] = get_model_state_dict(learner.ref_model)
+    return container, state
+
+
+def save_sharded(folder: str, learner: Any) -> None:
+    """Write `learner`'s (a `Learner`: `model`, `value_head`, `optimizer`, `ref_model`) shards of
+    the policy, value head, optimizer and reference model to `folder` with DCP (a collective)."""
+    dcp.save(_dcp_state(learner)[1], checkpoint_id=folder)
+
+
+def load_sharded(folder: str, learner: Any, *, no_dist: bool = False) -> None:
+    """Load the DCP checkpoint in `folder` (written by any number of ranks: DCP reshards) into
+    `learner`'s policy, value head, optimizer and reference model; `no_dist`: without a process
+    group (the in-process learner)."""
+    container, state = _dcp_state(learner)
+    dcp.load(state, checkpoint_id=folder, no_dist=no_dist)
+    set_state_dict(container, learner.optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"])
+    if learner.ref_model is not None:
+        set_model_state_dict(learner.ref_model, state["ref"])

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from agentrl.infra.cluster import actor_options
+from agentrl.learner.forward import disable_dropout, full_precision, slice_rows, token_logprobs
 from agentrl.models.int8 import REFERENCE_DTYPES, quantize_int8
 
 
@@ -50,7 +51,7 @@ def frozen_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.T
                     lengths: torch.Tensor, *, temperature: float = 1.0,
                     micro_batch_size: int = 16) -> torch.Tensor:
     """(B, T) float32 teacher-forced log-probabilities of a frozen `model` (no gradient): each
-    token given those before it, at `temperature` (`agentrl.learner.local.token_logprobs`), computed
+    token given those before it, at `temperature` (`agentrl.learner.forward.token_logprobs`), computed
     in micro-batches of `micro_batch_size` rows, each trimmed to its longest row (as
     `Learner.logprobs`); 0 at t = 0 and past each micro-batch's longest row. On the CPU.
 
@@ -61,15 +62,13 @@ def frozen_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.T
     Raises:
         ValueError: a token id outside the model's vocabulary (another tokenizer).
     """
-    from agentrl.learner.local import _slice, token_logprobs
-
     check_vocabulary(model, input_ids)
     device = next(model.parameters()).device
     batch = {"input_ids": input_ids.cpu(), "attention_mask": attention_mask.cpu(), "lengths": lengths.cpu()}
     out = torch.zeros(input_ids.shape, dtype=torch.float32)
     with torch.no_grad():
         for idx in torch.split(torch.arange(input_ids.shape[0]), max(micro_batch_size, 1)):
-            sub = _slice(batch, idx)
+            sub = slice_rows(batch, idx)
             lp, _ = token_logprobs(model, sub["input_ids"].to(device), sub["attention_mask"].to(device),
                                    temperature=temperature)
             out[idx, : lp.shape[1]] = lp.float().cpu()
@@ -108,8 +107,6 @@ def frozen_vocab_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: t
     Raises:
         ValueError: a token id outside the model's vocabulary (another tokenizer).
     """
-    from agentrl.learner.local import _slice, full_precision
-
     check_vocabulary(model, input_ids)
     device = next(model.parameters()).device
     t = temperature if temperature and temperature > 0 else 1.0
@@ -118,7 +115,7 @@ def frozen_vocab_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: t
     out: dict[str, torch.Tensor] = {"logprobs": torch.zeros((B, T), dtype=torch.float32)}
     with torch.no_grad():
         for idx in torch.split(torch.arange(B), max(micro_batch_size, 1)):
-            sub = _slice(batch, idx)
+            sub = slice_rows(batch, idx)
             ids = sub["input_ids"].to(device)
             logits = model(input_ids=ids, attention_mask=sub["attention_mask"].to(device)).logits
             with full_precision(logits):
@@ -164,7 +161,6 @@ class FrozenModelActor:
     def __init__(self, model_dir: str, *, dtype: str = "float32", temperature: float = 1.0,
                  micro_batch_size: int = 16, torch_threads: int = 1, device: str = "cpu",
                  keep_fp32: bool = False) -> None:
-        from agentrl.learner.local import disable_dropout
         from agentrl.models.tiny import load_model
 
         if dtype not in REFERENCE_DTYPES:

@@ -23,16 +23,23 @@ DIR/agentrl_state.json. It resumes with any `learner_workers` (DCP reshards), 0 
 from __future__ import annotations
 
 import copy
-import json
-import random
-import shutil
+import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from agentrl.learner.checkpoints import seal
+from agentrl.learner import needs
+from agentrl.learner.checkpoints import (
+    ALGO_STATE,
+    RUN_STATE,
+    SHARDED,
+    TRAINER_STATE,
+    read_state,
+    rng_state,
+    set_rng_state,
+    write_checkpoint,
+)
 from agentrl.learner.local import Learner
 
 PLACEMENT_TIMEOUT_S = 60.0
@@ -48,15 +55,14 @@ class PlacementError(RuntimeError):
 
 
 def learner_kwargs(cfg: Any, algo: Any, lr_schedule: Any) -> dict[str, Any]:
-    """The `agentrl.learner.local.Learner` keywords of a run (`train.*`, the algorithm's needs)."""
-    from agentrl.algos import needs_reference
-
+    """The `agentrl.learner.local.Learner` keywords of a run (`train.*`, the algorithm's needs,
+    `agentrl.learner.needs`)."""
     return dict(lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, grad_clip=cfg.train.grad_clip,
                 temperature=cfg.rollout.temperature, micro_batch_size=cfg.train.micro_batch_size,
                 prefix_share=cfg.train.prefix_share, compile=cfg.train.compile,
                 skip_zero_advantage=cfg.train.skip_zero_advantage,
-                use_ref=needs_reference(algo, cfg.algo) and cfg.placement.reference == "inline",
-                value_head=getattr(algo, "VALUE_HEAD", False),
+                use_ref=needs.reference(algo, cfg.algo) and cfg.placement.reference == "inline",
+                value_head=needs.value_head(algo),
                 lr_schedule=lr_schedule, device=cfg.train.device, precision=cfg.train.precision,
                 gradient_checkpointing=cfg.train.gradient_checkpointing,
                 max_nonfinite_steps=cfg.train.max_nonfinite_steps)
@@ -68,7 +74,7 @@ def make_learner(cfg: Any, algo: Any, model: Any, lr_schedule: Any) -> Learner |
     kw = learner_kwargs(cfg, algo, lr_schedule)
     if cfg.train.learner_workers == 0:
         return Learner(model, **kw)
-    return LearnerGroup(model, kw, algo_name=cfg.algo.name, workers=cfg.train.learner_workers,
+    return LearnerGroup(model, kw, workers=cfg.train.learner_workers,
                         cpus=cfg.train.learner_cpus, gpus=cfg.train.learner_gpus,
                         torch_threads=cfg.train.torch_threads, seed=cfg.seed,
                         ray_address=cfg.rollout.ray_address)
@@ -89,7 +95,6 @@ class LearnerGroup:
             through the object store and shards it).
         kwargs: `Learner` keywords (`learner_kwargs`); `device=cuda` puts each rank on its
             bundle's GPU (`gpus` >= 1).
-        algo_name: the algorithm whose `loss` the ranks run.
         workers, cpus, gpus: ranks, and CPUs / GPUs reserved per rank (placement-group bundles,
             packed on as few nodes as possible).
         torch_threads: torch threads per rank.
@@ -100,7 +105,7 @@ class LearnerGroup:
         ValueError: `workers < 1`.
     """
 
-    def __init__(self, model: Any, kwargs: dict[str, Any], *, algo_name: str, workers: int,
+    def __init__(self, model: Any, kwargs: dict[str, Any], *, workers: int,
                  cpus: float = 1.0, gpus: float = 0.0, torch_threads: int = 1, seed: int = 0,
                  ray_address: str | None = None) -> None:
         import ray
@@ -114,7 +119,6 @@ class LearnerGroup:
             raise ValueError(f"train.learner_workers={workers}: a group needs at least 1 rank")
         ensure_ray(ray_address)
         self.model = model  # the driver's copy: the consolidated export is written from it
-        self.algo_name = algo_name
         self.algo_state: dict[str, Any] = {}
         self.optimizer_steps = 0
         self.nonfinite_streak = 0
@@ -173,12 +177,12 @@ class LearnerGroup:
     def update(self, batch: dict[str, Any], algo: Any, cfg: Any, *, epochs: int = 1,
                minibatches: int = 1, seed: int = 0, on_policy_shortcut: bool = True) -> dict[str, float]:
         """`Learner.update` over the ranks (see there); the batch goes once to the object
-        store. Raises `NonFiniteGradientError` as the in-process learner does."""
+        store, `algo` (pickled by reference: its module or class is imported on the ranks) with
+        every call. Raises `NonFiniteGradientError` as the in-process learner does."""
         import ray
 
         ref = ray.put(batch)
-        out = self._first("update", ref, self.algo_name, cfg, epochs, minibatches, seed,
-                          on_policy_shortcut)
+        out = self._first("update", ref, algo, cfg, epochs, minibatches, seed, on_policy_shortcut)
         self.optimizer_steps = out["optimizer_steps"]
         self.nonfinite_streak = out["nonfinite_streak"]
         self._lr = out["lr"]
@@ -187,8 +191,6 @@ class LearnerGroup:
     def logprobs(self, batch: dict[str, Any], *, ref: bool = False) -> torch.Tensor:
         """(B, T) logprobs of the policy (or the reference), without gradient; the reference's
         from the reference worker when `reference` is set (`Learner.logprobs`)."""
-        import time
-
         import ray
 
         if not ref:
@@ -232,26 +234,13 @@ class LearnerGroup:
         """Write a checkpoint atomically (a temp dir renamed into place; module doc): the
         consolidated export, the ranks' DCP shards, scheduler / step / RNG, `algo_state`,
         `extra` (step, policy version), `files` (name -> bytes, covered by the manifest)."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
         full = self._first("export_state")
         export = copy.deepcopy(self.model)
         export.load_state_dict(full["policy"])
-        export.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        if "value_head" in full:
-            torch.save(full["value_head"], tmp / "value_head.pt")
-        self._all("save", str(tmp))
-        torch.save({**self._first("trainer_state"), "learner_workers": self.world, "torch_rng": torch.get_rng_state(),
-                    "numpy_rng": np.random.get_state(), "python_rng": random.getstate()},
-                   tmp / "trainer_state.pt")
-        torch.save(self.algo_state, tmp / "algo_state.pt")
-        (tmp / "agentrl_state.json").write_text(json.dumps(extra, indent=1))
-        for name, data in (files or {}).items():  # e.g. the reward wrappers' state
-            (tmp / name).write_bytes(data)
-        return seal(tmp, path)
+        state = {**self._first("trainer_state"), "learner_workers": self.world, **rng_state()}
+        return write_checkpoint(path, export, tokenizer, trainer_state=state, algo_state=self.algo_state,
+                                extra=extra, files=files, value_head=full.get("value_head"),
+                                sharded=lambda tmp: self._all("save", str(tmp)))
 
     def load(self, path: str | Path) -> dict[str, Any]:
         """Restore a checkpoint written by a group of any size (DCP reshards); returns
@@ -262,20 +251,19 @@ class LearnerGroup:
                 (`train.learner_workers=0`: no sharded state; resume it with 0 workers).
         """
         path = Path(path)
-        if not (path / "dcp").is_dir():
+        if not (path / SHARDED).is_dir():
             raise ValueError(f"{path} was written by the in-process learner (train.learner_workers=0): "
-                             "it has no sharded state (dcp/) for learner ranks; resume it with "
+                             f"it has no sharded state ({SHARDED}/) for learner ranks; resume it with "
                              "train.learner_workers=0")
-        st = torch.load(path / "trainer_state.pt", weights_only=False, map_location="cpu")
+        st = read_state(path, TRAINER_STATE)
         self._all("load", str(path), st["scheduler"], st["optimizer_steps"])
         self.optimizer_steps = int(st["optimizer_steps"])
         self._lr = float(st["scheduler"]["_last_lr"][0])  # LambdaLR's state: the next step's lr
-        torch.set_rng_state(st["torch_rng"])
-        np.random.set_state(st["numpy_rng"])
-        random.setstate(st["python_rng"])
-        if (path / "algo_state.pt").exists():
-            self.algo_state = torch.load(path / "algo_state.pt", weights_only=False)
-        return json.loads((path / "agentrl_state.json").read_text())
+        set_rng_state(st)
+        algo_state = read_state(path, ALGO_STATE)
+        if algo_state is not None:
+            self.algo_state = algo_state
+        return read_state(path, RUN_STATE)
 
     def shutdown(self) -> None:
         """Stop the ranks and free the placement group."""

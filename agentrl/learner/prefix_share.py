@@ -1,7 +1,7 @@
 """Prefix sharing in the learner's training forward: each group's shared prompt is run once.
 
 A GRPO batch holds G episodes per task, so G rows begin with the same prompt. The plain forward
-(`agentrl.learner.local.token_logprobs`) recomputes that prompt G times, and computes lm_head,
+(`agentrl.learner.forward.token_logprobs`) recomputes that prompt G times, and computes lm_head,
 log-softmax and entropy at every position although the loss reads only the agent's tokens.
 `prefix_shared_logprobs` returns the same logprobs and entropies at every position the loss
 reads (and the same gradients, to float32 rounding) with less work:

@@ -25,7 +25,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from agentrl.learner.dist import DataParallel, full_state_dict
+from agentrl.learner.checkpoints import SHARDED, rng_state, set_rng_state
+from agentrl.learner.dist import DataParallel, full_state_dict, load_sharded, save_sharded
 from agentrl.learner.local import Learner, resolve_device
 from agentrl.learner.lora import is_peft, merge_lora_state
 
@@ -93,14 +94,12 @@ class LearnerRank:
         return self.learner
 
     # -- the learner's interface, rank side ---------------------------------------------------
-    def update(self, batch: dict[str, Any], algo_name: str, cfg: Any, epochs: int,
+    def update(self, batch: dict[str, Any], algo: Any, cfg: Any, epochs: int,
                minibatches: int, seed: int, on_policy_shortcut: bool = True) -> dict[str, Any]:
-        """`Learner.update` on this rank's rows; returns the (global) metrics and the
+        """`Learner.update` of `algo` on this rank's rows; returns the (global) metrics and the
         learner's counters (`optimizer_steps`, `nonfinite_streak`, `lr`)."""
-        from agentrl.algos import get_algorithm
-
         lr = self._l()
-        m = lr.update(batch, get_algorithm(algo_name), cfg, epochs=epochs, minibatches=minibatches,
+        m = lr.update(batch, algo, cfg, epochs=epochs, minibatches=minibatches,
                       seed=seed, on_policy_shortcut=on_policy_shortcut)
         return {"metrics": m, "optimizer_steps": lr.optimizer_steps,
                 "nonfinite_streak": lr.nonfinite_streak, "lr": lr.lr}
@@ -136,65 +135,25 @@ class LearnerRank:
             out["value_head"] = full_state_dict(lr.value_head, keep=keep)
         return out if keep else None
 
-    def _container(self) -> torch.nn.ModuleDict:
-        lr = self._l()
-        mods: dict[str, torch.nn.Module] = {"policy": lr.model}
-        if lr.value_head is not None:
-            mods["value_head"] = lr.value_head
-        return torch.nn.ModuleDict(mods)
-
     def save(self, path: str) -> None:
         """Write this rank's shards of the model, optimizer (and reference) with DCP to
         `path`/dcp, and its RNG states to `path`/dcp/rng_rank<r>.pt."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
-
-        lr = self._l()
-        msd, osd = get_state_dict(self._container(), lr.optimizer)
-        state: dict[str, Any] = {"model": msd, "optim": osd}
-        if lr.ref_model is not None:
-            state["ref"] = get_model_state_dict(lr.ref_model)
-        target = Path(path) / "dcp"
-        dcp.save(state, checkpoint_id=str(target))
-        torch.save({"torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state(),
-                    "python_rng": random.getstate(),
-                    "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
-                   target / f"rng_rank{self.rank}.pt")
+        target = Path(path) / SHARDED
+        save_sharded(str(target), self._l())
+        torch.save(rng_state(), target / f"rng_rank{self.rank}.pt")
 
     def load(self, path: str, scheduler: dict[str, Any], optimizer_steps: int) -> None:
         """Load `path`/dcp (written by any number of ranks: DCP reshards) into this rank's
         shards, the scheduler state and step counter, and this rank's RNG when the checkpoint
         has one for it (a run resumed with as many ranks)."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import (
-            get_model_state_dict,
-            get_state_dict,
-            set_model_state_dict,
-            set_state_dict,
-        )
-
         lr = self._l()
-        container = self._container()
-        msd, osd = get_state_dict(container, lr.optimizer)
-        state: dict[str, Any] = {"model": msd, "optim": osd}
-        if lr.ref_model is not None:
-            state["ref"] = get_model_state_dict(lr.ref_model)
-        source = Path(path) / "dcp"
-        dcp.load(state, checkpoint_id=str(source))
-        set_state_dict(container, lr.optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optim"])
-        if lr.ref_model is not None:
-            set_model_state_dict(lr.ref_model, state["ref"])
+        source = Path(path) / SHARDED
+        load_sharded(str(source), lr)
         lr.scheduler.load_state_dict(scheduler)
         lr.optimizer_steps = int(optimizer_steps)
         rng = source / f"rng_rank{self.rank}.pt"
         if rng.exists():
-            st = torch.load(rng, weights_only=False)
-            torch.set_rng_state(st["torch_rng"])
-            np.random.set_state(st["numpy_rng"])
-            random.setstate(st["python_rng"])
-            if st.get("cuda_rng") is not None and torch.cuda.is_available():
-                torch.cuda.set_rng_state_all(st["cuda_rng"])
+            set_rng_state(torch.load(rng, weights_only=False))
 
     def shutdown(self) -> None:
         """Leave the process group."""
