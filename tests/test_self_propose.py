@@ -331,7 +331,7 @@ def test_collector_scores_proposals_by_the_same_batch_solvers(pool, tiny_tokeniz
 
 # -- role-aware grouping --------------------------------------------------------------------------------
 def test_role_aware_groups_never_mix_roles_or_modes():
-    from agentrl.config import AlgoConfig
+    from agentrl.config import algo_config
 
     # one group id holding 2 proposals (returns 0.5, -0.5) and 2 deduce solves (1, 0), and a
     # second group id with 2 induce solves (1, 1)
@@ -346,7 +346,7 @@ def test_role_aware_groups_never_mix_roles_or_modes():
         trajs.append(t)
     batch = train_mod.build_batch(trajs, pad_id=0)
     assert batch["group_ids"].tolist() == [0, 0, 1, 1, 2, 2]
-    adv, stats = grpo.advantages(batch, AlgoConfig(name="grpo"))
+    adv, stats = grpo.advantages(batch, algo_config(name="grpo"))
     # propose group (0.5, -0.5): mean 0, unbiased std sqrt((0.25 + 0.25) / 1) = 0.70711, so
     # A = +-0.5 / (0.70711 + 1e-6) = +-0.70711; deduce group (1, 0): mean 0.5, the same std and
     # deviations; the all-equal induce group -> exactly 0

@@ -606,7 +606,8 @@ class Learner:
         unit = int(batch.get("unit_size", 1))
         if B % unit:
             raise ValueError(f"batch of {B} rows is not a whole number of units of {unit}")
-        tis_cap = getattr(cfg, "tis_cap", None)
+        tis = algo.tis(cfg)  # (cap, level, mode) or None
+        tis_cap = tis[0] if tis is not None else None
         single = (epochs * minibatches == 1 and on_policy_shortcut and tis_cap is None
                   and "tis_weights" not in batch)
         if not single and "old_logprobs" not in batch:
@@ -616,8 +617,7 @@ class Learner:
         if tis_cap is not None and "tis_weights" not in batch and "sampler_logprobs" in batch:
             batch["tis_weights"] = tis_weights(batch["old_logprobs"], batch["sampler_logprobs"],
                                                batch["loss_mask"], cap=tis_cap,
-                                               level=getattr(cfg, "tis_level", "token"),
-                                               mode=getattr(cfg, "tis_mode", "truncate"))
+                                               level=tis[1], mode=tis[2])
         if not single and "sampler_logprobs" in batch:
             mask = batch["loss_mask"]
             gap = (batch["old_logprobs"] - batch["sampler_logprobs"]).abs()
@@ -626,8 +626,7 @@ class Learner:
                 mism_max = float(gap[mask != 0].max())
         micro_rows = max(unit, self.micro_batch_size // unit * unit)
         idle = self._idle_rows(batch, algo, cfg)  # (B,) bool or None
-        hook = getattr(algo, "wants_vocab_logprobs", None)
-        wants_vocab = bool(hook(cfg)) if hook is not None else False
+        wants_vocab = algo.wants_vocab_logprobs(cfg)
         batch = _to(batch, self.device)  # the caller's batch keeps its tensors where they are
         gen = torch.Generator().manual_seed(seed)
         sums: dict[str, float] = {}  # additive over micro-batches (and, on ranks, over ranks)
@@ -653,9 +652,9 @@ class Learner:
                 for micro, real in self._micro_batches(fwd, unit, micro_rows):
                     sub = _slice(batch, micro)
                     # Dr. GRPO's L_max: the configured budget, else the padded width
-                    sub["max_len"] = getattr(cfg, "norm_len", None) or batch["input_ids"].shape[1]
+                    sub["max_len"] = algo.norm_len(cfg) or batch["input_ids"].shape[1]
                     kw: dict[str, Any] = {}
-                    ent_grad = getattr(cfg, "entropy_coef", 0) > 0
+                    ent_grad = algo.entropy_coef(cfg) > 0
                     with self.autocast():  # bf16: the forward; logp, values, loss in float32
                         if wants_vocab:  # a loss over the whole next-token distribution
                             if "vision" in sub:
@@ -819,10 +818,9 @@ class Learner:
         GRPO group whose rewards are all equal, with no KL in the loss and no entropy bonus).
         Not with a value head (PPO trains it on every row) or units of several rows (DPO).
         """
-        hook = getattr(algo, "idle_zero_advantage_rows", None)
         adv = batch.get("advantages")
-        if (not self.skip_zero_advantage or hook is None or adv is None or self.value_head is not None
-                or int(batch.get("unit_size", 1)) != 1 or not hook(cfg)):
+        if (not self.skip_zero_advantage or adv is None or self.value_head is not None
+                or int(batch.get("unit_size", 1)) != 1 or not algo.idle_zero_advantage_rows(cfg)):
             return None
         mask = batch["loss_mask"] != 0
         active = ((adv[:, None] if adv.dim() == 1 else adv) != 0) & mask
