@@ -54,7 +54,7 @@ def test_cispo_weights_below_inside_above_the_clip_by_hand():
 
 def test_cispo_paper_default_has_no_lower_bound():
     cfg = algo_config(name="cispo")
-    assert (cfg.clip_low, cfg.clip_high) == (1.0, 0.28)  # DEFAULTS: eps_low disabled
+    assert (cfg.clip_low, cfg.clip_high) == (1.0, 0.28)  # CISPOConfig: eps_low disabled
     logp, old, adv, mask = _cispo_inputs()
     cispo = get_algorithm("cispo")
     loss, m = cispo.loss(logp, {"old_logprobs": old, "advantages": adv, "loss_mask": mask}, cfg,
@@ -386,7 +386,7 @@ def _algo_cfg(name, tmp_path, **kw):
 @pytest.mark.parametrize("name", list(ALGORITHMS))
 def test_every_algorithm_uses_or_refuses_turn_advantages(name, tmp_path):
     """Issue #24: `algo.turn_advantages` is never silently ignored. An algorithm that lists it in
-    its OPTIONS really computes per-turn group advantages (hand values above); every other one
+    its config really computes per-turn group advantages (hand values above); every other one
     refuses it, in its config's schema and so at the start of `agentrl train` (nothing
     written)."""
     algo = get_algorithm(name)
