@@ -273,14 +273,16 @@ def config_cmd(
     overrides: Annotated[Optional[list[str]], typer.Argument(help="Overrides key=value.")] = None,
     config: Annotated[Optional[str], typer.Option("--config", "-c", help="YAML file.")] = None,
     reference: Annotated[bool, typer.Option(help="Print the config reference (Markdown).")] = False,
+    algo: Annotated[Optional[str], typer.Option(help="Algorithm (algo.name): its keys only in the reference, or the config of a run with it.")] = None,
 ) -> None:
-    """Print the resolved config, the env-, policy- and algorithm-dependent defaults filled in as
-    a run resolves them (`agentrl.run`), or the reference of every key."""
-    if reference:
-        print(config_reference())
-        return
+    """Print the resolved config, the env- and policy-dependent defaults filled in as a run
+    resolves them (`agentrl.run`), or the reference of every key (`--algo NAME`: of that
+    algorithm's `algo` keys only)."""
     try:
-        cfg = load_config(config, overrides)
+        if reference:
+            print(config_reference(algo))
+            return
+        cfg = load_config(config, overrides, **{"algo.name": algo})
         from agentrl.env.registry import import_env_modules
         from agentrl.run import resolve_run_defaults
 

@@ -13,14 +13,28 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-ALGOS = ("grpo", "dr_grpo", "gspo", "rloo", "reinforce_pp", "ppo", "dpo", "cispo", "gigpo", "distill")
+from agentrl.algos.configs import (
+    ALGO_CONFIGS,
+    SECTION,
+    AlgoBase,
+    AlgoConfig,
+    DistillConfig,
+    GRPOConfig,
+    algorithms_with,
+)
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True,
-                              allow_inf_nan=False)  # a float key must be finite (`train.lr=inf` is refused)
+    model_config = SECTION
 
 
 class EnvConfig(_Section):
@@ -157,117 +171,6 @@ class RolloutConfig(_Section):
             raise ValueError(f"rollout.colocate=true: {where}; use rollout.colocate=false (the learner and "
                              "the rollout engines on their own devices: rollout.worker_gpus, train.learner_gpus)")
         return v
-
-
-class AlgoConfig(_Section):
-    """Section `algo`: the RL algorithm and its loss, advantage and update settings."""
-
-    name: str = "grpo"
-    """Algorithm: one of grpo, dr_grpo, gspo, rloo, reinforce_pp, ppo, dpo, cispo, gigpo, distill (docs/algorithms.md has the table of formulas, defaults and the options each reads)."""
-    group_size: int = Field(default=8, ge=1)
-    """Episodes per task (G) for group-relative algorithms."""
-    scale: Literal["std", "none"] = "std"
-    """Group advantage scaling: divide by group std (`std`, GRPO) or not (`none`, Dr. GRPO)."""
-    clip_low: float = Field(default=0.2, ge=0.0)
-    """PPO ratio clip below: ratio >= 1 - clip_low."""
-    clip_high: float = Field(default=0.28, ge=0.0)
-    """PPO ratio clip above (clip-higher, DAPO): ratio <= 1 + clip_high."""
-    agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
-    """Loss aggregation over tokens and sequences."""
-    kl_coef: float = Field(default=0.0, ge=0.0)
-    """Coefficient of the KL penalty to the frozen reference (0: no reference model)."""
-    kl_kind: Literal["k1", "k2", "k3"] = "k3"
-    """KL estimator of a KL term in the loss (Schulman's k1, k2, k3): grpo, dr_grpo, gspo, cispo, gigpo, and ppo with `kl_in_reward=false`. The KL put in the reward has its own key, `kl_reward_kind`."""
-    kl_reward_kind: Literal["k1", "k2", "k3"] = "k1"
-    """KL estimator of the per-token KL penalty put in the reward (rloo, reinforce_pp, ppo with `kl_in_reward`): `-kl_coef * k_t` on every agent token. k1 (the default) is log pi_old - log pi_ref, as Ziegler et al. 2019."""
-    update_epochs: int = Field(default=1, ge=1)
-    """Passes over each batch."""
-    minibatches: int = Field(default=1, ge=1)
-    """Optimizer steps per epoch (the batch is split into this many minibatches)."""
-    dynamic_sampling: bool = False
-    """Drop zero-variance groups from the batch (DAPO dynamic sampling)."""
-    tis_cap: float | None = Field(default=None, gt=0)
-    """Truncated importance sampling cap C for the sampler/learner gap (None: off): the per-token policy loss is multiplied by a weight from w = pi_learner / pi_sampler (Yao et al. 2025)."""
-    tis_level: Literal["token", "sequence"] = "token"
-    """With `tis_cap`: the ratio w per token, or per sequence (the product of the row's token ratios, on each of its tokens)."""
-    tis_mode: Literal["truncate", "mask"] = "truncate"
-    """With `tis_cap`: `truncate` uses min(w, C); `mask` uses w where w <= C and 0 (the token, or the whole sequence at `tis_level=sequence`, drops out) where w > C (masked importance sampling, as IcePop)."""
-    dual_clip: float | None = Field(default=None, gt=1)
-    """Dual-clip c > 1 (Ye et al. 2020): the clipped surrogate of a token with negative advantage is bounded by -A * c (None: off). Read by grpo, dr_grpo, gigpo, rloo, reinforce_pp, ppo, distill (the algorithms whose module's `OPTIONS` list it); the others refuse it at start-up."""
-    norm_len: int | None = Field(default=None, ge=1)
-    """L_max of `agg=seq-mean-token-sum-norm` (Dr. GRPO's constant normaliser): a generation budget in tokens, e.g. `rollout.max_tokens` x turns. None: the padded width of the batch (prompt included), which changes from batch to batch."""
-    overlong_buffer: int = Field(default=0, ge=0)
-    """DAPO overlong reward shaping (Yu et al. 2025, eq. 13): a turn of L sampled tokens gets `-overlong_penalty * min(1, (L - (max_tokens - buffer)) / buffer)` added to its reward when L > `rollout.max_tokens` - buffer (0: off). Applied before the advantages, for every algorithm."""
-    overlong_penalty: float = Field(default=1.0, ge=0)
-    """Largest overlong penalty (a turn that used all of `rollout.max_tokens`); DAPO uses 1."""
-    mask_truncated: bool = False
-    """DAPO overlong filtering: samples with a turn cut by `rollout.max_tokens` (finish reason `length`) get loss mask 0 (they still count in their group's statistics). Not with dpo."""
-    teacher_path: str | None = None
-    """distill: local Hugging Face model directory of the frozen teacher (same tokenizer as the policy). Its log-probabilities of the student's own sampled tokens give the per-token advantage log p_teacher - log p_student."""
-    distill_coef: float = Field(default=1.0, gt=0)
-    """distill: weight of the teacher signal: A_t = distill_coef * (log p_teacher(y_t) - log p_student(y_t)) + distill_reward_coef * A_env."""
-    distill_reward_coef: float = Field(default=0.0, ge=0)
-    """distill: weight of the env reward's group-relative advantage (as GRPO) mixed into the teacher signal (0: pure on-policy distillation)."""
-    distill_kl: Literal["sampled", "full", "topk", "forward"] = "sampled"
-    """distill: the teacher signal. `sampled`: the one-sample reverse KL as a per-token advantage, log p_teacher(y_t) - log p_student(y_t) on the sampled token (Thinking Machines 2025). `full`: the exact per-token reverse KL over the vocabulary at the student's sampled prefixes, sum_v p_s(v) (log p_s(v) - log p_t(v)), added to the loss x distill_coef (GKD, Agarwal et al. 2024; no sampling variance). `topk`: the same over the teacher's `distill_topk` most likely tokens plus one bucket for the rest (a lower bound of `full`, equal at k = vocab). `forward`: the forward KL at the same prefixes, sum_v p_t(v) (log p_t(v) - log p_s(v)) (GKD's beta = 0: cross-entropy to the teacher's soft labels). `full`, `topk` and `forward` need `placement.teacher=inline`."""
-    distill_topk: int = Field(default=32, ge=1)
-    """distill: k of `distill_kl=topk` (the teacher's k most likely tokens at each position)."""
-    distill_teacher_fraction: float = Field(default=0.0, ge=0, le=1)
-    """distill: GKD's mixture (Agarwal et al. 2024, arXiv 2306.13649, Algorithm 1 with lambda = 1 - this): round(fraction x `rollout.tasks_per_step`) of each step's tasks are played by the teacher (its own samples through an in-process hf engine, tokens kept as sampled), the others by the student; the token-level `distill_kl` (full, topk or forward) is applied at every agent token of both, so on the teacher's rows `forward` is cross-entropy to its soft labels along its own sequences (sequence-level KD). 0: pure on-policy distillation. Needs `distill_kl` other than sampled, `distill_reward_coef=0`, `placement.teacher=inline`, `rollout.mode=sync`, the in-process hf engine (`rollout.num_workers=0`, `rollout.engine=hf`), `train.learner_workers=0` and no `dynamic_sampling`: each is refused at start-up otherwise."""
-    step_weight: float = Field(default=1.0, ge=0)
-    """GiGPO: weight omega of the step-level (anchor-state) advantage: A = A_episode + omega * A_step (Feng et al. 2025)."""
-    entropy_coef: float = 0.0
-    """Entropy bonus coefficient."""
-    gamma: float = 1.0
-    """Discount (PPO/REINFORCE++)."""
-    lam: float = 0.95
-    """GAE lambda (PPO)."""
-    vf_coef: float = 0.5
-    """Value loss coefficient (PPO)."""
-    value_clip: float | None = 0.2
-    """Value clipping range (PPO; None: plain MSE)."""
-    beta: float = 0.1
-    """DPO beta."""
-    kl_in_reward: bool = True
-    """PPO: put the KL penalty in the per-token reward (True) or in the loss (False)."""
-    kl_target: float | None = 6.0
-    """PPO: adaptive KL controller target (Ziegler et al. 2019); None keeps kl_coef fixed."""
-    kl_horizon: int = Field(default=10000, ge=1)
-    """PPO: adaptive KL controller horizon (samples)."""
-    turn_advantages: bool = False
-    """Group-relative advantages per turn (multi-turn episodes) instead of per episode: grpo, dr_grpo, cispo. Other algorithms refuse it at start-up."""
-    turn_credit: Literal["episode", "gigpo"] = "episode"
-    """Credit assignment of grpo, dr_grpo and cispo: `episode` (the group advantage of the episode, or per turn with `turn_advantages`) or `gigpo`: GiGPO's step-level credit, A = A_episode + step_weight * A_step over anchor states (docs/algorithms.md), reading `step_weight`, `gamma` (default then GiGPO's 0.95) and `scale`; `--algo grpo algo.turn_credit=gigpo` is the same run as `--algo gigpo` (tested). `--algo gigpo` always uses it; other algorithms refuse it at start-up."""
-
-    @field_validator("name")
-    @classmethod
-    def _known_algo(cls, v: str) -> str:
-        if v not in ALGOS:
-            raise ValueError(f"unknown algorithm {v!r}; allowed: {', '.join(ALGOS)}")
-        return v
-
-    @field_validator("teacher_path")
-    @classmethod
-    def _teacher_is_a_directory(cls, v: str | None) -> str | None:
-        if v is not None and not Path(v).is_dir():
-            raise ValueError(f"teacher model directory not found: {v!r} (a local Hugging Face model directory)")
-        return v
-
-    @model_validator(mode="after")
-    def _one_turn_credit(self) -> AlgoConfig:
-        if self.turn_credit == "gigpo" and self.turn_advantages:
-            raise ValueError("algo.turn_credit=gigpo and algo.turn_advantages=true are two credit "
-                             "assignments of turns: set one of them")
-        if self.name == "gigpo" and self.turn_credit == "episode" and "turn_credit" in self.model_fields_set:
-            raise ValueError("algo.turn_credit=episode with algo.name=gigpo: GiGPO is step-level credit "
-                             "(use algo.name=grpo for episode-level advantages)")
-        return self
-
-    @model_validator(mode="after")
-    def _distill_needs_a_teacher(self) -> AlgoConfig:
-        if self.name == "distill" and self.teacher_path is None:
-            raise ValueError("algo.name=distill needs algo.teacher_path (a local Hugging Face model directory)")
-        return self
 
 
 class TrainConfig(_Section):
@@ -450,7 +353,8 @@ class Config(_Section):
     env: EnvConfig = Field(default_factory=EnvConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
-    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    algo: AlgoConfig = Field(default_factory=GRPOConfig)
+    """The algorithm and its keys: a union on `algo.name` (`agentrl.algos.configs`)."""
     train: TrainConfig = Field(default_factory=TrainConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
     log: LogConfig = Field(default_factory=LogConfig)
@@ -466,6 +370,14 @@ class Config(_Section):
     quiet: bool = False
     """No progress bar (CI)."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _algo_name_default(cls, data: Any) -> Any:
+        """An `algo` section without `name` is grpo's (the default algorithm)."""
+        if isinstance(data, dict) and isinstance(data.get("algo"), dict) and "name" not in data["algo"]:
+            data = {**data, "algo": {**data["algo"], "name": "grpo"}}
+        return data
+
     @model_validator(mode="after")
     def _overlong_within_budget(self) -> Config:
         if self.algo.overlong_buffer > self.rollout.max_tokens:
@@ -480,7 +392,8 @@ class Config(_Section):
         if self.placement.teacher == "worker" and self.algo.name != "distill":
             raise ValueError(f"placement.teacher=worker: algo.name={self.algo.name} has no teacher "
                              "(only distill reads algo.teacher_path); set placement.teacher=inline")
-        if self.placement.teacher == "worker" and self.algo.distill_kl != "sampled":
+        if (self.placement.teacher == "worker" and isinstance(self.algo, DistillConfig)
+                and self.algo.distill_kl != "sampled"):
             raise ValueError(f"placement.teacher=worker with algo.distill_kl={self.algo.distill_kl}: "
                              "the teacher worker returns the log-probabilities of the sampled tokens only; "
                              "set placement.teacher=inline (full / topk) or algo.distill_kl=sampled")
@@ -489,10 +402,9 @@ class Config(_Section):
     @model_validator(mode="after")
     def _teacher_samples_supported(self) -> Config:
         a = self.algo
-        if a.distill_teacher_fraction == 0:
-            return self
-        bad = [(a.name != "distill", f"algo.name=distill (not {a.name}: only distill has a teacher)"),
-               (a.distill_kl == "sampled", "algo.distill_kl=full|topk|forward (sampled is a policy gradient "
+        if not isinstance(a, DistillConfig) or a.distill_teacher_fraction == 0:
+            return self  # (other algorithms have no `distill_teacher_fraction`: the schema refuses it)
+        bad = [(a.distill_kl == "sampled", "algo.distill_kl=full|topk|forward (sampled is a policy gradient "
                                            "on the student's own samples; the teacher's are off-policy)"),
                (a.distill_reward_coef > 0, "algo.distill_reward_coef=0 (the env reward's advantage is "
                                            "on-policy only)"),
@@ -530,6 +442,9 @@ class Config(_Section):
         return self
 
 
+_ALGO: TypeAdapter[Any] = TypeAdapter(AlgoConfig)
+
+
 class ConfigError(ValueError):
     """A configuration error with the offending key and what is allowed."""
 
@@ -551,22 +466,70 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _format_error(e: ValidationError) -> str:
+def _refused_algo_key(key: str, value: Any, name: str) -> str:
+    """The message for an `algo` key that algorithm `name`'s config does not have."""
+    others = algorithms_with(key)
+    if not others:
+        return (f"algo.{key}: unknown key; allowed with algo.name={name}: "
+                f"{', '.join(ALGO_CONFIGS[name].model_fields)}")
+    return (f"algo.{key}={value!r} is not supported by algo.name={name}; supported by: "
+            f"{', '.join(others)} (`agentrl config --reference --algo {name}` lists its keys)")
+
+
+def _format_error(e: ValidationError, prefix: tuple[str, ...] = ()) -> str:
+    """One `config error: KEY: what is wrong` line per error of `e` (`prefix`: the location of
+    the validated value in the config, e.g. `("algo",)`)."""
     lines = []
     for err in e.errors():
-        key = ".".join(str(p) for p in err["loc"])
+        loc = prefix + tuple(str(p) for p in err["loc"])
+        tag = loc[1] if loc[:1] == ("algo",) and len(loc) > 1 and loc[1] in ALGO_CONFIGS else None
+        if tag is not None:  # the union's member: `algo.<tag>.<key>` is the user's `algo.<key>`
+            loc = loc[:1] + loc[2:]
+        key = ".".join(loc)
         msg = err["msg"]
+        if err["type"] == "extra_forbidden" and tag is not None:
+            lines.append(f"config error: {_refused_algo_key(loc[-1], err.get('input'), tag)}")
+            continue
         if err["type"] == "extra_forbidden":
-            section = Config
-            for p in err["loc"][:-1]:
+            section: Any = Config
+            for p in loc[:-1]:
                 ann = section.model_fields.get(str(p))
-                section = ann.annotation if ann is not None else section  # type: ignore[assignment]
+                section = ann.annotation if ann is not None else section
             allowed = ", ".join(getattr(section, "model_fields", {}))
             msg = f"unknown key; allowed here: {allowed}"
+        elif err["type"] == "union_tag_invalid":
+            key = ".".join(loc + ("name",))
+            msg = f"unknown algorithm {err['ctx']['tag']!r}; allowed: {', '.join(ALGO_CONFIGS)}"
         elif err["type"] == "literal_error":
             msg = f"{msg} (got {err.get('input')!r})"
         lines.append(f"config error: {key}: {msg}" if key else f"config error: {msg}")
     return "\n".join(lines)
+
+
+def algo_config(**fields: Any) -> AlgoBase:
+    """The `algo` section of algorithm `fields["name"]` (default grpo) with `fields` set, e.g.
+    `algo_config(name="ppo", kl_coef=0.05)`: what `algo.*` keys of a config give.
+
+    Raises:
+        ConfigError: a key the algorithm does not have, a wrong type or value (as `load_config`).
+    """
+    try:
+        return _ALGO.validate_python({"name": "grpo", **fields})
+    except ValidationError as e:
+        raise ConfigError(_format_error(e, ("algo",))) from None
+
+
+def _saved_algo_keys(base: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """`base` (a saved config) without the `algo` keys that the run's algorithm (`given`'s
+    `algo.name`, else the saved one) does not have: a config saved before the algorithm
+    configs were split carries every algorithm's keys, each at the value its algorithm ignored."""
+    saved = base.get("algo")
+    if not isinstance(saved, dict):
+        return base
+    name = (given.get("algo") or {}).get("name", saved.get("name", "grpo"))
+    fields = ALGO_CONFIGS[name].model_fields if name in ALGO_CONFIGS else saved
+    base["algo"] = {k: v for k, v in saved.items() if k in fields}
+    return base
 
 
 def load_config(yaml_path: str | Path | None = None, overrides: list[str] | None = None,
@@ -584,7 +547,7 @@ def load_config(yaml_path: str | Path | None = None, overrides: list[str] | None
             option and an override that disagree; the message names the key and the allowed
             values (or both settings).
     """
-    data: dict[str, Any] = copy.deepcopy(base or {})
+    data: dict[str, Any] = {}
     if yaml_path:
         p = Path(yaml_path)
         if not p.is_file():
@@ -619,29 +582,69 @@ def load_config(yaml_path: str | Path | None = None, overrides: list[str] | None
             raise ConfigError(f"config error: {k} is set twice, to different values: by {shown} and by the "
                               f"override {k}={given[k][1]}; give one of them")
         _set_dotted(data, k, v)
+    data = _merge(_saved_algo_keys(copy.deepcopy(base or {}), data), data)
     try:
         return Config.model_validate(data)
     except ValidationError as e:
         raise ConfigError(_format_error(e)) from None
 
 
-def config_reference() -> str:
-    """The config reference as Markdown, generated from the field docstrings."""
+def _rows(model: type[BaseModel], prefix: str, skip: tuple[str, ...] = (),
+          keep: list[str] | None = None) -> list[str]:
+    """Markdown table rows `| key | default | meaning |` of `model`'s fields (those in `keep`
+    when given, without those in `skip`)."""
+    rows = []
+    for name, f in model.model_fields.items():
+        if name in skip or (keep is not None and name not in keep):
+            continue
+        default = f.default_factory() if f.default_factory else f.default  # type: ignore[call-arg]
+        shown = "required" if f.is_required() else f"`{default!r}`"
+        rows.append(f"| `{prefix}{name}` | {shown} | {f.description or ''} |")
+    return rows
+
+
+def config_reference(algo: str | None = None) -> str:
+    """The config reference as Markdown, generated from the field docstrings. The `algo` section
+    is its keys shared by every algorithm and then each algorithm's own (`algo` given: only
+    that algorithm's keys).
+
+    Raises:
+        ConfigError: `algo` is not an algorithm's name.
+    """
+    if algo is not None and algo not in ALGO_CONFIGS:
+        raise ConfigError(f"config error: algo.name: unknown algorithm {algo!r}; allowed: "
+                          f"{', '.join(ALGO_CONFIGS)}")
     lines = ["# Configuration reference", "",
-             "Generated from `agentrl/config.py` (`agentrl config --reference`).", ""]
+             "Generated from `agentrl/config.py` and `agentrl/algos/configs.py` (`agentrl config "
+             f"--reference{f' --algo {algo}' if algo else ''}`).", ""]
+
+    def table(title: str, rows: list[str], intro: str = "") -> None:
+        if rows:
+            lines.extend([f"## {title}", "", *([intro, ""] if intro else []), "| key | default | meaning |",
+                          "| --- | --- | --- |", *rows, ""])
+
+    def algo_section() -> None:
+        if algo is not None:
+            cls = ALGO_CONFIGS[algo]
+            table(f"algo (algo.name={algo})", _rows(cls, "algo."), cls.__doc__ or "")
+            return
+        table("algo", _rows(AlgoBase, "algo."), "Keys of every algorithm; `algo.name` picks the "
+              "algorithm and with it the other keys allowed (below, or `agentrl config --reference "
+              "--algo NAME`). A key the algorithm does not have is refused.")
+        for name, cls in ALGO_CONFIGS.items():
+            own = tuple(k for k, f in AlgoBase.model_fields.items() if cls.model_fields[k] == f)
+            table(f"algo (algo.name={name})", _rows(cls, "algo.", skip=own), cls.__doc__ or "")
 
     def walk(model: type[BaseModel], prefix: str) -> None:
-        rows = []
+        plain = []
         for name, f in model.model_fields.items():
-            ann = f.annotation
-            if isinstance(ann, type) and issubclass(ann, BaseModel):
-                walk(ann, f"{prefix}{name}.")
-                continue
-            default = f.default_factory() if f.default_factory else f.default  # type: ignore[call-arg]
-            rows.append(f"| `{prefix}{name}` | `{default!r}` | {f.description or ''} |")
-        if rows:
-            lines.extend([f"## {prefix.rstrip('.') or 'top level'}", "", "| key | default | meaning |",
-                          "| --- | --- | --- |", *rows, ""])
+            if model is Config and name == "algo":
+                algo_section()
+            elif isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel):
+                walk(f.annotation, f"{prefix}{name}.")
+            else:
+                plain.append(name)
+        table(prefix.rstrip(".") or "top level", _rows(model, prefix, keep=plain))
 
     walk(Config, "")
     return "\n".join(lines)

@@ -146,20 +146,18 @@ def dpo_from_file(cfg: Config, path: str | Path, say: Callable[[str], None] = pr
 
     Raises:
         FileNotFoundError / ValueError: from `load_preferences` (the line is named).
-        ValueError: an optional `algo` feature is switched on (`agentrl.algos.OPTIONAL`: per-turn
-            credit, clipping, TIS and overlong shaping act on sampled turns, and a file has
-            none), named before anything is written.
+        ValueError: overlong shaping is switched on (it acts on sampled turns, and a file has
+            none; DPO's config has no other option), named before anything is written.
     """
-    from agentrl.algos import OPTIONAL, dpo
-    from agentrl.algos.dpo import load_preferences, preference_batch
+    from agentrl.algos.dpo import DPO, load_preferences, preference_batch
     from agentrl.learner.local import Learner
     from agentrl.log.metrics import MetricsLog
 
-    for key, off in OPTIONAL.items():  # none would act on a file's pairs: refused, not ignored
-        if getattr(cfg.algo, key) != off:
-            raise ValueError(f"config error: algo.{key}={getattr(cfg.algo, key)!r}: offline DPO "
-                             f"from a preference file has no sampled turns for it to act on (set "
-                             f"algo.{key}={off!r})")
+    if cfg.algo.overlong_buffer != 0:  # would act on no sampled turn: refused, not ignored
+        raise ValueError(f"config error: algo.overlong_buffer={cfg.algo.overlong_buffer!r}: offline DPO "
+                         "from a preference file has no sampled turns for it to act on (set "
+                         "algo.overlong_buffer=0)")
+    dpo = DPO()
     pairs = load_preferences(path)
     out, model, tok, renderer, pad_id = _start(cfg)
     learner = Learner(model, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay,

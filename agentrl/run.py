@@ -293,7 +293,6 @@ def heldout_envs(cfg: Config, rewards: Any = None) -> list[Any]:
 #   answer prior, so they ended the warm start before it read the board) and RL's learning rate
 #   `train.lr` 3e-5 instead of 3e-4 (at 3e-4 and 1e-4 GRPO lost much of what the warm start had
 #   learnt to read; docs/multimodal.md, "The default CLI job");
-# - the algorithm's own `DEFAULTS` (`agentrl.algos.resolve_config`, e.g. GSPO's clips).
 #
 # A key counts as set when it is in its section's pydantic `model_fields_set` (given in a YAML
 # file, an override or a keyword; a resumed run's saved config sets every key, so a resumed run
@@ -334,19 +333,18 @@ def _fill(section: Any, values: dict[str, Any]) -> Any:
 
 
 def resolve_run_defaults(cfg: Config) -> Config:
-    """`cfg` with the env-, policy- and algorithm-dependent defaults filled into the keys the
-    user did not set (see the module docstring), in that order: `model.vision` for an env that
-    observes images (no `model.path`), then `VISION_DEFAULTS` when `model.vision` is true, then
-    the algorithm's `DEFAULTS`.
+    """`cfg` with the env- and policy-dependent defaults filled into the keys the user did not
+    set (see the module docstring), in that order: `model.vision` for an env that observes
+    images (no `model.path`), then `VISION_DEFAULTS` when `model.vision` is true. (An
+    algorithm's own defaults, e.g. GSPO's clips, are its config class's defaults:
+    `agentrl.algos.configs`.)
 
     A `model.path` holding a vision-language directory gets no `VISION_DEFAULTS` (a given model
     is not the embedded one the figures were measured on).
 
     Raises:
-        ValueError: an unknown env or algorithm.
+        ValueError: an unknown env.
     """
-    from agentrl.algos import get_algorithm, resolve_config
-
     model = cfg.model
     if model.path is None and "vision" not in model.model_fields_set and env_observes_images(cfg.env.name):
         model = _fill(model, {"vision": True})
@@ -354,5 +352,4 @@ def resolve_run_defaults(cfg: Config) -> Config:
     if model.vision and model.path is None:
         for section, values in VISION_DEFAULTS.items():
             update[section] = _fill(update.get(section, getattr(cfg, section)), values)
-    update["algo"] = resolve_config(get_algorithm(cfg.algo.name), cfg.algo)
     return cfg.model_copy(update=update)

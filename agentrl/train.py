@@ -183,15 +183,15 @@ def set_up(cfg: Config) -> tuple[Config, Any, Path]:
 
     Returns:
         `(cfg with the run's resolved defaults (`agentrl.run`: the env's, the
-        policy's and the algorithm's), algorithm module, OUT)`.
+        policy's), the algorithm (`agentrl.algos.get_algorithm`), OUT)`.
 
     Raises:
         ValueError: an unknown env, an `algo` option the algorithm does not support
-            (`agentrl.algos.check_options`), dynamic sampling with `group_size < 2`, or
+            (refused by the config's schema), dynamic sampling with `group_size < 2`, or
             `train.device=cuda` without a CUDA device.
         OutError: a new run's `out` is not empty (without `overwrite`), a file, or not writable.
     """
-    from agentrl.algos import check_options, get_algorithm
+    from agentrl.algos import get_algorithm
     from agentrl.learner.local import resolve_device
     from agentrl.run import resolve_run_defaults
 
@@ -202,11 +202,7 @@ def set_up(cfg: Config) -> tuple[Config, Any, Path]:
     import_env_modules(cfg.env.imports)  # their register_env calls run before the lookup
     resolve_env_id(cfg.env.name)  # fail early on an unknown env
     algo = get_algorithm(cfg.algo.name)
-    cfg = resolve_run_defaults(cfg)  # e.g. GSPO's clips; a VLM for an image env, its SFT lr
-    try:
-        check_options(algo, cfg.algo)  # an option the algorithm would ignore fails here
-    except ValueError as e:
-        raise ConfigError(f"config error: {e}") from None
+    cfg = resolve_run_defaults(cfg)  # a VLM for an image env, its SFT lr
     if cfg.algo.dynamic_sampling and cfg.algo.group_size < 2:
         raise ConfigError("config error: algo.dynamic_sampling needs algo.group_size >= 2 "
                           "(singleton groups carry no signal and would all be dropped)")
@@ -462,13 +458,11 @@ def build_loop(cfg: Config, algo: Any, out: Path, model: Any, tok: Any, renderer
 
     engine = make_engine(cfg, model, tok, out)
     learner = make_learner(cfg, algo, model, lr_schedule(cfg))
-    from agentrl.algos import needs_reference
-
-    if cfg.placement.reference == "worker" and needs_reference(algo, cfg.algo):
+    if cfg.placement.reference == "worker" and algo.needs_reference(cfg.algo):
         from agentrl.learner.frozen import make_reference
 
         learner.reference = make_reference(cfg, model, tok, out, ck)
-    if cfg.placement.teacher == "worker" and cfg.algo.name == "distill":
+    if cfg.placement.teacher == "worker" and algo.needs_teacher:
         from agentrl.learner.frozen import make_teacher
 
         learner.teacher = make_teacher(cfg)
@@ -518,7 +512,7 @@ def build_loop(cfg: Config, algo: Any, out: Path, model: Any, tok: Any, renderer
     lp = Loop(cfg, out, say, algo, model, tok, renderer, pad_id, learner, engine, lock, env_sets,
               eval_envs, pool, params, log, new_env, start_step, version, rewards,
               reporter=reporter or Reporter(enabled=False))
-    if cfg.algo.name == "distill" and cfg.algo.distill_teacher_fraction > 0:  # GKD's mixture
+    if algo.needs_teacher and cfg.algo.distill_teacher_fraction > 0:  # GKD's mixture
         from agentrl.algos.distill import teacher_task_count
         from agentrl.run import make_teacher_engine
 
@@ -835,8 +829,6 @@ def update(lp: Loop, trajs: list[Trajectory], step: int, m: dict[str, float]) ->
     update; records their metrics in `m` (the algorithm's `advantages` statistics as `adv/...`,
     e.g. `adv/reward_mean` over the groups trained on; its `prepare` ones as `rollout/...`;
     the learner's as `loss/...`) and returns the trajectories trained on."""
-    from agentrl.algos import needs_reference
-
     cfg, algo, learner = lp.cfg, lp.algo, lp.learner
     t0 = time.perf_counter()
     if cfg.algo.dynamic_sampling:  # DAPO: drop groups without signal, refill with new tasks
@@ -854,19 +846,19 @@ def update(lp: Loop, trajs: list[Trajectory], step: int, m: dict[str, float]) ->
         m["perf/update_s"] = time.perf_counter() - t0
         m["perf/update_tokens"] = 0.0
         return []
-    if cfg.algo.overlong_buffer > 0 or cfg.algo.mask_truncated:  # DAPO overlong shaping/filter
+    if cfg.algo.overlong_buffer > 0 or algo.masks_truncated(cfg.algo):  # DAPO overlong shaping/filter
         from agentrl.algos.shaping import shape_batch
 
-        sm = shape_batch(batch, trajs, cfg.algo, cfg.rollout.max_tokens)
+        sm = shape_batch(batch, trajs, cfg.algo, cfg.rollout.max_tokens,
+                         mask_truncated=algo.masks_truncated(cfg.algo))
         m.update({f"rollout/{k}": v for k, v in sm.items()})
     ref0 = learner.ref_seconds
     t_prep = time.perf_counter()
-    if hasattr(algo, "prepare"):  # algorithm-specific passes: PPO values, DPO pairs, ...
-        batch, pm = algo.prepare(batch, learner, cfg.algo)
-        m.update({f"rollout/{k}": float(v) for k, v in pm.items()})
+    batch, pm = algo.prepare(batch, learner, cfg.algo)  # PPO values, DPO pairs, ...
+    m.update({f"rollout/{k}": float(v) for k, v in pm.items()})
     # the no-grad pass of `prepare` (PPO: old logprobs and values), its reference calls excluded
     m["perf/prepare_s"] = time.perf_counter() - t_prep - (learner.ref_seconds - ref0)
-    if needs_reference(algo, cfg.algo) and "ref_logprobs" not in batch:
+    if algo.needs_reference(cfg.algo) and "ref_logprobs" not in batch:
         batch["ref_logprobs"] = learner.logprobs(batch, ref=True)
     m["perf/reference_s"] = learner.ref_seconds - ref0  # computing (inline) or waiting (worker)
     log_gap(lp, batch, step, m)
@@ -1063,7 +1055,7 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
         renderer: ChatRenderer = VisionChatRenderer(tok, tok.image_processor)
     else:
         renderer = ChatRenderer(tok)
-    if cfg.algo.name == "distill":  # per-token log-probabilities compared by id
+    if algo.needs_teacher:  # per-token log-probabilities compared by id
         from agentrl.algos.distill import check_teacher_tokenizer
 
         try:

@@ -73,11 +73,11 @@ def rss_mb() -> float:
 
 
 def time_updates(learner, batch, repeats: int) -> list[float]:
-    from agentrl.algos import get_algorithm, resolve_config
-    from agentrl.config import AlgoConfig
+    from agentrl.algos import get_algorithm
+    from agentrl.config import algo_config
 
     algo = get_algorithm("grpo")
-    cfg = resolve_config(algo, AlgoConfig(name="grpo"))
+    cfg = algo_config(name="grpo")
     learner.update(dict(batch), algo, cfg)  # warm-up
     out = []
     for s in range(repeats):

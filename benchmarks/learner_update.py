@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     from vs_trl_model import build_tiny_qwen
 
     from agentrl.algos import get_algorithm
-    from agentrl.config import AlgoConfig
+    from agentrl.config import algo_config
     from agentrl.learner.local import Learner
     from agentrl.models.tiny import load_model
 
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         model, tok = load_model(d)
     model.eval()
     batch = make_batch(model, tok, a.prompts, a.gens, a.max_tokens, a.seed)
-    cfg = AlgoConfig(name="grpo", group_size=a.gens, kl_coef=0.0, clip_low=0.2, clip_high=0.2,
+    cfg = algo_config(name="grpo", group_size=a.gens, kl_coef=0.0, clip_low=0.2, clip_high=0.2,
                      agg="token-mean", scale="std")
     algo = get_algorithm("grpo")
     batch["advantages"], _ = algo.advantages(batch, cfg)

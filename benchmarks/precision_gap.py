@@ -139,16 +139,16 @@ def kl_and_loss(policy_dir: str, batch: dict, refs: dict[str, torch.Tensor], kl_
     batch); then the differences from the float32 reference's, the gradient's as a share of the
     policy-gradient part's norm (`grad_diff_vs_pg`, None when that is 0: every group's rewards
     equal)."""
-    from agentrl.algos import get_algorithm, resolve_config
+    from agentrl.algos import get_algorithm
     from agentrl.algos.common import sequence_kl
     from agentrl.algos.losses import kl
-    from agentrl.config import AlgoConfig
+    from agentrl.config import algo_config
     from agentrl.learner.forward import disable_dropout, slice_rows, token_logprobs
     from agentrl.models.tiny import load_model
 
     grpo = get_algorithm("grpo")
-    cfg = resolve_config(grpo, AlgoConfig(name="grpo", kl_coef=kl_coef))
-    pg_cfg = resolve_config(grpo, AlgoConfig(name="grpo", kl_coef=0.0))
+    cfg = algo_config(name="grpo", kl_coef=kl_coef)
+    pg_cfg = algo_config(name="grpo", kl_coef=0.0)
     model, _ = load_model(policy_dir)
     disable_dropout(model)
     params = [p for p in model.parameters() if p.requires_grad]

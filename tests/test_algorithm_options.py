@@ -11,7 +11,8 @@ import math
 import pytest
 import torch
 
-from agentrl.algos import ALGORITHMS, check_options, get_algorithm, resolve_config
+from agentrl.algos import ALGORITHMS, get_algorithm, reinforce_pp
+from agentrl.algos.configs import algorithms_with
 from agentrl.algos.losses import cispo_policy_loss, tis_weights, tis_weights_of
 from agentrl.algos.shaping import (
     apply_overlong_shaping,
@@ -19,7 +20,8 @@ from agentrl.algos.shaping import (
     shape_batch,
     turn_lengths,
 )
-from agentrl.config import AlgoConfig, ConfigError, load_config
+from agentrl.algos.turns import discounted_turn_returns, turn_states
+from agentrl.config import ConfigError, algo_config, load_config
 from agentrl.types import Trajectory
 
 
@@ -51,8 +53,8 @@ def test_cispo_weights_below_inside_above_the_clip_by_hand():
 
 
 def test_cispo_paper_default_has_no_lower_bound():
-    cfg = resolve_config(get_algorithm("cispo"), AlgoConfig(name="cispo"))
-    assert (cfg.clip_low, cfg.clip_high) == (1.0, 0.28)  # DEFAULTS: eps_low disabled
+    cfg = algo_config(name="cispo")
+    assert (cfg.clip_low, cfg.clip_high) == (1.0, 0.28)  # CISPOConfig: eps_low disabled
     logp, old, adv, mask = _cispo_inputs()
     cispo = get_algorithm("cispo")
     loss, m = cispo.loss(logp, {"old_logprobs": old, "advantages": adv, "loss_mask": mask}, cfg,
@@ -79,17 +81,17 @@ def test_cispo_advantages_are_grpo_and_at_ratio_one_gradient_is_reinforce():
     cispo, grpo = get_algorithm("cispo"), get_algorithm("grpo")
     batch = {"scores": t([1, 0, 0, 0]), "group_ids": torch.tensor([0, 0, 0, 0]),
              "loss_mask": torch.ones(4, 2)}
-    a1, _ = cispo.advantages(batch, AlgoConfig(name="cispo"))
-    a2, _ = grpo.advantages(batch, AlgoConfig(name="grpo"))
+    a1, _ = cispo.advantages(batch, algo_config(name="cispo"))
+    a2, _ = grpo.advantages(batch, algo_config(name="grpo"))
     assert torch.equal(a1, a2)
     # one optimizer step: old = logp, r = 1, w = 1 -> gradient -A/N per token (GRPO's too)
     logp = t([[-1.0, -2.0], [-0.5, -0.1], [-3.0, -1.0], [-0.2, -0.2]]).requires_grad_(True)
     b = dict(batch, advantages=a1, old_logprobs=logp.detach())
-    cispo.loss(logp, b, resolve_config(cispo, AlgoConfig(name="cispo")), num_tokens=8,
+    cispo.loss(logp, b, algo_config(name="cispo"), num_tokens=8,
                num_seqs=4)[0].backward()
     g1 = logp.grad.clone()
     logp.grad = None
-    grpo.loss(logp, b, AlgoConfig(name="grpo"), num_tokens=8, num_seqs=4)[0].backward()
+    grpo.loss(logp, b, algo_config(name="grpo"), num_tokens=8, num_seqs=4)[0].backward()
     assert torch.allclose(g1, -a1 / 8) and torch.allclose(g1, logp.grad)
 
 
@@ -100,7 +102,7 @@ def test_dual_clip_from_the_config_by_hand():
     logp = torch.log(t([[5.0, 2.0, 5.0]]))
     batch = {"old_logprobs": torch.zeros(1, 3), "advantages": t([[-1, -1, 1]]),
              "loss_mask": torch.ones(1, 3)}
-    plain, _ = grpo.loss(logp, batch, AlgoConfig(), num_tokens=3, num_seqs=1)
+    plain, _ = grpo.loss(logp, batch, algo_config(), num_tokens=3, num_seqs=1)
     # max(-A r, -A clip(r)) = [5, 2, -1.28] -> 5.72 / 3 = 1.906667
     assert plain.item() == pytest.approx(1.906667, abs=1e-5)
     cfg = load_config(None, ["algo.dual_clip=3"]).algo
@@ -118,28 +120,25 @@ def test_dual_clip_from_the_config_by_hand():
 
 def test_dual_clip_doc_names_exactly_the_algorithms_whose_loss_reads_it(tmp_path):
     """docs/config.md (the field's docstring) listed grpo, dr_grpo, rloo, reinforce_pp, ppo and
-    left out gigpo and distill, whose losses are grpo's. Each algorithm that lists dual_clip in
-    OPTIONS gives the hand-computed 1.24 of the test above with c = 3 (1.906667 without)."""
-    import re
-
+    left out gigpo and distill, whose losses are grpo's. Each algorithm whose config has
+    dual_clip gives the hand-computed 1.24 of the test above with c = 3 (1.906667 without)."""
     logp = torch.log(t([[5.0, 2.0, 5.0]]))
     batch = {"old_logprobs": torch.zeros(1, 3), "advantages": t([[-1, -1, 1]]),
              "loss_mask": torch.ones(1, 3), "returns": torch.zeros(1, 3), "old_values": torch.zeros(1, 3)}
     reads = set()
     for name in ALGORITHMS:
         algo = get_algorithm(name)
-        if "dual_clip" not in algo.OPTIONS:
+        if "dual_clip" not in algo.config.model_fields:
             continue
         teacher = {"teacher_path": str(tmp_path)} if name == "distill" else {}  # not loaded by the loss
-        cfg = resolve_config(algo, AlgoConfig(name=name, dual_clip=3.0, clip_low=0.2, clip_high=0.28,
-                                              kl_coef=0.0, entropy_coef=0.0, **teacher))
+        cfg = algo_config(name=name, dual_clip=3.0, clip_low=0.2, clip_high=0.28,
+                                              kl_coef=0.0, entropy_coef=0.0, **teacher)
         kw = {"values": torch.zeros(1, 3)} if name == "ppo" else {}
         dual, _ = algo.loss(logp, batch, cfg, num_tokens=3, num_seqs=1, **kw)
         assert dual.item() == pytest.approx(1.24, abs=1e-5), name  # dr_grpo: 3.72 / (1 seq x width 3)
         reads.add(name)
     assert reads == {"grpo", "dr_grpo", "gigpo", "rloo", "reinforce_pp", "ppo", "distill"}
-    doc = AlgoConfig.model_fields["dual_clip"].description
-    listed = set(re.findall(r"[a-z_]+", doc.split("Read by", 1)[1].split("(", 1)[0])) & set(ALGORITHMS)
+    listed = set(algorithms_with("dual_clip"))  # the algorithms whose config has the key
     assert listed == reads
 
 
@@ -187,7 +186,7 @@ def test_tis_level_and_mode_reach_the_learner(tiny_model_dir):
 
 
 def test_kl_estimator_in_the_reward_from_the_config():
-    rloo, rpp = get_algorithm("rloo"), get_algorithm("reinforce_pp")
+    rloo = get_algorithm("rloo")
     mask = t([[0, 1, 1], [0, 1, 0]])
     old = t([[0, -1.0, -2.0], [0, -1.0, 0]])
     ref = t([[0, -1.5, -1.8], [0, -1.0, 0]])  # d = ref - old = [_, -0.5, 0.2]
@@ -195,12 +194,12 @@ def test_kl_estimator_in_the_reward_from_the_config():
             "old_logprobs": old, "ref_logprobs": ref, "token_rewards": t([[0, 0, 1], [0, 0, 0]])}
     # k1 = -d = [0.5, -0.2] (sum 0.3); k2 = d^2/2 = [0.125, 0.02] (sum 0.145)
     # rloo, kl_coef 1: R = [1 - sum k, 0], A0 = R0 - R1
-    a1, _ = rloo.advantages(dict(base), AlgoConfig(name="rloo", kl_coef=1.0))
+    a1, _ = rloo.advantages(dict(base), algo_config(name="rloo", kl_coef=1.0))
     assert a1[0, 1].item() == pytest.approx(0.7, abs=1e-6)  # default: k1 as before
-    a2, _ = rloo.advantages(dict(base), AlgoConfig(name="rloo", kl_coef=1.0, kl_reward_kind="k2"))
+    a2, _ = rloo.advantages(dict(base), algo_config(name="rloo", kl_coef=1.0, kl_reward_kind="k2"))
     assert a2[0, 1].item() == pytest.approx(0.855, abs=1e-6)
     # reinforce_pp, gamma 1, kl_coef 1, k3 = e^d - d - 1 = [0.106531, 0.021403]
-    r3 = rpp.returns(dict(base), AlgoConfig(name="reinforce_pp", kl_coef=1.0, kl_reward_kind="k3"))
+    r3 = reinforce_pp.returns(dict(base), algo_config(name="reinforce_pp", kl_coef=1.0, kl_reward_kind="k3"))
     # G = [_, -0.106531 + (1 - 0.021403), 1 - 0.021403] = [_, 0.872066, 0.978597]
     assert torch.allclose(r3[0], t([0, 0.872066, 0.978597]), atol=1e-5)
 
@@ -218,7 +217,7 @@ def test_dr_grpo_constant_normaliser_from_the_config(tiny_model_dir):
         width = batch["input_ids"].shape[1]  # 3 + 5 + 1 = 9 (prompt and glue included)
         mask = batch["loss_mask"]
         batch["advantages"] = torch.where(torch.arange(4)[:, None] == 0, mask, 0.0)  # A = 1, row 0
-        cfg = AlgoConfig(name="dr_grpo", norm_len=norm_len)
+        cfg = algo_config(name="dr_grpo", norm_len=norm_len)
         m = learner.update(batch, dr, cfg)
         # one step, r = 1: loss = -sum(A M) / (N_seq * L_max) = -2 / (4 * L_max)
         length = expect_len or width
@@ -229,25 +228,24 @@ def test_options_an_algorithm_would_ignore_are_refused():
     for name in ("gspo", "rloo", "reinforce_pp", "ppo", "dpo", "gigpo"):
         with pytest.raises(ValueError, match=r"algo.turn_advantages=True is not supported by "
                                              rf"algo.name={name}; supported by: grpo, dr_grpo, cispo"):
-            check_options(get_algorithm(name), AlgoConfig(name=name, turn_advantages=True))
+            algo_config(name=name, turn_advantages=True)  # refused by the schema
     for name in ("grpo", "dr_grpo", "cispo"):
-        check_options(get_algorithm(name), AlgoConfig(name=name, turn_advantages=True))
+        algo_config(name=name, turn_advantages=True)
     with pytest.raises(ValueError, match="algo.dual_clip=3.0 is not supported by algo.name=gspo"):
-        check_options(get_algorithm("gspo"), AlgoConfig(name="gspo", dual_clip=3.0))
+        algo_config(name="gspo", dual_clip=3.0)
     with pytest.raises(ValueError, match="algo.tis_cap"):
-        check_options(get_algorithm("dpo"), AlgoConfig(name="dpo", tis_cap=2.0))
+        algo_config(name="dpo", tis_cap=2.0)
     with pytest.raises(ValueError, match="algo.mask_truncated"):
-        check_options(get_algorithm("dpo"), AlgoConfig(name="dpo", mask_truncated=True))
+        algo_config(name="dpo", mask_truncated=True)
     for name in ("grpo", "gspo", "rloo", "ppo", "dpo", "cispo", "gigpo"):  # defaults pass
-        check_options(get_algorithm(name), AlgoConfig(name=name))
+        algo_config(name=name)
 
 
 def test_train_refuses_an_ignored_option_at_start_up(tmp_path):
     from agentrl.train import set_up
 
-    cfg = load_config(None, ["algo.name=ppo", "algo.turn_advantages=true", f"out={tmp_path / 'r'}"])
-    with pytest.raises(ValueError, match="turn_advantages"):
-        set_up(cfg)
+    with pytest.raises(ValueError, match="turn_advantages"):  # the schema refuses it first
+        set_up(load_config(None, ["algo.name=ppo", "algo.turn_advantages=true", f"out={tmp_path / 'r'}"]))
     assert not (tmp_path / "r").exists()  # nothing written before the error
 
 
@@ -297,15 +295,15 @@ def test_mask_truncated_and_shaping_in_the_batch():
     trajs = [_traj(0, 4, "length", 1.0), _traj(0, 2, "stop", 0.0), _traj(0, 3, "stop", 1.0)]
     batch = build_batch(trajs, pad_id=0)
     before = batch["loss_mask"].clone()
-    cfg = AlgoConfig(overlong_buffer=2, mask_truncated=True)
-    m = shape_batch(batch, trajs, cfg, max_tokens=4)
+    cfg = algo_config(overlong_buffer=2, mask_truncated=True)
+    m = shape_batch(batch, trajs, cfg, max_tokens=4, mask_truncated=get_algorithm("grpo").masks_truncated(cfg))
     # budget 4, buffer 2: lengths 4, 2, 3 -> penalties -1, 0, -0.5
     assert batch["scores"].tolist() == [0.0, 0.0, 0.5]
     assert m["masked_truncated"] == 1.0
     assert batch["loss_mask"][0].sum() == 0 and torch.equal(batch["loss_mask"][1:], before[1:])
     # off (the defaults): nothing changes
     batch2 = build_batch(trajs, pad_id=0)
-    assert shape_batch(batch2, trajs, AlgoConfig(), max_tokens=4) == {}
+    assert shape_batch(batch2, trajs, algo_config(), max_tokens=4, mask_truncated=False) == {}
     assert batch2["scores"].tolist() == [1.0, 0.0, 1.0]
 
 
@@ -322,18 +320,17 @@ def _gigpo_batch():
 
 
 def test_gigpo_anchor_states_and_discounted_turn_returns():
-    gigpo = get_algorithm("gigpo")
     b = _gigpo_batch()
-    states = gigpo.turn_states(b["input_ids"], b["loss_mask"])
+    states = turn_states(b["input_ids"], b["loss_mask"])
     assert states == [[(1, 2), (7, 8)], [(1, 2), (7, 8)], [(1, 2), (9, 9)]]
-    ret, exists = gigpo.discounted_turn_returns(b["token_rewards"], b["loss_mask"], 0.5)
+    ret, exists = discounted_turn_returns(b["token_rewards"], b["loss_mask"], 0.5)
     # row 0: [0 + 0.5 * 1, 1]; row 2: [0.5 + 0.5 * 1, 1]
     assert ret.tolist() == [[0.5, 1.0], [0.0, 0.0], [1.0, 1.0]] and exists.all()
 
 
 def test_gigpo_advantages_by_hand():
     gigpo = get_algorithm("gigpo")
-    cfg = AlgoConfig(name="gigpo", gamma=1.0, step_weight=0.5)
+    cfg = algo_config(name="gigpo", gamma=1.0, step_weight=0.5)
     adv, stats = gigpo.advantages(_gigpo_batch(), cfg)
     # episode level: scores [1, 0, 1.5], mean 0.833333, std sqrt(1.166667 / 2) = 0.763763
     #   A^E = [0.218218, -1.091089, 0.872872]
@@ -348,17 +345,17 @@ def test_gigpo_advantages_by_hand():
     assert torch.allclose(adv, exp, atol=1e-5)
     assert stats["num_groups"] == 1
     # step_weight 0: plain GRPO
-    grpo_adv, _ = get_algorithm("grpo").advantages(_gigpo_batch(), AlgoConfig())
-    adv0, _ = gigpo.advantages(_gigpo_batch(), AlgoConfig(name="gigpo", step_weight=0.0))
+    grpo_adv, _ = get_algorithm("grpo").advantages(_gigpo_batch(), algo_config())
+    adv0, _ = gigpo.advantages(_gigpo_batch(), algo_config(name="gigpo", step_weight=0.0))
     assert torch.allclose(adv0, grpo_adv)
 
 
 def test_gigpo_defaults_and_groups_stay_apart():
     gigpo = get_algorithm("gigpo")
-    assert resolve_config(gigpo, AlgoConfig(name="gigpo")).gamma == 0.95  # the paper's gamma
+    assert algo_config(name="gigpo").gamma == 0.95  # the paper's gamma
     b = _gigpo_batch()
     b["group_ids"] = torch.tensor([0, 1, 0])  # rows 0 and 1 share a state but not a task
-    cfg = AlgoConfig(name="gigpo", gamma=1.0, step_weight=1.0)
+    cfg = algo_config(name="gigpo", gamma=1.0, step_weight=1.0)
     adv, _ = gigpo.advantages(b, cfg)
     # group 1 is a singleton: 0 everywhere; group 0 = rows 0, 2, scores [1, 1.5]:
     #   A^E = [-0.707107, 0.707107] (std 0.353553); turn 0 the same; turn 1 states differ -> 0
@@ -383,36 +380,34 @@ def _per_turn_expected(scale):
 
 def _algo_cfg(name, tmp_path, **kw):
     extra = {"teacher_path": str(tmp_path)} if name == "distill" else {}
-    return AlgoConfig(name=name, **extra, **kw)
+    return algo_config(name=name, **extra, **kw)
 
 
 @pytest.mark.parametrize("name", list(ALGORITHMS))
 def test_every_algorithm_uses_or_refuses_turn_advantages(name, tmp_path):
     """Issue #24: `algo.turn_advantages` is never silently ignored. An algorithm that lists it in
-    its OPTIONS really computes per-turn group advantages (hand values above); every other one
-    refuses it, in `check_options` and at the start of `agentrl train` (nothing written)."""
-    from agentrl.train import set_up
-
+    its config really computes per-turn group advantages (hand values above); every other one
+    refuses it, in its config's schema and so at the start of `agentrl train` (nothing
+    written)."""
     algo = get_algorithm(name)
-    cfg = _algo_cfg(name, tmp_path, turn_advantages=True)
-    if "turn_advantages" in getattr(algo, "OPTIONS", ()):
-        check_options(algo, cfg)
+    if "turn_advantages" in algo.config.model_fields:
+        cfg = _algo_cfg(name, tmp_path, turn_advantages=True)
+        assert algo.turn_advantages(cfg)
         adv, _ = algo.advantages(_gigpo_batch(), cfg)
         scale = "none" if name == "dr_grpo" else "std"
         assert torch.allclose(adv, _per_turn_expected(scale), atol=1e-5)
         episode, _ = algo.advantages(_gigpo_batch(), _algo_cfg(name, tmp_path))
         assert not torch.allclose(adv, episode)  # it changed something
         return
-    supporters = [n for n in ALGORITHMS if "turn_advantages" in getattr(get_algorithm(n), "OPTIONS", ())]
-    assert supporters == ["grpo", "dr_grpo", "cispo"]
+    assert algorithms_with("turn_advantages") == ["grpo", "dr_grpo", "cispo"]
     with pytest.raises(ValueError, match=rf"algo.turn_advantages=True is not supported by "
                                          rf"algo.name={name}; supported by: grpo, dr_grpo, cispo"):
-        check_options(algo, cfg)
+        _algo_cfg(name, tmp_path, turn_advantages=True)
     over = [f"algo.name={name}", "algo.turn_advantages=true", f"out={tmp_path / 'r'}"]
     if name == "distill":
         over.append(f"algo.teacher_path={tmp_path}")
     with pytest.raises(ConfigError, match=r"config error: algo.turn_advantages=True"):
-        set_up(load_config(None, over))
+        load_config(None, over)
     assert not (tmp_path / "r").exists()
 
 
@@ -420,25 +415,25 @@ def test_turn_credit_gigpo_on_grpo_is_gigpo():
     """`--algo grpo algo.turn_credit=gigpo` resolves to GiGPO's settings and gives GiGPO's
     advantages (hand values of `test_gigpo_advantages_by_hand`); dr_grpo's has no std."""
     gigpo, grpo = get_algorithm("gigpo"), get_algorithm("grpo")
-    cfg = resolve_config(grpo, load_config(None, ["algo.turn_credit=gigpo"]).algo)
-    assert cfg.gamma == 0.95 and resolve_config(gigpo, AlgoConfig(name="gigpo")).gamma == 0.95
-    assert resolve_config(grpo, AlgoConfig(turn_credit="gigpo", gamma=1.0)).gamma == 1.0  # set: kept
-    assert resolve_config(grpo, AlgoConfig()).gamma == 1.0  # episode credit: unchanged
-    cispo = resolve_config(get_algorithm("cispo"), AlgoConfig(name="cispo", turn_credit="gigpo"))
+    cfg = load_config(None, ["algo.turn_credit=gigpo"]).algo
+    assert cfg.gamma == 0.95 and algo_config(name="gigpo").gamma == 0.95
+    assert algo_config(turn_credit="gigpo", gamma=1.0).gamma == 1.0  # set: kept
+    assert algo_config().gamma == 1.0  # episode credit: unchanged
+    cispo = algo_config(name="cispo", turn_credit="gigpo")
     assert (cispo.gamma, cispo.clip_low) == (0.95, 1.0)  # GiGPO's gamma under CISPO's own defaults
     kw = {"gamma": 1.0, "step_weight": 0.5}
-    adv, stats = grpo.advantages(_gigpo_batch(), AlgoConfig(turn_credit="gigpo", **kw))
+    adv, stats = grpo.advantages(_gigpo_batch(), algo_config(turn_credit="gigpo", **kw))
     exp = t([[0, 0, 0.327327, 0, 0, 0.571771], [0, 0, -1.636634, 0, 0, -1.444642],
              [0, 0, 1.309307, 0, 0, 0.872872]])
     assert torch.allclose(adv, exp, atol=1e-5) and stats["step_adv_abs_mean"] > 0
-    ref, _ = gigpo.advantages(_gigpo_batch(), AlgoConfig(name="gigpo", **kw))
+    ref, _ = gigpo.advantages(_gigpo_batch(), algo_config(name="gigpo", **kw))
     assert torch.equal(adv, ref)
     c_adv, _ = get_algorithm("cispo").advantages(_gigpo_batch(),
-                                                 AlgoConfig(name="cispo", turn_credit="gigpo", **kw))
+                                                 algo_config(name="cispo", turn_credit="gigpo", **kw))
     assert torch.equal(c_adv, ref)
     # dr_grpo: A^E = R - mean = [1/6, -5/6, 2/3]; turn 1 anchor [7, 8]: [0.5, -0.5], row 2: 0
     #   turn 0: 1.5 A^E = [0.25, -1.25, 1.0]; turn 1: A^E + 0.5 A^S = [0.416667, -1.083333, 0.666667]
-    d_adv, _ = grpo.advantages(_gigpo_batch(), AlgoConfig(name="dr_grpo", turn_credit="gigpo", **kw))
+    d_adv, _ = grpo.advantages(_gigpo_batch(), algo_config(name="dr_grpo", turn_credit="gigpo", **kw))
     assert torch.allclose(d_adv, t([[0, 0, 0.25, 0, 0, 0.416667], [0, 0, -1.25, 0, 0, -1.083333],
                                     [0, 0, 1.0, 0, 0, 0.666667]]), atol=1e-5)
 
@@ -448,8 +443,8 @@ def test_turn_credit_refused_where_it_would_be_ignored_or_contradicts(tmp_path):
         with pytest.raises(ValueError, match=rf"algo.turn_credit='gigpo' is not supported by "
                                              rf"algo.name={name}; supported by: grpo, dr_grpo, "
                                              rf"cispo, gigpo"):
-            check_options(get_algorithm(name), _algo_cfg(name, tmp_path, turn_credit="gigpo"))
-    check_options(get_algorithm("gigpo"), AlgoConfig(name="gigpo", turn_credit="gigpo"))
+            _algo_cfg(name, tmp_path, turn_credit="gigpo")
+    algo_config(name="gigpo", turn_credit="gigpo")
     with pytest.raises(ConfigError, match="algo.turn_credit=gigpo and algo.turn_advantages=true"):
         load_config(None, ["algo.turn_credit=gigpo", "algo.turn_advantages=true"])
     with pytest.raises(ConfigError, match="algo.turn_credit=episode with algo.name=gigpo"):
@@ -480,7 +475,7 @@ def test_distill_advantages_by_hand_on_three_tokens():
     batch = {"loss_mask": t([[0, 1, 1, 1]]), "old_logprobs": t([[0, -1.5, -1.0, -0.5]]),
              "teacher_logprobs": t([[-9.0, -1.0, -2.0, -0.5]]),  # -9: the prompt, never read
              "scores": t([1.0]), "group_ids": torch.tensor([0])}
-    cfg = AlgoConfig(name="distill", teacher_path=".", distill_coef=2.0)
+    cfg = algo_config(name="distill", teacher_path=".", distill_coef=2.0)
     adv, stats = distill.advantages(batch, cfg)
     # log p_teacher - log p_student = [0.5, -1.0, 0.0]; x 2 = [1, -2, 0]
     assert adv.tolist() == [[0.0, 1.0, -2.0, 0.0]]
@@ -490,7 +485,7 @@ def test_distill_advantages_by_hand_on_three_tokens():
           "old_logprobs": t([[0, -1.5, -1.0, -0.5], [0, -1.0, 0, 0]]),
           "teacher_logprobs": t([[0, -1.0, -2.0, -0.5], [0, -1.0, 0, 0]]),
           "scores": t([1.0, 0.0]), "group_ids": torch.tensor([0, 0])}
-    adv, _ = distill.advantages(b2, AlgoConfig(name="distill", teacher_path=".",
+    adv, _ = distill.advantages(b2, algo_config(name="distill", teacher_path=".",
                                                distill_reward_coef=0.5))
     exp = t([[0, 0.5 + 0.353553, -1.0 + 0.353553, 0.353553], [0, -0.353553, 0, 0]])
     assert torch.allclose(adv, exp, atol=1e-5)
@@ -511,7 +506,7 @@ def test_distill_teacher_equal_to_student_gives_zero_signal(tiny_model_dir):
     # a different teacher (the student after one update) gives a nonzero signal on agent tokens
     # only
     batch["advantages"] = torch.where(batch["loss_mask"] != 0, 1.0, 0.0)
-    learner.update(batch, get_algorithm("grpo"), AlgoConfig())
+    learner.update(batch, get_algorithm("grpo"), algo_config())
     batch2, _ = distill.prepare(build_batch(_trajs(), pad_id=0), learner, cfg)
     adv2, _ = distill.advantages(batch2, cfg)
     assert adv2.abs().sum() > 0 and torch.all(adv2[batch2["loss_mask"] == 0] == 0)

@@ -14,28 +14,25 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from agentrl.algos import (
-    ALGORITHMS,
-    dpo,
-    get_algorithm,
-    gspo,
-    needs_reference,
-    ppo,
-    reinforce_pp,
-    resolve_config,
-    rloo,
-)
+from agentrl.algos import ALGORITHMS, get_algorithm
+from agentrl.algos import dpo as dpo_mod
+from agentrl.algos import ppo as ppo_mod
+from agentrl.algos import reinforce_pp as rpp_mod
+from agentrl.algos.configs import ALGO_CONFIGS
 from agentrl.algos.losses import tis_weights_of
 from agentrl.algos.turns import turn_group_advantages, turn_index, turn_returns
-from agentrl.config import AlgoConfig, load_config
+from agentrl.config import algo_config, load_config
 from agentrl.learner.local import Learner
 from agentrl.models.tiny import load_model
 from agentrl.types import Trajectory
 
+gspo, ppo, rloo, reinforce_pp, dpo = (get_algorithm(n) for n in ("gspo", "ppo", "rloo", "reinforce_pp", "dpo"))
+
 
 def ns(**kw):
-    """An AlgoConfig as a namespace, to set fields the config does not define (yet)."""
-    base = AlgoConfig(**{k: v for k, v in kw.items() if k in AlgoConfig.model_fields}).model_dump()
+    """An algorithm's config as a namespace, to set fields the config does not define (yet)."""
+    fields = ALGO_CONFIGS[kw.get("name", "grpo")].model_fields
+    base = algo_config(**{k: v for k, v in kw.items() if k in fields}).model_dump()
     base.update(kw)
     return SimpleNamespace(**base)
 
@@ -49,22 +46,23 @@ def test_every_algorithm_module_has_the_interface():
     for name in ALGORITHMS:
         mod = get_algorithm(name)
         assert callable(mod.advantages) and callable(mod.loss), name
-    assert needs_reference(dpo, AlgoConfig(name="dpo"))  # DPO always needs the reference
-    assert not needs_reference(ppo, AlgoConfig(name="ppo"))
-    assert needs_reference(ppo, AlgoConfig(name="ppo", kl_coef=0.1))
-    assert getattr(ppo, "VALUE_HEAD", False) and not getattr(gspo, "VALUE_HEAD", False)
+    assert dpo.needs_reference(algo_config(name="dpo"))  # DPO always needs the reference
+    assert not ppo.needs_reference(algo_config(name="ppo"))
+    assert ppo.needs_reference(algo_config(name="ppo", kl_coef=0.1))
+    assert ppo.value_head and not gspo.value_head
+    assert get_algorithm("distill").needs_teacher and not ppo.needs_teacher
 
 
-def test_resolve_config_fills_only_unset_fields():
-    c = resolve_config(gspo, AlgoConfig(name="gspo"))
+def test_algorithm_defaults_fill_only_unset_fields():
+    c = algo_config(name="gspo")
     assert (c.clip_low, c.clip_high) == (3e-4, 4e-4)  # the GSPO paper's ranges
-    c = resolve_config(gspo, load_config(None, ["algo.name=gspo", "algo.clip_low=0.2"]).algo)
+    c = load_config(None, ["algo.name=gspo", "algo.clip_low=0.2"]).algo
     assert (c.clip_low, c.clip_high) == (0.2, 4e-4)  # an explicit value (even = default) is kept
-    c = resolve_config(ppo, AlgoConfig(name="ppo", minibatches=1))
+    c = algo_config(name="ppo", minibatches=1)
     assert (c.update_epochs, c.minibatches) == (2, 1)
-    g = AlgoConfig(name="grpo")
-    assert resolve_config(get_algorithm("grpo"), g) is g  # no DEFAULTS: unchanged
-    assert resolve_config(gspo, resolve_config(gspo, AlgoConfig(name="gspo"))).clip_low == 3e-4
+    g = algo_config(name="grpo")
+    assert (g.clip_low, g.update_epochs) == (0.2, 1)  # grpo: the shared defaults
+    assert algo_config(name="gspo").clip_low == 3e-4
 
 
 # -- GSPO ----------------------------------------------------------------------------------------
@@ -79,7 +77,7 @@ def _gspo_batch():
 def test_gspo_sequence_ratio_and_clip_by_hand():
     logp, batch = _gspo_batch()
     logp.requires_grad_(True)
-    cfg = AlgoConfig(name="gspo", clip_low=0.2, clip_high=0.2)
+    cfg = algo_config(name="gspo", clip_low=0.2, clip_high=0.2)
     loss, m = gspo.loss(logp, batch, cfg, num_tokens=5, num_seqs=2)
     # row 0: s = exp(mean(0.1, 0.3)) = exp(0.2) = 1.221403 > 1.2, A = 1 -> clipped term -1.2
     # row 1: s = exp(mean(0, 0, 0.3)) = exp(0.1) = 1.105171, A = -1 -> max(1.105171, 1.105171)
@@ -95,7 +93,7 @@ def test_gspo_sequence_ratio_and_clip_by_hand():
 
 def test_gspo_paper_clip_defaults():
     logp, batch = _gspo_batch()
-    cfg = resolve_config(gspo, AlgoConfig(name="gspo"))
+    cfg = algo_config(name="gspo")
     loss, m = gspo.loss(logp, batch, cfg, num_tokens=5, num_seqs=2)
     # row 0 clipped at 1 + 4e-4: -1.0004; row 1 (A < 0) unclipped 1.105171
     # loss = (-1.0004 + 1.105171) / 2 = 0.0523855
@@ -103,14 +101,14 @@ def test_gspo_paper_clip_defaults():
 
 
 def test_gspo_rejects_tis():
-    with pytest.raises(ValueError, match="tis_cap"):
-        gspo.prepare({}, None, AlgoConfig(name="gspo", tis_cap=2.0))
+    with pytest.raises(ValueError, match="algo.tis_cap=2.0 is not supported by algo.name=gspo"):
+        algo_config(name="gspo", tis_cap=2.0)  # the schema refuses it
 
 
 def test_gspo_advantages_match_grpo():
     batch = {"scores": t([1, 0, 0, 0]), "group_ids": torch.tensor([0, 0, 0, 0]),
              "loss_mask": torch.ones(4, 2)}
-    adv, stats = gspo.advantages(batch, AlgoConfig(name="gspo"))
+    adv, stats = gspo.advantages(batch, algo_config(name="gspo"))
     # case A1: [1.5, -0.5, -0.5, -0.5] on every agent token
     assert torch.allclose(adv[:, 0], t([1.5, -0.5, -0.5, -0.5]), atol=1e-5)
     assert torch.equal(adv[:, 0], adv[:, 1])
@@ -120,7 +118,7 @@ def test_gspo_advantages_match_grpo():
 def test_rloo_leave_one_out_by_hand():
     batch = {"scores": t([1, 0, 0, 1, 0.3, float("nan")]),
              "group_ids": torch.tensor([0, 0, 0, 0, 1, 1]), "loss_mask": torch.ones(6, 2)}
-    adv, stats = rloo.advantages(batch, AlgoConfig(name="rloo"))
+    adv, stats = rloo.advantages(batch, algo_config(name="rloo"))
     # r0: 1 - mean(0, 0, 1) = 2/3; r1: 0 - mean(1, 0, 1) = -2/3; ...
     # group 1: one valid reward left (NaN excluded) -> 0 for both
     assert torch.allclose(adv[:, 0], t([2 / 3, -2 / 3, -2 / 3, 2 / 3, 0, 0]), atol=1e-6)
@@ -134,7 +132,7 @@ def test_rloo_kl_in_the_reward():
     ref = t([[0, -1.1, -1.1], [0, -1, 0], [0, -1, 0], [0, -1, 0]])  # row 0: k1 sum 0.2
     batch = {"scores": t([1, 0, 0, 1]), "group_ids": torch.tensor([0, 0, 0, 0]),
              "loss_mask": mask, "old_logprobs": old, "ref_logprobs": ref}
-    adv, stats = rloo.advantages(batch, AlgoConfig(name="rloo", kl_coef=0.5))
+    adv, stats = rloo.advantages(batch, algo_config(name="rloo", kl_coef=0.5))
     # R = [1 - 0.5 * 0.2, 0, 0, 1] = [0.9, 0, 0, 1]
     # A0 = 0.9 - (0 + 0 + 1)/3 = 0.566667; A1 = A2 = 0 - (0.9 + 0 + 1)/3 = -0.633333;
     # A3 = 1 - (0.9 + 0 + 0)/3 = 0.7
@@ -149,8 +147,8 @@ def test_reinforce_pp_kl_shaped_returns_by_hand():
     batch = {"loss_mask": mask, "token_rewards": t([[0, 0, 0, 1]]),
              "old_logprobs": t([[0, -1.0, -2.0, -0.5]]),
              "ref_logprobs": t([[0, -1.5, -1.8, -0.6]])}  # k1 = old - ref = [_, 0.5, -0.2, 0.1]
-    cfg = AlgoConfig(name="reinforce_pp", kl_coef=0.1, gamma=0.5)
-    ret = reinforce_pp.returns(batch, cfg)
+    cfg = algo_config(name="reinforce_pp", kl_coef=0.1, gamma=0.5)
+    ret = rpp_mod.returns(batch, cfg)
     # r = [_, -0.05, 0.02, 1 - 0.01] = [_, -0.05, 0.02, 0.99]
     # G3 = 0.99; G2 = 0.02 + 0.5 * 0.99 = 0.515; G1 = -0.05 + 0.5 * 0.515 = 0.2075
     assert torch.allclose(ret, t([[0, 0.2075, 0.515, 0.99]]), atol=1e-6)
@@ -166,11 +164,11 @@ def test_reinforce_pp_observation_is_not_a_time_step_and_nan_rows_drop():
     # case A7 through the module: tool observation in the middle, gamma 0.5 -> [0.5, _, 1.0]
     batch = {"loss_mask": t([[1, 0, 1], [1, 1, 0]]), "token_rewards": t([[0, 0, 1], [0, float("nan"), 0]]),
              "scores": t([1, float("nan")])}
-    _, m = reinforce_pp.prepare(batch, None, AlgoConfig(name="reinforce_pp"))
+    _, m = reinforce_pp.prepare(batch, None, algo_config(name="reinforce_pp"))
     assert m["dropped_rows"] == 1 and batch["loss_mask"][1].sum() == 0
-    ret = reinforce_pp.returns(batch, AlgoConfig(name="reinforce_pp", gamma=0.5))
+    ret = rpp_mod.returns(batch, algo_config(name="reinforce_pp", gamma=0.5))
     assert torch.allclose(ret, t([[0.5, 0, 1.0], [0, 0, 0]]))
-    adv, _ = reinforce_pp.advantages(batch, AlgoConfig(name="reinforce_pp", gamma=0.5))
+    adv, _ = reinforce_pp.advantages(batch, algo_config(name="reinforce_pp", gamma=0.5))
     # whitened over the two valid tokens [0.5, 1.0]: mean 0.75, std 0.353553 -> -/+0.707107
     assert torch.allclose(adv, t([[-0.707107, 0, 0.707107], [0, 0, 0]]), atol=1e-5)
     assert torch.isfinite(adv).all()
@@ -182,7 +180,7 @@ def test_ppo_value_clipping_by_hand():
     values = t([[1.5, 0.9]]).requires_grad_(True)
     batch = {"loss_mask": mask, "old_logprobs": torch.zeros(1, 2), "advantages": torch.zeros(1, 2),
              "old_values": t([[1.0, 1.0]]), "returns": t([[2.0, 0.0]])}
-    cfg = AlgoConfig(name="ppo", value_clip=0.2, vf_coef=0.5)
+    cfg = algo_config(name="ppo", value_clip=0.2, vf_coef=0.5)
     loss, m = ppo.loss(torch.zeros(1, 2), batch, cfg, num_tokens=2, num_seqs=1, values=values)
     # token 0: (1.5 - 2)^2 = 0.25; clipped V' = 1.0 + clip(0.5, +-0.2) = 1.2, (1.2 - 2)^2 = 0.64
     #          -> max 0.64, 0.5 * 0.64 = 0.32
@@ -195,7 +193,7 @@ def test_ppo_value_clipping_by_hand():
     # token 0: the clipped branch is active and V' does not depend on V -> 0;
     # token 1: vf_coef * (V - R) / N = 0.5 * 0.9 / 2 = 0.225
     assert torch.allclose(values.grad, t([[0.0, 0.225]]), atol=1e-6)
-    unclipped, _ = ppo.loss(torch.zeros(1, 2), batch, AlgoConfig(name="ppo", value_clip=None),
+    unclipped, _ = ppo.loss(torch.zeros(1, 2), batch, algo_config(name="ppo", value_clip=None),
                             num_tokens=2, num_seqs=1, values=values)
     # plain MSE: 0.5 * (0.25 + 0.81) / 2 = 0.265, times vf_coef 0.5 = 0.1325
     assert unclipped.item() == pytest.approx(0.1325, abs=1e-6)
@@ -206,7 +204,7 @@ def test_ppo_policy_clipping_and_entropy_by_hand():
     logp = t([[math.log(1.5), math.log(0.5)]])  # ratios 1.5 and 0.5 against old 0
     batch = {"loss_mask": mask, "old_logprobs": torch.zeros(1, 2), "advantages": t([[1.0, 1.0]]),
              "old_values": torch.zeros(1, 2), "returns": torch.zeros(1, 2)}
-    cfg = AlgoConfig(name="ppo", clip_low=0.2, clip_high=0.2, vf_coef=0.0, entropy_coef=0.1)
+    cfg = algo_config(name="ppo", clip_low=0.2, clip_high=0.2, vf_coef=0.0, entropy_coef=0.1)
     loss, m = ppo.loss(logp, batch, cfg, num_tokens=2, num_seqs=1, values=torch.zeros(1, 2),
                        entropy=t([[2.0, 4.0]]))
     # token 0: max(-1.5, -1.2) = -1.2 (clipped); token 1: max(-0.5, -0.8) = -0.5 (unclipped)
@@ -217,7 +215,7 @@ def test_ppo_policy_clipping_and_entropy_by_hand():
 
 def test_ppo_needs_values():
     with pytest.raises(ValueError, match="value_head"):
-        ppo.loss(torch.zeros(1, 1), {"loss_mask": torch.ones(1, 1)}, AlgoConfig(name="ppo"),
+        ppo.loss(torch.zeros(1, 1), {"loss_mask": torch.ones(1, 1)}, algo_config(name="ppo"),
                  num_tokens=1, num_seqs=1)
 
 
@@ -226,7 +224,7 @@ def test_ppo_gae_bootstraps_only_truncated_episodes():
     batch = {"loss_mask": t([[0, 1], [0, 1]]), "token_rewards": t([[0, 1], [0, 1]]),
              "old_values": t([[0, 0.3], [0, 0.3]]), "bootstrap_values": t([0.5, 0.0]),
              "truncated": torch.tensor([True, False])}
-    cfg = AlgoConfig(name="ppo", gamma=1.0, lam=0.95)
+    cfg = algo_config(name="ppo", gamma=1.0, lam=0.95)
     adv, stats = ppo.advantages(batch, cfg)
     # truncated: return 1 + 0.5 = 1.5 (delta 1.2); terminated: return 1.0 (delta 0.7)
     assert torch.allclose(batch["returns"], t([[0, 1.5], [0, 1.0]]))
@@ -241,7 +239,7 @@ def test_ppo_gae_with_kl_in_the_reward_and_observation_span():
              "old_values": t([[0.5, 100.0, 0.2]]), "bootstrap_values": t([0.0]),
              "truncated": torch.tensor([False]), "kl_coef": 0.1,
              "old_logprobs": t([[-1.0, 0, -1.0]]), "ref_logprobs": t([[-2.0, 0, -1.0]])}
-    ppo.advantages(batch, AlgoConfig(name="ppo", gamma=1.0, lam=1.0))
+    ppo.advantages(batch, algo_config(name="ppo", gamma=1.0, lam=1.0))
     # shaped rewards: token 0: -0.1 * (-1 - -2) = -0.1; token 2: 1 - 0 = 1
     # lam = 1: returns are the reward-to-go: [0.9, _, 1.0]
     assert torch.allclose(batch["returns"], t([[0.9, 0, 1.0]]), atol=1e-6)
@@ -249,13 +247,13 @@ def test_ppo_gae_with_kl_in_the_reward_and_observation_span():
 
 def test_adaptive_kl_controller_by_hand():
     # e = clip(12/6 - 1, -0.2, 0.2) = 0.2 -> 0.1 * (1 + 0.2 * 100 / 10000) = 0.1002
-    assert ppo.adaptive_kl_coef(0.1, 12.0, 6.0, 10_000, 100) == pytest.approx(0.1002)
+    assert ppo_mod.adaptive_kl_coef(0.1, 12.0, 6.0, 10_000, 100) == pytest.approx(0.1002)
     # e = clip(3/6 - 1) = -0.2 -> 0.0998
-    assert ppo.adaptive_kl_coef(0.1, 3.0, 6.0, 10_000, 100) == pytest.approx(0.0998)
+    assert ppo_mod.adaptive_kl_coef(0.1, 3.0, 6.0, 10_000, 100) == pytest.approx(0.0998)
     # e = 6.6/6 - 1 = 0.1 -> 0.1 * (1 + 0.1 * 0.01) = 0.1001
-    assert ppo.adaptive_kl_coef(0.1, 6.6, 6.0, 10_000, 100) == pytest.approx(0.1001)
+    assert ppo_mod.adaptive_kl_coef(0.1, 6.6, 6.0, 10_000, 100) == pytest.approx(0.1001)
     with pytest.raises(ValueError):
-        ppo.adaptive_kl_coef(0.1, 1.0, 0.0, 10_000, 1)
+        ppo_mod.adaptive_kl_coef(0.1, 1.0, 0.0, 10_000, 1)
 
 
 # -- learner hooks on the tiny model -------------------------------------------------------------
@@ -294,7 +292,7 @@ def test_value_head_values_and_truncation_bootstrap(tiny_model_dir):
         # last agent token (the state after it)
         assert torch.allclose(values[b, idx], v_after[b, idx - 1], atol=1e-5)
         assert last[b].item() == pytest.approx(v_after[b, idx[-1]].item(), abs=1e-5)
-    batch, m = ppo.prepare(batch, learner, AlgoConfig(name="ppo"))
+    batch, m = ppo.prepare(batch, learner, algo_config(name="ppo"))
     assert torch.allclose(batch["bootstrap_values"], torch.where(batch["truncated"], last, 0.0))
     assert batch["bootstrap_values"][1] == 0 and batch["bootstrap_values"][0] != 0
 
@@ -303,7 +301,7 @@ def test_ppo_update_trains_the_value_head_and_checkpoints_it(tiny_model_dir, tin
     from agentrl.train import build_batch
 
     model, _ = load_model(tiny_model_dir)
-    cfg = resolve_config(ppo, AlgoConfig(name="ppo", kl_coef=0.05))
+    cfg = algo_config(name="ppo", kl_coef=0.05)
     learner = Learner(model, lr=1e-2, value_head=True, use_ref=True, micro_batch_size=2)
     batch = build_batch(_trajs(), pad_id=0)
     batch, pm = ppo.prepare(batch, learner, cfg)
@@ -352,7 +350,7 @@ def test_tis_weights_and_mismatch_in_the_update(tiny_model_dir):
     # the sampler reported logprobs 0.5 lower on every agent token, 1.0 higher on row 0
     batch["sampler_logprobs"] = torch.where(mask != 0, true - 0.5, 0.0)
     batch["sampler_logprobs"][0] = torch.where(mask[0] != 0, true[0] + 1.0, 0.0)
-    cfg = AlgoConfig(name="grpo", tis_cap=1.5)
+    cfg = algo_config(name="grpo", tis_cap=1.5)
     grpo = get_algorithm("grpo")
     batch["advantages"], _ = grpo.advantages(batch, cfg)
     m = learner.update(batch, grpo, cfg)
@@ -367,8 +365,8 @@ def test_tis_weights_and_mismatch_in_the_update(tiny_model_dir):
     # without TIS the mismatch is still measured (single-step shortcut path)
     batch2 = build_batch(_trajs(), pad_id=0)
     true2 = learner.logprobs(batch2)  # the weights the update's forward will see
-    batch2["advantages"], _ = grpo.advantages(batch2, AlgoConfig(name="grpo"))
-    m2 = learner.update(batch2, grpo, AlgoConfig(name="grpo"))
+    batch2["advantages"], _ = grpo.advantages(batch2, algo_config(name="grpo"))
+    m2 = learner.update(batch2, grpo, algo_config(name="grpo"))
     assert m2["logp_mismatch"] > 0  # sampler logprobs of _trajs are a constant -3.0
     gap2 = (true2 + 3.0).abs()[batch2["loss_mask"] != 0]
     assert m2["logp_mismatch"] == pytest.approx(float(gap2.mean()), abs=1e-4)
@@ -406,7 +404,7 @@ def test_turn_advantages_equal_grpo_for_single_turn_episodes():
     gid = torch.tensor([0, 0, 0, 1, 1, 1])
     grpo = get_algorithm("grpo")
     a1, _ = grpo.advantages({"scores": scores, "group_ids": gid, "loss_mask": mask},
-                            AlgoConfig(name="grpo"))
+                            algo_config(name="grpo"))
     a2 = turn_group_advantages(rew, mask, gid)
     assert torch.allclose(a1, a2, atol=1e-6)
 
@@ -449,8 +447,8 @@ def test_empty_batch_makes_no_update(tiny_model_dir):
     learner = Learner(model, lr=1e-3)
     grpo = get_algorithm("grpo")
     batch = build_batch([], pad_id=0)
-    batch["advantages"], _ = grpo.advantages(batch, AlgoConfig(name="grpo"))
-    assert learner.update(batch, grpo, AlgoConfig(name="grpo")) == {}
+    batch["advantages"], _ = grpo.advantages(batch, algo_config(name="grpo"))
+    assert learner.update(batch, grpo, algo_config(name="grpo")) == {}
     assert learner.optimizer_steps == 0
 
 
@@ -459,12 +457,12 @@ def test_dpo_pair_selection():
     nan = float("nan")
     scores = t([1, 0, 0.5, 1, 1, nan, 2, 0, 0.7])
     gid = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 3])
-    pairs, skipped = dpo.select_pairs(scores, gid)
+    pairs, skipped = dpo_mod.select_pairs(scores, gid)
     # group 0: best row 0 (1.0), worst row 1 (0.0); group 1 tied -> skipped;
     # group 2: NaN ignored, best row 6 (2.0), worst row 7 (0.0); group 3 singleton -> skipped
     assert pairs == [(0, 1), (6, 7)] and skipped == 2
     # ties for best and worst go to the first row
-    assert dpo.select_pairs(t([1, 1, 0, 0]), torch.zeros(4, dtype=torch.long)) == ([(0, 2)], 0)
+    assert dpo_mod.select_pairs(t([1, 1, 0, 0]), torch.zeros(4, dtype=torch.long)) == ([(0, 2)], 0)
 
 
 def test_dpo_loss_by_hand_on_response_tokens_only():
@@ -472,7 +470,7 @@ def test_dpo_loss_by_hand_on_response_tokens_only():
     logp = t([[-9.0, -1.0, -2.0], [-9.0, -3.0, -5.0]]).requires_grad_(True)
     ref = t([[-7.0, -1.5, -2.0], [-4.0, -2.0, -6.0]])
     batch = {"loss_mask": mask, "ref_logprobs": ref}
-    loss, m = dpo.loss(logp, batch, AlgoConfig(name="dpo", beta=0.1), num_tokens=3, num_seqs=2)
+    loss, m = dpo.loss(logp, batch, algo_config(name="dpo", beta=0.1), num_tokens=3, num_seqs=2)
     # chosen: pi -3, ref -3.5; rejected: pi -3, ref -2 -> h = 0.5 - (-1) = 1.5
     # loss = -log sigmoid(0.1 * 1.5) = log(1 + exp(-0.15)) = 0.620957
     assert loss.item() == pytest.approx(0.620957, abs=1e-6)
@@ -483,11 +481,11 @@ def test_dpo_loss_by_hand_on_response_tokens_only():
     g = 0.1 * (1 - 1 / (1 + math.exp(-0.15)))
     assert torch.allclose(logp.grad, t([[0, -g, -g], [0, g, 0]]), atol=1e-6)
     # a micro-batch holding 1 of the minibatch's 2 pairs contributes half
-    half, _ = dpo.loss(logp, batch, AlgoConfig(name="dpo", beta=0.1), num_tokens=3, num_seqs=4)
+    half, _ = dpo.loss(logp, batch, algo_config(name="dpo", beta=0.1), num_tokens=3, num_seqs=4)
     assert half.item() == pytest.approx(0.620957 / 2, abs=1e-6)
     with pytest.raises(ValueError, match="even"):
         dpo.loss(logp[:1], {"loss_mask": mask[:1], "ref_logprobs": ref[:1]},
-                 AlgoConfig(name="dpo"), num_tokens=1, num_seqs=1)
+                 algo_config(name="dpo"), num_tokens=1, num_seqs=1)
 
 
 def test_dpo_prepare_builds_pairs_from_groups():
@@ -508,13 +506,13 @@ def test_dpo_prepare_builds_pairs_from_groups():
     odd2.append_context(prompt)
     odd2.append_sampled([4], [-1.0], reward=0.0)
     batch = build_batch(trajs + [odd, odd2], pad_id=0)
-    pb, m = dpo.prepare(batch, None, AlgoConfig(name="dpo"))
+    pb, m = dpo.prepare(batch, None, algo_config(name="dpo"))
     assert m == {"dpo_pairs": 1, "dpo_skipped_groups": 1, "dpo_prompt_mismatch": 1}
     assert pb["unit_size"] == 2 and pb["input_ids"].shape == (2, 5)  # trimmed to 3 + 2 tokens
     assert pb["scores"].tolist() == [1.0, 0.0]  # chosen = row 1 (reward 1), rejected = row 0
     assert pb["input_ids"][0].tolist() == [7, 8, 9, 11, 11]
     assert pb["loss_mask"][0].tolist() == [0, 0, 0, 1, 1] and pb["loss_mask"][1].tolist() == [0, 0, 0, 1, 0]
-    adv, stats = dpo.advantages(pb, AlgoConfig(name="dpo"))
+    adv, stats = dpo.advantages(pb, algo_config(name="dpo"))
     assert adv.shape == pb["loss_mask"].shape and stats["pairs"] == 1
 
 
@@ -525,7 +523,7 @@ def test_load_preferences_and_errors(tmp_path):
                                           {"role": "user", "content": "u"}],
                                "chosen": [{"role": "assistant", "content": "a"}],
                                "rejected": "b"}) + "\n")
-    pairs = dpo.load_preferences(p)
+    pairs = dpo_mod.load_preferences(p)
     assert pairs[0] == {"prompt": [{"role": "user", "content": "Say hi."}], "chosen": "hi",
                         "rejected": "bye"}
     assert pairs[1]["chosen"] == "a" and pairs[1]["prompt"][0]["role"] == "system"
@@ -537,7 +535,7 @@ def test_load_preferences_and_errors(tmp_path):
                       ("\n", "no preference pairs")]:
         bad.write_text(text)
         with pytest.raises(ValueError, match=msg.split("|")[-1]):
-            dpo.load_preferences(bad)
+            dpo_mod.load_preferences(bad)
 
 
 def test_offline_dpo_batch_and_training(tiny_model_dir, tiny_tokenizer, tmp_path):
@@ -548,7 +546,7 @@ def test_offline_dpo_batch_and_training(tiny_model_dir, tiny_tokenizer, tmp_path
               "chosen": "def add_seven(x):\n    return x + 7", "rejected": "cats"},
              {"prompt": [{"role": "user", "content": "The capital of France"}],
               "chosen": "Paris", "rejected": "search"}]
-    batch = dpo.preference_batch(pairs, renderer, pad_id=0)
+    batch = dpo_mod.preference_batch(pairs, renderer, pad_id=0)
     assert batch["unit_size"] == 2 and batch["input_ids"].shape[0] == 4
     for i, p in enumerate(pairs):
         c, r = 2 * i, 2 * i + 1
@@ -562,7 +560,7 @@ def test_offline_dpo_batch_and_training(tiny_model_dir, tiny_tokenizer, tmp_path
     model, _ = load_model(tiny_model_dir)
     learner = Learner(model, lr=3e-3, use_ref=True, micro_batch_size=1)  # 1 -> whole pairs
     batch["ref_logprobs"] = learner.logprobs(batch, ref=True)
-    cfg = AlgoConfig(name="dpo", beta=0.5)
+    cfg = algo_config(name="dpo", beta=0.5)
     batch["advantages"], _ = dpo.advantages(batch, cfg)
     first = learner.update(batch, dpo, cfg)
     assert first["dpo_loss"] == pytest.approx(math.log(2), abs=1e-5)  # policy == reference

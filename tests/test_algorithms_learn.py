@@ -80,7 +80,7 @@ def test_cli_train_code_sandbox_runs(algo, tmp_path):
     ck = Path(summary["checkpoint"])
     if algo == "ppo":
         assert (ck / "value_head.pt").exists()
-        assert (saved["update_epochs"], saved["minibatches"]) == (2, 2)  # PPO's DEFAULTS
+        assert (saved["update_epochs"], saved["minibatches"]) == (2, 2)  # PPOConfig's own defaults
     if algo == "gspo":
         assert (saved["clip_low"], saved["clip_high"]) == (3e-4, 4e-4)
     if algo == "dpo":

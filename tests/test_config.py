@@ -80,7 +80,7 @@ def test_docs_config_md_is_the_generated_reference():
 
 @pytest.mark.parametrize("spelling", ["None", "null", "~", ""])
 def test_an_override_of_none_or_null_unsets_an_optional_key(spelling):
-    cfg = load_config(None, ["algo.name=gspo", f"algo.tis_cap={spelling}", "algo.dual_clip=3"])
+    cfg = load_config(None, ["algo.name=grpo", f"algo.tis_cap={spelling}", "algo.dual_clip=3"])
     assert cfg.algo.tis_cap is None and cfg.algo.dual_clip == 3.0
     assert load_config(None, [f"algo.dual_clip={spelling}"]).algo.dual_clip is None
 

@@ -12,7 +12,7 @@ from test_algorithm_options import _trajs  # the same four two-group trajectorie
 
 from agentrl.algos import get_algorithm
 from agentrl.algos.distill import full_forward_kl, full_reverse_kl, topk_reverse_kl
-from agentrl.config import AlgoConfig, ConfigError, load_config
+from agentrl.config import ConfigError, algo_config, load_config
 
 distill = get_algorithm("distill")
 
@@ -95,7 +95,7 @@ def _batch(mask):
 def test_loss_token_mean_and_all_masked_rows():
     """distill.loss with distill_kl=full: distill_coef x sum of KL_t over agent tokens / num_tokens;
     an all-masked row and masked positions (t = 0, padding) add nothing."""
-    cfg = AlgoConfig(name="distill", teacher_path=".", distill_kl="full", distill_coef=2.0)
+    cfg = algo_config(name="distill", teacher_path=".", distill_kl="full", distill_coef=2.0)
     s1, t1 = lg([0.5, 0.5]), lg([0.25, 0.75])  # KL 0.5 ln(4/3)
     s2, t2 = lg([0.9, 0.1]), lg([0.5, 0.5])  # KL .9 ln 1.8 + .1 ln .2
     kl2 = 0.9 * math.log(1.8) + 0.1 * math.log(0.2)
@@ -121,11 +121,11 @@ def test_advantages_are_zero_in_full_mode_and_rows_are_never_idle():
              "teacher_logprobs": torch.tensor([[0, -0.5, -3.0]]), "scores": torch.tensor([1.0]),
              "group_ids": torch.tensor([0])}
     for mode in ("full", "topk", "forward"):
-        cfg = AlgoConfig(name="distill", teacher_path=".", distill_kl=mode)
+        cfg = algo_config(name="distill", teacher_path=".", distill_kl=mode)
         adv, stats = distill.advantages(batch, cfg)
         assert torch.all(adv == 0) and stats["reverse_kl"] == pytest.approx(0.25)
         assert distill.idle_zero_advantage_rows(cfg) is False and distill.wants_vocab_logprobs(cfg)
-    assert not distill.wants_vocab_logprobs(AlgoConfig(name="distill", teacher_path="."))
+    assert not distill.wants_vocab_logprobs(algo_config(name="distill", teacher_path="."))
 
 
 def test_worker_teacher_with_a_vocab_kl_is_refused_at_start_up(tmp_path):

@@ -14,7 +14,7 @@ import torch
 
 from agentrl.algos import get_algorithm
 from agentrl.algos.distill import teacher_task_count
-from agentrl.config import AlgoConfig, ConfigError, load_config
+from agentrl.config import ConfigError, algo_config, load_config
 
 distill = get_algorithm("distill")
 
@@ -44,7 +44,7 @@ def test_unsupported_combinations_are_refused_at_start_up(tmp_path, extra, key):
     with pytest.raises(ConfigError, match="algo.distill_teacher_fraction=0.5") as e:
         load_config(None, base + ["algo.distill_teacher_fraction=0.5", *extra])
     assert key in str(e.value)
-    with pytest.raises(ConfigError, match="algo.name=distill"):
+    with pytest.raises(ConfigError, match="not supported by algo.name=grpo; supported by: distill"):
         load_config(None, ["algo.name=grpo", "algo.distill_teacher_fraction=0.5"])
     with pytest.raises(ConfigError, match="distill_teacher_fraction"):
         load_config(None, base + ["algo.distill_teacher_fraction=1.5"])
@@ -54,7 +54,7 @@ def test_forward_kl_loss_on_a_teacher_row_by_hand():
     """Row 0 is the student's (one agent token), row 1 the teacher's (two agent tokens after a
     prompt token): distill_coef x the forward KL summed over the three agent tokens / 3; the
     teacher row's prompt position (mask 0) adds nothing."""
-    cfg = AlgoConfig(name="distill", teacher_path=".", distill_kl="forward", distill_coef=1.5)
+    cfg = algo_config(name="distill", teacher_path=".", distill_kl="forward", distill_coef=1.5)
     s1, t1 = lg([0.5, 0.5]), lg([0.25, 0.75])  # KL(t || s) = .25 ln .5 + .75 ln 1.5
     s2, t2 = lg([0.9, 0.1]), lg([0.5, 0.5])  # .5 ln(.5/.9) + .5 ln 5
     s3, t3 = lg([0.2, 0.8]), lg([0.6, 0.4])  # .6 ln 3 + .4 ln .5
@@ -79,7 +79,7 @@ def test_reverse_kl_statistic_reads_the_students_rows_only():
              "teacher_logprobs": torch.tensor([[0, -1.5, -1.0], [0, -0.1, -0.1]]),
              "scores": torch.tensor([0.0, 1.0]), "group_ids": torch.tensor([0, 1]),
              "teacher_rows": torch.tensor([False, True])}
-    _, stats = distill.advantages(batch, AlgoConfig(name="distill", teacher_path=".", distill_kl="forward"))
+    _, stats = distill.advantages(batch, algo_config(name="distill", teacher_path=".", distill_kl="forward"))
     assert stats["reverse_kl"] == pytest.approx(-0.25)
 
 

@@ -93,7 +93,7 @@ def test_unrenderable_images_are_recorded_env_errors(vlm):
 
 def test_learner_update_on_a_batch_without_trainable_tokens_is_skipped(vlm):
     from agentrl.algos import get_algorithm
-    from agentrl.config import AlgoConfig
+    from agentrl.config import algo_config
     from agentrl.learner.local import Learner
     from agentrl.train import build_batch
     from agentrl.types import Trajectory
@@ -104,7 +104,7 @@ def test_learner_update_on_a_batch_without_trainable_tokens_is_skipped(vlm):
         t.terminated = True
         t.info["error"] = "reset failed"
     batch = build_batch(trs, pad_id=tok.pad_token_id)
-    algo, cfg = get_algorithm("grpo"), AlgoConfig(name="grpo")
+    algo, cfg = get_algorithm("grpo"), algo_config(name="grpo")
     batch["advantages"], _ = algo.advantages(batch, cfg)
     assert Learner(model, lr=1e-3).update(batch, algo, cfg) == {}
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from agentrl.algos import get_algorithm
-from agentrl.config import AlgoConfig
+from agentrl.config import algo_config
 from agentrl.learner.checkpoints import latest_checkpoint
 from agentrl.learner.forward import token_logprobs
 from agentrl.learner.local import Learner
@@ -69,7 +69,7 @@ def _batch(tok_model, n=4, seed=0):
 def test_two_grpo_steps_move_parameters_with_finite_loss(tiny_model_dir):
     model, _ = load_model(tiny_model_dir)
     before = [p.detach().clone() for p in model.parameters()]
-    cfg = AlgoConfig(name="grpo")
+    cfg = algo_config(name="grpo")
     algo = get_algorithm("grpo")
     learner = Learner(model, lr=1e-2, micro_batch_size=2)
     for step in range(2):
@@ -85,7 +85,7 @@ def test_two_grpo_steps_move_parameters_with_finite_loss(tiny_model_dir):
 def test_micro_batches_give_the_full_batch_gradient(tiny_model_dir):
     """L2 end to end: micro_batch_size 1 and 4 give the same gradient (token-mean over the
     minibatch's global token count)."""
-    cfg = AlgoConfig(name="grpo")
+    cfg = algo_config(name="grpo")
     algo = get_algorithm("grpo")
     grads = []
     for mbs in (1, 4):
@@ -100,7 +100,7 @@ def test_micro_batches_give_the_full_batch_gradient(tiny_model_dir):
 
 def test_multi_epoch_update_recomputes_old_logprobs(tiny_model_dir):
     model, _ = load_model(tiny_model_dir)
-    cfg = AlgoConfig(name="grpo", update_epochs=2, minibatches=2)
+    cfg = algo_config(name="grpo", update_epochs=2, minibatches=2)
     algo = get_algorithm("grpo")
     learner = Learner(model, lr=1e-2, micro_batch_size=2)
     batch = _batch(model)
@@ -328,7 +328,7 @@ def test_update_gives_the_same_weights_with_prefix_share_on_and_off(tiny_model_d
     The gradients agree to float32 rounding; AdamW divides each gradient by its own magnitude,
     so on the few weights whose gradient nearly cancels (|g| ~ 1e-9 against eps = 1e-8) rounding
     moves the step by up to ~0.2% of lr: the weights agree to 1% of one step (lr = 1e-3)."""
-    cfg = AlgoConfig(name="grpo", entropy_coef=entropy_coef)
+    cfg = algo_config(name="grpo", entropy_coef=entropy_coef)
     weights, grads, metrics = zip(*(_two_grpo_updates(tiny_model_dir, cfg, prefix_share=share)
                                     for share in (False, True)))
     assert float((grads[1] - grads[0]).abs().max()) <= 1e-4 * float(grads[0].abs().max())
@@ -363,7 +363,7 @@ def test_fused_adamw_step_equals_the_default_adamw(tiny_model_dir):
 
 
 def test_fused_optimizer_checkpoint_resumes_exactly(tiny_model_dir, tiny_tokenizer, tmp_path):
-    cfg = AlgoConfig(name="grpo")
+    cfg = algo_config(name="grpo")
     algo = get_algorithm("grpo")
     batches = [_group_batch(s) for s in range(3)]
     for b in batches:
@@ -489,7 +489,7 @@ def test_inductor_compiled_update_equals_eager(tiny_model_dir, monkeypatch):
     from agentrl.models import static_forward
 
     monkeypatch.setattr(static_forward, "_COMPILED", {})
-    cfg = AlgoConfig(name="grpo")
+    cfg = algo_config(name="grpo")
     weights = [_two_grpo_updates(tiny_model_dir, cfg, compile=c)[0] for c in (False, True)]
     assert "failed" not in static_forward._COMPILED and "inductor" in static_forward._COMPILED
     for a, b in zip(*weights):
@@ -520,7 +520,7 @@ def test_skipping_zero_advantage_rows_gives_the_same_update(tiny_model_dir, monk
     forwarded, yet the loss, gradient and weights equal the full update's."""
     from agentrl.learner import prefix_share
 
-    cfg = AlgoConfig(name=name)
+    cfg = algo_config(name=name)
     algo = get_algorithm(name)
     batch0 = _equal_reward_batch(0, [(1.0, 1.0, 1.0), (0.0, 1.0, 0.0), (0.0, 0.0, 0.0), (1.0, 0.0, 0.0)])
     out, rows_seen = [], []
@@ -551,7 +551,7 @@ def test_update_on_cuda_equals_cpu(tiny_model_dir):
     """A GRPO update with the batch and model on the GPU (skip of zero-advantage rows, prefix
     sharing, fused head): the gradient of the CPU update to float32 rounding. (The skip's row
     mask once lived on the batch's device and could not index the CPU row indices.)"""
-    cfg = AlgoConfig(name="grpo")
+    cfg = algo_config(name="grpo")
     algo = get_algorithm("grpo")
     batch0 = _equal_reward_batch(0, [(1.0, 1.0, 1.0), (0.0, 1.0, 0.0)])
     batch0["advantages"], _ = algo.advantages(batch0, cfg)
@@ -574,7 +574,7 @@ def test_all_rows_idle_still_steps_the_optimizer_and_bonus_terms_disable_the_ski
         model, _ = load_model(tiny_model_dir)
         learner = Learner(model, lr=1e-3, weight_decay=0.1, skip_zero_advantage=skip)
         batch = dict(batch0)
-        cfg = AlgoConfig(name="grpo")
+        cfg = algo_config(name="grpo")
         batch["advantages"], _ = algo.advantages(batch, cfg)
         assert not bool(batch["advantages"].any())
         metrics.append(learner.update(batch, algo, cfg))
@@ -587,7 +587,7 @@ def test_all_rows_idle_still_steps_the_optimizer_and_bonus_terms_disable_the_ski
     assert not torch.equal(weights[1][0], load_model(tiny_model_dir)[0].model.embed_tokens.weight)
     model, _ = load_model(tiny_model_dir)
     learner = Learner(model, lr=1e-3)
-    for cfg in (AlgoConfig(name="grpo", entropy_coef=0.01), AlgoConfig(name="grpo", kl_coef=0.1)):
+    for cfg in (algo_config(name="grpo", entropy_coef=0.01), algo_config(name="grpo", kl_coef=0.1)):
         batch = dict(batch0)
         batch["advantages"], _ = algo.advantages(batch, cfg)
         if cfg.kl_coef:

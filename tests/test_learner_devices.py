@@ -12,7 +12,7 @@ import torch
 from test_learner import _group_batch
 
 from agentrl.algos import get_algorithm
-from agentrl.config import AlgoConfig, load_config
+from agentrl.config import algo_config, load_config
 from agentrl.learner.forward import disable_dropout, token_logprobs
 from agentrl.learner.local import Learner, resolve_device
 from agentrl.learner.optim import NonFiniteGradientError
@@ -22,7 +22,7 @@ CUDA = torch.cuda.is_available()
 
 
 def _grpo_batch(seed=0, cfg=None):
-    cfg = cfg or AlgoConfig(name="grpo")
+    cfg = cfg or algo_config(name="grpo")
     batch = _group_batch(seed)
     batch["advantages"], _ = get_algorithm("grpo").advantages(batch, cfg)
     return batch
@@ -79,7 +79,7 @@ def _update(model_dir, precision, *, prefix_share=True, epochs=1, minibatches=2,
     model, _ = load_model(model_dir)
     learner = Learner(model, lr=1e-3, micro_batch_size=4, precision=precision,
                       prefix_share=prefix_share, grad_clip=1e9, **kw)
-    cfg = AlgoConfig(name="grpo")
+    cfg = algo_config(name="grpo")
     m = learner.update(_grpo_batch(cfg=cfg), get_algorithm("grpo"), cfg, epochs=epochs,
                        minibatches=minibatches)
     return m, _grads(model), learner
@@ -155,7 +155,7 @@ def test_gradient_checkpointing_gives_the_same_gradient(tiny_model_dir, prefix_s
         learner = Learner(model, lr=1e-3, micro_batch_size=4, prefix_share=prefix_share,
                           gradient_checkpointing=ckpt)
         assert model.is_activation_checkpointing is ckpt
-        cfg = AlgoConfig(name="grpo")
+        cfg = algo_config(name="grpo")
         m = learner.update(_grpo_batch(cfg=cfg), get_algorithm("grpo"), cfg)
         assert math.isfinite(m["loss"])
         grads.append(_grads(model))
@@ -190,7 +190,7 @@ def test_a_nonfinite_gradient_skips_the_step_and_repeated_ones_stop(tiny_model_d
     model, _ = load_model(tiny_model_dir)
     learner = Learner(model, lr=1e-2, micro_batch_size=4, max_nonfinite_steps=2,
                       lr_schedule=lambda s: 1.0 / (s + 1))
-    cfg, bad, grpo = AlgoConfig(name="grpo"), NaNAdvantages(), get_algorithm("grpo")
+    cfg, bad, grpo = algo_config(name="grpo"), NaNAdvantages(), get_algorithm("grpo")
     learner.update(_grpo_batch(cfg=cfg), grpo, cfg)  # one real step: AdamW state exists
     weights = [p.detach().clone() for p in model.parameters()]
     state = {k: v.clone() for k, v in learner.optimizer.state[next(model.parameters())].items()}
@@ -278,7 +278,7 @@ def test_dropout_is_off_in_every_logprob_and_value_forward(tiny_model_dir):
 def test_ppo_ratio_is_exactly_one_before_any_update_with_a_dropout_config(tiny_model_dir):
     """The update's old logprobs (a no-grad forward) and its first training forward (the same
     plain forward, with gradient) agree bit for bit, although the config says dropout 0.1."""
-    cfg = AlgoConfig(name="grpo")
+    cfg = algo_config(name="grpo")
     grpo = get_algorithm("grpo")
     ratios = []
 
@@ -310,7 +310,7 @@ def test_learner_on_cuda_pushes_weights_to_the_cpu_engine(tiny_model_dir):
     from agentrl.learner.lora import merged_state_dict, plain_copy
     from agentrl.rollout.engines.hf import HFEngine
 
-    cfg = AlgoConfig(name="grpo")
+    cfg = algo_config(name="grpo")
     grpo = get_algorithm("grpo")
     grads = []
     for dev in ("cpu", "cuda"):

@@ -13,8 +13,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from agentrl.algos import get_algorithm, resolve_config
-from agentrl.config import AlgoConfig
+from agentrl.algos import get_algorithm
+from agentrl.config import algo_config
 from agentrl.learner.dist import DataParallel
 from agentrl.learner.group import LearnerGroup
 from agentrl.learner.local import Learner
@@ -86,8 +86,7 @@ def _train(learner, algo, cfg, steps: int = 3) -> list[dict]:
     out = []
     for s in range(steps):
         batch = _batch(seed=1 + s)
-        if hasattr(algo, "prepare"):
-            batch, _ = algo.prepare(batch, learner, cfg)
+        batch, _ = algo.prepare(batch, learner, cfg)
         batch["advantages"], _ = algo.advantages(batch, cfg)
         out.append(learner.update(batch, algo, cfg, epochs=cfg.update_epochs,
                                   minibatches=cfg.minibatches, seed=s))
@@ -111,10 +110,10 @@ def test_rows_are_dealt_round_robin_and_every_rank_runs_rank_0s_micro_count():
 ])
 def test_two_gloo_ranks_give_the_in_process_update(ray_up, tiny_model_dir, algo_name, extra):
     algo = get_algorithm(algo_name)
-    cfg = resolve_config(algo, AlgoConfig(name=algo_name, **extra))
+    cfg = algo_config(name=algo_name, **extra)
     # attention dropout 0.1 in the config: off in every learner forward, so ratios start at 1
     model = _model(tiny_model_dir, attention_dropout=0.1)
-    value = getattr(algo, "VALUE_HEAD", False)
+    value = algo.value_head
     local = Learner(copy.deepcopy(model), **_kw(value_head=value))
     group = LearnerGroup(copy.deepcopy(model), _kw(value_head=value), workers=2)
     try:
@@ -147,7 +146,7 @@ def test_token_mean_over_ranks_with_unequal_token_counts(ray_up, tiny_model_dir)
     tokens. Row 0 (rank 0) has 10 agent tokens with A = +1, row 1 (rank 1) 2 with A = -1:
     the global token mean is -(10 - 2) / 12 = -2/3; a mean of the ranks' means would be 0."""
     algo = get_algorithm("grpo")
-    cfg = resolve_config(algo, AlgoConfig(name="grpo"))
+    cfg = algo_config(name="grpo")
     b = _batch(B=2)
     b["lengths"] = torch.tensor([14, 6])
     pos = torch.arange(14)[None]
@@ -170,7 +169,7 @@ def test_token_mean_over_ranks_with_unequal_token_counts(ray_up, tiny_model_dir)
 
 def test_a_nan_on_one_rank_skips_the_step_on_both(ray_up, tiny_model_dir):
     algo = get_algorithm("grpo")
-    cfg = resolve_config(algo, AlgoConfig(name="grpo"))
+    cfg = algo_config(name="grpo")
     model = _model(tiny_model_dir)
     group = LearnerGroup(copy.deepcopy(model), _kw(max_nonfinite_steps=3), workers=2)
     try:
@@ -192,7 +191,7 @@ def test_sharded_checkpoint_resumes_with_one_rank_and_in_process(ray_up, tiny_mo
     from agentrl.learner.lora import merged_state_dict
 
     algo = get_algorithm("grpo")
-    cfg = resolve_config(algo, AlgoConfig(name="grpo", kl_coef=0.05))
+    cfg = algo_config(name="grpo", kl_coef=0.05)
     kw = _kw(use_ref=True)
     b3 = _batch(seed=9)
     b3["advantages"], _ = algo.advantages(b3, cfg)
@@ -236,7 +235,7 @@ def test_one_nccl_rank_on_a_gpu_gives_the_cpu_update(ray_up, tiny_model_dir):
     """NCCL world size 1 (`train.learner_workers=1 train.learner_gpus=1 train.device=cuda`):
     the update equals the in-process CPU learner's to float32 rounding, and bf16 stays close."""
     algo = get_algorithm("grpo")
-    cfg = resolve_config(algo, AlgoConfig(name="grpo"))
+    cfg = algo_config(name="grpo")
     model = _model(tiny_model_dir)
     local = Learner(copy.deepcopy(model), **_kw())
     gpu = LearnerGroup(copy.deepcopy(model), _kw(device="cuda"), workers=1, gpus=1)

@@ -296,7 +296,7 @@ def test_learner_takes_pixel_values_ratio_one_then_a_grpo_step(vlm, tmp_path):
     import torch
 
     from agentrl.algos import get_algorithm
-    from agentrl.config import AlgoConfig
+    from agentrl.config import algo_config
     from agentrl.learner.local import Learner
     from agentrl.rollout.chat import VisionChatRenderer
     from agentrl.rollout.engines.hf_vision import VisionHFEngine
@@ -321,7 +321,7 @@ def test_learner_takes_pixel_values_ratio_one_then_a_grpo_step(vlm, tmp_path):
         lp = Learner(model, lr=1e-3, micro_batch_size=mbs).logprobs(batch)
         assert (lp[mask] - batch["sampler_logprobs"][mask]).abs().max() < 1e-4
     before = {k: v.detach().clone() for k, v in model.named_parameters()}
-    cfg = AlgoConfig(name="grpo")
+    cfg = algo_config(name="grpo")
     algo = get_algorithm("grpo")
     batch["advantages"], _ = algo.advantages(batch, cfg)
     m = Learner(model, lr=1e-2, micro_batch_size=2).update(batch, algo, cfg)

@@ -157,12 +157,15 @@ def test_offline_dpo_refuses_options_it_would_ignore(tiny_model_dir, tmp_path):
     file has none: each is refused before OUT is written (issue #24: no option silently
     ignored)."""
     prefs = _jsonl(tmp_path / "prefs.jsonl", PAIRS)
-    for opt, shown in (("algo.turn_advantages=true", "True"), ("algo.overlong_buffer=4", "4"),
-                       ("algo.tis_cap=2", "2.0"), ("algo.turn_credit=gigpo", "'gigpo'")):
-        cfg = _cfg(tiny_model_dir, tmp_path / "run", "algo.name=dpo", opt)
+    cfg = _cfg(tiny_model_dir, tmp_path / "run", "algo.name=dpo", "algo.overlong_buffer=4")
+    with pytest.raises(ValueError, match=r"config error: algo.overlong_buffer=4: offline DPO"):
+        dpo_from_file(cfg, prefs, say=lambda m: None)
+    assert not (tmp_path / "run").exists()
+    for opt, shown in (("algo.turn_advantages=true", "True"), ("algo.tis_cap=2", "2"),
+                       ("algo.turn_credit=gigpo", "'gigpo'")):  # not keys of DPO's config at all
         key = opt.split("=")[0]
-        with pytest.raises(ValueError, match=rf"config error: {key}={shown}: offline DPO"):
-            dpo_from_file(cfg, prefs, say=lambda m: None)
+        with pytest.raises(ValueError, match=rf"config error: {key}={shown} is not supported by algo.name=dpo"):
+            _cfg(tiny_model_dir, tmp_path / "run", "algo.name=dpo", opt)
         assert not (tmp_path / "run").exists()
 
 

@@ -18,7 +18,7 @@ def _resolved(*overrides: str) -> Config:
 
 def test_the_text_main_job_resolves_to_the_global_defaults():
     assert not env_observes_images("code_sandbox")
-    assert _resolved().model_dump() == Config().model_dump()  # grpo has no DEFAULTS of its own
+    assert _resolved().model_dump() == Config().model_dump()  # grpo: the shared defaults
     cfg = _resolved("env.name=code_sandbox")
     assert (cfg.model.vision, cfg.sft.lr) == (False, 2e-3)
 

@@ -11,7 +11,8 @@ import torch
 from gymnasium.utils.env_checker import check_env
 
 import agentrl.train as train_mod
-from agentrl.algos import grpo
+from agentrl.algos.advantages import group_advantages
+from agentrl.algos.grpo import GRPO
 from agentrl.config import load_config
 from agentrl.env.base import env_state, load_env_state
 from agentrl.env.registry import make_env
@@ -331,7 +332,7 @@ def test_collector_scores_proposals_by_the_same_batch_solvers(pool, tiny_tokeniz
 
 # -- role-aware grouping --------------------------------------------------------------------------------
 def test_role_aware_groups_never_mix_roles_or_modes():
-    from agentrl.config import AlgoConfig
+    from agentrl.config import algo_config
 
     # one group id holding 2 proposals (returns 0.5, -0.5) and 2 deduce solves (1, 0), and a
     # second group id with 2 induce solves (1, 1)
@@ -346,7 +347,7 @@ def test_role_aware_groups_never_mix_roles_or_modes():
         trajs.append(t)
     batch = train_mod.build_batch(trajs, pad_id=0)
     assert batch["group_ids"].tolist() == [0, 0, 1, 1, 2, 2]
-    adv, stats = grpo.advantages(batch, AlgoConfig(name="grpo"))
+    adv, stats = GRPO().advantages(batch, algo_config(name="grpo"))
     # propose group (0.5, -0.5): mean 0, unbiased std sqrt((0.25 + 0.25) / 1) = 0.70711, so
     # A = +-0.5 / (0.70711 + 1e-6) = +-0.70711; deduce group (1, 0): mean 0.5, the same std and
     # deviations; the all-equal induce group -> exactly 0
@@ -355,7 +356,7 @@ def test_role_aware_groups_never_mix_roles_or_modes():
     assert torch.allclose(adv[:, -1], want, atol=1e-6)
     assert stats["num_groups"] == 3
     # mixed into one group (ids alone), the proposals' baseline would be the solves' mean
-    mixed = grpo.group_advantages(batch["scores"][:4], [0, 0, 0, 0])
+    mixed = group_advantages(batch["scores"][:4], [0, 0, 0, 0])
     assert not torch.allclose(mixed, adv[:4, -1])
 
 

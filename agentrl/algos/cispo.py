@@ -13,7 +13,7 @@ PPO/GRPO zero the gradient of a token whose ratio left the clip range (after the
 off-policy step, often the rare "reflective" tokens); CISPO keeps every token's gradient and
 only bounds its weight.
 
-Defaults (`DEFAULTS`, applied when the user did not set the field): `clip_low=1.0`, i.e. no
+Defaults (`CISPOConfig`; a value the user set wins): `clip_low=1.0`, i.e. no
 lower bound on the weight, as the paper ("we did not impose a lower bound on the IS weight by
 setting eps_low^IS to a large value; instead, we only tuned eps_high^IS"). The paper does not
 publish its eps_high; the global `clip_high=0.28` (DAPO's clip-higher) is kept, as Trinity-RFT's
@@ -32,41 +32,38 @@ from typing import Any
 
 import torch
 
-from agentrl.algos import grpo
 from agentrl.algos.common import kl_entropy_terms
+from agentrl.algos.configs import CISPOConfig
+from agentrl.algos.grpo import GRPO
 from agentrl.algos.losses import cispo_policy_loss, tis_weights_of
 
-DEFAULTS = {"clip_low": 1.0}
-"""No lower bound on the IS weight (MiniMax-M1, sec. 3.1)."""
 
-OPTIONS = ("turn_advantages", "turn_credit", "tis_cap", "overlong_buffer", "mask_truncated")
+class CISPO(GRPO):
+    """GRPO's group-relative advantages (per episode, per turn, or GiGPO's step-level credit)
+    and idle rows; CISPO's loss."""
 
-#: group-relative advantages, as GRPO (per episode, per turn, or GiGPO's step-level credit)
-advantages = grpo.advantages
+    name = "cispo"
+    config = CISPOConfig
 
+    def loss(self, logp: torch.Tensor, batch: dict[str, Any], cfg: Any, *, num_tokens: float,
+             num_seqs: int, entropy: torch.Tensor | None = None, **kw: Any
+             ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """CISPO loss (+ KL to the reference, - entropy bonus) of one micro-batch.
 
-def loss(logp: torch.Tensor, batch: dict[str, Any], cfg: Any, *, num_tokens: float,
-         num_seqs: int, entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
-    """CISPO loss (+ KL to the reference, - entropy bonus) of one micro-batch.
+        Args:
+            logp: (B, T) current logprobs, with gradient.
+            batch: `old_logprobs`, `advantages`, `loss_mask` (B, T); `tis_weights`, `max_len`,
+                `ref_logprobs` when present.
+            cfg: CISPOConfig (`clip_low`, `clip_high`, `agg`, `kl_coef`, `kl_kind`, `entropy_coef`).
+            num_tokens, num_seqs: counts of the whole minibatch (case L2).
 
-    Args:
-        logp: (B, T) current logprobs, with gradient.
-        batch: `old_logprobs`, `advantages`, `loss_mask` (B, T); `tis_weights`, `max_len`,
-            `ref_logprobs` when present.
-        cfg: AlgoConfig (`clip_low`, `clip_high`, `agg`, `kl_coef`, `kl_kind`, `entropy_coef`).
-        num_tokens, num_seqs: counts of the whole minibatch (case L2).
-
-    Returns:
-        (loss, metrics) as `losses.cispo_policy_loss` (+ `kl`).
-    """
-    pg, metrics = cispo_policy_loss(
-        logp, batch["old_logprobs"], batch["advantages"], batch["loss_mask"],
-        clip_low=cfg.clip_low, clip_high=cfg.clip_high, agg=cfg.agg, num_tokens=num_tokens,
-        num_seqs=num_seqs, max_len=batch.get("max_len"), tis_weights=tis_weights_of(batch, cfg))
-    extra, m = kl_entropy_terms(logp, batch, cfg, num_tokens=num_tokens, entropy=entropy)
-    metrics.update(m)
-    return pg + extra, metrics
-
-
-#: rows with all-zero advantages add nothing without a KL in the loss or an entropy bonus
-idle_zero_advantage_rows = grpo.idle_zero_advantage_rows
+        Returns:
+            (loss, metrics) as `losses.cispo_policy_loss` (+ `kl`).
+        """
+        pg, metrics = cispo_policy_loss(
+            logp, batch["old_logprobs"], batch["advantages"], batch["loss_mask"],
+            clip_low=cfg.clip_low, clip_high=cfg.clip_high, agg=cfg.agg, num_tokens=num_tokens,
+            num_seqs=num_seqs, max_len=batch.get("max_len"), tis_weights=tis_weights_of(batch, cfg))
+        extra, m = kl_entropy_terms(logp, batch, cfg, num_tokens=num_tokens, entropy=entropy)
+        metrics.update(m)
+        return pg + extra, metrics

@@ -55,12 +55,6 @@ def kl_penalty_rewards(batch: dict[str, Any], coef: float, kind: str = "k1") -> 
     return torch.where(mask, -coef * k, 0.0)
 
 
-def reward_kl_kind(cfg: Any) -> str:
-    """The estimator of a KL put in the reward: `cfg.kl_reward_kind` when the config has it,
-    else k1."""
-    return getattr(cfg, "kl_reward_kind", "k1")
-
-
 def sequence_kl(batch: dict[str, Any]) -> float:
     """Mean over non-empty rows of sum_t k1_t (old vs reference, nats per sequence); 0.0 when
     no row has an agent token."""
@@ -82,7 +76,7 @@ def kl_entropy_terms(logp: torch.Tensor, batch: dict[str, Any], cfg: Any, *, num
     Args:
         logp: (B, T) current logprobs, with gradient.
         batch: the micro-batch (`loss_mask`, optionally `ref_logprobs`).
-        cfg: AlgoConfig (`kl_coef`, `kl_kind`, `entropy_coef`).
+        cfg: the algorithm's config (`kl_coef`, `kl_kind`, `entropy_coef`).
         num_tokens: agent tokens of the whole minibatch (case L2).
         entropy: (B, T) per-token entropy, with gradient for a bonus, or None.
 
@@ -113,7 +107,7 @@ def surrogate_loss_kl_in_reward(logp: torch.Tensor, batch: dict[str, Any], cfg: 
         logp, batch["old_logprobs"], batch["advantages"], batch["loss_mask"],
         clip_low=cfg.clip_low, clip_high=cfg.clip_high, agg=cfg.agg, num_tokens=num_tokens,
         num_seqs=num_seqs, max_len=batch.get("max_len"), tis_weights=tis_weights_of(batch, cfg),
-        dual_clip=getattr(cfg, "dual_clip", None))
+        dual_clip=cfg.dual_clip)
     extra, m = kl_entropy_terms(logp, batch, cfg, num_tokens=num_tokens, entropy=entropy,
                                 kl_in_loss=False)
     metrics.update(m)

@@ -86,11 +86,10 @@ from typing import Any
 
 import torch
 
-from agentrl.algos import grpo
 from agentrl.algos.advantages import expand_to_tokens, group_advantages, group_stats
+from agentrl.algos.configs import DistillConfig
+from agentrl.algos.grpo import GRPO
 from agentrl.algos.losses import aggregate
-
-OPTIONS = ("dual_clip", "tis_cap", "overlong_buffer", "mask_truncated")
 
 _TEACHERS: dict[tuple[str, str], Any] = {}
 
@@ -229,130 +228,139 @@ def mark_teacher_rows(trajs: list[Any], policy_version: int) -> None:
         t.policy_version = policy_version
 
 
-def wants_vocab_logprobs(cfg: Any) -> bool:
-    """The learner passes the student's (B, T, V) log-probabilities to `loss` (`full`, `topk`)."""
-    return getattr(cfg, "distill_kl", "sampled") != "sampled"
+class Distill(GRPO):
+    """On-policy distillation: the teacher's signal as per-token advantages (`sampled`) or a KL
+    term of the loss (`full`, `topk`, `forward`), on GRPO's clipped surrogate."""
 
+    name = "distill"
+    config = DistillConfig
+    needs_teacher = True
 
-def prepare(batch: dict[str, Any], learner: Any, cfg: Any) -> tuple[dict[str, Any], dict]:
-    """`old_logprobs` (the student, learner forward) and `teacher_logprobs` (B, T): from the
-    teacher worker when `learner.teacher` is set (`placement.teacher=worker`; a prefetched
-    result of the same rows when the loop started one), else from the inline teacher.
+    def turn_advantages(self, cfg: Any) -> bool:
+        """No: per-token teacher signals (+ the episode's env advantage)."""
+        return False
 
-    With GKD's mixture (`batch["teacher_rows"]`, (B,) bool, from `agentrl.train.build_batch`):
-    the teacher rows' `sampler_logprobs` (the teacher engine's) move to
-    `teacher_sampler_logprobs` and are replaced by the student's `old_logprobs`, so the learner's
-    mismatch metrics and TIS weights read student rows only.
+    def wants_vocab_logprobs(self, cfg: Any) -> bool:
+        """The learner passes the student's (B, T, V) log-probabilities to `loss` (`full`, `topk`)."""
+        return cfg.distill_kl != "sampled"
 
-    Returns:
-        the batch and `reverse_kl` (mean over the student's agent tokens of log pi_student -
-        log pi_teacher); with teacher rows also `teacher_rows` (their count),
-        `forward_kl_teacher_rows` (mean over their agent tokens of log pi_teacher -
-        log pi_student, a one-sample forward KL) and `teacher_sampler_gap` (mean |teacher
-        engine's logprob - inline teacher's| there, nats).
-    """
-    batch["old_logprobs"] = learner.logprobs(batch)
-    remote = getattr(learner, "teacher", None)
-    mode = getattr(cfg, "distill_kl", "sampled")
-    if mode != "sampled":
-        if remote is not None:  # the config refuses this at start-up; a direct caller too
-            raise ValueError(f"algo.distill_kl={mode} needs placement.teacher=inline")
-        from agentrl.learner.frozen import frozen_vocab_logprobs
+    def prepare(self, batch: dict[str, Any], learner: Any, cfg: Any) -> tuple[dict[str, Any], dict]:
+        """`old_logprobs` (the student, learner forward) and `teacher_logprobs` (B, T): from the
+        teacher worker when `learner.teacher` is set (`placement.teacher=worker`; a prefetched
+        result of the same rows when the loop started one), else from the inline teacher.
 
-        teacher = load_teacher(cfg.teacher_path, getattr(learner, "device", "cpu"))
-        try:
-            out = frozen_vocab_logprobs(
-                teacher, batch["input_ids"], batch["attention_mask"], batch["lengths"],
-                temperature=float(getattr(learner, "temperature", 1.0)),
-                micro_batch_size=int(getattr(learner, "micro_batch_size", 16)),
-                topk=cfg.distill_topk if mode == "topk" else None)  # full, forward: (B, T, V)
-        except ValueError as e:
-            raise ValueError(f"algo.teacher_path: {e}") from None
-        dev = batch["input_ids"].device
-        batch["teacher_logprobs"] = out.pop("logprobs").to(dev)
-        batch.update({f"teacher_{k}": v.to(dev) for k, v in out.items()})
-    elif remote is not None:
-        batch["teacher_logprobs"] = remote.logprobs(batch)
-    else:
-        teacher = load_teacher(cfg.teacher_path, getattr(learner, "device", "cpu"))
-        batch["teacher_logprobs"] = teacher_logprobs(
-            teacher, batch, temperature=float(getattr(learner, "temperature", 1.0)),
-            micro_batch_size=int(getattr(learner, "micro_batch_size", 16)))
-    m = batch["loss_mask"] != 0
-    stats: dict[str, float] = {}
-    rows = batch.get("teacher_rows")
-    if rows is not None and bool(rows.any()):  # GKD's mixture: the teacher's own samples
-        trow = rows.to(m.device)[:, None] & m
-        batch["teacher_sampler_logprobs"] = batch["sampler_logprobs"].clone()
-        batch["sampler_logprobs"] = torch.where(rows[:, None].to(m.device), batch["old_logprobs"].to(
-            batch["sampler_logprobs"]), batch["sampler_logprobs"])
-        fwd = (batch["teacher_logprobs"] - batch["old_logprobs"])[trow]  # one-sample forward KL
-        stats["forward_kl_teacher_rows"] = float(fwd.mean()) if fwd.numel() else 0.0
-        sgap = (batch["teacher_sampler_logprobs"] - batch["teacher_logprobs"])[trow].abs()
-        stats["teacher_sampler_gap"] = float(sgap.mean()) if sgap.numel() else 0.0
-        stats["teacher_rows"] = float(rows.sum())
-        m = m & ~rows.to(m.device)[:, None]
-    gap = (batch["old_logprobs"] - batch["teacher_logprobs"])[m]  # the student's own rows
-    stats["reverse_kl"] = float(gap.mean()) if gap.numel() else 0.0
-    return batch, stats
+        With GKD's mixture (`batch["teacher_rows"]`, (B,) bool, from `agentrl.train.build_batch`):
+        the teacher rows' `sampler_logprobs` (the teacher engine's) move to
+        `teacher_sampler_logprobs` and are replaced by the student's `old_logprobs`, so the learner's
+        mismatch metrics and TIS weights read student rows only.
 
+        Returns:
+            the batch and `reverse_kl` (mean over the student's agent tokens of log pi_student -
+            log pi_teacher); with teacher rows also `teacher_rows` (their count),
+            `forward_kl_teacher_rows` (mean over their agent tokens of log pi_teacher -
+            log pi_student, a one-sample forward KL) and `teacher_sampler_gap` (mean |teacher
+            engine's logprob - inline teacher's| there, nats).
+        """
+        batch["old_logprobs"] = learner.logprobs(batch)
+        remote = getattr(learner, "teacher", None)
+        mode = cfg.distill_kl
+        if mode != "sampled":
+            if remote is not None:  # the config refuses this at start-up; a direct caller too
+                raise ValueError(f"algo.distill_kl={mode} needs placement.teacher=inline")
+            from agentrl.learner.frozen import frozen_vocab_logprobs
 
-def advantages(batch: dict[str, Any], cfg: Any) -> tuple[torch.Tensor, dict[str, float]]:
-    """Per-token teacher signal (+ the env reward's group advantage when
-    `cfg.distill_reward_coef > 0`).
+            teacher = load_teacher(cfg.teacher_path, getattr(learner, "device", "cpu"))
+            try:
+                out = frozen_vocab_logprobs(
+                    teacher, batch["input_ids"], batch["attention_mask"], batch["lengths"],
+                    temperature=float(getattr(learner, "temperature", 1.0)),
+                    micro_batch_size=int(getattr(learner, "micro_batch_size", 16)),
+                    topk=cfg.distill_topk if mode == "topk" else None)  # full, forward: (B, T, V)
+            except ValueError as e:
+                raise ValueError(f"algo.teacher_path: {e}") from None
+            dev = batch["input_ids"].device
+            batch["teacher_logprobs"] = out.pop("logprobs").to(dev)
+            batch.update({f"teacher_{k}": v.to(dev) for k, v in out.items()})
+        elif remote is not None:
+            batch["teacher_logprobs"] = remote.logprobs(batch)
+        else:
+            teacher = load_teacher(cfg.teacher_path, getattr(learner, "device", "cpu"))
+            batch["teacher_logprobs"] = teacher_logprobs(
+                teacher, batch, temperature=float(getattr(learner, "temperature", 1.0)),
+                micro_batch_size=int(getattr(learner, "micro_batch_size", 16)))
+        m = batch["loss_mask"] != 0
+        stats: dict[str, float] = {}
+        rows = batch.get("teacher_rows")
+        if rows is not None and bool(rows.any()):  # GKD's mixture: the teacher's own samples
+            trow = rows.to(m.device)[:, None] & m
+            batch["teacher_sampler_logprobs"] = batch["sampler_logprobs"].clone()
+            batch["sampler_logprobs"] = torch.where(rows[:, None].to(m.device), batch["old_logprobs"].to(
+                batch["sampler_logprobs"]), batch["sampler_logprobs"])
+            fwd = (batch["teacher_logprobs"] - batch["old_logprobs"])[trow]  # one-sample forward KL
+            stats["forward_kl_teacher_rows"] = float(fwd.mean()) if fwd.numel() else 0.0
+            sgap = (batch["teacher_sampler_logprobs"] - batch["teacher_logprobs"])[trow].abs()
+            stats["teacher_sampler_gap"] = float(sgap.mean()) if sgap.numel() else 0.0
+            stats["teacher_rows"] = float(rows.sum())
+            m = m & ~rows.to(m.device)[:, None]
+        gap = (batch["old_logprobs"] - batch["teacher_logprobs"])[m]  # the student's own rows
+        stats["reverse_kl"] = float(gap.mean()) if gap.numel() else 0.0
+        return batch, stats
 
-    Args:
-        batch: `loss_mask`, `old_logprobs`, `teacher_logprobs` (B, T); `scores`, `group_ids`
-            (B,).
-        cfg: AlgoConfig (`distill_coef`, `distill_reward_coef`, `scale`).
+    def advantages(self, batch: dict[str, Any], cfg: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        """Per-token teacher signal (+ the env reward's group advantage when
+        `cfg.distill_reward_coef > 0`).
 
-    Returns:
-        (B, T) float32 advantages (0 off the mask) and the group metrics of the env reward plus
-        `reverse_kl` (over the student's rows when `batch["teacher_rows"]` is given).
-    """
-    mask = batch["loss_mask"] != 0
-    signal = torch.where(mask, batch["teacher_logprobs"].float() - batch["old_logprobs"].float(), 0.0)
-    if batch.get("teacher_rows") is not None:  # `reverse_kl` over the student's own rows
-        mask = mask & ~batch["teacher_rows"].to(mask.device)[:, None]
-    # full / topk: the teacher signal is the KL term of `loss`, not an advantage
-    adv = cfg.distill_coef * signal if not wants_vocab_logprobs(cfg) else torch.zeros_like(signal)
-    if cfg.distill_reward_coef > 0:
-        env = group_advantages(batch["scores"], batch["group_ids"], scale=cfg.scale)
-        adv = adv + cfg.distill_reward_coef * expand_to_tokens(env, batch["loss_mask"]).float()
-    stats = group_stats(batch["scores"], batch["group_ids"])
-    stats["reverse_kl"] = float(-signal[mask].mean()) if bool(mask.any()) else 0.0
-    return adv, stats
+        Args:
+            batch: `loss_mask`, `old_logprobs`, `teacher_logprobs` (B, T); `scores`, `group_ids`
+                (B,).
+            cfg: AlgoConfig (`distill_coef`, `distill_reward_coef`, `scale`).
 
+        Returns:
+            (B, T) float32 advantages (0 off the mask) and the group metrics of the env reward plus
+            `reverse_kl` (over the student's rows when `batch["teacher_rows"]` is given).
+        """
+        mask = batch["loss_mask"] != 0
+        signal = torch.where(mask, batch["teacher_logprobs"].float() - batch["old_logprobs"].float(), 0.0)
+        if batch.get("teacher_rows") is not None:  # `reverse_kl` over the student's own rows
+            mask = mask & ~batch["teacher_rows"].to(mask.device)[:, None]
+        # full / topk: the teacher signal is the KL term of `loss`, not an advantage
+        adv = cfg.distill_coef * signal if not self.wants_vocab_logprobs(cfg) else torch.zeros_like(signal)
+        if cfg.distill_reward_coef > 0:
+            env = group_advantages(batch["scores"], batch["group_ids"], scale=cfg.scale)
+            adv = adv + cfg.distill_reward_coef * expand_to_tokens(env, batch["loss_mask"]).float()
+        stats = group_stats(batch["scores"], batch["group_ids"])
+        stats["reverse_kl"] = float(-signal[mask].mean()) if bool(mask.any()) else 0.0
+        return adv, stats
 
-def loss(logp: torch.Tensor, batch: dict[str, Any], cfg: Any, *, num_tokens: float, num_seqs: int,
-         entropy: torch.Tensor | None = None, vocab_logp: torch.Tensor | None = None
-         ) -> tuple[torch.Tensor, dict[str, Any]]:
-    """GRPO's clipped surrogate (+ KL to the reference, - entropy) on the per-token advantages;
-    with `distill_kl=full|topk` plus `distill_coef * token-mean(KL_t)` over agent tokens
-    (`full_reverse_kl` / `topk_reverse_kl` of `vocab_logp` (B, T, V) against the batch's
-    `teacher_vocab_logprobs` / `teacher_topk_*`), normalised by the minibatch's `num_tokens`.
-    The KL term covers every agent token, the teacher's rows of GKD's mixture included (the same
-    formula at the teacher's own prefixes)."""
-    total, metrics = grpo.loss(logp, batch, cfg, num_tokens=num_tokens, num_seqs=num_seqs, entropy=entropy)
-    if not wants_vocab_logprobs(cfg):
-        return total, metrics
-    if vocab_logp is None:
-        raise ValueError(f"algo.distill_kl={cfg.distill_kl}: the loss needs the student's vocab_logp")
-    W = vocab_logp.shape[1]
-    if cfg.distill_kl == "full":
-        k = full_reverse_kl(vocab_logp, batch["teacher_vocab_logprobs"][:, :W])
-    elif cfg.distill_kl == "forward":
-        k = full_forward_kl(vocab_logp, batch["teacher_vocab_logprobs"][:, :W])
-    else:
-        k = topk_reverse_kl(vocab_logp, batch["teacher_topk_logprobs"][:, :W], batch["teacher_topk_ids"][:, :W])
-    mask = batch["loss_mask"][:, :W]
-    k = torch.where(mask != 0, k, 0.0)  # t = 0 and padding rows are all-0 "distributions"
-    kl_term = aggregate(k, mask, "token-mean", num_tokens=num_tokens)
-    metrics["distill_kl"] = float(kl_term.detach())
-    return total + cfg.distill_coef * kl_term, metrics
+    def loss(self, logp: torch.Tensor, batch: dict[str, Any], cfg: Any, *, num_tokens: float,
+             num_seqs: int, entropy: torch.Tensor | None = None,
+             vocab_logp: torch.Tensor | None = None, **kw: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+        """GRPO's clipped surrogate (+ KL to the reference, - entropy) on the per-token advantages;
+        with `distill_kl=full|topk` plus `distill_coef * token-mean(KL_t)` over agent tokens
+        (`full_reverse_kl` / `topk_reverse_kl` of `vocab_logp` (B, T, V) against the batch's
+        `teacher_vocab_logprobs` / `teacher_topk_*`), normalised by the minibatch's `num_tokens`.
+        The KL term covers every agent token, the teacher's rows of GKD's mixture included (the same
+        formula at the teacher's own prefixes)."""
+        total, metrics = super().loss(logp, batch, cfg, num_tokens=num_tokens, num_seqs=num_seqs,
+                                         entropy=entropy)
+        if not self.wants_vocab_logprobs(cfg):
+            return total, metrics
+        if vocab_logp is None:
+            raise ValueError(f"algo.distill_kl={cfg.distill_kl}: the loss needs the student's vocab_logp")
+        W = vocab_logp.shape[1]
+        if cfg.distill_kl == "full":
+            k = full_reverse_kl(vocab_logp, batch["teacher_vocab_logprobs"][:, :W])
+        elif cfg.distill_kl == "forward":
+            k = full_forward_kl(vocab_logp, batch["teacher_vocab_logprobs"][:, :W])
+        else:
+            k = topk_reverse_kl(vocab_logp, batch["teacher_topk_logprobs"][:, :W], batch["teacher_topk_ids"][:, :W])
+        mask = batch["loss_mask"][:, :W]
+        k = torch.where(mask != 0, k, 0.0)  # t = 0 and padding rows are all-0 "distributions"
+        kl_term = aggregate(k, mask, "token-mean", num_tokens=num_tokens)
+        metrics["distill_kl"] = float(kl_term.detach())
+        return total + cfg.distill_coef * kl_term, metrics
 
-
-def idle_zero_advantage_rows(cfg: Any) -> bool:
-    """As GRPO's, but never with `distill_kl=full|topk` (their signal is in the loss, not the
-    advantages)."""
-    return grpo.idle_zero_advantage_rows(cfg) and not wants_vocab_logprobs(cfg)
+    def idle_zero_advantage_rows(self, cfg: Any) -> bool:
+        """As GRPO's, but never with `distill_kl=full|topk` (their signal is in the loss, not the
+        advantages)."""
+        return super().idle_zero_advantage_rows(cfg) and not self.wants_vocab_logprobs(cfg)

@@ -20,9 +20,12 @@ pair batch. Train with
 
     batch = preference_batch(pairs, renderer, pad_id)
     batch["ref_logprobs"] = learner.logprobs(batch, ref=True)
-    learner.update(batch, dpo, cfg)          # Learner(..., use_ref=True)
+    learner.update(batch, DPO(), cfg)        # Learner(..., use_ref=True)
 
-The reference is `learner.ref_model`, the frozen copy of the starting policy (`NEEDS_REF`).
+The reference is `learner.ref_model`, the frozen copy of the starting policy (`needs_reference`).
+`DPOConfig` has `beta` and the keys of every algorithm: overlong shaping changes the returns the
+online pairs are chosen by; masking a row would empty a pair, and the preference loss has no
+importance ratio, so the other options are not its keys.
 """
 
 from __future__ import annotations
@@ -32,14 +35,10 @@ from typing import Any
 
 import torch
 
+from agentrl.algos.base import Algorithm
+from agentrl.algos.configs import DPOConfig
 from agentrl.algos.losses import dpo_loss, sequence_logps
 from agentrl.infra.jsonl import jsonl_rows
-
-NEEDS_REF = True
-
-OPTIONS = ("overlong_buffer",)
-"""Overlong shaping changes the returns the online pairs are chosen by; masking a row would
-empty a pair, and the preference loss has no importance ratio."""
 
 
 # -- pairs from rollout groups ------------------------------------------------------------------
@@ -95,30 +94,6 @@ def pair_batch(batch: dict[str, Any], pairs: list[tuple[int, int]]) -> dict[str,
         out[k] = v
     out["unit_size"] = 2
     return out
-
-
-def prepare(batch: dict[str, Any], learner: Any, cfg: Any) -> tuple[dict[str, Any], dict]:
-    """Turn a rollout batch into a preference-pair batch (a batch that already has
-    `unit_size == 2`, e.g. from `preference_batch`, is returned as is).
-
-    Returns:
-        (pair batch, metrics `dpo_pairs`, `dpo_skipped_groups`, `dpo_prompt_mismatch`). The
-        pair batch has 0 rows when no group has a best and a worst episode (no update then).
-    """
-    if batch.get("unit_size") == 2:
-        return batch, {"dpo_pairs": batch["input_ids"].shape[0] // 2}
-    pairs, skipped = select_pairs(batch["scores"], batch["group_ids"])
-    kept, mismatch = [], 0
-    ids, mask = batch["input_ids"], batch["loss_mask"]
-    for c, r in pairs:
-        pc, pr = prompt_length(mask[c]), prompt_length(mask[r])
-        if pc != pr or not torch.equal(ids[c, :pc], ids[r, :pr]):
-            mismatch += 1
-            continue
-        kept.append((c, r))
-    metrics = {"dpo_pairs": len(kept), "dpo_skipped_groups": skipped,
-               "dpo_prompt_mismatch": mismatch}
-    return pair_batch(batch, kept), metrics
 
 
 # -- offline preference data ----------------------------------------------------------------------
@@ -213,36 +188,69 @@ def preference_batch(pairs: list[dict[str, Any]], renderer: Any, pad_id: int) ->
 
 
 # -- the algorithm interface ------------------------------------------------------------------
-def advantages(batch: dict[str, Any], cfg: Any) -> tuple[torch.Tensor, dict[str, float]]:
-    """DPO has no advantages: zeros (B, T) (kept for the common interface) and `pairs`."""
-    return torch.zeros_like(batch["loss_mask"]), {"pairs": batch["input_ids"].shape[0] // 2}
+class DPO(Algorithm):
+    """Preference pairs against the frozen reference (`needs_reference`: always)."""
 
+    name = "dpo"
+    config = DPOConfig
 
-def loss(logp: torch.Tensor, batch: dict[str, Any], cfg: Any, *, num_tokens: float,
-         num_seqs: int, entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
-    """DPO loss of the pairs of one micro-batch, scaled so micro-batch losses add up to the
-    minibatch's mean over pairs.
+    def needs_reference(self, cfg: Any) -> bool:
+        """Always: the loss compares the policy with the reference on each pair."""
+        return True
 
-    Args:
-        logp: (2P, T) current logprobs, rows (chosen_0, rejected_0, ...).
-        batch: `loss_mask` (response tokens) and `ref_logprobs` (2P, T).
-        cfg: AlgoConfig (`beta`).
-        num_seqs: rows of the whole minibatch (2 per pair).
+    def prepare(self, batch: dict[str, Any], learner: Any, cfg: Any) -> tuple[dict[str, Any], dict]:
+        """Turn a rollout batch into a preference-pair batch (a batch that already has
+        `unit_size == 2`, e.g. from `preference_batch`, is returned as is).
 
-    Returns:
-        (loss, metrics) with `reward_margin`, `reward_accuracy`, `chosen_reward`,
-        `rejected_reward`, `dpo_loss`.
+        Returns:
+            (pair batch, metrics `dpo_pairs`, `dpo_skipped_groups`, `dpo_prompt_mismatch`). The
+            pair batch has 0 rows when no group has a best and a worst episode (no update then).
+        """
+        if batch.get("unit_size") == 2:
+            return batch, {"dpo_pairs": batch["input_ids"].shape[0] // 2}
+        pairs, skipped = select_pairs(batch["scores"], batch["group_ids"])
+        kept, mismatch = [], 0
+        ids, mask = batch["input_ids"], batch["loss_mask"]
+        for c, r in pairs:
+            pc, pr = prompt_length(mask[c]), prompt_length(mask[r])
+            if pc != pr or not torch.equal(ids[c, :pc], ids[r, :pr]):
+                mismatch += 1
+                continue
+            kept.append((c, r))
+        metrics = {"dpo_pairs": len(kept), "dpo_skipped_groups": skipped,
+                   "dpo_prompt_mismatch": mismatch}
+        return pair_batch(batch, kept), metrics
 
-    Raises:
-        ValueError: an odd number of rows or no `ref_logprobs`.
-    """
-    if logp.shape[0] % 2:
-        raise ValueError(f"dpo: a pair batch has an even number of rows, got {logp.shape[0]}")
-    if "ref_logprobs" not in batch:
-        raise ValueError("dpo: batch has no ref_logprobs (Learner(use_ref=True), "
-                         "learner.logprobs(batch, ref=True))")
-    mask = batch["loss_mask"]
-    seq = sequence_logps(logp, mask)
-    ref = sequence_logps(batch["ref_logprobs"], mask)
-    total, metrics = dpo_loss(seq[0::2], seq[1::2], ref[0::2], ref[1::2], beta=cfg.beta)
-    return total * (logp.shape[0] / num_seqs), metrics
+    def advantages(self, batch: dict[str, Any], cfg: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        """DPO has no advantages: zeros (B, T) (kept for the common interface) and `pairs`."""
+        return torch.zeros_like(batch["loss_mask"]), {"pairs": batch["input_ids"].shape[0] // 2}
+
+    def loss(self, logp: torch.Tensor, batch: dict[str, Any], cfg: Any, *, num_tokens: float,
+             num_seqs: int, entropy: torch.Tensor | None = None, **kw: Any
+             ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """DPO loss of the pairs of one micro-batch, scaled so micro-batch losses add up to the
+        minibatch's mean over pairs.
+
+        Args:
+            logp: (2P, T) current logprobs, rows (chosen_0, rejected_0, ...).
+            batch: `loss_mask` (response tokens) and `ref_logprobs` (2P, T).
+            cfg: DPOConfig (`beta`).
+            num_seqs: rows of the whole minibatch (2 per pair).
+
+        Returns:
+            (loss, metrics) with `reward_margin`, `reward_accuracy`, `chosen_reward`,
+            `rejected_reward`, `dpo_loss`.
+
+        Raises:
+            ValueError: an odd number of rows or no `ref_logprobs`.
+        """
+        if logp.shape[0] % 2:
+            raise ValueError(f"dpo: a pair batch has an even number of rows, got {logp.shape[0]}")
+        if "ref_logprobs" not in batch:
+            raise ValueError("dpo: batch has no ref_logprobs (Learner(use_ref=True), "
+                             "learner.logprobs(batch, ref=True))")
+        mask = batch["loss_mask"]
+        seq = sequence_logps(logp, mask)
+        ref = sequence_logps(batch["ref_logprobs"], mask)
+        total, metrics = dpo_loss(seq[0::2], seq[1::2], ref[0::2], ref[1::2], beta=cfg.beta)
+        return total * (logp.shape[0] / num_seqs), metrics

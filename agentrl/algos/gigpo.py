@@ -16,11 +16,12 @@ between turn k-1 and turn k (for k = 0 the prompt, shared by the whole group, so
 forms one anchor group). Token ids are compared exactly (contract 1: observations are rendered
 alone and appended, so an equal observation is equal ids). A state seen once, or whose returns
 are all equal, gives A^S = 0 (as a singleton or flat GRPO group). `scale="none"` drops both std
-divisions. omega is `algo.step_weight` (paper: 1), gamma `algo.gamma` (`DEFAULTS`: the paper's
-0.95 when the user did not set it).
+divisions. omega is `algo.step_weight` (paper: 1), gamma `algo.gamma` (`GiGPOConfig`'s default:
+the paper's 0.95).
 
 The same advantages are an option of grpo, dr_grpo and cispo, `algo.turn_credit=gigpo`
-(`grpo.advantages` calls `turns.gigpo_advantages`, which is `advantages` here; the code lives in `turns.py`): `--algo grpo algo.turn_credit=gigpo` is this
+(`GRPO.advantages` calls `turns.gigpo_advantages`, which is `GiGPO.advantages`; the code lives
+in `turns.py`): `--algo grpo algo.turn_credit=gigpo` is this
 algorithm (same defaults, same run; `--algo gigpo` has `turn_credit=gigpo` always).
 
 For single-turn episodes A^S_i0 = A^E_i up to the discount (all turn-0 states are the prompt),
@@ -29,23 +30,27 @@ so the advantage is (1 + omega) A^E.
 
 from __future__ import annotations
 
-from agentrl.algos import grpo
-from agentrl.algos.turns import (  # noqa: F401 (the step-level pieces, here by name)
-    discounted_turn_returns,
-    gigpo_advantages,
-    step_advantages,
-    turn_states,
-)
+from typing import Any
 
-DEFAULTS = {"gamma": 0.95}
-"""Feng et al. 2025, sec. 5.1 (discount of the step returns)."""
+import torch
 
-OPTIONS = ("turn_credit", "dual_clip", "tis_cap", "overlong_buffer", "mask_truncated")
+from agentrl.algos.configs import GiGPOConfig
+from agentrl.algos.grpo import GRPO
+from agentrl.algos.turns import gigpo_advantages
 
 
-#: A^E + step_weight * A^S (`turns.gigpo_advantages`)
-advantages = gigpo_advantages
+class GiGPO(GRPO):
+    """A^E + step_weight * A^S (`turns.gigpo_advantages`); GRPO's clipped surrogate (+ KL,
+    - entropy) on the combined advantages."""
 
-#: GRPO's clipped surrogate (+ KL, - entropy) on the combined advantages
-loss = grpo.loss
-idle_zero_advantage_rows = grpo.idle_zero_advantage_rows
+    name = "gigpo"
+    config = GiGPOConfig
+
+    def advantages(self, batch: dict[str, Any], cfg: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        """Episode + step-level (anchor-state) advantages on agent tokens (`turns.gigpo_advantages`:
+        needs `scores`, `group_ids` (B,), `input_ids`, `token_rewards`, `loss_mask` (B, T))."""
+        return gigpo_advantages(batch, cfg)
+
+    def turn_advantages(self, cfg: Any) -> bool:
+        """Always: the step-level advantages read the turns' rewards."""
+        return True

@@ -7,14 +7,13 @@ advantages with a *sequence-level* importance ratio.
          + kl_coef * KL(pi || pi_ref) (token-mean, estimator `kl_kind`) - entropy_coef * H
 
 Clip ranges. s_i is a length-normalised ratio, so it moves far less than a token ratio; the
-paper clips it to [1 - 3e-4, 1 + 4e-4]. When `algo.name=gspo` and the user set neither
-`clip_low` nor `clip_high`, these are used (`DEFAULTS`, applied by
-`agentrl.algos.resolve_config`); explicit values are kept. With the default single optimizer
+paper clips it to [1 - 3e-4, 1 + 4e-4]: `GSPOConfig`'s defaults of `clip_low` and `clip_high`
+(explicit values are kept). With the default single optimizer
 step per batch the ratio is exactly 1 and no clip binds; the paper splits each batch into 4
 minibatches (`algo.minibatches=4`), where the small ranges matter.
 
 Truncated importance sampling (`tis_cap`) is not supported: the per-token TIS weights have no
-place in a one-term-per-sequence loss; `prepare` rejects it.
+place in a one-term-per-sequence loss; `GSPOConfig` has no such key (the schema refuses it).
 """
 
 from __future__ import annotations
@@ -24,68 +23,57 @@ from typing import Any
 import torch
 
 from agentrl.algos.advantages import expand_to_tokens, group_advantages, group_stats
+from agentrl.algos.base import PolicyGradient
 from agentrl.algos.common import kl_entropy_terms
+from agentrl.algos.configs import GSPOConfig
 from agentrl.algos.losses import gspo_policy_loss
 
-OPTIONS = ("overlong_buffer", "mask_truncated")
-"""No per-token options: `tis_cap` and `dual_clip` have no place in a one-term-per-sequence
-loss, and per-turn groups none in a sequence ratio."""
 
-DEFAULTS = {"clip_low": 3e-4, "clip_high": 4e-4}
-"""Zheng et al. 2025, sec. 5.1 (left and right clipping ranges 3e-4 and 4e-4)."""
+class GSPO(PolicyGradient):
+    """Group-relative advantages, a sequence-level clipped ratio. No per-token options: TIS and
+    the dual clip have no place in a one-term-per-sequence loss, per-turn groups none in a
+    sequence ratio (`GSPOConfig` has none of their keys)."""
 
+    name = "gspo"
+    config = GSPOConfig
 
-def prepare(batch: dict[str, Any], learner: Any, cfg: Any) -> tuple[dict[str, Any], dict]:
-    """Check the options (nothing to compute).
+    def advantages(self, batch: dict[str, Any], cfg: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        """Group-relative advantages (as GRPO), broadcast onto agent tokens.
 
-    Raises:
-        ValueError: `cfg.tis_cap` is set (not supported by the sequence-level loss).
-    """
-    if getattr(cfg, "tis_cap", None) is not None:
-        raise ValueError("gspo: algo.tis_cap is not supported (sequence-level ratio); "
-                         "set algo.tis_cap=null or use grpo")
-    return batch, {}
+        Args:
+            batch: `scores` (B,) (NaN excluded), `group_ids` (B,), `loss_mask` (B, T).
+            cfg: GSPOConfig (`scale`).
 
+        Returns:
+            (B, T) advantages, 0 off the loss mask, and group metrics.
+        """
+        adv = group_advantages(batch["scores"], batch["group_ids"], scale=cfg.scale)
+        stats = group_stats(batch["scores"], batch["group_ids"])
+        return expand_to_tokens(adv, batch["loss_mask"]), stats
 
-def advantages(batch: dict[str, Any], cfg: Any) -> tuple[torch.Tensor, dict[str, float]]:
-    """Group-relative advantages (as GRPO), broadcast onto agent tokens.
+    def loss(self, logp: torch.Tensor, batch: dict[str, Any], cfg: Any, *, num_tokens: float,
+             num_seqs: int, entropy: torch.Tensor | None = None, **kw: Any
+             ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Sequence-level clipped surrogate (+ KL, - entropy bonus) of one micro-batch.
 
-    Args:
-        batch: `scores` (B,) (NaN excluded), `group_ids` (B,), `loss_mask` (B, T).
-        cfg: AlgoConfig (`scale`).
+        Args:
+            logp: (B, T) current logprobs; `batch["old_logprobs"]`, `batch["advantages"]` (B, T).
+            num_seqs: sequences of the whole minibatch: each sequence's term is divided by it, so
+                micro-batch losses add up to the minibatch mean (rows without agent tokens count).
+            num_tokens: agent tokens of the minibatch (for the KL and entropy token-means).
 
-    Returns:
-        (B, T) advantages, 0 off the loss mask, and group metrics.
-    """
-    adv = group_advantages(batch["scores"], batch["group_ids"], scale=cfg.scale)
-    stats = group_stats(batch["scores"], batch["group_ids"])
-    return expand_to_tokens(adv, batch["loss_mask"]), stats
+        Returns:
+            (loss, metrics) with `clipfrac` (fraction of sequences clipped), `ratio_*`, `approx_kl`.
+        """
+        mask = batch["loss_mask"]
+        pg, metrics = gspo_policy_loss(logp, batch["old_logprobs"], batch["advantages"], mask,
+                                       clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                                       num_seqs=num_seqs)
+        extra, m = kl_entropy_terms(logp, batch, cfg, num_tokens=num_tokens, entropy=entropy)
+        metrics.update(m)
+        return pg + extra, metrics
 
-
-def loss(logp: torch.Tensor, batch: dict[str, Any], cfg: Any, *, num_tokens: float,
-         num_seqs: int, entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
-    """Sequence-level clipped surrogate (+ KL, - entropy bonus) of one micro-batch.
-
-    Args:
-        logp: (B, T) current logprobs; `batch["old_logprobs"]`, `batch["advantages"]` (B, T).
-        num_seqs: sequences of the whole minibatch: each sequence's term is divided by it, so
-            micro-batch losses add up to the minibatch mean (rows without agent tokens count).
-        num_tokens: agent tokens of the minibatch (for the KL and entropy token-means).
-
-    Returns:
-        (loss, metrics) with `clipfrac` (fraction of sequences clipped), `ratio_*`, `approx_kl`.
-    """
-    mask = batch["loss_mask"]
-    pg, metrics = gspo_policy_loss(logp, batch["old_logprobs"], batch["advantages"], mask,
-                                   clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                                   num_seqs=num_seqs)
-    extra, m = kl_entropy_terms(logp, batch, cfg, num_tokens=num_tokens, entropy=entropy)
-    metrics.update(m)
-    return pg + extra, metrics
-
-
-def idle_zero_advantage_rows(cfg: Any) -> bool:
-    """True when a row whose advantages are all 0 adds nothing to this loss or its gradient:
-    no KL term in the loss (`kl_coef == 0`) and no entropy bonus; the learner then leaves such
-    rows out of its forwards (`Learner(skip_zero_advantage=True)`)."""
-    return cfg.kl_coef == 0 and cfg.entropy_coef == 0
+    def idle_zero_advantage_rows(self, cfg: Any) -> bool:
+        """True when a row whose advantages are all 0 adds nothing to this loss or its gradient:
+        no KL term in the loss (`kl_coef == 0`) and no entropy bonus."""
+        return cfg.kl_coef == 0 and cfg.entropy_coef == 0

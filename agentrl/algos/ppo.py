@@ -33,8 +33,10 @@ beta follows the adaptive controller of Ziegler et al. 2019 (sec. 2.2):
 with KL the batch mean of sum_t k1_t (nats per sequence) and n the number of sequences;
 `kl_target=None` keeps beta = kl_coef fixed. beta is kept in `learner.algo_state` (saved in
 checkpoints). `algo.kl_reward_kind` replaces k1 by k2 or k3 in the reward. With
-`kl_in_reward=False` the KL (estimator `kl_kind`) is a token-mean term of the loss instead. `kl_in_reward`, `kl_target` and `kl_horizon` are read from the config when it
-has those fields, else the defaults below.
+`kl_in_reward=False` the KL (estimator `kl_kind`) is a token-mean term of the loss instead.
+
+`PPOConfig` defaults to several optimizer steps per batch (PPO's sample reuse:
+`update_epochs=2`, `minibatches=2`).
 """
 
 from __future__ import annotations
@@ -44,22 +46,17 @@ from typing import Any
 import torch
 
 from agentrl.algos.advantages import gae, whiten
+from agentrl.algos.base import TokenLoss
 from agentrl.algos.common import (
     drop_invalid_rows,
     kl_entropy_terms,
     kl_penalty_rewards,
-    reward_kl_kind,
     sequence_kl,
     token_rewards,
 )
+from agentrl.algos.configs import PPOConfig
 from agentrl.algos.losses import masked_mean, ppo_policy_loss, tis_weights_of, value_loss
 
-OPTIONS = ("dual_clip", "tis_cap", "overlong_buffer", "mask_truncated")
-
-VALUE_HEAD = True
-
-DEFAULTS = {"update_epochs": 2, "minibatches": 2}
-"""Several optimizer steps per batch (PPO's sample reuse) when the user set neither field."""
 
 def adaptive_kl_coef(coef: float, current_kl: float, target: float, horizon: float,
                      n_steps: int) -> float:
@@ -91,94 +88,99 @@ def _kl_in_reward(cfg: Any) -> bool:
     return cfg.kl_coef > 0 and bool(cfg.kl_in_reward)
 
 
-def prepare(batch: dict[str, Any], learner: Any, cfg: Any) -> tuple[dict[str, Any], dict]:
-    """One no-grad forward of the sampling weights: `old_logprobs`, `old_values` (B, T) and
-    `bootstrap_values` (B,) (V after the last agent token for truncated rows, 0 otherwise).
-    Rows with a failed reward are dropped from the loss mask. With the KL in the reward also
-    `ref_logprobs` and `kl_coef` (the controller's beta for this batch), and the controller
-    steps.
+class PPO(TokenLoss):
+    """A value head (`value_head`), GAE, clipped policy and value losses, the adaptive KL."""
 
-    Raises:
-        ValueError: the learner has no value head.
-    """
-    metrics: dict[str, float] = {"dropped_rows": drop_invalid_rows(batch)}
-    logp, values, last = learner.logprobs_and_values(batch)
-    batch["old_logprobs"], batch["old_values"] = logp, values
-    batch["bootstrap_values"] = torch.where(batch["truncated"], last, 0.0)
-    if _kl_in_reward(cfg):
-        batch["ref_logprobs"] = learner.logprobs(batch, ref=True)
-        beta = float(learner.algo_state.get("kl_coef", cfg.kl_coef))
-        batch["kl_coef"] = beta
-        seq_kl = sequence_kl(batch)
-        target = cfg.kl_target
-        if target is not None:
-            n = int((batch["loss_mask"] != 0).any(dim=1).sum())
-            learner.algo_state["kl_coef"] = adaptive_kl_coef(
-                beta, seq_kl, target, cfg.kl_horizon, n)
-        metrics.update(kl_coef=beta, kl=seq_kl)
-    return batch, metrics
+    name = "ppo"
+    config = PPOConfig
+    value_head = True
 
+    def prepare(self, batch: dict[str, Any], learner: Any, cfg: Any) -> tuple[dict[str, Any], dict]:
+        """One no-grad forward of the sampling weights: `old_logprobs`, `old_values` (B, T) and
+        `bootstrap_values` (B,) (V after the last agent token for truncated rows, 0 otherwise).
+        Rows with a failed reward are dropped from the loss mask. With the KL in the reward also
+        `ref_logprobs` and `kl_coef` (the controller's beta for this batch), and the controller
+        steps.
 
-def advantages(batch: dict[str, Any], cfg: Any) -> tuple[torch.Tensor, dict[str, float]]:
-    """GAE over agent tokens with the truncation bootstrap, whitened over the batch.
+        Raises:
+            ValueError: the learner has no value head.
+        """
+        metrics: dict[str, float] = {"dropped_rows": drop_invalid_rows(batch)}
+        logp, values, last = learner.logprobs_and_values(batch)
+        batch["old_logprobs"], batch["old_values"] = logp, values
+        batch["bootstrap_values"] = torch.where(batch["truncated"], last, 0.0)
+        if _kl_in_reward(cfg):
+            batch["ref_logprobs"] = learner.logprobs(batch, ref=True)
+            beta = float(learner.algo_state.get("kl_coef", cfg.kl_coef))
+            batch["kl_coef"] = beta
+            seq_kl = sequence_kl(batch)
+            target = cfg.kl_target
+            if target is not None:
+                n = int((batch["loss_mask"] != 0).any(dim=1).sum())
+                learner.algo_state["kl_coef"] = adaptive_kl_coef(
+                    beta, seq_kl, target, cfg.kl_horizon, n)
+            metrics.update(kl_coef=beta, kl=seq_kl)
+        return batch, metrics
 
-    Also sets `batch["returns"]` (B, T), the value targets R = A + V_old (before whitening).
+    def advantages(self, batch: dict[str, Any], cfg: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        """GAE over agent tokens with the truncation bootstrap, whitened over the batch.
 
-    Args:
-        batch: `token_rewards`, `loss_mask`, `old_values` (B, T), `bootstrap_values` (B,)
-            (from `prepare`); with the KL in the reward `kl_coef`, `old_logprobs`,
-            `ref_logprobs`.
-        cfg: AlgoConfig (`gamma`, `lam`).
+        Also sets `batch["returns"]` (B, T), the value targets R = A + V_old (before whitening).
 
-    Returns:
-        (B, T) advantages (0 off the mask) and metrics `return_mean`, `value_mean`,
-        `adv_mean_raw`.
-    """
-    mask = batch["loss_mask"]
-    rewards = token_rewards(batch)
-    if "kl_coef" in batch:
-        rewards = rewards + kl_penalty_rewards(batch, batch["kl_coef"], reward_kl_kind(cfg))
-    adv, ret = gae(rewards, batch["old_values"], mask, cfg.gamma, cfg.lam,
-                   bootstrap_value=batch["bootstrap_values"])
-    batch["returns"] = ret
-    stats = {"return_mean": float(masked_mean(ret, mask)),
-             "value_mean": float(masked_mean(batch["old_values"], mask)),
-             "adv_mean_raw": float(masked_mean(adv, mask))}
-    return whiten(adv, mask), stats
+        Args:
+            batch: `token_rewards`, `loss_mask`, `old_values` (B, T), `bootstrap_values` (B,)
+                (from `prepare`); with the KL in the reward `kl_coef`, `old_logprobs`,
+                `ref_logprobs`.
+            cfg: AlgoConfig (`gamma`, `lam`).
 
+        Returns:
+            (B, T) advantages (0 off the mask) and metrics `return_mean`, `value_mean`,
+            `adv_mean_raw`.
+        """
+        mask = batch["loss_mask"]
+        rewards = token_rewards(batch)
+        if "kl_coef" in batch:
+            rewards = rewards + kl_penalty_rewards(batch, batch["kl_coef"], cfg.kl_reward_kind)
+        adv, ret = gae(rewards, batch["old_values"], mask, cfg.gamma, cfg.lam,
+                       bootstrap_value=batch["bootstrap_values"])
+        batch["returns"] = ret
+        stats = {"return_mean": float(masked_mean(ret, mask)),
+                 "value_mean": float(masked_mean(batch["old_values"], mask)),
+                 "adv_mean_raw": float(masked_mean(adv, mask))}
+        return whiten(adv, mask), stats
 
-def loss(logp: torch.Tensor, batch: dict[str, Any], cfg: Any, *, num_tokens: float,
-         num_seqs: int, entropy: torch.Tensor | None = None,
-         values: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
-    """Clipped surrogate + vf_coef * (clipped) value loss - entropy bonus [+ KL in the loss].
+    def loss(self, logp: torch.Tensor, batch: dict[str, Any], cfg: Any, *, num_tokens: float,
+             num_seqs: int, entropy: torch.Tensor | None = None,
+             values: torch.Tensor | None = None, **kw: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Clipped surrogate + vf_coef * (clipped) value loss - entropy bonus [+ KL in the loss].
 
-    Args:
-        logp: (B, T) current logprobs (with gradient).
-        batch: micro-batch with `old_logprobs`, `advantages`, `old_values`, `returns`,
-            `loss_mask` (and `ref_logprobs` for a KL in the loss, `tis_weights` when set).
-        values: (B, T) current V(s_t) with gradient (passed by `Learner.update`).
-        num_tokens, num_seqs: counts of the whole minibatch (case L2).
+        Args:
+            logp: (B, T) current logprobs (with gradient).
+            batch: micro-batch with `old_logprobs`, `advantages`, `old_values`, `returns`,
+                `loss_mask` (and `ref_logprobs` for a KL in the loss, `tis_weights` when set).
+            values: (B, T) current V(s_t) with gradient (passed by `Learner.update`).
+            num_tokens, num_seqs: counts of the whole minibatch (case L2).
 
-    Returns:
-        (loss, metrics): policy metrics (`clipfrac`, `approx_kl`, ...) and `vf_loss`,
-        `vf_clipfrac`, `value_mean`, `return_mean` (+ `kl`).
+        Returns:
+            (loss, metrics): policy metrics (`clipfrac`, `approx_kl`, ...) and `vf_loss`,
+            `vf_clipfrac`, `value_mean`, `return_mean` (+ `kl`).
 
-    Raises:
-        ValueError: `values` is None (the learner needs `value_head=True`).
-    """
-    if values is None:
-        raise ValueError("ppo.loss needs values=: build the Learner with value_head=True")
-    mask = batch["loss_mask"]
-    pg, metrics = ppo_policy_loss(
-        logp, batch["old_logprobs"], batch["advantages"], mask,
-        clip_low=cfg.clip_low, clip_high=cfg.clip_high, agg=cfg.agg, num_tokens=num_tokens,
-        num_seqs=num_seqs, max_len=batch.get("max_len"), tis_weights=tis_weights_of(batch, cfg),
-        dual_clip=getattr(cfg, "dual_clip", None))
-    vf, vm = value_loss(values, batch["old_values"], batch["returns"], mask,
-                        clip=cfg.value_clip, num_tokens=num_tokens)
-    extra, m = kl_entropy_terms(logp, batch, cfg, num_tokens=num_tokens, entropy=entropy,
-                                kl_in_loss=not _kl_in_reward(cfg))
-    metrics.update(m)
-    metrics.update(vf_loss=vm["vf_loss"], vf_clipfrac=vm["clipfrac"],
-                   value_mean=vm["value_mean"], return_mean=vm["return_mean"])
-    return pg + cfg.vf_coef * vf + extra, metrics
+        Raises:
+            ValueError: `values` is None (the learner needs `value_head=True`).
+        """
+        if values is None:
+            raise ValueError("ppo.loss needs values=: build the Learner with value_head=True")
+        mask = batch["loss_mask"]
+        pg, metrics = ppo_policy_loss(
+            logp, batch["old_logprobs"], batch["advantages"], mask,
+            clip_low=cfg.clip_low, clip_high=cfg.clip_high, agg=cfg.agg, num_tokens=num_tokens,
+            num_seqs=num_seqs, max_len=batch.get("max_len"), tis_weights=tis_weights_of(batch, cfg),
+            dual_clip=cfg.dual_clip)
+        vf, vm = value_loss(values, batch["old_values"], batch["returns"], mask,
+                            clip=cfg.value_clip, num_tokens=num_tokens)
+        extra, m = kl_entropy_terms(logp, batch, cfg, num_tokens=num_tokens, entropy=entropy,
+                                    kl_in_loss=not _kl_in_reward(cfg))
+        metrics.update(m)
+        metrics.update(vf_loss=vm["vf_loss"], vf_clipfrac=vm["clipfrac"],
+                       value_mean=vm["value_mean"], return_mean=vm["return_mean"])
+        return pg + cfg.vf_coef * vf + extra, metrics

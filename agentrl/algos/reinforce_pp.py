@@ -21,26 +21,10 @@ from typing import Any
 import torch
 
 from agentrl.algos.advantages import reward_to_go, whiten
-from agentrl.algos.common import (
-    drop_invalid_rows,
-    kl_penalty_rewards,
-    reward_kl_kind,
-    sequence_kl,
-    surrogate_loss_kl_in_reward,
-    token_rewards,
-)
+from agentrl.algos.common import drop_invalid_rows, kl_penalty_rewards, sequence_kl, token_rewards
+from agentrl.algos.configs import ReinforcePPConfig
 from agentrl.algos.losses import masked_mean
-
-OPTIONS = ("dual_clip", "tis_cap", "overlong_buffer", "mask_truncated")
-
-
-def prepare(batch: dict[str, Any], learner: Any, cfg: Any) -> tuple[dict[str, Any], dict]:
-    """Drop rows with a failed reward from the loss mask; with `kl_coef > 0` add
-    `old_logprobs` (learner logprobs of the sampling weights) for the KL reward."""
-    dropped = drop_invalid_rows(batch)
-    if cfg.kl_coef > 0:
-        batch["old_logprobs"] = learner.logprobs(batch)
-    return batch, {"dropped_rows": dropped}
+from agentrl.algos.rloo import RLOO
 
 
 def returns(batch: dict[str, Any], cfg: Any) -> torch.Tensor:
@@ -51,34 +35,37 @@ def returns(batch: dict[str, Any], cfg: Any) -> torch.Tensor:
     """
     rewards = token_rewards(batch)
     if cfg.kl_coef > 0:
-        rewards = rewards + kl_penalty_rewards(batch, cfg.kl_coef, reward_kl_kind(cfg))
+        rewards = rewards + kl_penalty_rewards(batch, cfg.kl_coef, cfg.kl_reward_kind)
     return reward_to_go(rewards, batch["loss_mask"], cfg.gamma)
 
 
-def advantages(batch: dict[str, Any], cfg: Any) -> tuple[torch.Tensor, dict[str, float]]:
-    """Batch-whitened returns-to-go.
+class ReinforcePP(RLOO):
+    """Batch-whitened discounted returns; RLOO's loss (the KL penalty in the reward)."""
 
-    Returns:
-        (B, T) advantages (0 off the mask; unchanged returns when the batch has fewer than two
-        agent tokens, case A5) and metrics `return_mean`, `return_std` (+ `kl`, nats per
-        sequence).
-    """
-    mask = batch["loss_mask"]
-    ret = returns(batch, cfg)
-    valid = mask != 0
-    stats = {"return_mean": float(masked_mean(ret, mask)),
-             "return_std": float(ret[valid].std()) if int(valid.sum()) > 1 else 0.0}
-    if cfg.kl_coef > 0:
-        stats["kl"] = sequence_kl(batch)
-    return whiten(ret, mask), stats
+    name = "reinforce_pp"
+    config = ReinforcePPConfig
 
+    def prepare(self, batch: dict[str, Any], learner: Any, cfg: Any) -> tuple[dict[str, Any], dict]:
+        """Drop rows with a failed reward from the loss mask; with `kl_coef > 0` add
+        `old_logprobs` (learner logprobs of the sampling weights) for the KL reward."""
+        dropped = drop_invalid_rows(batch)
+        if cfg.kl_coef > 0:
+            batch["old_logprobs"] = learner.logprobs(batch)
+        return batch, {"dropped_rows": dropped}
 
-#: clipped surrogate; the KL penalty is already in the reward
-loss = surrogate_loss_kl_in_reward
+    def advantages(self, batch: dict[str, Any], cfg: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        """Batch-whitened returns-to-go.
 
-
-def idle_zero_advantage_rows(cfg: Any) -> bool:
-    """True when a row whose advantages are all 0 adds nothing to this loss or its gradient:
-    the KL penalty is in the reward (so in the advantages), so only an entropy bonus would;
-    the learner then leaves such rows out of its forwards (`Learner(skip_zero_advantage=True)`)."""
-    return cfg.entropy_coef == 0
+        Returns:
+            (B, T) advantages (0 off the mask; unchanged returns when the batch has fewer than
+            two agent tokens, case A5) and metrics `return_mean`, `return_std` (+ `kl`, nats per
+            sequence).
+        """
+        mask = batch["loss_mask"]
+        ret = returns(batch, cfg)
+        valid = mask != 0
+        stats = {"return_mean": float(masked_mean(ret, mask)),
+                 "return_std": float(ret[valid].std()) if int(valid.sum()) > 1 else 0.0}
+        if cfg.kl_coef > 0:
+            stats["kl"] = sequence_kl(batch)
+        return whiten(ret, mask), stats

@@ -21,51 +21,52 @@ from typing import Any
 import torch
 
 from agentrl.algos.advantages import expand_to_tokens, group_stats, rloo_advantages
-from agentrl.algos.common import (
-    kl_penalty_rewards,
-    reward_kl_kind,
-    sequence_kl,
-    surrogate_loss_kl_in_reward,
-)
-
-OPTIONS = ("dual_clip", "tis_cap", "overlong_buffer", "mask_truncated")
+from agentrl.algos.base import TokenLoss
+from agentrl.algos.common import kl_penalty_rewards, sequence_kl, surrogate_loss_kl_in_reward
+from agentrl.algos.configs import RLOOConfig
 
 
-def prepare(batch: dict[str, Any], learner: Any, cfg: Any) -> tuple[dict[str, Any], dict]:
-    """With `kl_coef > 0`: `batch["old_logprobs"]` (learner logprobs of the sampling weights),
-    needed for the KL in the reward (the reference logprobs follow from the training loop)."""
-    if cfg.kl_coef > 0:
-        batch["old_logprobs"] = learner.logprobs(batch)
-    return batch, {}
+class RLOO(TokenLoss):
+    """Leave-one-out baseline; the KL penalty in the reward."""
 
+    name = "rloo"
+    config = RLOOConfig
 
-def advantages(batch: dict[str, Any], cfg: Any) -> tuple[torch.Tensor, dict[str, float]]:
-    """Leave-one-out advantages on agent tokens.
+    def prepare(self, batch: dict[str, Any], learner: Any, cfg: Any) -> tuple[dict[str, Any], dict]:
+        """With `kl_coef > 0`: `batch["old_logprobs"]` (learner logprobs of the sampling weights),
+        needed for the KL in the reward (the reference logprobs follow from the training loop)."""
+        if cfg.kl_coef > 0:
+            batch["old_logprobs"] = learner.logprobs(batch)
+        return batch, {}
 
-    Args:
-        batch: `scores` (B,) (NaN = failed, excluded), `group_ids` (B,), `loss_mask` (B, T);
-            with `cfg.kl_coef > 0` also `old_logprobs` and `ref_logprobs` (B, T).
-        cfg: AlgoConfig (`kl_coef`).
+    def advantages(self, batch: dict[str, Any], cfg: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        """Leave-one-out advantages on agent tokens.
 
-    Returns:
-        (B, T) advantages (0 off the mask) and group metrics (+ `kl`, nats per sequence).
-    """
-    scores = batch["scores"].to(torch.float64)
-    stats = group_stats(batch["scores"], batch["group_ids"])
-    if cfg.kl_coef > 0:
-        scores = scores + kl_penalty_rewards(batch, cfg.kl_coef, reward_kl_kind(cfg)).sum(
-            dim=1).to(torch.float64)
-        stats["kl"] = sequence_kl(batch)
-    adv = rloo_advantages(scores, batch["group_ids"]).to(torch.float32)
-    return expand_to_tokens(adv, batch["loss_mask"]), stats
+        Args:
+            batch: `scores` (B,) (NaN = failed, excluded), `group_ids` (B,), `loss_mask` (B, T);
+                with `cfg.kl_coef > 0` also `old_logprobs` and `ref_logprobs` (B, T).
+            cfg: RLOOConfig (`kl_coef`, `kl_reward_kind`).
 
+        Returns:
+            (B, T) advantages (0 off the mask) and group metrics (+ `kl`, nats per sequence).
+        """
+        scores = batch["scores"].to(torch.float64)
+        stats = group_stats(batch["scores"], batch["group_ids"])
+        if cfg.kl_coef > 0:
+            scores = scores + kl_penalty_rewards(batch, cfg.kl_coef, cfg.kl_reward_kind).sum(
+                dim=1).to(torch.float64)
+            stats["kl"] = sequence_kl(batch)
+        adv = rloo_advantages(scores, batch["group_ids"]).to(torch.float32)
+        return expand_to_tokens(adv, batch["loss_mask"]), stats
 
-#: clipped surrogate; the KL penalty is already in the reward
-loss = surrogate_loss_kl_in_reward
+    def loss(self, logp: torch.Tensor, batch: dict[str, Any], cfg: Any, *, num_tokens: float,
+             num_seqs: int, entropy: torch.Tensor | None = None, **kw: Any
+             ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Clipped surrogate (- entropy bonus); the KL penalty is already in the reward."""
+        return surrogate_loss_kl_in_reward(logp, batch, cfg, num_tokens=num_tokens,
+                                           num_seqs=num_seqs, entropy=entropy)
 
-
-def idle_zero_advantage_rows(cfg: Any) -> bool:
-    """True when a row whose advantages are all 0 adds nothing to this loss or its gradient:
-    the KL penalty is in the reward (so in the advantages), so only an entropy bonus would;
-    the learner then leaves such rows out of its forwards (`Learner(skip_zero_advantage=True)`)."""
-    return cfg.entropy_coef == 0
+    def idle_zero_advantage_rows(self, cfg: Any) -> bool:
+        """True when a row whose advantages are all 0 adds nothing to this loss or its gradient:
+        the KL penalty is in the reward (so in the advantages), so only an entropy bonus would."""
+        return cfg.entropy_coef == 0

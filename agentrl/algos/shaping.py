@@ -113,15 +113,17 @@ def mask_length_truncated(batch: dict[str, Any], cut: Tensor) -> int:
     return int(cut.sum())
 
 
-def shape_batch(batch: dict[str, Any], trajs: list[Any], cfg: Any, max_tokens: int) -> dict[str, float]:
+def shape_batch(batch: dict[str, Any], trajs: list[Any], cfg: Any, max_tokens: int, *,
+                mask_truncated: bool) -> dict[str, float]:
     """Apply the configured shaping to a batch collated from `trajs` (same order), in place:
-    overlong shaping when `cfg.overlong_buffer > 0`, overlong filtering when
-    `cfg.mask_truncated`. Does nothing (and returns {}) when both are off.
+    overlong shaping when `cfg.overlong_buffer > 0`, overlong filtering when `mask_truncated`
+    (the algorithm's `masks_truncated(cfg)`; dpo's config has no `mask_truncated`). Does
+    nothing (and returns {}) when both are off.
 
     Args:
         batch: from `agentrl.train.build_batch(trajs, ...)`.
         trajs: the trajectories (their turns' `finish_reason`).
-        cfg: AlgoConfig.
+        cfg: the algorithm's config (`overlong_buffer`, `overlong_penalty`).
         max_tokens: `rollout.max_tokens`.
 
     Returns:
@@ -131,7 +133,7 @@ def shape_batch(batch: dict[str, Any], trajs: list[Any], cfg: Any, max_tokens: i
     if cfg.overlong_buffer > 0:
         metrics.update(apply_overlong_shaping(batch, max_tokens, cfg.overlong_buffer,
                                               cfg.overlong_penalty))
-    if cfg.mask_truncated:
+    if mask_truncated:
         cut = torch.tensor([any(t.finish_reason == "length" for t in tr.turns) for tr in trajs],
                            dtype=torch.bool)
         metrics["masked_truncated"] = float(mask_length_truncated(batch, cut))

@@ -29,7 +29,6 @@ from typing import Any
 
 import torch
 
-from agentrl.learner import needs
 from agentrl.learner.checkpoints import (
     ALGO_STATE,
     RUN_STATE,
@@ -55,14 +54,13 @@ class PlacementError(RuntimeError):
 
 
 def learner_kwargs(cfg: Any, algo: Any, lr_schedule: Any) -> dict[str, Any]:
-    """The `agentrl.learner.local.Learner` keywords of a run (`train.*`, the algorithm's needs,
-    `agentrl.learner.needs`)."""
+    """The `agentrl.learner.local.Learner` keywords of a run (`train.*`, the algorithm's needs)."""
     return dict(lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, grad_clip=cfg.train.grad_clip,
                 temperature=cfg.rollout.temperature, micro_batch_size=cfg.train.micro_batch_size,
                 prefix_share=cfg.train.prefix_share, compile=cfg.train.compile,
                 skip_zero_advantage=cfg.train.skip_zero_advantage,
-                use_ref=needs.reference(algo, cfg.algo) and cfg.placement.reference == "inline",
-                value_head=needs.value_head(algo),
+                use_ref=algo.needs_reference(cfg.algo) and cfg.placement.reference == "inline",
+                value_head=algo.value_head,
                 lr_schedule=lr_schedule, device=cfg.train.device, precision=cfg.train.precision,
                 gradient_checkpointing=cfg.train.gradient_checkpointing,
                 max_nonfinite_steps=cfg.train.max_nonfinite_steps)

@@ -7,7 +7,7 @@ the algorithm's loss -> backward -> clip -> step. Its forward is chosen once, at
 with lm_head and log-softmax only where the loss reads, `Learner(prefix_share=True)`; else the
 plain transformers forward); the algorithm and the batch change it in one place only
 (`Learner._forward_for`: a loss over the vocabulary, a batch with images). What the learner
-reads of an algorithm is in `agentrl.learner.needs`; the checkpoint layout in
+reads of an algorithm are its declared needs (`agentrl.algos.base.Algorithm`, passed in); the checkpoint layout in
 `agentrl.learner.checkpoints.write_checkpoint`; the optimizer in `agentrl.learner.optim`.
 
 Devices and precision (`Learner(device=, precision=, gradient_checkpointing=)`, config
@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from agentrl.learner import checkpoints, needs
+from agentrl.learner import checkpoints
 from agentrl.learner.checkpoints import (
     ALGO_STATE,
     REF_MODEL,
@@ -355,7 +355,7 @@ class Learner:
             return {}
         if B % unit:
             raise ValueError(f"batch of {B} rows is not a whole number of units of {unit}")
-        single = (epochs * minibatches == 1 and on_policy_shortcut and not needs.importance_correction(cfg)
+        single = (epochs * minibatches == 1 and on_policy_shortcut and algo.tis(cfg) is None
                   and "tis_weights" not in batch)
         if not single and "old_logprobs" not in batch:
             batch["old_logprobs"] = self.logprobs(batch)
@@ -364,8 +364,8 @@ class Learner:
             stats.mismatch(batch["old_logprobs"], batch["sampler_logprobs"], batch["loss_mask"])
         forward, idle = self._forward_for(batch, algo, cfg), self._idle_rows(batch, algo, cfg)
         micro_rows = max(unit, self.micro_batch_size // unit * unit)
-        max_len = getattr(cfg, "norm_len", None) or batch["input_ids"].shape[1]
-        ent_grad = getattr(cfg, "entropy_coef", 0) > 0
+        max_len = algo.norm_len(cfg) or batch["input_ids"].shape[1]
+        ent_grad = algo.entropy_coef(cfg) > 0
         world = self.dp.world if self.dp is not None else 1
         batch = to_device(batch, self.device)  # the caller's batch keeps its tensors where they are
         gen = torch.Generator().manual_seed(seed)
@@ -398,14 +398,14 @@ class Learner:
     def _forward_for(self, batch: dict[str, Any], algo: Any, cfg: Any) -> TrainForward:
         """The training forward of this update: `train_forward`, chosen at construction, except
         where the algorithm or the batch decide (here only): a loss over the vocabulary
-        (`needs.vocab_logprobs`) gets `vocab_forward`; a batch with images (`vision`) the plain
+        (`algo.wants_vocab_logprobs(cfg)`) gets `vocab_forward`; a batch with images (`vision`) the plain
         forward, which runs the images (the prefix-shared forward has none).
 
         Raises:
             ValueError: a loss over the vocabulary, or a value head, on a batch with images.
         """
         vision = "vision" in batch
-        if needs.vocab_logprobs(algo, cfg):
+        if algo.wants_vocab_logprobs(cfg):
             if vision:
                 raise ValueError("a loss over the vocabulary (algo.distill_kl=full|topk) "
                                  "on a batch with images is not supported")
@@ -516,13 +516,13 @@ class Learner:
         """(B,) bool: rows the update can leave out of its forwards, or None (skip nothing).
 
         A row is idle when it has no agent token with a nonzero advantage and the algorithm
-        says such rows add nothing to its loss or gradient (`needs.idle_zero_advantage_rows`:
+        says such rows add nothing to its loss or gradient (`algo.idle_zero_advantage_rows(cfg)`:
         a GRPO group whose rewards are all equal, with no KL in the loss and no entropy bonus).
         Not with a value head (PPO trains it on every row) or units of several rows (DPO).
         """
         adv = batch.get("advantages")
         if (not self.skip_zero_advantage or adv is None or self.value_head is not None
-                or int(batch.get("unit_size", 1)) != 1 or not needs.idle_zero_advantage_rows(algo, cfg)):
+                or int(batch.get("unit_size", 1)) != 1 or not algo.idle_zero_advantage_rows(cfg)):
             return None
         mask = batch["loss_mask"] != 0
         active = ((adv[:, None] if adv.dim() == 1 else adv) != 0) & mask
