@@ -122,9 +122,10 @@ def train(
         resolve_device(cfg.train.device)
     except ValueError as e:
         _fail(f"config error: {e}")
+    from agentrl.infra.signals import RunInterrupted
     from agentrl.learner.group import PlacementError
     from agentrl.sandbox.backends import BackendError
-    from agentrl.train import OutError, ResumeError, RunInterrupted
+    from agentrl.train import OutError, ResumeError
     from agentrl.train import train as run_train
 
     try:

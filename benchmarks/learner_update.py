@@ -40,7 +40,7 @@ def make_batch(model, tok, prompts: int, gens: int, max_tokens: int, seed: int):
     import torch
     from vs_trl_env import frac_a, prompt_text
 
-    from agentrl.train import build_batch
+    from agentrl.algos.shaping import build_batch
     from agentrl.types import Trajectory
 
     eos, pad = tok.eos_token_id, tok.pad_token_id

@@ -45,7 +45,7 @@ def run_config(warm: str | Path, overrides: list[str] | None = None) -> Any:
 
 
 def step_seeds(seed: int, step: int, tasks_per_step: int) -> list[int]:
-    """The task seeds of training step `step`, as `agentrl.train.train`'s `run_batch` draws them."""
+    """The task seeds of training step `step`, as the training loop's `agentrl.rollout.stages.run_batch` draws them."""
     rng = np.random.default_rng([seed, step])
     return [int(s) for s in rng.integers(0, 2**31 - 1, size=tasks_per_step)]
 

@@ -50,7 +50,9 @@ def main(argv: list[str] | None = None) -> dict:
     from transformers import AutoTokenizer
 
     import agentrl.learner.local as learner_mod
+    import agentrl.rollout.stages as stages_mod
     import agentrl.train as train_mod
+    from agentrl.log.metrics import MetricsLog
 
     warm, out = Path(a.warm), Path(a.out)
     (out / "ckpt").mkdir(parents=True, exist_ok=True)
@@ -67,18 +69,18 @@ def main(argv: list[str] | None = None) -> dict:
 
     learner_mod.Learner.__init__ = init_kept
     step_seeds: list[list[int]] = []
-    collect = train_mod.collect
+    collect = stages_mod.collect
 
     def collect_seen(engine, renderer, envs, seeds, group_size, *args, **kw):
         if kw.get("split", "train") == "train" and group_size == cfg.algo.group_size:
             step_seeds.append(sorted(int(s) for s in seeds))
         return collect(engine, renderer, envs, seeds, group_size, *args, **kw)
 
-    train_mod.collect = collect_seen
+    stages_mod.collect = collect_seen
     clock = Clock(a.budget_s, a.every_s)
     registry: list[dict] = []
     rewards: list[dict] = []
-    log = train_mod.MetricsLog.log
+    log = MetricsLog.log
 
     def log_step(self, step, metrics):
         log(self, step, metrics)
@@ -97,7 +99,7 @@ def main(argv: list[str] | None = None) -> dict:
         if stop:
             raise BudgetReached
 
-    train_mod.MetricsLog.log = log_step
+    MetricsLog.log = log_step
     print(f"[ours] set up (config) in {time.perf_counter() - t_proc:.0f} s; the loop trains for "
           f"{a.budget_s:.0f} s", flush=True)
     t0 = time.perf_counter()

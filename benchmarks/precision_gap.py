@@ -191,11 +191,11 @@ def kl_and_loss(policy_dir: str, batch: dict, refs: dict[str, torch.Tensor], kl_
 
 def measure(name: str, out: Path, args: argparse.Namespace) -> dict:
     """All figures of model `name` (its run in OUT)."""
+    from agentrl.algos.shaping import build_batch
     from agentrl.learner.checkpoints import latest_checkpoint
     from agentrl.learner.frozen import FrozenModelActor as ReferenceActor
     from agentrl.learner.local import Learner
     from agentrl.models.tiny import load_model
-    from agentrl.train import build_batch
 
     torch.set_num_threads(1)
     b = budget(name, args)

@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> dict:
     import agentrl.learner.forward as forward_mod
     import agentrl.learner.local as learner_mod
     import agentrl.log.metrics as metrics_log
+    import agentrl.rollout.stages as stages_mod
     import agentrl.train as train_mod
     from agentrl.config import load_config
     from agentrl.models import static_decode
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> dict:
         return r
 
     # the step's own clock: from the start of `collect` to the end of the weight sync
-    collect = train_mod.collect
+    collect = stages_mod.collect
 
     def collect_clocked(*args, **kw):
         if not base["eval"]:
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> dict:
             base["t0"], base["c0"] = time.perf_counter(), time.process_time()
         return collect(*args, **kw)
 
-    train_mod.collect = collect_clocked
+    stages_mod.collect = collect_clocked
     sync = HFEngine.update_weights
 
     def sync_clocked(self, state_dict, version):

@@ -162,9 +162,9 @@ def test_tis_sequence_level_and_mask_mode_by_hand():
 
 
 def test_tis_level_and_mode_reach_the_learner(tiny_model_dir):
+    from agentrl.algos.shaping import build_batch
     from agentrl.learner.local import Learner
     from agentrl.models.tiny import load_model
-    from agentrl.train import build_batch
 
     model, _ = load_model(tiny_model_dir)
     learner = Learner(model, lr=1e-3, micro_batch_size=4)
@@ -205,9 +205,9 @@ def test_kl_estimator_in_the_reward_from_the_config():
 
 
 def test_dr_grpo_constant_normaliser_from_the_config(tiny_model_dir):
+    from agentrl.algos.shaping import build_batch
     from agentrl.learner.local import Learner
     from agentrl.models.tiny import load_model
-    from agentrl.train import build_batch
 
     model, _ = load_model(tiny_model_dir)
     learner = Learner(model, lr=1e-3, micro_batch_size=4)
@@ -290,7 +290,7 @@ def _traj(group, n_tokens, reason, reward):
 
 
 def test_mask_truncated_and_shaping_in_the_batch():
-    from agentrl.train import build_batch
+    from agentrl.algos.shaping import build_batch
 
     trajs = [_traj(0, 4, "length", 1.0), _traj(0, 2, "stop", 0.0), _traj(0, 3, "stop", 1.0)]
     batch = build_batch(trajs, pad_id=0)
@@ -492,9 +492,9 @@ def test_distill_advantages_by_hand_on_three_tokens():
 
 
 def test_distill_teacher_equal_to_student_gives_zero_signal(tiny_model_dir):
+    from agentrl.algos.shaping import build_batch
     from agentrl.learner.local import Learner
     from agentrl.models.tiny import load_model
-    from agentrl.train import build_batch
 
     distill = get_algorithm("distill")
     model, _ = load_model(tiny_model_dir)

@@ -274,8 +274,8 @@ def _trajs(n=4, seed=0, rewards=None, truncated=None):
 
 
 def test_value_head_values_and_truncation_bootstrap(tiny_model_dir):
+    from agentrl.algos.shaping import build_batch
     from agentrl.learner.forward import token_logprobs_values
-    from agentrl.train import build_batch
 
     model, _ = load_model(tiny_model_dir)
     learner = Learner(model, lr=1e-3, value_head=True, micro_batch_size=3)
@@ -298,7 +298,7 @@ def test_value_head_values_and_truncation_bootstrap(tiny_model_dir):
 
 
 def test_ppo_update_trains_the_value_head_and_checkpoints_it(tiny_model_dir, tiny_tokenizer, tmp_path):
-    from agentrl.train import build_batch
+    from agentrl.algos.shaping import build_batch
 
     model, _ = load_model(tiny_model_dir)
     cfg = algo_config(name="ppo", kl_coef=0.05)
@@ -325,7 +325,7 @@ def test_ppo_update_trains_the_value_head_and_checkpoints_it(tiny_model_dir, tin
 
 
 def test_ppo_kl_in_the_loss(tiny_model_dir):
-    from agentrl.train import build_batch
+    from agentrl.algos.shaping import build_batch
 
     model, _ = load_model(tiny_model_dir)
     cfg = ns(name="ppo", kl_coef=0.1, kl_in_reward=False)
@@ -340,7 +340,7 @@ def test_ppo_kl_in_the_loss(tiny_model_dir):
 
 
 def test_tis_weights_and_mismatch_in_the_update(tiny_model_dir):
-    from agentrl.train import build_batch
+    from agentrl.algos.shaping import build_batch
 
     model, _ = load_model(tiny_model_dir)
     learner = Learner(model, lr=1e-3, micro_batch_size=2)
@@ -421,7 +421,7 @@ def _group(gid, rewards):
 
 
 def test_dynamic_sampling_drops_flat_groups_and_refills():
-    from agentrl.train import dynamic_sampling
+    from agentrl.algos.shaping import dynamic_sampling
 
     first = _group(0, [1, 1]) + _group(1, [0, 1]) + _group(2, [0, 0])
     calls = []
@@ -441,7 +441,7 @@ def test_dynamic_sampling_drops_flat_groups_and_refills():
 
 
 def test_empty_batch_makes_no_update(tiny_model_dir):
-    from agentrl.train import build_batch
+    from agentrl.algos.shaping import build_batch
 
     model, _ = load_model(tiny_model_dir)
     learner = Learner(model, lr=1e-3)
@@ -489,7 +489,7 @@ def test_dpo_loss_by_hand_on_response_tokens_only():
 
 
 def test_dpo_prepare_builds_pairs_from_groups():
-    from agentrl.train import build_batch
+    from agentrl.algos.shaping import build_batch
 
     prompt = [7, 8, 9]
     trajs = []

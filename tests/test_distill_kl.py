@@ -143,10 +143,10 @@ def test_prepare_and_update_with_the_teacher_equal_to_the_student(tiny_model_dir
     KL > 0, and updates move the weights and lower the KL."""
     from conftest import TINY_TEXTS
 
+    from agentrl.algos.shaping import build_batch
     from agentrl.learner.frozen import frozen_logprobs
     from agentrl.learner.local import Learner
     from agentrl.models.tiny import build_tiny_model, load_model
-    from agentrl.train import build_batch
 
     model, _ = load_model(tiny_model_dir)
     learner = Learner(model, lr=1e-2, micro_batch_size=2)

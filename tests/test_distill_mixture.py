@@ -97,12 +97,14 @@ def test_teacher_rows_of_a_real_batch_on_the_toy_env(tmp_path):
     seeds (token-in / token-out), and not the student's; their loss_mask is 1 on the sampled
     turns only; `prepare` finds the engine's sampler log-probabilities equal to the inline
     teacher's (same tokens, same weights) and hands the learner the student's on those rows."""
+    from agentrl.algos.shaping import build_batch
     from agentrl.models.tiny import load_model
     from agentrl.rollout.chat import ChatRenderer
     from agentrl.rollout.collect import collect
     from agentrl.rollout.envs import build_env
+    from agentrl.rollout.stages import held_version, run_batch, task_seeds
     from agentrl.run import default_model_dir, make_teacher_engine
-    from agentrl.train import build_batch, build_loop, held_version, run_batch, set_up, task_seeds
+    from agentrl.train import build_loop, set_up
 
     base = default_model_dir(load_config(None, TOY[:-2]), tmp_path / "base")
     teacher, tok = load_model(base)  # another random init, same tokenizer

@@ -292,8 +292,9 @@ def _episodes(tiny_tokenizer, returns, groups):
 
 def test_mark_trained_records_the_grpo_advantage_and_zero_variance_groups(tiny_tokenizer):
     from agentrl.algos import get_algorithm
+    from agentrl.algos.shaping import build_batch
     from agentrl.config import load_config
-    from agentrl.train import build_batch, mark_trained
+    from agentrl.log.steps import mark_trained
 
     trajs = _episodes(tiny_tokenizer, [1.0, 0.0, 1.0, 1.0], [0, 0, 1, 1])
     batch = build_batch(trajs, 0)

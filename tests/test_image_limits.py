@@ -93,9 +93,9 @@ def test_unrenderable_images_are_recorded_env_errors(vlm):
 
 def test_learner_update_on_a_batch_without_trainable_tokens_is_skipped(vlm):
     from agentrl.algos import get_algorithm
+    from agentrl.algos.shaping import build_batch
     from agentrl.config import algo_config
     from agentrl.learner.local import Learner
-    from agentrl.train import build_batch
     from agentrl.types import Trajectory
 
     model, tok, _ = vlm

@@ -61,7 +61,7 @@ def _batch(tok_model, n=4, seed=0):
         t.append_sampled(torch.randint(3, 50, (4 + 2 * i,), generator=g).tolist(), [-3.0] * (4 + 2 * i),
                          reward=float(i % 2))
         trajs.append(t)
-    from agentrl.train import build_batch
+    from agentrl.algos.shaping import build_batch
 
     return build_batch(trajs, pad_id=0)
 
@@ -288,7 +288,7 @@ def test_prefix_share_falls_back_for_models_without_a_cache():
 
 def _group_batch(seed, groups=3, G=3):
     """GRPO batch: `groups` prompts x G two-turn episodes (agent, env reply, agent)."""
-    from agentrl.train import build_batch
+    from agentrl.algos.shaping import build_batch
 
     g = torch.Generator().manual_seed(seed)
     trajs = []
@@ -499,7 +499,7 @@ def test_inductor_compiled_update_equals_eager(tiny_model_dir, monkeypatch):
 # -- rows with all-zero advantages (Learner(skip_zero_advantage=True)) ---------------------------
 def _equal_reward_batch(seed, rewards):
     """GRPO batch of groups of 3 one-turn rows; rewards[k] are group k's three rewards."""
-    from agentrl.train import build_batch
+    from agentrl.algos.shaping import build_batch
 
     g = torch.Generator().manual_seed(seed)
     trajs = []

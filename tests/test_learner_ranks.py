@@ -311,19 +311,20 @@ def test_two_learner_ranks_with_two_rollout_workers(ray_up, tiny_model_dir, tmp_
 def test_resume_a_two_rank_run_with_one_rank(ray_up, tiny_model_dir, tmp_path, monkeypatch):
     """A 2-rank run crashes after its step-1 checkpoint; `--resume` with 1 rank (DCP reshards)
     ends with the weights of the uninterrupted 2-rank run."""
+    import agentrl.rollout.stages as stages_mod
     import agentrl.train as train_mod
     from agentrl.config import load_config
 
     base = ["train.learner_workers=2", "train.learner_cpus=0.5", "algo.kl_coef=0.05"]
     whole = _run(tmp_path, "whole", tiny_model_dir, base)
-    real = train_mod.collect
+    real = stages_mod.collect
 
     def crash(*a, **kw):
         if kw["group_base"] == 1 * 2:  # collecting step 2
             raise RuntimeError("injected")
         return real(*a, **kw)
 
-    monkeypatch.setattr(train_mod, "collect", crash)
+    monkeypatch.setattr(stages_mod, "collect", crash)
     out = tmp_path / "cut"
     cfg = load_config(None, TOY + base + ["train.save_every=1", f"model.path={tiny_model_dir}", f"out={out}"])
     with pytest.raises(RuntimeError, match="injected"):

@@ -296,11 +296,11 @@ def test_learner_takes_pixel_values_ratio_one_then_a_grpo_step(vlm, tmp_path):
     import torch
 
     from agentrl.algos import get_algorithm
+    from agentrl.algos.shaping import build_batch
     from agentrl.config import algo_config
     from agentrl.learner.local import Learner
     from agentrl.rollout.chat import VisionChatRenderer
     from agentrl.rollout.engines.hf_vision import VisionHFEngine
-    from agentrl.train import build_batch
     from agentrl_envs.visual_count import VisualCountEnv
 
     torch.manual_seed(0)

@@ -25,6 +25,7 @@ import torch
 from rich.console import Console
 from safetensors.torch import load_file
 
+import agentrl.rollout.stages as stages_mod
 import agentrl.train as train_mod
 from agentrl.config import load_config
 from agentrl.learner.checkpoints import latest_checkpoint
@@ -73,14 +74,14 @@ def test_g3_resume_from_step_3_equals_the_uninterrupted_run(uninterrupted, tiny_
     assert _max_diff(_weights(A / "checkpoints/step_6"), _weights(A / "checkpoints/step_3")) > 1e-4
 
     # the run crashes while collecting step 4, after its step-3 checkpoint
-    real_collect = train_mod.collect
+    real_collect = stages_mod.collect
 
     def crashing_collect(*args, **kw):
         if kw["group_base"] == 3 * 2:  # step index 3 (the 4th step), tasks_per_step = 2
             raise Crash("injected")
         return real_collect(*args, **kw)
 
-    monkeypatch.setattr(train_mod, "collect", crashing_collect)
+    monkeypatch.setattr(stages_mod, "collect", crashing_collect)
     cfg = load_config(None, ARGS + ["train.save_every=3", f"model.path={tiny_model_dir}", f"out={B}"])
     with pytest.raises(Crash):
         train_mod.train(cfg)
@@ -198,14 +199,14 @@ def test_reward_wrapper_state_is_checkpointed_and_resumed(tiny_model_dir, tmp_pa
     assert st["driver"]["curiosity"]["t"] > 0 and st["driver"]["safety"]["updates"] > 0
     assert REWARD_STATE in json.loads((A / "checkpoints/step_1/manifest.json").read_text())
 
-    real_collect = train_mod.collect
+    real_collect = stages_mod.collect
 
     def crashing_collect(*args, **kw):
         if kw["group_base"] == 1 * 2:  # step index 1 (the 2nd step), tasks_per_step = 2
             raise Crash("injected")
         return real_collect(*args, **kw)
 
-    monkeypatch.setattr(train_mod, "collect", crashing_collect)
+    monkeypatch.setattr(stages_mod, "collect", crashing_collect)
     cfg = load_config(None, WRAPPED + [f"model.path={tiny_model_dir}", f"out={B}"])
     with pytest.raises(Crash):
         train_mod.train(cfg)
@@ -245,14 +246,14 @@ def test_async_resume_equals_the_uninterrupted_run(opts, tiny_model_dir, tmp_pat
     A, B = tmp_path / "A", tmp_path / "B"
     train_mod.train(load_config(None, args + [f"out={A}"]))
 
-    real_collect = train_mod.collect
+    real_collect = stages_mod.collect
 
     def crashing_collect(*a, **kw):
         if kw["group_base"] == 4 * 2:  # step index 4 (the 5th step), sampled by the actor thread
             raise Crash("injected")
         return real_collect(*a, **kw)
 
-    monkeypatch.setattr(train_mod, "collect", crashing_collect)
+    monkeypatch.setattr(stages_mod, "collect", crashing_collect)
     cfg = load_config(None, args + [f"out={B}"])
     with pytest.raises(RuntimeError, match="rollout actor failed"):
         train_mod.train(cfg)

@@ -194,7 +194,7 @@ def test_eval_of_a_run_with_one_sample_uses_the_runs_temperature(run4, tmp_path)
 def test_stop_request_exit_codes_sigint_130_sigterm_143():
     """The exit status of a stopped run is 128 + the signal: Ctrl-C 130, SIGTERM 143 (the first
     signal asks for a stop after the step, a second one raises at once with its own code)."""
-    from agentrl.train import RunInterrupted, SecondSignal, StopRequest, signal_exit_code
+    from agentrl.infra.signals import RunInterrupted, SecondSignal, StopRequest, signal_exit_code
 
     before = signal.getsignal(signal.SIGTERM)
     assert (signal_exit_code("SIGINT"), signal_exit_code("SIGTERM"), signal_exit_code(None)) == (130, 143, 130)

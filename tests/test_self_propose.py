@@ -13,6 +13,7 @@ from gymnasium.utils.env_checker import check_env
 import agentrl.train as train_mod
 from agentrl.algos.advantages import group_advantages
 from agentrl.algos.grpo import GRPO
+from agentrl.algos.shaping import build_batch
 from agentrl.config import load_config
 from agentrl.env.base import env_state, load_env_state
 from agentrl.env.registry import make_env
@@ -345,7 +346,7 @@ def test_role_aware_groups_never_mix_roles_or_modes():
         t.turns[-1].reward = r
         t.info["group_key"] = key
         trajs.append(t)
-    batch = train_mod.build_batch(trajs, pad_id=0)
+    batch = build_batch(trajs, pad_id=0)
     assert batch["group_ids"].tolist() == [0, 0, 1, 1, 2, 2]
     adv, stats = GRPO().advantages(batch, algo_config(name="grpo"))
     # propose group (0.5, -0.5): mean 0, unbiased std sqrt((0.25 + 0.25) / 1) = 0.70711, so

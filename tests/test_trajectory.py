@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from agentrl.train import build_batch
+from agentrl.algos.shaping import build_batch
 from agentrl.types import Trajectory, collate
 
 

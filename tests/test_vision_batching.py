@@ -144,10 +144,10 @@ def test_learner_batched_vision_logprobs_equal_per_row(vlm, episodes):
     text-only row) equals the per-row forward (`vision_logprobs`) within 1e-5 at every real
     position, through `Learner.logprobs` at micro-batch sizes 1 and 3 too; vision tokens get
     probability 0 (their logprob is the lowest float32 after the log-softmax)."""
+    from agentrl.algos.shaping import build_batch
     from agentrl.learner.forward import token_logprobs
     from agentrl.learner.local import Learner
     from agentrl.models.vision_logprobs import vision_logprobs
-    from agentrl.train import build_batch
 
     model, tok, _ = vlm
     _, r = _engine(vlm)

@@ -99,11 +99,11 @@ def test_a_ray_worker_runs_image_episodes_as_in_process_and_the_learner_agrees(r
     the same seed, with the initial weights and after a push of other weights (which the
     worker's VLM then samples from: other tokens); the `Learner`'s logprobs of the pushed policy
     on the worker's trajectories equal the sampler's within 1e-4."""
+    from agentrl.algos.shaping import build_batch
     from agentrl.learner.local import Learner
     from agentrl.models.vlm import load_vlm
     from agentrl.rollout.chat import VisionChatRenderer
     from agentrl.rollout.workers import RolloutPool
-    from agentrl.train import build_batch
 
     pool = RolloutPool(vision_cfg(num_workers=1), vlm_dir)
     try:

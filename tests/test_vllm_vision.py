@@ -82,8 +82,8 @@ def params(renderer, temperature: float) -> SamplingParams:
 
 def teacher_forced(model, trajs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The `Learner`'s logprobs of `model` on `trajs`, the sampler's, and the loss mask."""
+    from agentrl.algos.shaping import build_batch
     from agentrl.learner.local import Learner
-    from agentrl.train import build_batch
 
     batch = build_batch(trajs, pad_id=0)
     lp = Learner(model, lr=1e-3, micro_batch_size=2).logprobs(batch)

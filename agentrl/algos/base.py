@@ -30,6 +30,9 @@ class Algorithm:
     - `idle_zero_advantage_rows(cfg)`: a row whose advantages are all 0 adds nothing to `loss`
       or its gradient, so the learner may leave it out of its forwards.
     - `turn_advantages(cfg)`: the advantages are per turn (they read the turns' rewards).
+    - loop hooks of a second sampler (distill's GKD mixture; no-ops by default):
+      `check_tokenizer(cfg, tok)` at start-up, `mark_mixture_rows(trajs, version)` on the
+      second sampler's episodes, `mixture_metrics(trajs, success)` with the rollout metrics.
     - `tis(cfg)`, `norm_len(cfg)`, `entropy_coef(cfg)`, `masks_truncated(cfg)`: the settings
       of the learner's TIS weights, Dr. GRPO's L_max, the entropy bonus and DAPO's overlong
       filtering, for algorithms whose config has those keys (None / 0 / False otherwise).
@@ -72,6 +75,17 @@ class Algorithm:
     def masks_truncated(self, cfg: Any) -> bool:
         """Do rows with a turn cut by `rollout.max_tokens` get loss mask 0 (DAPO)? (No.)"""
         return False
+
+    def check_tokenizer(self, cfg: Any, tok: Any) -> None:
+        """Start-up check of the policy's tokenizer against what the algorithm loads (a
+        teacher's); raises ValueError when they differ. Default: nothing to check."""
+
+    def mark_mixture_rows(self, trajs: list[Any], policy_version: int) -> None:
+        """Tag the episodes of the run's second sampler (`Loop.teacher_engine`). Default: none."""
+
+    def mixture_metrics(self, trajs: list[Any], success: Any) -> dict[str, float]:
+        """Rollout metrics per sampler of a mixed batch (`success(traj) -> bool`). Default: {}."""
+        return {}
 
     def prepare(self, batch: dict[str, Any], learner: Any, cfg: Any) -> tuple[dict[str, Any], dict]:
         """No-grad passes before the advantages (old logprobs, values) or another batch (DPO's

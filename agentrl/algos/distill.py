@@ -81,9 +81,11 @@ teacher tensor in the batch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from agentrl.algos.advantages import expand_to_tokens, group_advantages, group_stats
@@ -218,14 +220,43 @@ def teacher_task_count(fraction: float, tasks_per_step: int) -> int:
     return int(round(fraction * tasks_per_step))
 
 
-def mark_teacher_rows(trajs: list[Any], policy_version: int) -> None:
-    """Tag trajectories the teacher sampled: `info["sampler"] = "teacher"` (read by
-    `agentrl.train.build_batch` into `batch["teacher_rows"]`) and `policy_version` set to the
-    student's current one, so that the staleness filter (`train.max_staleness`), which bounds
-    how far behind the student's weights a sample is, never drops the frozen teacher's."""
+def check_tokenizer(cfg: Any, tok: Any) -> None:
+    """`Distill.check_tokenizer`, before any work: the teacher (`cfg.teacher_path`, AlgoConfig) has the policy's
+    tokenizer `tok` (per-token log-probabilities are compared by id; `check_teacher_tokenizer`).
+
+    Raises:
+        ValueError: the tokenizers differ (the loop reports it as a config error).
+    """
+    check_teacher_tokenizer(cfg.teacher_path, tok)
+
+
+def mark_mixture_rows(trajs: list[Any], policy_version: int) -> None:
+    """`Distill.mark_mixture_rows`: for the episodes of the run's second sampler (GKD's mixture: the teacher's
+    engine, `agentrl.rollout.stages.Loop.teacher_engine`): tag them `info["sampler"] = "teacher"`
+    (read by `agentrl.algos.shaping.build_batch` into `batch["teacher_rows"]`) and set
+    `policy_version` to the student's current one, so that the staleness filter
+    (`train.max_staleness`), which bounds how far behind the student's weights a sample is,
+    never drops the frozen teacher's."""
     for t in trajs:
         t.info["sampler"] = "teacher"
         t.policy_version = policy_version
+
+
+def mixture_metrics(trajs: list[Any], success: Callable[[Any], bool]) -> dict[str, float]:
+    """`Distill.mixture_metrics`, with the rollout metrics: with GKD's mixture (rows tagged by
+    `mark_mixture_rows`), `rollout/teacher_reward_mean` and `rollout/teacher_pass_rate` over the
+    teacher's episodes and `rollout/student_...` over the student's (`success(traj)`: did it
+    solve its task); {} without teacher rows."""
+    teach = [t.info.get("sampler") == "teacher" for t in trajs]
+    if not any(teach):
+        return {}
+    m: dict[str, float] = {}
+    for name, sel in (("teacher", True), ("student", False)):
+        ts = [t for t, k in zip(trajs, teach) if k == sel]
+        r = [t.episode_return for t in ts if t.episode_return == t.episode_return]
+        m[f"rollout/{name}_reward_mean"] = float(np.mean(r)) if r else float("nan")
+        m[f"rollout/{name}_pass_rate"] = float(np.mean([success(t) for t in ts])) if ts else float("nan")
+    return m
 
 
 class Distill(GRPO):
@@ -240,6 +271,18 @@ class Distill(GRPO):
         """No: per-token teacher signals (+ the episode's env advantage)."""
         return False
 
+    def check_tokenizer(self, cfg: Any, tok: Any) -> None:
+        """The teacher has the policy's tokenizer (`check_tokenizer`)."""
+        check_tokenizer(cfg, tok)
+
+    def mark_mixture_rows(self, trajs: list[Any], policy_version: int) -> None:
+        """The teacher's episodes of GKD's mixture (`mark_mixture_rows`)."""
+        mark_mixture_rows(trajs, policy_version)
+
+    def mixture_metrics(self, trajs: list[Any], success: Any) -> dict[str, float]:
+        """Teacher and student rollout metrics of GKD's mixture (`mixture_metrics`)."""
+        return mixture_metrics(trajs, success)
+
     def wants_vocab_logprobs(self, cfg: Any) -> bool:
         """The learner passes the student's (B, T, V) log-probabilities to `loss` (`full`, `topk`)."""
         return cfg.distill_kl != "sampled"
@@ -249,7 +292,7 @@ class Distill(GRPO):
         teacher worker when `learner.teacher` is set (`placement.teacher=worker`; a prefetched
         result of the same rows when the loop started one), else from the inline teacher.
 
-        With GKD's mixture (`batch["teacher_rows"]`, (B,) bool, from `agentrl.train.build_batch`):
+        With GKD's mixture (`batch["teacher_rows"]`, (B,) bool, from `agentrl.algos.shaping.build_batch`):
         the teacher rows' `sampler_logprobs` (the teacher engine's) move to
         `teacher_sampler_logprobs` and are replaced by the student's `old_logprobs`, so the learner's
         mismatch metrics and TIS weights read student rows only.

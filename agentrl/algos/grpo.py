@@ -13,7 +13,7 @@ aggregation):
   (episode + `step_weight` x anchor-state advantages), so `--algo grpo algo.turn_credit=gigpo`
   is `--algo gigpo`;
 - dynamic sampling (`cfg.dynamic_sampling`, DAPO): groups without signal are dropped and the
-  batch refilled by the training loop (`agentrl.train.dynamic_sampling`);
+  batch refilled by the training loop (`agentrl.algos.shaping.dynamic_sampling`);
 - truncated importance sampling (`cfg.tis_cap`, `tis_level`, `tis_mode`): `losses.tis_weights_of`
   weighs the per-token loss here from the old and sampler logprobs;
 - Dr. GRPO's L_max (`cfg.norm_len`): `Learner.update` passes it as `max_len`.

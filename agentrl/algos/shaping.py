@@ -18,20 +18,30 @@ sample with a turn cut by the token budget (its finish reason is `length`) is ze
 truncated answer is neither rewarded nor punished for its text; it still counts in its
 group's statistics.
 
+DAPO's dynamic sampling (`algo.dynamic_sampling`, sec. 3.2, `filter_groups`) and the batch the
+algorithms read (`build_batch`) live here too.
+
 Order in the training loop (`agentrl.train.update`): dynamic sampling first (it judges groups
-by their unshaped returns), then this, then the algorithm's `prepare` and advantages. The
+by their unshaped returns), then `build_batch`, then this (`shape_batch`), then the algorithm's
+`prepare` and advantages. The
 rollout metrics (`rollout/reward_mean`, ...) are of the unshaped rewards; `adv/...` of the
 shaped ones.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from agentrl.algos.advantages import zero_variance_mask
 from agentrl.algos.turns import turn_index
+from agentrl.types import Trajectory, collate
+
+DYNAMIC_SAMPLING_MAX_ROUNDS = 3
+"""Most refill collections per step of dynamic sampling (DAPO's `max_num_gen_batches`)."""
 
 
 def overlong_penalty(lengths: Tensor, max_tokens: int, buffer: int, penalty: float = 1.0) -> Tensor:
@@ -121,7 +131,7 @@ def shape_batch(batch: dict[str, Any], trajs: list[Any], cfg: Any, max_tokens: i
     nothing (and returns {}) when both are off.
 
     Args:
-        batch: from `agentrl.train.build_batch(trajs, ...)`.
+        batch: from `build_batch(trajs, ...)`.
         trajs: the trajectories (their turns' `finish_reason`).
         cfg: the algorithm's config (`overlong_buffer`, `overlong_penalty`).
         max_tokens: `rollout.max_tokens`.
@@ -138,3 +148,72 @@ def shape_batch(batch: dict[str, Any], trajs: list[Any], cfg: Any, max_tokens: i
                            dtype=torch.bool)
         metrics["masked_truncated"] = float(mask_length_truncated(batch, cut))
     return metrics
+
+
+def group_keys(trajs: list[Trajectory]) -> list[int]:
+    """The advantage group of each trajectory: its `group_id` split further by the env's
+    `info["group_key"]` (e.g. `self_propose`'s role and mode), so that episodes of different
+    roles or modes never share a baseline even under one `group_id`. Returns ints numbered
+    0, 1, ... in order of first appearance."""
+    ids: dict[tuple[int, Any], int] = {}
+    return [ids.setdefault((t.group_id, t.info.get("group_key")), len(ids)) for t in trajs]
+
+
+def build_batch(trajs: list[Trajectory], pad_id: int) -> dict[str, Any]:
+    """Collate trajectories and attach `scores` (B,) episode returns, `group_ids` (B,)
+    (`group_keys`: role-aware) and `truncated` (B,). A NaN return (a failed reward) stays NaN, and an episode that sampled no
+    token gets NaN (case A9): both are excluded from group statistics and get advantage 0.
+    Rows another sampler played (`info["sampler"]`, e.g. distill's GKD mixture tags the
+    teacher's `"teacher"`) get `<sampler>_rows` (B,) bool, e.g. `teacher_rows`."""
+    batch = collate(trajs, pad_id)
+    batch["scores"] = torch.tensor(
+        [t.episode_return if t.num_sampled > 0 else float("nan") for t in trajs], dtype=torch.float32)
+    batch["group_ids"] = torch.tensor(group_keys(trajs), dtype=torch.long)
+    batch["truncated"] = torch.tensor([t.truncated for t in trajs], dtype=torch.bool)
+    for s in sorted({str(t.info["sampler"]) for t in trajs if t.info.get("sampler")}):
+        batch[f"{s}_rows"] = torch.tensor([t.info.get("sampler") == s for t in trajs], dtype=torch.bool)
+    return batch
+
+
+def dynamic_sampling(trajs: list[Trajectory], more: Callable[[int], list[Trajectory]], want: int, *,
+                     max_rounds: int = DYNAMIC_SAMPLING_MAX_ROUNDS) -> tuple[list[Trajectory], int]:
+    """DAPO dynamic sampling (Yu et al. 2025, sec. 3.2): keep only the groups whose rewards
+    differ (`zero_variance_mask`: groups with all-equal or fewer than two valid returns carry
+    no gradient) and call `more(round)` for fresh groups until `want` trajectories are kept or
+    `max_rounds` refills were made. Whole groups are kept, in order, up to `want` episodes.
+
+    Returns:
+        (kept trajectories, refill rounds used). Fewer than `want` (possibly none: then the
+        step makes no update) when the refills run out.
+    """
+    def informative(ts: list[Trajectory]) -> list[Trajectory]:
+        if not ts:
+            return []
+        scores = torch.tensor([t.episode_return if t.num_sampled > 0 else float("nan") for t in ts])
+        drop = zero_variance_mask(scores, group_keys(ts)).tolist()
+        return [t for t, d in zip(ts, drop) if not d]
+
+    kept, rounds = informative(trajs), 0
+    while len(kept) < want and rounds < max_rounds:
+        rounds += 1
+        kept += informative(more(rounds))
+    groups: dict[Any, list[Trajectory]] = {}
+    for t in kept:
+        groups.setdefault((t.group_id, t.info.get("group_key")), []).append(t)
+    out: list[Trajectory] = []
+    for g in groups.values():
+        if len(out) + len(g) > want:
+            break
+        out += g
+    return out, rounds
+
+
+def filter_groups(trajs: list[Trajectory], more: Callable[[int], list[Trajectory]], cfg: Any,
+                  want: int) -> tuple[list[Trajectory], dict[str, float]]:
+    """The groups a step trains on: with `cfg.dynamic_sampling` (AlgoConfig), `dynamic_sampling`
+    (refills from `more(round)`, up to `want` episodes) and its metric `refill_rounds` (logged
+    under `rollout/`); otherwise `trajs` as they are and no metric."""
+    if not cfg.dynamic_sampling:
+        return trajs, {}
+    trajs, rounds = dynamic_sampling(trajs, more, want)
+    return trajs, {"refill_rounds": rounds}

@@ -70,7 +70,7 @@ def load_group(out_dir: str | Path, step: int, group_id: int) -> list[Trajectory
 def training_note(traj: Trajectory, group_returns: list[float]) -> str:
     """One line on what the update made of the episode: its advantage and whether it was
     trained (carried policy-gradient signal), with the returns of its group, from the
-    `advantage` / `trained` the trainer records in `info` (`agentrl.train.mark_trained`)."""
+    `advantage` / `trained` the trainer records in `info` (`agentrl.log.steps.mark_trained`)."""
     rets = ", ".join(f"{r:.3g}" for r in group_returns)
     grp = f"group returns [{rets}]"
     if "trained" not in traj.info:  # a run from before they were recorded, or DPO pairs

@@ -1,0 +1,189 @@
+"""What the training loop records of each step and of the run: the rollout metrics
+(`rollout/...`, `env/...`), what the update made of each episode (`mark_trained`, shown by
+`agentrl show`), the workers' profile (`perf/...`), the bf16/fp32 logprob gap of frozen
+workers, the metrics row and rollouts of a step (`log_step`), and the summary and closing
+lines of the run (`report`, OUT/summary.json)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from agentrl.log.summary import (
+    cost_profile,
+    format_profile,
+    reward_repeats_pass1,
+    stage_seconds,
+    summary_panel,
+)
+from agentrl.types import Trajectory
+
+
+def format_eval(ev: dict[str, float], samples: int) -> str:
+    """`pass@1 0.203 ± 0.021, pass@4 0.412 ± 0.030` from evaluation metrics (± one standard
+    error over tasks)."""
+    parts = []
+    for k in sorted({1, samples}):
+        v, se = ev.get(f"pass@{k}", float("nan")), ev.get(f"pass@{k}_se", float("nan"))
+        parts.append(f"pass@{k} {v:.3f}" + (f" ± {se:.3f}" if se == se else ""))
+    return ", ".join(parts)
+
+
+def rollout_metrics(trajs: list[Trajectory], success: Callable[[Trajectory], bool],
+                    more: Sequence[dict[str, float]] = ()) -> dict[str, float]:
+    """The batch's rollout metrics over the episodes trained on (after the staleness filter,
+    before dynamic sampling drops groups): `rollout/reward_mean` and `rollout/reward_std` over
+    the non-NaN episode returns (NaN when there are none), `rollout/pass_rate` (`success(traj)`:
+    did it solve its task, `agentrl.eval.episodes.episode_success`), `env/errors`,
+    `env/timeouts`, ..., then the dicts of `more` (e.g. the algorithm's and the reward
+    components'), then `group_key_metrics`."""
+    m: dict[str, float] = {}
+    rets = np.array([t.episode_return for t in trajs], dtype=float)
+    valid = rets[~np.isnan(rets)]
+    m["rollout/reward_mean"] = float(valid.mean()) if len(valid) else float("nan")
+    m["rollout/reward_std"] = float(valid.std()) if len(valid) else float("nan")
+    m["rollout/pass_rate"] = float(np.mean([success(t) for t in trajs]))
+    m["rollout/response_len"] = float(np.mean([t.num_sampled for t in trajs]))
+    m["rollout/turns"] = float(np.mean([len(t.turns) for t in trajs]))
+    m["rollout/truncated_frac"] = float(np.mean([t.truncated for t in trajs]))
+    m["env/errors"] = float(sum(len(t.info.get("errors", [])) for t in trajs))
+    m["env/timeouts"] = float(sum(bool(t.info.get("env_timeout")) for t in trajs))  # resets + steps
+    # env steps whose code ran WITHOUT a sandbox (code_sandbox with backend='subprocess')
+    m["sandbox/unisolated"] = float(sum(bool((turn.info or {}).get("unisolated"))
+                                        for t in trajs for turn in t.turns))
+    m["rollout/nan_rewards"] = float(np.isnan(rets).sum())
+    for extra in more:
+        m.update(extra)
+    m.update(group_key_metrics(trajs, success))
+    return m
+
+
+def group_key_metrics(trajs: list[Trajectory], success: Callable[[Trajectory], bool]) -> dict[str, float]:
+    """Per env group key (`info["group_key"]`, e.g. `propose`, `solve/deduce`):
+    `rollout/<key>/episodes`, `.../pass_rate` (`success(traj)`; for `self_propose`'s proposals:
+    the valid proposal rate; for its solves: the solve rate) and `.../reward_mean`; and
+    `env/<name>`, the largest value of each `info["env_stats"]` entry (e.g. `env/buffer_size`)."""
+    m: dict[str, float] = {}
+    keys = sorted({str(t.info["group_key"]) for t in trajs if t.info.get("group_key") is not None})
+    for k in keys:
+        ts = [t for t in trajs if str(t.info.get("group_key")) == k]
+        rets = [t.episode_return for t in ts if t.episode_return == t.episode_return]
+        m[f"rollout/{k}/episodes"] = float(len(ts))
+        m[f"rollout/{k}/pass_rate"] = float(np.mean([success(t) for t in ts]))
+        m[f"rollout/{k}/reward_mean"] = float(np.mean(rets)) if rets else float("nan")
+    for t in trajs:
+        for name, v in (t.info.get("env_stats") or {}).items():
+            m[f"env/{name}"] = max(m.get(f"env/{name}", float("-inf")), float(v))
+    return m
+
+
+def mark_trained(trajs: list[Trajectory], batch: dict[str, Any]) -> None:
+    """Record in each trajectory's `info` what the update made of it (shown by `agentrl show`):
+    `advantage`, the mean advantage over its trained tokens (loss_mask 1; the episode's one
+    advantage for GRPO-style algorithms), and `trained`, whether any of its advantages is
+    non-zero, i.e. whether it carries policy-gradient signal (an episode of a group whose
+    rewards were all equal, or whose reward failed, has advantage 0: the learner leaves it out
+    of its forwards when its loss has no KL or entropy term). Nothing is recorded when the
+    algorithm's rows are not the trajectories (e.g. DPO's pairs)."""
+    adv = batch.get("advantages")
+    if not isinstance(adv, torch.Tensor) or adv.shape[0] != len(trajs) or adv.dim() not in (1, 2):
+        return
+    for i, t in enumerate(trajs):
+        if adv.dim() == 1:
+            a, nonzero = float(adv[i]), bool(adv[i] != 0)
+        else:
+            mask = batch["loss_mask"][i] > 0
+            vals = adv[i][mask] if mask.any() else adv[i][:0]
+            a = float(vals.mean()) if len(vals) else 0.0
+            nonzero = bool((vals != 0).any()) if len(vals) else False
+        t.info["advantage"], t.info["trained"] = a, nonzero
+
+
+def log_gap(workers: list[Any], placement: Any, batch: dict[str, Any], step: int,
+            m: dict[str, float]) -> None:
+    """Every `placement.logp_gap_every` steps, for each bfloat16 frozen worker of `workers`
+    (reference, teacher): `ref/logp_gap_mean` and `ref/logp_gap_max` (`teacher/...`),
+    |logp_bf16 - logp_fp32| (nats) over the batch's first `placement.logp_gap_tokens` agent
+    tokens, and `ref/logp_gap_tokens` (how many)."""
+    if not placement.logp_gap_every or step % placement.logp_gap_every:
+        return
+    for w in workers:
+        if w.dtype == "float32":
+            continue
+        g = w.logp_gap(batch, placement.logp_gap_tokens)
+        prefix = "ref" if w.role == "reference" else w.role
+        m.update({f"{prefix}/logp_gap_mean": g["mean"], f"{prefix}/logp_gap_max": g["max"],
+                  f"{prefix}/logp_gap_tokens": g["tokens"]})
+
+
+def worker_profile(workers: list[Any], rewards: Any, cfg: Any, m: dict[str, float]) -> None:
+    """The workers' share of the step (call after `perf/step_s` is set): `perf/reward_model_s`
+    (seconds the reward model computed: in this process's env wrappers `rewards`, or on its
+    worker), `perf/reference_busy_s` and `perf/reference_wait_s` (`perf/teacher_...`: the
+    reference (teacher) worker of `workers` computed / the loop waited for it), and the idle
+    seconds of each worker, `perf/<worker>_idle_s` = step seconds - its busy seconds. Not logged
+    for an inline reward model in Ray rollout workers (its time is spent in their processes)."""
+    rm_here = cfg.placement.reward_model == "worker" or cfg.rollout.num_workers == 0
+    if rewards is not None and hasattr(rewards, "take_reward_model_seconds") and rm_here:
+        m["perf/reward_model_s"] = rewards.take_reward_model_seconds()
+        if cfg.placement.reward_model == "worker":
+            m["perf/reward_model_idle_s"] = max(0.0, m["perf/step_s"] - m["perf/reward_model_s"])
+    for w in workers:
+        m.update(w.take_metrics())
+        m[f"perf/{w.role}_idle_s"] = max(0.0, m["perf/step_s"] - m[f"perf/{w.role}_busy_s"])
+
+
+def log_step(lp: Any, step: int, m: dict[str, float], trajs: list[Trajectory]) -> str:
+    """Write step `step + 1`'s metrics to `lp.log` (`lp`: the run's
+    `agentrl.rollout.stages.Loop`), and its rollouts every `train.log_rollouts_every` steps
+    and at the last step, so that `agentrl show` has one after any run; returns the progress
+    line."""
+    lp.log.log(step + 1, m)
+    every = lp.cfg.train.log_rollouts_every
+    if every and ((step + 1) % every == 0 or step + 1 == lp.cfg.train.steps):
+        (lp.out / "rollouts").mkdir(exist_ok=True)
+        with (lp.out / "rollouts" / f"step_{step + 1}.jsonl").open("w") as f:
+            for t in trajs:
+                f.write(json.dumps(t.to_dict()) + "\n")
+    r, p = m["rollout/reward_mean"], m["rollout/pass_rate"]
+    return (f"reward {r:.3f} " + ("" if r == p else f"pass {p:.2f} ")  # code_sandbox: the same number
+            + f"len {m['rollout/response_len']:.0f} {m['perf/step_s']:.1f}s/step")
+
+
+def report(lp: Any, before: dict[str, float], after: dict[str, float], final: Path,
+           extra: dict[str, Any], console: Any) -> dict[str, Any]:
+    """The run's summary (written to OUT/summary.json) and its closing lines (`lp`: the run's
+    `agentrl.rollout.stages.Loop`). The held-out evaluations' `reward_mean` is left out of the
+    summary when it equals their pass@1 (`heldout_reward_is_pass@1`; OUT/eval/*/summary.json
+    keep every metric); `stage_seconds` holds `sft` (the warm start's `sft_seconds`) and
+    `stage_seconds(OUT/metrics.jsonl)`."""
+    cfg, out, say = lp.cfg, lp.out, lp.say
+    b, a = before["pass@1"], after["pass@1"]
+    same = reward_repeats_pass1(before, after)  # code_sandbox: reward = solved = pass@1
+    ev_b, ev_a = ({k: v for k, v in e.items() if not (same and k == "reward_mean")} for e in (before, after))
+    summary = {"env": cfg.env.name, "algo": cfg.algo.name, "steps": cfg.train.steps,
+               "eval_before": ev_b, "eval_after": ev_a, "heldout_reward_is_pass@1": same,
+               "pass@1_ratio": (a / b) if b > 0 else None, "pass@1_gain": a - b,
+               "checkpoint": str(final), **extra,
+               "stage_seconds": {**({"sft": extra["sft_seconds"]} if extra.get("sft_seconds") else {}),
+                                 **stage_seconds(out / "metrics.jsonl")}}
+    summary["cost_profile"] = {label: {"seconds": sec, "share": share}
+                               for label, sec, share in cost_profile(summary["stage_seconds"])}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    ratio = f"{a / b:.2f}x" if b > 0 else "n/a"
+    say(f"[eval] held-out (T={cfg.rollout.temperature}, {cfg.train.eval_tasks} tasks x "
+        f"{cfg.train.eval_samples}, ± standard error): before RL {format_eval(before, cfg.train.eval_samples)}"
+        f" -> after RL {format_eval(after, cfg.train.eval_samples)}")
+    say(f"[eval] held-out pass@1: before RL {b:.3f} -> after RL {a:.3f} ({ratio}, {a - b:+.3f} absolute); "
+        f"`agentrl eval --model {out}` reproduces the after-RL figure ({out / 'eval'})")
+    say(f"[done] checkpoint: {final}; metrics: {out / 'metrics.jsonl'}")
+    if cfg.quiet or console is None:  # the panel shows it otherwise
+        say(f"[profile] {format_profile(summary['stage_seconds'])}")
+    if console is not None:
+        console.print(summary_panel(summary, out))
+    return summary
