@@ -68,7 +68,7 @@ def test_embedded_tokenizer_trains_on_the_mix_envs_texts_too(monkeypatch, tmp_pa
 
 
 def test_a_mix_env_without_reference_answers_is_refused(tmp_path):
-    from agentrl.train import set_up
+    from agentrl.run import set_up
 
     with pytest.raises(ConfigError, match="sft.mix_envs: env safety offers no reference answers"):
         set_up(load_config(None, ["sft.mix_envs={safety: 1}"], out=str(tmp_path / "r")))
