@@ -125,7 +125,7 @@ def train(
     from agentrl.infra.signals import RunInterrupted
     from agentrl.learner.group import PlacementError
     from agentrl.sandbox.backends import BackendError
-    from agentrl.train import OutError, ResumeError
+    from agentrl.startup import OutError, ResumeError
     from agentrl.train import train as run_train
 
     try:

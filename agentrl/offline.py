@@ -30,6 +30,9 @@ import torch
 
 from agentrl.config import Config
 from agentrl.infra.jsonl import jsonl_rows
+from agentrl.learner.checkpoints import check_out
+from agentrl.rollout.chat import renderer_for
+from agentrl.run import load_policy
 from agentrl.types import Trajectory
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -107,10 +110,6 @@ def conversation_examples(convs: list[list[dict[str, str]]], renderer: Any) -> l
 
 def _start(cfg: Config) -> tuple[Path, Any, Any, Any, int]:
     """OUT (checked, config written), model, tokenizer, renderer, pad id."""
-    from agentrl.learner.checkpoints import check_out
-    from agentrl.rollout.chat import ChatRenderer
-    from agentrl.run import load_policy
-
     out = Path(cfg.out)
     check_out(out, overwrite=cfg.overwrite, resumable=False)  # sft and offline DPO have no --resume
     out.mkdir(parents=True, exist_ok=True)
@@ -120,7 +119,7 @@ def _start(cfg: Config) -> tuple[Path, Any, Any, Any, int]:
     # stage's file (preferences or conversations are not a task file)
     model, tok, _ = load_policy(cfg.model_copy(update={"env": cfg.env.model_copy(update={"dataset": None})}),
                                 out, None)
-    renderer = ChatRenderer(tok)
+    renderer = renderer_for(tok)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else renderer.end_of_turn_id
     return out, model, tok, renderer, pad_id
 

@@ -1,24 +1,62 @@
-"""A run, built from its `Config` in one place: the model and tokenizer (a checkpoint, a given
-path or the embedded tiny model), the envs (`build_env`, with shared reward wrappers), the
-rollout engine (in process, Ray workers or vLLM) and the held-out envs. `agentrl.train`,
-`agentrl.sft` and `agentrl eval` build their pieces here; the Ray workers make their envs with
-the same `build_env` (`agentrl.env.base`), so that every env of a run is made one way.
+"""A run, built from its `Config` in one place (`build`): the start-up checks
+(`agentrl.startup`), the model and tokenizer (a checkpoint, a given path or the embedded tiny
+model), its renderer, the warm start, the rollout engine (in process, Ray workers or vLLM), the
+learner with its reference and teacher workers, and the envs (`build_env`, with shared reward
+wrappers) with the held-out ones. `agentrl train` uses all of it, `agentrl eval` the policy of a
+model directory and its engine (`build(cfg, model_dir=...)`), `agentrl sft` and offline DPO the
+policy (`load_policy`); the Ray workers build their engines with the same
+`agentrl.rollout.engines.make.make_engine`.
 """
 
 from __future__ import annotations
 
+import json
 import random
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
+from gymnasium.envs.registration import load_env_creator
 
+from agentrl.algos import get_algorithm
+from agentrl.algos.distill import teacher_task_count
 from agentrl.config import Config, ConfigError
-from agentrl.rollout.envs import _env_accepts, build_env
-
-__all__ = ["_env_accepts", "build_env", "default_model_dir", "heldout_envs", "load_policy", "make_engine",
-           "quiet_libraries", "reward_wrappers", "rollout_compile_note", "seed_everything"]
+from agentrl.env.base import load_env_state
+from agentrl.env.content import content_error, content_text
+from agentrl.env.registry import import_env_modules, resolve_env_id
+from agentrl.learner.checkpoints import check_out
+from agentrl.learner.frozen import make_reference, make_teacher
+from agentrl.learner.group import make_learner
+from agentrl.learner.local import resolve_device
+from agentrl.learner.lora import load_checkpoint, merged_state_dict, plain_copy, wrap_lora
+from agentrl.learner.schedules import lr_multiplier
+from agentrl.log.progress import Reporter
+from agentrl.models.tiny import build_tiny_model, load_model
+from agentrl.models.vlm import build_tiny_vlm, is_vlm_dir, load_vlm
+from agentrl.rewards import RewardWrappers
+from agentrl.rollout.chat import ChatRenderer, renderer_for
+from agentrl.rollout.collect import check_batch_hooks
+from agentrl.rollout.engines.make import load_processor, make_engine
+from agentrl.rollout.envs import build_env, build_named_env
+from agentrl.rollout.source import Leases, LockedEngine
+from agentrl.rollout.workers import RolloutPool
+from agentrl.startup import (
+    OutError,
+    check_resume_keeps_the_run,
+    check_settings,
+    check_tokenizer,
+    check_vision_training,
+    preflight,
+    restore_inline_reference,
+    resume_checkpoint,
+)
 
 
 def quiet_libraries() -> None:
@@ -36,6 +74,220 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+# -- set-up -------------------------------------------------------------------------------------
+def set_up(cfg: Config) -> tuple[Config, Any, Path]:
+    """Threads, seeds and the algorithm of the run; writes OUT/config.json.
+
+    Returns:
+        `(cfg with the run's resolved defaults (`agentrl.run`: the env's, the
+        policy's), the algorithm (`agentrl.algos.get_algorithm`), OUT)`.
+
+    Raises:
+        ValueError: an unknown env, or `train.device=cuda` without a CUDA device.
+        ConfigError: a setting that cannot run (`agentrl.startup.check_settings`,
+            `agentrl.startup.preflight`).
+        ResumeError: `--resume` with a setting the run keeps changed
+            (`agentrl.startup.check_resume_keeps_the_run`).
+        OutError: a new run's `out` is not empty (without `overwrite`), a file, or not writable.
+    """
+    resolve_device(cfg.train.device)  # fail early: train.device=cuda without a CUDA device
+    quiet_libraries()
+    torch.set_num_threads(cfg.train.torch_threads)
+    seed_everything(cfg.seed)
+    import_env_modules(cfg.env.imports)  # their register_env calls run before the lookup
+    resolve_env_id(cfg.env.name)  # fail early on an unknown env
+    algo = get_algorithm(cfg.algo.name)
+    cfg = resolve_run_defaults(cfg)  # a VLM for an image env, its SFT lr
+    check_settings(cfg)
+    preflight(cfg)  # before check_out: an --overwrite that fails here has deleted nothing
+    out = Path(cfg.resume or cfg.out)
+    if cfg.resume:  # the run's own folder; a stray --out / --overwrite is not recorded in it
+        cfg = cfg.model_copy(update={"out": str(out), "overwrite": False})
+        check_resume_keeps_the_run(cfg, out)
+    if not cfg.resume:
+        try:
+            check_out(out, overwrite=cfg.overwrite)
+        except ValueError as e:
+            raise OutError(str(e)) from None
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(cfg.model_dump_json(indent=1))
+    except OSError as e:
+        raise OutError(f"out: cannot write to {out}: {e.strerror or e}") from None
+    return cfg, algo, out
+
+
+def lr_schedule(cfg: Config) -> Callable[[int], float]:
+    """The run's learning-rate factor per optimizer step (`agentrl.learner.schedules.lr_multiplier`):
+    `train.lr_warmup_steps` of warm-up, then `train.lr_schedule` decaying to
+    `train.lr_min_ratio` at the run's last optimizer step (`train.steps` x
+    `algo.update_epochs` x `algo.minibatches`)."""
+    total = cfg.train.steps * cfg.algo.update_epochs * cfg.algo.minibatches
+    return partial(lr_multiplier, warmup=cfg.train.lr_warmup_steps, total=total,
+                   schedule=cfg.train.lr_schedule, min_ratio=cfg.train.lr_min_ratio)
+
+
+# -- the builder --------------------------------------------------------------------------------
+@dataclass
+class Run:
+    """The pieces of a run, made by `build`. For training every field is set (the teacher's
+    only for distillation's mixture); for an evaluation (`build(cfg, model_dir=...)`) only `cfg`,
+    `tok`, `renderer` and `engine`.
+
+    `engine` is the rollout engine: an in-process engine behind `LockedEngine` (entered under
+    `lock`), or a `RolloutPool` (Ray workers or vLLM, which hold their own envs; it has `run`).
+    `env_sets` leases each batch in flight its own train envs and thread pool (the first set's
+    pool is `pool`, which also steps `eval_envs`, the held-out envs); `new_env(split)` makes
+    one env with the run's shared reward wrappers `rewards` (None without `env.wrappers`).
+    `summary` is set (and nothing after `checkpoint`) when a resumed run had finished already.
+    """
+
+    cfg: Config
+    out: Path | None = None
+    algo: Any = None
+    checkpoint: Path | None = None
+    """The checkpoint resumed from (None: a new run)."""
+    model: Any = None
+    """The policy the learner trains (LoRA-wrapped with `model.lora_r > 0`)."""
+    tok: Any = None
+    """Its tokenizer (a vision-language policy's carries `image_processor`)."""
+    renderer: ChatRenderer | None = None
+    pad_id: int = 0
+    engine: Any = None
+    learner: Any = None
+    lock: Any = field(default_factory=threading.RLock)
+    rewards: Any = None
+    new_env: Callable[[str], Any] | None = None
+    env_sets: Leases | None = None
+    eval_envs: list[Any] = field(default_factory=list)
+    pool: ThreadPoolExecutor | None = None
+    start_step: int = 0
+    version: int = 0
+    teacher_engine: Any = None
+    """distill's teacher sampler (`algo.distill_teacher_fraction > 0`): an in-process engine
+    behind `LockedEngine` (under `lock`) with the frozen teacher's weights."""
+    teacher_envs: list[Any] | None = None
+    """The train envs the teacher's episodes run in (n_T x group_size of them)."""
+    sft_info: dict[str, Any] = field(default_factory=dict)
+    """The warm start's figures (`agentrl.sft.warm_start`; empty without one)."""
+    summary: dict[str, Any] | None = None
+
+
+def build(cfg: Config, *, reporter: Any = None, warm_start: Callable[..., dict[str, Any]] | None = None,
+          model_dir: str | Path | None = None) -> Run:
+    """Build a run: `set_up` (every start-up check; OUT/config.json written), the checkpoint to
+    resume from (`agentrl.startup.resume_checkpoint`), the policy (`load_policy`) and its
+    renderer, the warm start (`warm_start(cfg, model, tok, renderer, pad_id, out, say,
+    reporter)`, i.e. `agentrl.sft.warm_start`, on a new run with `sft.steps > 0`; None: none),
+    LoRA adapters (`model.lora_r > 0`), then the engine and learner (`_engine_and_learner`) and
+    the envs (`_envs`). Lines and stage progress go to `reporter`
+    (`agentrl.log.progress.Reporter`; None: silent).
+
+    With `model_dir` (for `agentrl eval`): only the policy of that model directory, its
+    renderer and its engine (`rollout.num_workers > 0`: a `RolloutPool`; else `make_engine`);
+    no check, nothing written.
+
+    Returns:
+        the `Run`; its `summary` is set (and nothing else built) when `--resume` finds the run
+        finished already.
+
+    Raises:
+        ConfigError, OutError, ResumeError: the start-up checks' (`agentrl.startup`).
+    """
+    if model_dir is not None:
+        if cfg.rollout.num_workers > 0:  # the workers render images themselves
+            engine: Any = RolloutPool(cfg, str(model_dir))
+            tok = load_processor(model_dir)  # (for the renderer's stop ids)
+        else:
+            engine, tok = make_engine(cfg, str(model_dir))
+        return Run(cfg, tok=tok, renderer=renderer_for(tok), engine=engine)
+    reporter = reporter or Reporter(enabled=False)
+    say = reporter.line
+    cfg, algo, out = set_up(cfg)
+    say(f"[run] {cfg.algo.name} on {cfg.env.name}: {cfg.train.steps} steps -> {out}")
+    ck = resume_checkpoint(cfg, out, say)
+    if ck is not None and json.loads((ck / "agentrl_state.json").read_text())["step"] >= cfg.train.steps \
+            and (out / "summary.json").exists():
+        say(f"[resume] {out} finished all {cfg.train.steps} steps already; nothing to do")
+        return Run(cfg, out, algo, ck, summary=json.loads((out / "summary.json").read_text()))
+    model, tok, path = load_policy(cfg, out, ck, reporter)
+    renderer = renderer_for(tok)
+    check_tokenizer(cfg, algo, tok)  # e.g. a teacher's, compared by id
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else renderer.end_of_turn_id
+    sft_info: dict[str, Any] = {}
+    if ck is None and cfg.sft.steps > 0 and warm_start is not None:
+        sft_info = warm_start(cfg, model, tok, renderer, pad_id, out, say, reporter)  # sft_seconds
+    if ck is None and cfg.model.lora_r > 0:  # LoRA: train adapters only; the base stays frozen
+        model = wrap_lora(model, r=cfg.model.lora_r, alpha=cfg.model.lora_alpha,
+                          target_modules=cfg.model.lora_target_modules, seed=cfg.seed,
+                          base_path=out / "sft_model" if sft_info else path)
+    run = Run(cfg, out, algo, ck, model, tok, renderer, pad_id, sft_info=sft_info)
+    resumed = _engine_and_learner(run, say)
+    _envs(run, resumed)
+    return run
+
+
+def _engine_and_learner(run: Run, say: Callable[[str], None]) -> dict[str, Any]:
+    """`build`'s engine (`rollout_engine`: the current weights), learner
+    (`agentrl.learner.group.make_learner`) with its reference and teacher workers
+    (`placement.*=worker`), their compile notes, and on resume the learner's state, the
+    reference's weights and the engine's weights (the checkpoint's). Sets `run.engine`,
+    `run.learner`, `run.start_step`, `run.version`; returns the checkpoint's extra state
+    (`Learner.load`; empty for a new run)."""
+    cfg, model, tok, out, ck = run.cfg, run.model, run.tok, run.out, run.checkpoint
+    assert out is not None
+    run.engine = rollout_engine(cfg, model, tok, out)
+    run.learner = learner = make_learner(cfg, run.algo, model, lr_schedule(cfg))
+    if cfg.placement.reference == "worker" and run.algo.needs_reference(cfg.algo):
+        learner.reference = make_reference(cfg, model, tok, out, ck)
+    if cfg.placement.teacher == "worker" and run.algo.needs_teacher:
+        learner.teacher = make_teacher(cfg)
+    for note in (learner.compile_note(), rollout_compile_note(cfg, run.engine)):
+        if note:
+            say(f"[compile] {note}")
+    for note in learner.fast_path_notes():
+        say(f"[learner] {note}")
+    extra: dict[str, Any] = {}
+    if ck is not None:
+        extra = learner.load(ck)
+        restore_inline_reference(cfg, learner, ck, out)
+        run.start_step, run.version = extra["step"], extra["policy_version"]
+        run.engine.update_weights(merged_state_dict(model), run.version)
+        say(f"[resume] from {ck} at step {run.start_step} (policy version {run.version})")
+    return extra
+
+
+def _envs(run: Run, resumed: dict[str, Any]) -> None:
+    """`build`'s envs: the shared reward wrappers, the first set of train envs (the
+    checkpoint's env state, `resumed["env_state"]`, loaded into the first), the held-out envs,
+    the engine behind `LockedEngine` when in process, the env sets of the batches in flight,
+    and distillation's teacher sampler with its envs (`algo.distill_teacher_fraction > 0`)."""
+    cfg = run.cfg
+    n_eps = cfg.rollout.tasks_per_step * cfg.algo.group_size
+    run.rewards = reward_wrappers(cfg)
+    run.new_env = new_env = partial(build_env, cfg, rewards=run.rewards)  # new_env(split)
+    envs = [new_env("train") for _ in range(n_eps)]
+    check_batch_hooks(run.engine, envs[0])  # e.g. self_propose with Ray rollout workers: refused now
+    if "env_state" in resumed:  # e.g. self_propose's task buffer
+        load_env_state(envs[0], resumed["env_state"])
+    run.eval_envs = heldout_envs(cfg, run.rewards)
+    run.pool = ThreadPoolExecutor(max_workers=cfg.rollout.env_threads)
+    # Async actor threads, evaluation and refills share the engine: an in-process engine is
+    # entered by one generate / weight update at a time (LockedEngine), so that batches in flight
+    # interleave per generate call; evaluation and refills hold the same (re-entrant) lock for
+    # their whole run, and weight updates take it too. Each batch leases its own envs + pool.
+    if not hasattr(run.engine, "run"):
+        run.engine = LockedEngine(run.engine, run.lock)
+    run.env_sets = Leases(lambda: ([new_env("train") for _ in range(n_eps)],
+                                   ThreadPoolExecutor(max_workers=cfg.rollout.env_threads)), [(envs, run.pool)])
+    if cfg.rollout.mode == "async" and not hasattr(run.engine, "run"):
+        run.env_sets.fill(cfg.rollout.batches_in_flight)  # built now, in a fixed order
+    if run.algo.needs_teacher and cfg.algo.distill_teacher_fraction > 0:  # GKD's mixture
+        n_t = teacher_task_count(cfg.algo.distill_teacher_fraction, cfg.rollout.tasks_per_step)
+        run.teacher_engine = LockedEngine(teacher_engine(cfg, run.tok), run.lock)
+        run.teacher_envs = [new_env("train") for _ in range(n_t * cfg.algo.group_size)]
+
+
 # -- model --------------------------------------------------------------------------------------
 TOKENIZER_TASKS = 2000
 """Training tasks whose opening messages and reference answers train the embedded model's
@@ -48,16 +300,10 @@ def default_model_dir(cfg: Config, out: Path, reporter: Any = None) -> str:
     `TOKENIZER_TASKS x share` tasks of each env of `sft.mix_envs`). Progress goes
     to `reporter` (`agentrl.log.progress.Reporter`; None: silent): the task texts as a stage with
     its ETA, then the tokenizer training and model build (one call) as start/end lines."""
-    from agentrl.env.content import content_error, content_text
-    from agentrl.log.progress import Reporter
-    from agentrl.models.tiny import build_tiny_model
-
     reporter = reporter or Reporter(enabled=False)
     target = out / ("base_vlm" if cfg.model.vision else "base_model")
     if (target / "config.json").exists():
         return str(target)
-    from agentrl.rollout.envs import build_named_env
-
     sources = [(cfg.env.name, build_env(cfg, "train"), TOKENIZER_TASKS)] + [  # the warm start's other envs too
         (name, build_named_env(cfg, name, "train"), max(1, round(TOKENIZER_TASKS * share)))
         for name, share in cfg.sft.mix_envs.items()]
@@ -95,8 +341,6 @@ def default_model_dir(cfg: Config, out: Path, reporter: Any = None) -> str:
     with reporter.stage("model", None, unit=f"training the tokenizer on {len(texts)} texts and "
                         "building the model"):
         if m.vision:
-            from agentrl.models.vlm import build_tiny_vlm
-
             return build_tiny_vlm(str(target), texts, hidden_size=m.hidden_size, num_layers=m.num_layers,
                                   num_heads=m.num_heads, intermediate_size=m.intermediate_size,
                                   vocab_size=m.vocab_size, vision_depth=m.vision_depth,
@@ -120,10 +364,6 @@ def load_policy(cfg: Config, out: Path, checkpoint: Path | None,
         ValueError: a vision-language policy with settings it cannot run with yet
             (`check_vision_training`).
     """
-    from agentrl.learner.lora import load_checkpoint
-    from agentrl.models.tiny import load_model
-    from agentrl.models.vlm import is_vlm_dir
-
     if checkpoint is not None:
         if is_vlm_dir(checkpoint):
             return (*_load_vlm_policy(checkpoint), checkpoint)
@@ -139,106 +379,47 @@ def _load_vlm_policy(path: str | Path) -> tuple[Any, Any]:
     """`(model, tokenizer)` of a vision-language directory (`agentrl.models.vlm.load_vlm`), the image
     processor carried as `tokenizer.image_processor` (for the renderer, the engine and the
     checkpoints)."""
-    from agentrl.models.vlm import load_vlm
-
     model, tok, image_processor = load_vlm(path)
     tok.image_processor = image_processor
     return model, tok
 
 
-def vision_engine(cfg: Config, path: str | Path) -> tuple[Any, Any]:
-    """`(VisionHFEngine, VisionChatRenderer)` of the vision-language directory `path` (for
-    `agentrl eval`): the model loaded with the Auto classes, in `model.dtype`."""
-    from agentrl.models.vision_logprobs import vision_token_ids
-    from agentrl.rollout.chat import VisionChatRenderer
-    from agentrl.rollout.engines.hf_vision import VisionHFEngine
-
-    model, tok = _load_vlm_policy(path)
-    if cfg.model.dtype != "float32":
-        model = model.to(getattr(torch, cfg.model.dtype))
-    engine = VisionHFEngine(model, image_token_id=model.config.image_token_id,
-                            banned_ids=vision_token_ids(model.config), torch_threads=cfg.rollout.torch_threads)
-    return engine, VisionChatRenderer(tok, tok.image_processor)
-
-
-def check_vision_training(cfg: Config) -> None:
-    """With a vision-language policy (`model.vision`, or a `model.path` holding one), refuse at
-    start-up what does not run with images yet: LoRA, PPO's value head, a reference worker and
-    learner ranks (docs/multimodal.md). Ray rollout workers (`rollout.num_workers > 0`) and the
-    vLLM engine (`rollout.engine=vllm`: token prompts plus images) do.
-
-    Raises:
-        ValueError: naming the key to change.
-    """
-    from agentrl.models.vlm import is_vlm_dir
-
-    if not (cfg.model.vision or (cfg.model.path and is_vlm_dir(cfg.model.path))):
-        return
-    bad = [(cfg.model.lora_r > 0, "model.lora_r=0"),
-           (cfg.algo.name == "ppo", "an algorithm without a value head (grpo, rloo, ...)"),
-           (cfg.placement.reference == "worker", "placement.reference other than worker"),
-           (cfg.train.learner_workers > 0, "train.learner_workers=0")]
-    need = [fix for hit, fix in bad if hit]
-    if need:
-        raise ValueError("a vision-language policy trains without LoRA, a value head, a reference "
-                         "worker or learner ranks for now; "
-                         f"set {', '.join(need)} (docs/multimodal.md)")
-
-
 # -- engine -------------------------------------------------------------------------------------
-def make_teacher_engine(cfg: Config, tok: Any) -> Any:
-    """An in-process `HFEngine` holding the teacher (`cfg.algo.teacher_path`) in `cfg.model.dtype`,
-    to sample the teacher's episodes of GKD's mixture (`algo.distill_teacher_fraction`); a
-    copy of its own (the inline scorer `load_teacher` stays float32 and untouched). Its
-    `policy_version` stays 0: the teacher never changes.
-
-    Raises:
-        FileNotFoundError: `teacher_path` is not a directory.
-    """
-    from agentrl.models.tiny import load_model
-    from agentrl.rollout.engines.hf import HFEngine
-
-    model, _ = load_model(cfg.algo.teacher_path, dtype=getattr(torch, cfg.model.dtype))
-    model.requires_grad_(False)
-    return HFEngine(model.eval(), tok, torch_threads=cfg.rollout.torch_threads, compile=cfg.rollout.compile)
-
-
-def make_engine(cfg: Config, model: Any, tok: Any, out: Path) -> Any:
+def rollout_engine(cfg: Config, model: Any, tok: Any, out: Path) -> Any:
     """The rollout engine of a run, holding a copy of `model`'s current weights as version 0.
 
     Returns:
         a `RolloutPool` of Ray workers (`rollout.num_workers > 0`) or of vLLM
         (`rollout.engine=vllm`), which hold their own envs and load the weights written to
         OUT/rollout_model (a vision-language policy's with its image processor, so the workers
-        build `VisionHFEngine`); else an in-process `VisionHFEngine` for a vision-language policy
-        (`tok.image_processor` set) or `HFEngine` (`rollout.torch_threads`, `rollout.compile`). Every engine holds its weights in `model.dtype` (the in-process
-        engine a copy cast to it; the learner keeps float32 master weights, its compute
-        precision is `train.precision`).
+        build `VisionHFEngine`); else the in-process engine of `make_engine` on a plain copy:
+        a `VisionHFEngine` for a vision-language policy (`tok.image_processor` set) or an
+        `HFEngine` (`rollout.torch_threads`, `rollout.compile`) holding its weights in
+        `model.dtype` (the learner keeps float32 master weights, its compute precision is
+        `train.precision`).
     """
-    from agentrl.learner.lora import plain_copy
-
-    image_processor = getattr(tok, "image_processor", None)  # a vision-language policy
-    if cfg.rollout.num_workers > 0 or cfg.rollout.engine == "vllm":
-        from agentrl.rollout.workers import RolloutPool  # Ray workers (or vLLM) hold the envs
-
+    if cfg.rollout.num_workers > 0 or cfg.rollout.engine == "vllm":  # they hold the envs
         plain_copy(model).save_pretrained(out / "rollout_model")
         tok.save_pretrained(out / "rollout_model")
+        image_processor = getattr(tok, "image_processor", None)  # a vision-language policy
         if image_processor is not None:  # a VLM directory: the workers build VisionHFEngine
             image_processor.save_pretrained(out / "rollout_model")
         return RolloutPool(cfg, out / "rollout_model")  # current weights = version 0
-    if image_processor is not None:  # in-process
-        from agentrl.models.vision_logprobs import vision_token_ids
-        from agentrl.rollout.engines.hf_vision import VisionHFEngine
+    return make_engine(cfg, plain_copy(model).eval(), tok)[0]
 
-        return VisionHFEngine(plain_copy(model).eval(), image_token_id=model.config.image_token_id,
-                              banned_ids=vision_token_ids(model.config),
-                              torch_threads=cfg.rollout.torch_threads)
-    from agentrl.rollout.engines.hf import HFEngine
 
-    copy = plain_copy(model).eval()
-    if cfg.model.dtype != "float32":  # the pushed float32 weights are cast by `update_weights`
-        copy = copy.to(getattr(torch, cfg.model.dtype))
-    return HFEngine(copy, tok, torch_threads=cfg.rollout.torch_threads, compile=cfg.rollout.compile)
+def teacher_engine(cfg: Config, tok: Any) -> Any:
+    """The in-process engine (`make_engine`) holding the teacher (`algo.teacher_path`) in
+    `model.dtype`, to sample the teacher's episodes of GKD's mixture
+    (`algo.distill_teacher_fraction`); a copy of its own (the inline scorer `load_teacher` stays
+    float32 and untouched). Its `policy_version` stays 0: the teacher never changes.
+
+    Raises:
+        FileNotFoundError: `teacher_path` is not a directory.
+    """
+    model, _ = load_model(cfg.algo.teacher_path, dtype=getattr(torch, cfg.model.dtype))
+    model.requires_grad_(False)
+    return make_engine(cfg, model.eval(), tok)[0]
 
 
 def rollout_compile_note(cfg: Config, engine: Any) -> str:
@@ -261,17 +442,20 @@ def reward_wrappers(cfg: Config) -> Any:
     multiplier shared by every env made with it), or None when the run has no wrappers."""
     if not cfg.env.wrappers:
         return None
-    from agentrl.rewards import RewardWrappers
-
     return RewardWrappers.from_config(cfg)
+
+
+def heldout_width(cfg: Config) -> int:
+    """Envs the held-out evaluation runs at once: `min(train.eval_batch_size, episodes)` with
+    `train.eval_tasks x train.eval_samples` episodes."""
+    episodes = cfg.train.eval_tasks * cfg.train.eval_samples
+    return min(int(cfg.train.eval_batch_size), int(episodes))
 
 
 def heldout_envs(cfg: Config, rewards: Any = None) -> list[Any]:
     """The envs of the held-out evaluation: `heldout_width(cfg)` envs of the `heldout` split
     (fixed, so that evaluation batches do not depend on training's); the task list is the
     first `train.eval_tasks` tasks of that split (`agentrl.eval.harness.evaluate_heldout`)."""
-    from agentrl.eval.harness import heldout_width
-
     return [build_env(cfg, "heldout", rewards) for _ in range(heldout_width(cfg))]
 
 
@@ -314,11 +498,6 @@ def env_observes_images(name: str) -> bool:
     Raises:
         ValueError: an unknown env (`agentrl.env.registry.resolve_env_id`).
     """
-    import gymnasium as gym
-    from gymnasium.envs.registration import load_env_creator
-
-    from agentrl.env.registry import resolve_env_id
-
     ep = gym.spec(resolve_env_id(name)).entry_point
     cls = load_env_creator(ep) if isinstance(ep, str) else ep
     return bool(getattr(cls, "observes_images", False))

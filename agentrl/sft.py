@@ -27,7 +27,8 @@ from agentrl.rollout.agent_loop import check_images_allowed
 from agentrl.rollout.chat import ChatRenderer
 from agentrl.rollout.collect import collect
 from agentrl.rollout.engines.base import SamplingParams
-from agentrl.run import build_env
+from agentrl.rollout.engines.make import make_engine
+from agentrl.rollout.envs import build_env
 from agentrl.types import Trajectory, collate
 
 
@@ -190,7 +191,6 @@ def warm_start(cfg: Config, model: Any, tok: Any, renderer: ChatRenderer, pad_id
     """
     from agentrl.learner.lora import plain_copy
     from agentrl.log.progress import Reporter
-    from agentrl.rollout.engines.hf import HFEngine
 
     reporter = reporter or Reporter(enabled=False)
     t0 = time.perf_counter()
@@ -208,15 +208,7 @@ def warm_start(cfg: Config, model: Any, tok: Any, renderer: ChatRenderer, pad_id
     def stop(done: int) -> bool:  # pass@1 / pass@k on training tasks (never the held-out split)
         if (sc.stop_pass_rate is None and sc.stop_pass_at_k is None) or done < sc.min_steps:
             return False
-        if getattr(tok, "image_processor", None) is not None:  # a vision-language policy
-            from agentrl.models.vision_logprobs import vision_token_ids
-            from agentrl.rollout.engines.hf_vision import VisionHFEngine
-
-            eng: Any = VisionHFEngine(plain_copy(model).eval(), image_token_id=model.config.image_token_id,
-                                      banned_ids=vision_token_ids(model.config),
-                                      torch_threads=cfg.rollout.torch_threads)
-        else:
-            eng = HFEngine(plain_copy(model).eval(), tok, torch_threads=cfg.rollout.torch_threads)
+        eng, _ = make_engine(cfg, plain_copy(model).eval(), tok, cast=False)  # float32, uncompiled
         envs_ = [build_env(cfg, "train") for _ in range(k * sc.check_tasks)]
         with ThreadPoolExecutor(cfg.rollout.env_threads) as p_:
             r = evaluate(eng, renderer, envs_, cfg, p_, n_tasks=sc.check_tasks, samples=k,

@@ -12,32 +12,26 @@ and filtering live in `agentrl.algos.shaping`, collection in `agentrl.rollout.st
 metrics and the summary in `agentrl.log.steps`, signals in `agentrl.infra.signals`.
 Everything runs in this process when `rollout.num_workers=0` and `train.learner_workers=0` (a
 breakpoint works anywhere); the learner is `agentrl.learner.group.make_learner`'s.
-The pieces of a run are built by `agentrl.run`; the warm start is `agentrl.sft.warm_start`.
+The run is built, its start-up checks run and its warm start (`agentrl.sft.warm_start`) made by\n`agentrl.run.build`.
 """
 
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from agentrl.algos.shaping import build_batch, filter_groups, shape_batch
-from agentrl.config import Config, ConfigError
+from agentrl.config import Config
 from agentrl.env.base import env_state
-from agentrl.env.registry import import_env_modules, resolve_env_id
 from agentrl.eval.episodes import episode_success, reward_component_means
 from agentrl.eval.harness import evaluate_heldout, training_metrics
 from agentrl.infra.signals import RunInterrupted, StopRequest
 from agentrl.learner.checkpoints import REWARD_STATE, pack_state, prune
 from agentrl.learner.local import NonFiniteGradientError, latest_checkpoint
-from agentrl.learner.lora import wrap_lora
 from agentrl.log.metrics import MetricsLog
 from agentrl.log.progress import Reporter
 from agentrl.log.steps import (
@@ -50,10 +44,7 @@ from agentrl.log.steps import (
     worker_profile,
 )
 from agentrl.rewards.state import restore_reward_state, reward_state
-from agentrl.rollout.chat import ChatRenderer, VisionChatRenderer
-from agentrl.rollout.collect import check_batch_hooks
 from agentrl.rollout.engines.base import SamplingParams
-from agentrl.rollout.source import Leases, LockedEngine
 from agentrl.rollout.stages import (
     Loop,
     drop_stale,
@@ -65,16 +56,7 @@ from agentrl.rollout.stages import (
     shut_down,
     sync,
 )
-from agentrl.run import (
-    build_env,
-    heldout_envs,
-    load_policy,
-    make_engine,
-    quiet_libraries,
-    reward_wrappers,
-    rollout_compile_note,
-    seed_everything,
-)
+from agentrl.run import Run, build
 from agentrl.sft import warm_start
 from agentrl.types import Trajectory
 
@@ -82,325 +64,29 @@ __all__ = ["train"]
 
 
 # -- set-up ---------------------------------------------------------------------------------------
-def lr_schedule(cfg: Config) -> Callable[[int], float]:
-    """The run's learning-rate factor per optimizer step (`agentrl.learner.schedules.lr_multiplier`):
-    `train.lr_warmup_steps` of warm-up, then `train.lr_schedule` decaying to
-    `train.lr_min_ratio` at the run's last optimizer step (`train.steps` x
-    `algo.update_epochs` x `algo.minibatches`)."""
-    from functools import partial
-
-    from agentrl.learner.schedules import lr_multiplier
-
-    total = cfg.train.steps * cfg.algo.update_epochs * cfg.algo.minibatches
-    return partial(lr_multiplier, warmup=cfg.train.lr_warmup_steps, total=total,
-                   schedule=cfg.train.lr_schedule, min_ratio=cfg.train.lr_min_ratio)
-
-
-def set_up(cfg: Config) -> tuple[Config, Any, Path]:
-    """Threads, seeds and the algorithm of the run; writes OUT/config.json.
-
-    Returns:
-        `(cfg with the run's resolved defaults (`agentrl.run`: the env's, the
-        policy's), the algorithm (`agentrl.algos.get_algorithm`), OUT)`.
-
-    Raises:
-        ValueError: an unknown env, an `algo` option the algorithm does not support
-            (refused by the config's schema), dynamic sampling with `group_size < 2`, or
-            `train.device=cuda` without a CUDA device.
-        OutError: a new run's `out` is not empty (without `overwrite`), a file, or not writable.
-    """
-    from agentrl.algos import get_algorithm
-    from agentrl.learner.local import resolve_device
-    from agentrl.run import resolve_run_defaults
-
-    resolve_device(cfg.train.device)  # fail early: train.device=cuda without a CUDA device
-    quiet_libraries()
-    torch.set_num_threads(cfg.train.torch_threads)
-    seed_everything(cfg.seed)
-    import_env_modules(cfg.env.imports)  # their register_env calls run before the lookup
-    resolve_env_id(cfg.env.name)  # fail early on an unknown env
-    algo = get_algorithm(cfg.algo.name)
-    cfg = resolve_run_defaults(cfg)  # a VLM for an image env, its SFT lr
-    if cfg.algo.dynamic_sampling and cfg.algo.group_size < 2:
-        raise ConfigError("config error: algo.dynamic_sampling needs algo.group_size >= 2 "
-                          "(singleton groups carry no signal and would all be dropped)")
-    if cfg.sft.steps > 0 and not cfg.resume and not env_has_reference_answers(cfg.env.name):
-        raise ConfigError(f"config error: sft.steps={cfg.sft.steps}: env {cfg.env.name} offers no "
-                          "reference answers (reference_answer()) for the warm start: set sft.steps=0")
-    if cfg.sft.steps > 0 and not cfg.resume:
-        for name in cfg.sft.mix_envs:
-            try:
-                has = env_has_reference_answers(name)
-            except ValueError as e:  # an unknown name, reported with the key
-                raise ConfigError(f"config error: sft.mix_envs: {e}") from None
-            if not has:
-                raise ConfigError(f"config error: sft.mix_envs: env {name} offers no reference answers "
-                                  "(reference_answer()) to mix into the warm start")
-    preflight(cfg)  # before check_out: an --overwrite that fails here has deleted nothing
-    out = Path(cfg.resume or cfg.out)
-    if cfg.resume:  # the run's own folder; a stray --out / --overwrite is not recorded in it
-        cfg = cfg.model_copy(update={"out": str(out), "overwrite": False})
-        check_resume_keeps_the_run(cfg, out)
-    if not cfg.resume:
-        from agentrl.learner.checkpoints import check_out
-
-        try:
-            check_out(out, overwrite=cfg.overwrite)
-        except ValueError as e:
-            raise OutError(str(e)) from None
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(cfg.model_dump_json(indent=1))
-    except OSError as e:
-        raise OutError(f"out: cannot write to {out}: {e.strerror or e}") from None
-    return cfg, algo, out
-
-
-def preflight(cfg: Config) -> None:
-    """Checks of the settings that would otherwise fail only after OUT was (re)written: the env
-    is built once (with its wrappers), reset once and closed, `model.path` is a model
-    directory, vLLM imports when `rollout.engine=vllm`, a vision policy runs only where images
-    do (`agentrl.run.check_vision_training`), a text policy only where no image is
-    (`check_policy_sees_images`), and W&B finds an API key (`log.wandb`, `check_wandb_login`).
-
-    Raises:
-        ConfigError: naming the key (`env.kwargs`, `env.wrappers`, `env.wrapper_kwargs`,
-            `model.path`, `model.vision`, `rollout.engine`, `log.wandb`, or the vision refusal's key).
-    """
-    import importlib.util
-
-    from agentrl.models.vlm import is_vlm_dir
-    from agentrl.rollout.envs import build_env
-    from agentrl.run import check_vision_training
-
-    path = cfg.model.path
-    if path and not Path(path).is_dir():
-        raise ConfigError(f"config error: model.path: model directory not found: {path}")
-    if path and not (Path(path) / "config.json").is_file():
-        raise ConfigError(f"config error: model.path: {path} holds no config.json (not a Hugging "
-                          "Face model directory)")
-    if path and cfg.model.vision and not is_vlm_dir(path):
-        raise ConfigError(f"config error: model.vision=true with model.path={path}, a text-only model "
-                          "(no image processor and vision tower): model.vision builds the embedded "
-                          "vision-language model only without model.path; give a vision-language "
-                          "model directory, or drop model.path (docs/multimodal.md)")
-    if cfg.rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
-        raise ConfigError("config error: rollout.engine=vllm: vLLM is not installed in this "
-                          "environment (docs/scale_out.md says how; or rollout.engine=hf)")
-    try:
-        check_vision_training(cfg)
-    except ValueError as e:
-        raise ConfigError(f"config error: {e}") from None
-    if cfg.log.wandb:
-        from agentrl.log.metrics import check_wandb_login
-
-        check_wandb_login()
-    env = build_env(cfg, "train")  # ConfigError for keywords the env or a wrapper refuses
-    try:
-        check_policy_sees_images(cfg, env)
-    finally:
-        env.close()
-
-
-def check_policy_sees_images(cfg: Config, env: Any) -> None:
-    """A text-only policy (`model.path` a text model, or the embedded text default) on an env
-    whose observations carry images is refused at start-up: `env` is reset once (seed
-    `cfg.seed`, within `env.reset_timeout_s`) and its opening messages are looked at; a reset
-    that raises or times out is left to the rollouts (contract 7).
-
-    Raises:
-        ConfigError: naming the env and the key to set (`model.vision=true`, or `model.path`).
-    """
-    from agentrl.env.content import message_images
-    from agentrl.models.vlm import is_vlm_dir
-
-    path = cfg.model.path
-    if cfg.model.vision or (path and is_vlm_dir(path)):  # a resumed run's too: its config says
-        return
-    from agentrl.rollout.agent_loop import call_with_timeout
-
-    try:  # within env.reset_timeout_s, as in rollouts
-        obs, _ = call_with_timeout(lambda: env.reset(seed=cfg.seed), cfg.env.reset_timeout_s)
-    except Exception:  # noqa: BLE001 - the env's own failure (or a timeout), met again in rollouts
-        return
-    if isinstance(obs, list) and message_images([m for m in obs if isinstance(m, dict)]):
-        model = f"model.path={path} is a text-only model" if path else "the embedded default is a text model"
-        raise ConfigError(f"config error: model.vision: env {cfg.env.name} sends image observations, but "
-                          f"{model}: set model.vision=true (the embedded tiny vision-language model) or "
-                          "model.path=<a local vision-language model directory> (docs/multimodal.md)")
-
-
-RESUME_FIXED = ("env.name", "algo.name", "env.dataset")
-"""Settings a resumed run keeps: changing one would continue another run's policy, optimizer and
-metrics under a different task or objective (start a new run for that)."""
-
-
-def check_resume_keeps_the_run(cfg: Config, out: Path) -> None:
-    """`--resume OUT` with a setting of `RESUME_FIXED` other than the run's (OUT/config.json)
-    is refused before anything is written, so the run's config.json stays the run's; so is a
-    `train.steps` below the step of the run's newest intact checkpoint.
-
-    Raises:
-        ResumeError: names the setting, the run's value and the one asked for.
-    """
-    saved_file = out / "config.json"
-    if not saved_file.is_file():
-        return
-    saved = json.loads(saved_file.read_text())
-    now = json.loads(cfg.model_dump_json())
-    for key in RESUME_FIXED:
-        section, name = key.split(".")
-        was, want = saved.get(section, {}).get(name), now[section][name]
-        if was != want:
-            raise ResumeError(f"--resume {out}: the run was trained with {key}={was}, not {want}; "
-                              "a resumed run keeps its env and algorithm (start a new run with "
-                              "--out for another one)")
-    from agentrl.learner.local import latest_checkpoint
-
-    ck = latest_checkpoint(out)
-    done = json.loads((ck / "agentrl_state.json").read_text())["step"] if ck is not None else 0
-    if cfg.train.steps < done:  # would rewrite config.json's train.steps below the run's own
-        raise ResumeError(f"--resume {out}: the run is at step {done}, past train.steps={cfg.train.steps}; "
-                          f"give --steps {done} or more (or leave --steps out)")
-
-
-def env_has_reference_answers(name: str) -> bool:
-    """Does env `name`'s class define `reference_answer()` (the warm start's targets)?"""
-    import gymnasium as gym
-    from gymnasium.envs.registration import load_env_creator
-
-    ep = gym.spec(resolve_env_id(name)).entry_point
-    cls = load_env_creator(ep) if isinstance(ep, str) else ep
-    return callable(getattr(cls, "reference_answer", None))
-
-
-class OutError(ValueError):
-    """`out` cannot take a new run (not empty, a file): the message says what to do."""
-
-
-class ResumeError(ValueError):
-    """`--resume` found no intact checkpoint to continue from."""
-
-
-def resume_checkpoint(cfg: Config, out: Path, say: Callable[[str], None]) -> Path | None:
-    """The checkpoint to resume from with `cfg.resume` (OUT's newest intact one; newer ones
-    that fail their manifest are skipped, each named), or None for a new run.
-
-    Raises:
-        ResumeError: `cfg.resume` is set and OUT has no intact checkpoint.
-    """
-    from agentrl.learner.local import latest_checkpoint
-
-    if not cfg.resume:
-        return None
-    ck = latest_checkpoint(out, on_skip=lambda p, why: say(f"[resume] skipping {p}: {why}"))
-    if ck is None:
-        raise ResumeError(f"--resume {out}: no intact checkpoint to resume from (the run stopped "
-                          "before its first save, or every checkpoint failed its manifest); start it "
-                          f"again with --out {out} --overwrite")
-    if cfg.train.learner_workers > 0 and not (ck / "dcp").is_dir():
-        raise ResumeError(f"--resume {out}: {ck} was written by the in-process learner "
-                          "(train.learner_workers=0) and has no sharded state (dcp/) for learner ranks; "
-                          "resume it with train.learner_workers=0")
-    return ck
-
-
-def build_loop(cfg: Config, algo: Any, out: Path, model: Any, tok: Any, renderer: ChatRenderer,
-               ck: Path | None, say: Callable[[str], None], reporter: Any = None) -> Loop:
-    """The engine (current weights), the learner (loaded from `ck` on resume), the env sets
-    with their shared reward wrappers, the held-out envs and the metrics log; stage progress
-    goes to `reporter` (None: silent)."""
-    from agentrl.learner.group import make_learner
-    from agentrl.learner.lora import merged_state_dict
-
-    engine = make_engine(cfg, model, tok, out)
-    learner = make_learner(cfg, algo, model, lr_schedule(cfg))
-    if cfg.placement.reference == "worker" and algo.needs_reference(cfg.algo):
-        from agentrl.learner.frozen import make_reference
-
-        learner.reference = make_reference(cfg, model, tok, out, ck)
-    if cfg.placement.teacher == "worker" and algo.needs_teacher:
-        from agentrl.learner.frozen import make_teacher
-
-        learner.teacher = make_teacher(cfg)
-    for note in (learner.compile_note(), rollout_compile_note(cfg, engine)):
-        if note:
-            say(f"[compile] {note}")
-    for note in learner.fast_path_notes():
-        say(f"[learner] {note}")
-    start_step, version, extra = 0, 0, {}
-    if ck is not None:
-        extra = learner.load(ck)
-        restore_inline_reference(cfg, learner, ck, out)
-        start_step, version = extra["step"], extra["policy_version"]
-        engine.update_weights(merged_state_dict(model), version)
-        say(f"[resume] from {ck} at step {start_step} (policy version {version})")
-    n_eps = cfg.rollout.tasks_per_step * cfg.algo.group_size
-    rewards = reward_wrappers(cfg)
-    new_env = partial(build_env, cfg, rewards=rewards)  # new_env(split)
-    envs = [new_env("train") for _ in range(n_eps)]
-    check_batch_hooks(engine, envs[0])  # e.g. self_propose with Ray rollout workers: refused now
-    if ck is not None and "env_state" in extra:  # e.g. self_propose's task buffer
-        from agentrl.env.base import load_env_state
-
-        load_env_state(envs[0], extra["env_state"])
-    eval_envs = heldout_envs(cfg, rewards)
-    pool = ThreadPoolExecutor(max_workers=cfg.rollout.env_threads)
-    log = MetricsLog(out, cfg.log.tensorboard, start_step=start_step, run_config=cfg.model_dump(),
+def build_loop(run: Run, say: Callable[[str], None], reporter: Any = None) -> Loop:
+    """The loop's state on the pieces `run` (`agentrl.run.build`) made: the metrics log and the
+    sampling parameters; on resume, the reward wrappers' state (`restore_reward_state`). Stage
+    progress goes to `reporter` (None: silent)."""
+    cfg, out, renderer = run.cfg, run.out, run.renderer
+    assert out is not None and renderer is not None and run.new_env is not None and run.env_sets is not None
+    log = MetricsLog(out, cfg.log.tensorboard, start_step=run.start_step, run_config=cfg.model_dump(),
                      wandb_project=cfg.log.wandb_project if cfg.log.wandb else None)
     if log.note:
         say(f"[warning] {log.note}")
     params = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                             max_tokens=cfg.rollout.max_tokens, stop_token_ids=renderer.stop_ids)
-    # Async actor threads, evaluation and refills share the engine: an in-process engine is
-    # entered by one generate / weight update at a time (LockedEngine), so that batches in flight
-    # interleave per generate call; evaluation and refills hold the same (re-entrant) lock for
-    # their whole run, and weight updates take it too. Each batch leases its own envs + pool.
-    lock = threading.RLock()
-    if not hasattr(engine, "run"):
-        engine = LockedEngine(engine, lock)
-    env_sets = Leases(lambda: ([new_env("train") for _ in range(n_eps)],
-                               ThreadPoolExecutor(max_workers=cfg.rollout.env_threads)), [(envs, pool)])
-    if cfg.rollout.mode == "async" and not hasattr(engine, "run"):
-        env_sets.fill(cfg.rollout.batches_in_flight)  # built now, in a fixed order
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else renderer.end_of_turn_id
-    from agentrl.log.progress import Reporter
-
-    lp = Loop(cfg, out, say, algo, model, tok, renderer, pad_id, learner, engine, lock, env_sets,
-              eval_envs, pool, params, log, new_env, start_step, version, rewards,
-              reporter=reporter or Reporter(enabled=False))
-    if algo.needs_teacher and cfg.algo.distill_teacher_fraction > 0:  # GKD's mixture
-        from agentrl.algos.distill import teacher_task_count
-        from agentrl.run import make_teacher_engine
-
-        n_t = teacher_task_count(cfg.algo.distill_teacher_fraction, cfg.rollout.tasks_per_step)
-        lp.teacher_engine = LockedEngine(make_teacher_engine(cfg, tok), lock)
-        lp.teacher_envs = [new_env("train") for _ in range(n_t * cfg.algo.group_size)]
-        say(f"[distill] the teacher plays {n_t} of each step's {cfg.rollout.tasks_per_step} tasks "
+    lp = Loop(cfg, out, say, run.algo, run.model, run.tok, renderer, run.pad_id, run.learner, run.engine,
+              run.lock, run.env_sets, run.eval_envs, run.pool, params, log, run.new_env, run.start_step,
+              run.version, run.rewards, reporter=reporter or Reporter(enabled=False),
+              teacher_engine=run.teacher_engine, teacher_envs=run.teacher_envs)
+    if run.teacher_engine is not None:
+        say(f"[distill] the teacher plays {len(run.teacher_envs or []) // cfg.algo.group_size} of each "
+            f"step's {cfg.rollout.tasks_per_step} tasks "
             f"(algo.distill_teacher_fraction={cfg.algo.distill_teacher_fraction})")
-    if ck is not None:
-        restore_reward_state(lp, ck)
+    if run.checkpoint is not None:
+        restore_reward_state(lp, run.checkpoint)
     return lp
-
-
-def restore_inline_reference(cfg: Config, learner: Any, ck: Path, out: Path) -> None:
-    """A run that started with `placement.reference=worker` and resumes inline: its checkpoints
-    hold no reference weights (`ref_model.pt`), so the learner's frozen copy (made from the
-    resumed policy) is loaded from OUT/reference_model, the weights the run started from.
-
-    Raises:
-        ResumeError: neither is there (the learner would silently take the resumed policy as
-            its reference)."""
-    ref = getattr(learner, "ref_model", None)
-    if cfg.placement.reference != "inline" or ref is None or (ck / "ref_model.pt").exists() \
-            or (ck / "dcp").is_dir():  # (learner ranks' checkpoints keep the reference in dcp/)
-        return
-    if not (out / "reference_model" / "config.json").exists():
-        raise ResumeError(f"--resume {out}: {ck} has no reference weights (ref_model.pt) and "
-                          f"{out / 'reference_model'} does not exist")
-    from agentrl.models.tiny import load_model
-
-    ref.load_state_dict(load_model(out / "reference_model")[0].state_dict())
 
 
 # -- the stages that reach the learner and the evaluation -----------------------------------------
@@ -525,31 +211,13 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
     """
     reporter = Reporter(console, enabled=not cfg.quiet)
     say = reporter.line  # flushed: a log file grows while the run works
-    cfg, algo, out = set_up(cfg)
-    say(f"[run] {cfg.algo.name} on {cfg.env.name}: {cfg.train.steps} steps -> {out}")
-
-    # 1) the policy: resume, a given path, or the embedded default (+ warm start)
-    ck = resume_checkpoint(cfg, out, say)
-    if ck is not None and json.loads((ck / "agentrl_state.json").read_text())["step"] >= cfg.train.steps \
-            and (out / "summary.json").exists():
-        say(f"[resume] {out} finished all {cfg.train.steps} steps already; nothing to do")
-        return json.loads((out / "summary.json").read_text())
-    model, tok, path = load_policy(cfg, out, ck, reporter)
-    renderer = VisionChatRenderer(tok, tok.image_processor) \
-        if getattr(tok, "image_processor", None) is not None else ChatRenderer(tok)  # a VLM policy
-    try:
-        algo.check_tokenizer(cfg.algo, tok)  # e.g. a teacher's, compared by id
-    except ValueError as e:
-        raise ConfigError(f"config error: {e}") from None
-    extra: dict[str, Any] = {}  # the summary's: the warm start's `sft_seconds`, the loop's `rl_s`
-    if ck is None and cfg.sft.steps > 0:
-        pad_id = tok.pad_token_id if tok.pad_token_id is not None else renderer.end_of_turn_id
-        extra = warm_start(cfg, model, tok, renderer, pad_id, out, say, reporter)
-    if ck is None and cfg.model.lora_r > 0:  # LoRA: train adapters only; the base stays frozen
-        model = wrap_lora(model, r=cfg.model.lora_r, alpha=cfg.model.lora_alpha,
-                          target_modules=cfg.model.lora_target_modules, seed=cfg.seed,
-                          base_path=out / "sft_model" if extra else path)
-    lp = build_loop(cfg, algo, out, model, tok, renderer, ck, say, reporter)
+    run = build(cfg, reporter=reporter, warm_start=warm_start)  # checks; policy (+ warm start)
+    if run.summary is not None:  # a resumed run that had finished already
+        return run.summary
+    cfg, algo, out, ck = run.cfg, run.algo, run.out, run.checkpoint
+    assert out is not None
+    extra = dict(run.sft_info)  # the summary's: the warm start's `sft_seconds`, the loop's `rl_s`
+    lp = build_loop(run, say, reporter)
     try:  # learner ranks, reference and teacher workers (Ray actors) are stopped whatever happens
         before = evaluate_before(lp, resumed=ck is not None)
 

@@ -12,7 +12,7 @@ Qwen2 of 19.3M parameters (key `qwen2-21M`) built by the same builder from a con
    the last checkpoint.
 2. Trajectories: `collect` on training tasks (`--tasks` x `--group`, the same task seeds and
    sampling seed) with the in-process HF engine holding the policy in float32 and in bfloat16
-   (`model.dtype=bfloat16`, `agentrl.run.make_engine`).
+   (`model.dtype=bfloat16`, `agentrl.run.rollout_engine`).
 3. Sampler gap: |sampler logprob - the float32 learner's teacher-forced logprob| over the agent
    tokens (mean, p99, max): what `loss/logp_mismatch` and `loss/logp_mismatch_max` log.
 4. Reference gap: the reference worker's own code (`agentrl.learner.frozen.FrozenModelActor`, here in
@@ -112,12 +112,12 @@ def sample(policy_dir: str, dtype: str, out: Path, args: argparse.Namespace, tas
     from agentrl.rollout.collect import collect
     from agentrl.rollout.engines.base import SamplingParams
     from agentrl.rollout.envs import build_env
-    from agentrl.run import make_engine
+    from agentrl.run import rollout_engine
 
     c = load_config(None, [f"model.path={policy_dir}", f"model.dtype={dtype}", "env.name=code_sandbox",
                            f"rollout.max_tokens={args.tokens}"])
     model, tok = load_model(policy_dir)
-    engine = make_engine(c, model, tok, out)
+    engine = rollout_engine(c, model, tok, out)
     renderer = ChatRenderer(tok)
     params = SamplingParams(temperature=c.rollout.temperature, top_p=c.rollout.top_p,
                             max_tokens=c.rollout.max_tokens, stop_token_ids=renderer.stop_ids)

@@ -242,7 +242,7 @@ def test_options_an_algorithm_would_ignore_are_refused():
 
 
 def test_train_refuses_an_ignored_option_at_start_up(tmp_path):
-    from agentrl.train import set_up
+    from agentrl.run import set_up
 
     with pytest.raises(ValueError, match="turn_advantages"):  # the schema refuses it first
         set_up(load_config(None, ["algo.name=ppo", "algo.turn_advantages=true", f"out={tmp_path / 'r'}"]))

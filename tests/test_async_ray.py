@@ -42,7 +42,7 @@ def test_async_worker_runs_two_batches_in_flight(ray_cluster, tiny_model_dir, tm
     return exactly what an in-process run with the pushed weights gives (greedy), and together
     take far less than twice one call (envs wait 0.25 s per step; a serial actor, as in sync
     mode, measured 2.0x)."""
-    from agentrl.rollout.workers import load_tokenizer
+    from agentrl.rollout.engines.make import load_tokenizer
 
     renderer = ChatRenderer(load_tokenizer(tiny_model_dir))
     faults = tmp_path / "faults"

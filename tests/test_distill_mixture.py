@@ -99,12 +99,11 @@ def test_teacher_rows_of_a_real_batch_on_the_toy_env(tmp_path):
     teacher's (same tokens, same weights) and hands the learner the student's on those rows."""
     from agentrl.algos.shaping import build_batch
     from agentrl.models.tiny import load_model
-    from agentrl.rollout.chat import ChatRenderer
     from agentrl.rollout.collect import collect
     from agentrl.rollout.envs import build_env
     from agentrl.rollout.stages import held_version, run_batch, task_seeds
-    from agentrl.run import default_model_dir, make_teacher_engine
-    from agentrl.train import build_loop, set_up
+    from agentrl.run import build, default_model_dir, teacher_engine
+    from agentrl.train import build_loop
 
     base = default_model_dir(load_config(None, TOY[:-2]), tmp_path / "base")
     teacher, tok = load_model(base)  # another random init, same tokenizer
@@ -116,10 +115,9 @@ def test_teacher_rows_of_a_real_batch_on_the_toy_env(tmp_path):
     tok.save_pretrained(tmp_path / "teacher")
     cfg = load_config(None, TOY + [f"model.path={base}", f"algo.teacher_path={tmp_path / 'teacher'}",
                                    "algo.distill_teacher_fraction=0.25", f"out={tmp_path / 'run'}"])
-    cfg, algo, out = set_up(cfg)
-    model, tok = load_model(base)
-    renderer = ChatRenderer(tok)
-    lp = build_loop(cfg, algo, out, model, tok, renderer, None, say=lambda s: None)
+    run = build(cfg)
+    cfg, tok, renderer = run.cfg, run.tok, run.renderer
+    lp = build_loop(run, say=lambda s: None)
     trajs = run_batch(lp, 0)
     assert len(trajs) == 8
     rows = [t.info.get("sampler") == "teacher" for t in trajs]
@@ -130,7 +128,7 @@ def test_teacher_rows_of_a_real_batch_on_the_toy_env(tmp_path):
     seeds = task_seeds(cfg, 0)[3:]
     kw = dict(group_base=3, sample_seed=(cfg.seed * 100_003) * 31 + 7)
     with ThreadPoolExecutor(2) as pool:
-        ref = collect(make_teacher_engine(cfg, tok), renderer, [build_env(cfg, "train") for _ in range(2)],
+        ref = collect(teacher_engine(cfg, tok), renderer, [build_env(cfg, "train") for _ in range(2)],
                       seeds, 2, lp.params, cfg, pool, **kw)
         stu = collect(lp.engine, renderer, [build_env(cfg, "train") for _ in range(2)],
                       seeds, 2, lp.params, cfg, pool, **kw)

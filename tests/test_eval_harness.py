@@ -389,7 +389,8 @@ def test_evaluate_heldout_runs_the_env_task_list_with_standard_errors(tiny_token
     from concurrent.futures import ThreadPoolExecutor
 
     from agentrl.config import load_config
-    from agentrl.eval.harness import evaluate_heldout, heldout_width, training_metrics
+    from agentrl.eval.harness import evaluate_heldout, training_metrics
+    from agentrl.run import heldout_width
 
     cfg = load_config(None, ["rollout.max_tokens=8", "train.eval_samples=2", "train.eval_batch_size=4"],
                       **{"env.name": "test_listed_guess"})

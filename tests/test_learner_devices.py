@@ -49,7 +49,7 @@ def test_resolve_device_names_the_key():
 
 @pytest.mark.skipif(CUDA, reason="checks the failure without a CUDA device")
 def test_cuda_without_a_device_fails_at_start_up(tmp_path):
-    from agentrl.train import set_up
+    from agentrl.run import set_up
 
     cfg = load_config(overrides=["train.device=cuda", f"out={tmp_path / 'run'}"])
     with pytest.raises(ValueError, match=r"train.device=cuda"):

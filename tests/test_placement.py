@@ -12,11 +12,11 @@ from agentrl.config import load_config
 
 def _engine(tiny_model_dir, tmp_path, dtype):
     from agentrl.models.tiny import load_model
-    from agentrl.run import make_engine
+    from agentrl.run import rollout_engine
 
     cfg = load_config(overrides=[f"model.dtype={dtype}", f"model.path={tiny_model_dir}"])
     model, tok = load_model(tiny_model_dir)
-    return model, make_engine(cfg, model, tok, tmp_path)
+    return model, rollout_engine(cfg, model, tok, tmp_path)
 
 
 def test_model_dtype_bfloat16_is_honoured_in_process(tiny_model_dir, tmp_path):

@@ -271,7 +271,7 @@ def push(pool: RolloutPool, model_dir: str, scale: float) -> tuple[dict, int]:
 
 @pytest.fixture(scope="module")
 def renderer(tiny_model_dir):
-    from agentrl.rollout.workers import load_tokenizer
+    from agentrl.rollout.engines.make import load_tokenizer
 
     return ChatRenderer(load_tokenizer(tiny_model_dir))
 

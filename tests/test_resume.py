@@ -120,7 +120,7 @@ def test_g3_resume_from_step_3_equals_the_uninterrupted_run(uninterrupted, tiny_
 
 def test_a_new_run_into_an_earlier_runs_folder_refuses_and_overwrite_starts_clean(uninterrupted, tmp_path,
                                                                                    tiny_model_dir):
-    from agentrl.train import OutError
+    from agentrl.startup import OutError
 
     out = tmp_path / "C"
     shutil.copytree(uninterrupted, out)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+import agentrl.startup as startup
 import agentrl.train as train_mod
 from agentrl.cli import app
 from agentrl.config import load_config
@@ -76,7 +77,7 @@ def test_resume_without_a_checkpoint_is_an_error(tmp_path, tiny_model_dir):
     out = tmp_path / "N"
     out.mkdir()
     (out / "config.json").write_text(_cfg(tiny_model_dir, out).model_dump_json())
-    with pytest.raises(train_mod.ResumeError, match="no intact checkpoint"):
+    with pytest.raises(startup.ResumeError, match="no intact checkpoint"):
         train_mod.train(_cfg(tiny_model_dir, out, f"resume={out}"))
 
 
@@ -175,8 +176,8 @@ def test_resuming_an_in_process_checkpoint_with_ranks_fails_before_ray_starts(ru
 
     out = tmp_path / "inproc"
     shutil.copytree(run4, out)
-    with pytest.raises(train_mod.ResumeError, match="in-process learner"):
-        train_mod.resume_checkpoint(_cfg(tiny_model_dir, out, f"resume={out}", "train.learner_workers=2"),
+    with pytest.raises(startup.ResumeError, match="in-process learner"):
+        startup.resume_checkpoint(_cfg(tiny_model_dir, out, f"resume={out}", "train.learner_workers=2"),
                                     out, print)
 
 

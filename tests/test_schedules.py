@@ -46,7 +46,7 @@ def test_learner_optimizer_follows_the_run_schedule(tiny_model_dir):
 
     from agentrl.config import load_config
     from agentrl.learner.local import Learner
-    from agentrl.train import lr_schedule
+    from agentrl.run import lr_schedule
 
     cfg = load_config(None, ["train.lr=0.01", "train.steps=4", "train.lr_warmup_steps=1",
                              "train.lr_schedule=linear", "train.lr_min_ratio=0.5"])

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-import agentrl.train as train_mod
+import agentrl.startup as startup
 from agentrl.sandbox.pool import default_pool
 from agentrl_envs.self_propose import SelfProposeEnv
 from agentrl_envs.self_propose_tasks import SEED_TASKS, TaskBuffer, normalise, parse_proposal
@@ -61,8 +61,8 @@ def test_propose_references_are_valid_unshown_seed_tasks(pool):
 
 
 def test_self_propose_has_reference_answers_safety_still_has_none():
-    assert train_mod.env_has_reference_answers("self_propose")
-    assert not train_mod.env_has_reference_answers("safety")
+    assert startup.env_has_reference_answers("self_propose")
+    assert not startup.env_has_reference_answers("safety")
 
 
 def test_train_warm_starts_on_self_propose_references(tiny_model_dir, tmp_path):

@@ -46,7 +46,6 @@ def test_examples_mix_both_envs_in_the_shares_asked_for(tiny_tokenizer):
 
 
 def test_embedded_tokenizer_trains_on_the_mix_envs_texts_too(monkeypatch, tmp_path):
-    import agentrl.models.tiny as model_mod
     import agentrl.run as run_mod
 
     seen = {}
@@ -56,7 +55,7 @@ def test_embedded_tokenizer_trains_on_the_mix_envs_texts_too(monkeypatch, tmp_pa
         return target
 
     monkeypatch.setattr(run_mod, "TOKENIZER_TASKS", 10)
-    monkeypatch.setattr(model_mod, "build_tiny_model", fake_build)
+    monkeypatch.setattr(run_mod, "build_tiny_model", fake_build)
     run_mod.default_model_dir(load_config(None, []), tmp_path / "a")
     plain = list(seen["texts"])
     run_mod.default_model_dir(load_config(None, ["sft.mix_envs={self_propose: 2.0}"]), tmp_path / "b")
@@ -68,7 +67,7 @@ def test_embedded_tokenizer_trains_on_the_mix_envs_texts_too(monkeypatch, tmp_pa
 
 
 def test_a_mix_env_without_reference_answers_is_refused(tmp_path):
-    from agentrl.train import set_up
+    from agentrl.run import set_up
 
     with pytest.raises(ConfigError, match="sft.mix_envs: env safety offers no reference answers"):
         set_up(load_config(None, ["sft.mix_envs={safety: 1}"], out=str(tmp_path / "r")))

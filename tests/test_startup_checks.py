@@ -8,6 +8,8 @@ import shutil
 
 import pytest
 
+import agentrl.run as run_mod
+import agentrl.startup as startup
 import agentrl.train as train_mod
 from agentrl.config import ConfigError, load_config
 from agentrl.learner.checkpoints import check_out
@@ -33,23 +35,23 @@ def test_resume_with_another_env_or_algo_is_refused_and_the_run_config_kept(fini
     before = (out / "config.json").read_text()
     base = json.loads(before)
     cfg = load_config(None, [override, "train.steps=2"], base=base).model_copy(update={"resume": str(out)})
-    with pytest.raises(train_mod.ResumeError, match=f"trained with {key}="):
+    with pytest.raises(startup.ResumeError, match=f"trained with {key}="):
         train_mod.train(cfg)
     assert (out / "config.json").read_text() == before  # a plain --resume still works after it
 
 
 def test_warm_start_on_an_env_without_reference_answers_fails_at_start_up(tmp_path):
-    assert train_mod.env_has_reference_answers("code_sandbox")
-    assert not train_mod.env_has_reference_answers("safety")
+    assert startup.env_has_reference_answers("code_sandbox")
+    assert not startup.env_has_reference_answers("safety")
     cfg = load_config(None, ["env.name=safety", "sft.steps=5", f"out={tmp_path / 'run'}"])
     with pytest.raises(ConfigError, match="sft.steps=5: env safety offers no reference answers"):
-        train_mod.set_up(cfg)
+        run_mod.set_up(cfg)
     assert not (tmp_path / "run").exists()
 
 
 def test_options_the_algorithm_ignores_are_config_errors(tmp_path):
     with pytest.raises(ConfigError, match="^config error: .*turn_advantages"):  # refused by the schema
-        train_mod.set_up(load_config(None, ["algo.name=ppo", "algo.turn_advantages=true",
+        run_mod.set_up(load_config(None, ["algo.name=ppo", "algo.turn_advantages=true",
                                             f"out={tmp_path / 'r'}"]))
     assert not (tmp_path / "r").exists()
 
@@ -160,12 +162,12 @@ def test_a_failing_start_under_overwrite_deletes_nothing(finished_run, tmp_path,
     override = override.format(missing=tmp_path / "nope", empty=tmp_path / "empty")
     cfg = load_config(None, TOY + [override, f"out={out}", "overwrite=true"])
     with pytest.raises(ConfigError, match=message):
-        train_mod.set_up(cfg)
+        run_mod.set_up(cfg)
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == before
     # and a new run that fails the same way leaves no config.json to block the corrected rerun
     fresh = tmp_path / "fresh"
     with pytest.raises(ConfigError, match=message):
-        train_mod.set_up(load_config(None, TOY + [override, f"out={fresh}"]))
+        run_mod.set_up(load_config(None, TOY + [override, f"out={fresh}"]))
     assert not fresh.exists()
 
 
@@ -175,7 +177,7 @@ def test_resume_records_the_runs_own_folder_not_a_stray_out(finished_run, tmp_pa
     cfg = load_config(None, TOY + [f"out={tmp_path / 'other'}", "overwrite=true"],
                       base=json.loads((out / "config.json").read_text()))
     cfg = cfg.model_copy(update={"resume": str(out)})
-    cfg, _, got = train_mod.set_up(cfg)
+    cfg, _, got = run_mod.set_up(cfg)
     saved = json.loads((out / "config.json").read_text())
     assert got == out and saved["out"] == str(out) and saved["overwrite"] is False
     assert not (tmp_path / "other").exists()
@@ -247,7 +249,7 @@ def test_resume_with_fewer_steps_than_done_is_refused_and_the_run_config_kept(ti
     train_mod.train(load_config(None, TOY + ["train.steps=2", f"model.path={tiny_model_dir}", f"out={out}"]))
     before = (out / "config.json").read_text()
     cfg = load_config(None, ["train.steps=1"], base=json.loads(before)).model_copy(update={"resume": str(out)})
-    with pytest.raises(train_mod.ResumeError, match=r"the run is at step 2, past train.steps=1; give --steps 2"):
+    with pytest.raises(startup.ResumeError, match=r"the run is at step 2, past train.steps=1; give --steps 2"):
         train_mod.train(cfg)
     assert (out / "config.json").read_text() == before
     assert json.loads(before)["train"]["steps"] == 2

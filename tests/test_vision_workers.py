@@ -51,11 +51,12 @@ def specs() -> list[EpisodeSpec]:
 
 def in_process(vlm_dir: str, state_dict, seed: int) -> list:
     """What `rollout.num_workers=0` runs: `run_episodes` on one in-process `VisionHFEngine`."""
+    from agentrl.config import load_config
     from agentrl.rollout.chat import VisionChatRenderer
+    from agentrl.rollout.engines.make import make_engine
     from agentrl.rollout.envs import build_env
-    from agentrl.rollout.workers import vision_engine_of_dir
 
-    engine, tok = vision_engine_of_dir(vlm_dir, torch.float32, 1)
+    engine, tok = make_engine(load_config(None, ["rollout.torch_threads=1"]), vlm_dir)
     if state_dict is not None:
         engine.update_weights(state_dict, 1)
     r = VisionChatRenderer(tok, tok.image_processor)

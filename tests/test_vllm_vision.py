@@ -103,14 +103,15 @@ def test_vllm_image_episodes_greedy_equal_hf_and_logprobs_equal_the_learner(work
     ids and masks equal `VisionHFEngine`'s on the same episodes; sampled at T=1, vLLM's logprobs
     equal the learner's teacher-forced ones on every sampled token within 1e-4 (ratio 1), no
     vision token is sampled, and the image placeholders are context (mask 0)."""
+    from agentrl.config import load_config
     from agentrl.models.vlm import load_vlm
     from agentrl.rollout.chat import VisionChatRenderer
+    from agentrl.rollout.engines.make import make_engine
     from agentrl.rollout.envs import build_env
-    from agentrl.rollout.workers import vision_engine_of_dir
 
     r = worker.renderer
     greedy = worker.run(specs(), params(r, 0.0), seed=0)
-    hf, tok = vision_engine_of_dir(vlm_dir, torch.float32, 1)
+    hf, tok = make_engine(load_config(None, ["rollout.torch_threads=1"]), vlm_dir)
     hr = VisionChatRenderer(tok, tok.image_processor)
     envs = [build_env(cfg_of("hf"), "train") for _ in specs()]
     want = run_episodes(hf, hr, envs, specs(), params(hr, 0.0), max_episode_tokens=256, seed=0)

@@ -104,6 +104,7 @@ def test_expand_image_pads_and_errors(tmp_path):
 
 def test_model_vision_builds_the_vlm_and_refuses_what_cannot_run_with_images(tmp_path, monkeypatch):
     import agentrl.run as run
+    import agentrl.startup as startup
     from agentrl.config import load_config
 
     monkeypatch.setattr(run, "TOKENIZER_TASKS", 20)  # the toy env's texts; keeps the test fast
@@ -129,7 +130,7 @@ def test_model_vision_builds_the_vlm_and_refuses_what_cannot_run_with_images(tmp
                         tmp_path, None)
     # Ray rollout workers and vLLM run a vision policy (tests/test_vision_workers.py,
     # tests/test_vllm_vision.py): not refused
-    run.check_vision_training(load_config(None, ["env.name=toy", "model.vision=true", "rollout.num_workers=2",
+    startup.check_vision_training(load_config(None, ["env.name=toy", "model.vision=true", "rollout.num_workers=2",
                                                  "rollout.engine=vllm"]))
     assert not is_vlm_dir(tmp_path)
 

@@ -52,7 +52,7 @@ are equal (bit for bit in float32 on CPU, tested).
 GKD's mixture (`algo.distill_teacher_fraction` = 1 - lambda, Agarwal et al. 2024, arXiv
 2306.13649, Algorithm 1 and sec. 3.1): of each step's `rollout.tasks_per_step` tasks,
 n_T = round(fraction x tasks_per_step) are played by the teacher (an in-process hf engine with
-the teacher's weights, built by `agentrl.run.make_teacher_engine`: algos import no engine; the episodes run through the same agent loop, so the
+the teacher's weights, built by `agentrl.run.teacher_engine`: algos import no engine; the episodes run through the same agent loop, so the
 teacher's tokens are kept exactly as it sampled them and their loss_mask covers its generated
 tokens only) and the other tasks by the student. The loss is the same token-level divergence
 D (`distill_kl`) on both kinds of rows, averaged over all agent tokens:

@@ -14,14 +14,61 @@ The policy (`model`):
   `ScriptedEngine` (see `agentrl.eval.reference`), with a tokenizer trained offline on the
   tasks' texts; `reference:DIR` uses the tokenizer of model directory DIR instead. The token
   caps are raised so that no reference answer is cut.
+
+The arguments of `eval_command` (`agentrl eval --help` gives the same):
+
+env: env name (short name, Gymnasium id or `pkg.module:Class`); default: the run
+    config's, else `code_sandbox`.
+model: see the module doc (required unless `compare`).
+dataset: task file for envs that take one (`env.dataset`).
+split: task split for envs that take one (`train`, `heldout`, `all`); default `all`
+    when `dataset` is given (a benchmark file is evaluated whole), else `heldout`.
+samples: episodes per task (N); default the config's `train.eval_samples` (4), or 1
+    for the (deterministic) `reference` policy.
+k: pass@k values, e.g. `"1,5,10"` (each <= samples); default 1 and `samples`.
+temperature: sampling temperature (0 = greedy); default the config's
+    `rollout.temperature` (a run's own, so its figures reproduce), except greedy for a
+    bare model directory (no run config, no `config`) with one sample.
+out: output directory (default `eval_runs/<env>_<model>_<time>`).
+seed: sampler seed (default the config's `seed`); the same seed reproduces a run.
+compare: two evaluation directories: print and return `report.compare(A, B)` instead.
+max_tasks: evaluate at most this many tasks (the first ones of the env's task list);
+    for envs without a task list, the number of seeded tasks `EVAL_SEED + i`. Default:
+    every task of `dataset` when one is given, else the config's `train.eval_tasks`
+    (256): with the other defaults, the run's own held-out evaluation
+    (`agentrl.eval.harness.heldout_settings`), so `agentrl eval RUN` reproduces the
+    figure the run printed.
+max_turns: extra turn limit per episode (`env.max_turns`).
+workers: Ray rollout workers (`agentrl.rollout.workers.RolloutPool`), each with its own
+    engine and envs, sharing every batch; 0 or None: in this process (default
+    `rollout.num_workers`). Not with `reference` (the scripted policy runs here). Envs
+    made by Ray workers must be registered on import (built-in, or `pkg.module:Class`).
+batch_size: episodes per batch (one generate call per turn for the whole batch); default
+    the config's `train.eval_batch_size` (the sampler seeds are drawn per batch).
+env_threads: threads stepping envs (sandbox runs) in parallel (default
+    `rollout.env_threads`).
+max_tokens: tokens per turn (default `rollout.max_tokens`).
+max_episode_tokens: tokens per episode (default `rollout.max_episode_tokens`).
+top_p: nucleus mass (default `rollout.top_p`).
+config: YAML/JSON config file (default: the training run's config.json when `model` is
+    a run or checkpoint).
+overrides: `key=value` config overrides (e.g. `env.kwargs.reward=fraction`).
+console: rich Console for tables and progress (None: a new one).
+imports: modules to import before the env is looked up (`env.imports`, added to the
+    config's), so that their `register_env` calls run.
+overwrite: replace an earlier evaluation in `out` (`check_eval_out`); without it, an
+    `out` that is not empty is refused before any work.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
+
+from agentrl.rollout.envs import _env_accepts, build_env
 
 REFERENCE_NAMES = ("reference", "scripted")
 DEFAULT_NAMES = ("default", "tiny")
@@ -157,7 +204,6 @@ def _probe_env(cfg: Any, split_arg: str, split: str | None) -> Any:
         ConfigError: the env cannot be made for another reason (naming the key).
     """
     from agentrl.config import ConfigError
-    from agentrl.run import _env_accepts, build_env
 
     if split is not None and not _env_accepts(cfg.env.name, "split"):
         raise ValueError(f"--split {split}: env {cfg.env.name} has no splits (its constructor takes "
@@ -208,50 +254,10 @@ def eval_command(
     imports: Sequence[str] | None = None,
     overwrite: bool = False,
 ) -> dict[str, Any]:
-    """Run `agentrl eval` (or `agentrl eval --compare A B`).
-
-    Args:
-        env: env name (short name, Gymnasium id or `pkg.module:Class`); default: the run
-            config's, else `code_sandbox`.
-        model: see the module doc (required unless `compare`).
-        dataset: task file for envs that take one (`env.dataset`).
-        split: task split for envs that take one (`train`, `heldout`, `all`); default `all`
-            when `dataset` is given (a benchmark file is evaluated whole), else `heldout`.
-        samples: episodes per task (N); default the config's `train.eval_samples` (4), or 1
-            for the (deterministic) `reference` policy.
-        k: pass@k values, e.g. `"1,5,10"` (each <= samples); default 1 and `samples`.
-        temperature: sampling temperature (0 = greedy); default the config's
-            `rollout.temperature` (a run's own, so its figures reproduce), except greedy for a
-            bare model directory (no run config, no `config`) with one sample.
-        out: output directory (default `eval_runs/<env>_<model>_<time>`).
-        seed: sampler seed (default the config's `seed`); the same seed reproduces a run.
-        compare: two evaluation directories: print and return `report.compare(A, B)` instead.
-        max_tasks: evaluate at most this many tasks (the first ones of the env's task list);
-            for envs without a task list, the number of seeded tasks `EVAL_SEED + i`. Default:
-            every task of `dataset` when one is given, else the config's `train.eval_tasks`
-            (256): with the other defaults, the run's own held-out evaluation
-            (`agentrl.eval.harness.heldout_settings`), so `agentrl eval RUN` reproduces the
-            figure the run printed.
-        max_turns: extra turn limit per episode (`env.max_turns`).
-        workers: Ray rollout workers (`agentrl.rollout.workers.RolloutPool`), each with its own
-            engine and envs, sharing every batch; 0 or None: in this process (default
-            `rollout.num_workers`). Not with `reference` (the scripted policy runs here). Envs
-            made by Ray workers must be registered on import (built-in, or `pkg.module:Class`).
-        batch_size: episodes per batch (one generate call per turn for the whole batch); default
-            the config's `train.eval_batch_size` (the sampler seeds are drawn per batch).
-        env_threads: threads stepping envs (sandbox runs) in parallel (default
-            `rollout.env_threads`).
-        max_tokens: tokens per turn (default `rollout.max_tokens`).
-        max_episode_tokens: tokens per episode (default `rollout.max_episode_tokens`).
-        top_p: nucleus mass (default `rollout.top_p`).
-        config: YAML/JSON config file (default: the training run's config.json when `model` is
-            a run or checkpoint).
-        overrides: `key=value` config overrides (e.g. `env.kwargs.reward=fraction`).
-        console: rich Console for tables and progress (None: a new one).
-        imports: modules to import before the env is looked up (`env.imports`, added to the
-            config's), so that their `register_env` calls run.
-        overwrite: replace an earlier evaluation in `out` (`check_eval_out`); without it, an
-            `out` that is not empty is refused before any work.
+    """Run `agentrl eval` (or `agentrl eval --compare A B`); the arguments are described in the
+    module docstring. The steps: the config (`_eval_config`), the checks of `out`, the env
+    modules and defaults (`_prepare`), the tasks, the policy and its engine (`_policy`:
+    `agentrl.run.build`), then `agentrl.eval.harness.run_eval`.
 
     Returns:
         The summary dict (see `agentrl.eval.harness.run_eval`), or the comparison dict.
@@ -263,149 +269,145 @@ def eval_command(
     """
     from rich.console import Console
 
+    from agentrl.eval.harness import check_k, run_eval
+    from agentrl.eval.tasks import list_tasks
+    from agentrl.run import default_model_dir
+
     console = console or Console()
     if compare:
-        from agentrl.eval.report import compare as compare_dirs
-        from agentrl.eval.report import print_compare
-
-        if len(compare) != 2:
-            raise ValueError(f"compare: give exactly two evaluation directories, got {len(compare)}")
-        result = compare_dirs(compare[0], compare[1])
-        print_compare(result, console)
-        return result
+        return _compare(compare, console)
     if not model:
         raise ValueError("model: give a model directory, a checkpoint, a training output dir, or 'reference'")
     if k is not None:
         parse_k(k)  # a malformed k fails before any work
-    from agentrl.config import ConfigError, load_config
-
-    name = model.split(":", 1)[0].lower()
-    scripted = name in REFERENCE_NAMES
-    builtin = name in DEFAULT_NAMES
+    scripted, builtin = (model.split(":", 1)[0].lower() in names for names in (REFERENCE_NAMES, DEFAULT_NAMES))
     model_dir, run_cfg = (None, None) if scripted or builtin else resolve_model(model)
     base = config or (str(run_cfg) if run_cfg is not None else None)
-    try:
-        cfg = load_config(base, list(overrides or []), flag_names=EVAL_FLAGS, **{
-            "env.name": env, "env.dataset": dataset, "env.max_turns": max_turns,
-            "rollout.num_workers": workers, "rollout.env_threads": env_threads,
-            "rollout.max_tokens": max_tokens, "rollout.max_episode_tokens": max_episode_tokens,
-            "rollout.top_p": top_p, "seed": seed})
-        if imports:
-            cfg = cfg.model_copy(update={"env": cfg.env.model_copy(
-                update={"imports": list(dict.fromkeys([*cfg.env.imports, *imports]))})})
-    except ConfigError as e:
-        raise ValueError(str(e)) from None
+    cfg = _eval_config(base, overrides, imports, {
+        "env.name": env, "env.dataset": dataset, "env.max_turns": max_turns,
+        "rollout.num_workers": workers, "rollout.env_threads": env_threads,
+        "rollout.max_tokens": max_tokens, "rollout.max_episode_tokens": max_episode_tokens,
+        "rollout.top_p": top_p, "seed": seed})
     if scripted and workers:
         raise ValueError("workers: the reference policy runs in this process; use workers=0")
-    from agentrl.eval.harness import check_k
-
     samples = samples or (1 if scripted else cfg.train.eval_samples)  # the reference is deterministic
     ks = check_k(parse_k(k) if k is not None else [1, samples], samples)
-    batch_size = batch_size or cfg.train.eval_batch_size
     if max_tasks is None and not dataset:
         max_tasks = cfg.train.eval_tasks  # the run's own held-out list
-    use_pool = not scripted and cfg.rollout.num_workers > 0
     out_dir = out or _default_out(cfg.env.name, model)
     replaced = check_eval_out(Path(out_dir), overwrite=overwrite)
-
-    # heavy imports only now (arguments and config are valid)
-    import torch
-
-    from agentrl.env.registry import import_env_modules, resolve_env_id
-    from agentrl.eval.harness import run_eval
-    from agentrl.eval.tasks import list_tasks
-    from agentrl.rollout.chat import ChatRenderer
-    from agentrl.run import build_env, quiet_libraries
-
-    import_env_modules(cfg.env.imports)  # ImportError naming the module
-    resolve_env_id(cfg.env.name)  # ValueError naming the registered envs
-    if builtin:  # the embedded model a run would build: the VLM for an env that observes images
-        from agentrl.run import resolve_run_defaults
-
-        cfg = resolve_run_defaults(cfg)
-    quiet_libraries()
-    torch.set_num_threads(cfg.rollout.torch_threads)
+    cfg = _prepare(cfg, builtin)
     split_arg = split or ("all" if dataset else "heldout")
-
-    def make_env() -> Any:
-        return build_env(cfg, split_arg)
-
     probe = _probe_env(cfg, split_arg, split)
     _remove(replaced)  # --overwrite: the earlier evaluation, once the arguments are checked
-    if builtin:
-        from agentrl.run import default_model_dir
-
+    if builtin:  # the embedded model, built as a run builds it
         model_dir = Path(default_model_dir(cfg, Path(out_dir)))
     tasks, task_source = list_tasks(probe, max_tasks, default_n=cfg.train.eval_tasks)
     # a run's config (its own or -c): its sampling temperature, as the run evaluated; a bare
     # model with one sample: greedy
     temp = temperature if temperature is not None else (
         cfg.rollout.temperature if base is not None or samples > 1 else 0.0)
-    mt, met = cfg.rollout.max_tokens, cfg.rollout.max_episode_tokens
-    rollout = pool = None
-
-    engine: Any
-    if scripted:
-        from agentrl.eval.reference import reference_setup
-
-        tok_dir = model.split(":", 1)[1] if ":" in model else None
-        engine, renderer, answer_cap, episode_cap = reference_setup(
-            make_env, tasks, tokenizer_dir=tok_dir, vocab_size=cfg.model.vocab_size)
-        mt, met = max(mt, answer_cap), max(met, episode_cap)
-        model_label = "reference" + (f" (tokenizer {tok_dir})" if tok_dir else "")
-    elif use_pool:
-        from agentrl.models.vlm import is_vlm_dir
-        from agentrl.rollout.workers import RolloutPool, load_tokenizer
-
-        pool = RolloutPool(cfg, str(model_dir))  # the workers render images themselves
-        tok = load_tokenizer(str(model_dir))
-        if is_vlm_dir(str(model_dir)):  # (this renderer gives the stop ids)
-            from transformers import AutoImageProcessor
-
-            from agentrl.rollout.chat import VisionChatRenderer
-
-            ip = AutoImageProcessor.from_pretrained(str(model_dir), local_files_only=True)
-            renderer = VisionChatRenderer(tok, ip)
-        else:
-            renderer = ChatRenderer(tok)
-        engine = None
-        model_label = str(model_dir)
-
-        def rollout(specs: list[Any], params: Any, s: int | None) -> list[Any]:
-            return pool.run(specs, params, s, split=split_arg)
-    else:
-        from agentrl.models.vlm import is_vlm_dir
-
-        if is_vlm_dir(str(model_dir)) and cfg.rollout.engine == "hf":  # in-process vision engine
-            from agentrl.run import vision_engine
-
-            engine, renderer = vision_engine(cfg, str(model_dir))
-        elif is_vlm_dir(str(model_dir)):  # vLLM with images
-            from agentrl.rollout.chat import VisionChatRenderer
-            from agentrl.rollout.workers import make_engine
-
-            engine, tokenizer = make_engine(cfg, str(model_dir))
-            renderer = VisionChatRenderer(tokenizer, tokenizer.image_processor)
-        else:
-            from agentrl.rollout.workers import make_engine
-
-            engine, tokenizer = make_engine(cfg, str(model_dir))
-            renderer = ChatRenderer(tokenizer)
-        model_label = str(model_dir)
-
-    meta = {"env": cfg.env.name, "model": model_label, "dataset": cfg.env.dataset, "split": split_arg,
+    engine, renderer, rollout, label, mt, met = _policy(cfg, model, model_dir, split_arg, tasks)
+    pool = engine if hasattr(engine, "run") else None  # a RolloutPool
+    meta = {"env": cfg.env.name, "model": label, "dataset": cfg.env.dataset, "split": split_arg,
             "tasks_from": task_source, "max_turns": cfg.env.max_turns,
             "env_kwargs": dict(cfg.env.kwargs) or None, "wrappers": list(cfg.env.wrappers) or None}
     console.print(f"[eval] {cfg.env.name}: {len(tasks)} tasks ({task_source}) x {samples} samples, "
-                  f"k={ks}, T={temp}, model {model_label} -> {out_dir}", markup=False, highlight=False)
+                  f"k={ks}, T={temp}, model {label} -> {out_dir}", markup=False, highlight=False)
     meta.update({"engine": "scripted" if scripted else cfg.rollout.engine,
-                 "workers": cfg.rollout.num_workers if use_pool else 0})
+                 "workers": cfg.rollout.num_workers if pool is not None else 0})
     try:
-        return run_eval(engine, renderer, make_env, tasks, samples=samples, k_list=ks, temperature=temp,
-                        top_p=cfg.rollout.top_p, max_tokens=mt, seed=cfg.seed, out_dir=out_dir,
-                        max_episode_tokens=met, batch_size=batch_size,
+        return run_eval(None if pool is not None else engine, renderer, partial(build_env, cfg, split_arg), tasks,
+                        samples=samples, k_list=ks, temperature=temp, top_p=cfg.rollout.top_p, max_tokens=mt,
+                        seed=cfg.seed, out_dir=out_dir, max_episode_tokens=met,
+                        batch_size=batch_size or cfg.train.eval_batch_size,
                         env_threads=cfg.rollout.env_threads, meta=meta, console=console, rollout=rollout,
                         step_timeout_s=cfg.env.step_timeout_s, reset_timeout_s=cfg.env.reset_timeout_s)
     finally:
         if pool is not None:
             pool.shutdown()
+
+
+def _compare(dirs: Sequence[str], console: Any) -> dict[str, Any]:
+    """`agentrl eval --compare A B`: print and return `agentrl.eval.report.compare(A, B)`.
+
+    Raises:
+        ValueError: not exactly two directories.
+    """
+    from agentrl.eval.report import compare, print_compare
+
+    if len(dirs) != 2:
+        raise ValueError(f"compare: give exactly two evaluation directories, got {len(dirs)}")
+    result = compare(dirs[0], dirs[1])
+    print_compare(result, console)
+    return result
+
+
+def _eval_config(base: str | None, overrides: Sequence[str] | None, imports: Sequence[str] | None,
+                 flags: dict[str, Any]) -> Any:
+    """The evaluation's `Config`: the file `base` (a run's config.json, or `--config`), the
+    `overrides` and the options `flags` (by config key), with `imports` added to `env.imports`.
+
+    Raises:
+        ValueError: a bad config or a conflict between an option and an override (naming both).
+    """
+    from agentrl.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(base, list(overrides or []), flag_names=EVAL_FLAGS, **flags)
+        if imports:
+            cfg = cfg.model_copy(update={"env": cfg.env.model_copy(
+                update={"imports": list(dict.fromkeys([*cfg.env.imports, *imports]))})})
+    except ConfigError as e:
+        raise ValueError(str(e)) from None
+    return cfg
+
+
+def _prepare(cfg: Any, builtin: bool) -> Any:
+    """Once the arguments are valid: the env modules imported (ImportError naming the module),
+    the env looked up (ValueError naming the registered envs), the run's defaults for the
+    embedded model (`builtin`: the VLM for an env that observes images), quiet libraries and
+    `rollout.torch_threads` threads. Returns the config to evaluate with."""
+    import torch
+
+    from agentrl.env.registry import import_env_modules, resolve_env_id
+    from agentrl.run import quiet_libraries, resolve_run_defaults
+
+    import_env_modules(cfg.env.imports)
+    resolve_env_id(cfg.env.name)
+    if builtin:  # the embedded model a run would build
+        cfg = resolve_run_defaults(cfg)
+    quiet_libraries()
+    torch.set_num_threads(cfg.rollout.torch_threads)
+    return cfg
+
+
+def _policy(cfg: Any, model: str, model_dir: Path | None, split: str,
+            tasks: list[Any]) -> tuple[Any, Any, Any, str, int, int]:
+    """The evaluated policy: `reference` (`agentrl.eval.reference.reference_setup`, its token
+    caps raised so that no answer is cut), else the engine and renderer of `model_dir` from
+    `agentrl.run.build` (a `RolloutPool` with `rollout.num_workers > 0`).
+
+    Returns:
+        `(engine, renderer, rollout, label, max_tokens, max_episode_tokens)`: `rollout` runs
+        batches on the pool's workers (None in process).
+    """
+    from agentrl.run import build
+
+    mt, met = cfg.rollout.max_tokens, cfg.rollout.max_episode_tokens
+    name = model.split(":", 1)[0].lower()
+    if name in REFERENCE_NAMES:
+        from agentrl.eval.reference import reference_setup
+
+        tok_dir = model.split(":", 1)[1] if ":" in model else None
+        engine, renderer, answer_cap, episode_cap = reference_setup(
+            partial(build_env, cfg, split), tasks, tokenizer_dir=tok_dir, vocab_size=cfg.model.vocab_size)
+        return (engine, renderer, None, "reference" + (f" (tokenizer {tok_dir})" if tok_dir else ""),
+                max(mt, answer_cap), max(met, episode_cap))
+    run = build(cfg, model_dir=model_dir)
+    pool = run.engine if hasattr(run.engine, "run") else None
+
+    def rollout(specs: list[Any], params: Any, s: int | None) -> list[Any]:
+        return pool.run(specs, params, s, split=split)
+
+    return run.engine, run.renderer, rollout if pool is not None else None, str(model_dir), mt, met

@@ -335,13 +335,6 @@ def heldout_settings(cfg: Any) -> dict[str, Any]:
             "reset_timeout_s": cfg.env.reset_timeout_s}
 
 
-def heldout_width(cfg: Any) -> int:
-    """Envs the held-out evaluation runs at once: `min(train.eval_batch_size, episodes)` with
-    `train.eval_tasks x train.eval_samples` episodes."""
-    episodes = cfg.train.eval_tasks * cfg.train.eval_samples
-    return min(int(cfg.train.eval_batch_size), int(episodes))
-
-
 def evaluate_heldout(engine: Engine | None, renderer: ChatRenderer, envs: list[Any], cfg: Any,
                      pool: ThreadPoolExecutor | None, *, rollout: Callable[..., list[Trajectory]] | None = None,
                      out_dir: str | Path | None = None,
@@ -356,7 +349,7 @@ def evaluate_heldout(engine: Engine | None, renderer: ChatRenderer, envs: list[A
     Args:
         engine: the policy (None when `rollout` is given).
         renderer: the engine's `ChatRenderer`.
-        envs: at least `heldout_width(cfg)` held-out envs (reused, never made here).
+        envs: at least `agentrl.run.heldout_width(cfg)` held-out envs (reused, never made here).
         cfg: the run's `Config`.
         pool: threads stepping the envs.
         rollout: `(specs, params, seed) -> trajectories` to run batches elsewhere (Ray workers).

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from agentrl.rollout.chat import ChatRenderer
+from agentrl.rollout.chat import ChatRenderer, renderer_for
 from agentrl.rollout.engines.scripted import ScriptedEngine
 
 
@@ -143,7 +143,7 @@ def reference_setup(make_env: Callable[[], Any], tasks: Sequence[dict[str, Any]]
         from agentrl.models.tiny import build_tokenizer
 
         tokenizer = build_tokenizer(reference_texts(make_env, tasks), vocab_size=vocab_size)
-    renderer = ChatRenderer(tokenizer)
+    renderer = renderer_for(tokenizer)
     table = reference_table(make_env, renderer, tasks)
     answer_cap = max(len(tokenizer.encode(a, add_special_tokens=False)) for a in table.values()) + 1
     episode_cap = max(len(p) for p in table) + answer_cap + 1

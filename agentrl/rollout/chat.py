@@ -179,3 +179,17 @@ class VisionChatRenderer(ChatRenderer):
     def delta_ids(self, new_messages: list[Message]) -> list[int]:
         """The ids of `delta_inputs`."""
         return self.delta_inputs(new_messages)[0]
+
+
+def renderer_for(tokenizer: Any) -> ChatRenderer:
+    """The renderer of a policy: a `VisionChatRenderer` when `tokenizer` carries an image
+    processor (`tokenizer.image_processor`, a vision-language policy), else a `ChatRenderer`.
+
+    Raises:
+        ValueError: as `ChatRenderer` / `VisionChatRenderer` (a template without an end of turn,
+            a tokenizer without the image placeholder).
+    """
+    image_processor = getattr(tokenizer, "image_processor", None)
+    if image_processor is not None:
+        return VisionChatRenderer(tokenizer, image_processor)
+    return ChatRenderer(tokenizer)

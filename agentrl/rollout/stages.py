@@ -67,7 +67,7 @@ class Loop:
     teacher_engine: Any = None
     """A second sampler that plays some of each step's tasks (distill's GKD mixture,
     `algo.distill_teacher_fraction > 0`: an in-process engine behind `LockedEngine` with the
-    frozen teacher's weights, `agentrl.run.make_teacher_engine`); None for most runs."""
+    frozen teacher's weights, `agentrl.run.teacher_engine`); None for most runs."""
     teacher_envs: list[Any] | None = None
     """The train envs the second sampler's episodes run in (its tasks x group_size of them)."""
 

@@ -48,7 +48,9 @@ from typing import Any
 from agentrl.config import Config
 from agentrl.infra.cluster import ensure_ray  # (also imported from here by callers)
 from agentrl.rollout.agent_loop import EpisodeSpec, run_episodes
-from agentrl.rollout.engines.base import Engine, SamplingParams
+from agentrl.rollout.chat import renderer_for
+from agentrl.rollout.engines.base import SamplingParams
+from agentrl.rollout.engines.make import make_engine
 from agentrl.rollout.source import Leases, LockedEngine
 from agentrl.types import Trajectory
 
@@ -59,80 +61,6 @@ def worker_concurrency(cfg: Config) -> int:
     if cfg.rollout.mode != "async":
         return 1
     return int(cfg.rollout.batches_in_flight) + 2
-
-
-def load_tokenizer(path: str | Path) -> Any:
-    """The tokenizer of a local model directory, set up as `agentrl.models.tiny.load_model` does
-    (pad token = eos when missing, left padding), without loading the weights."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
-    tok.padding_side = "left"
-    return tok
-
-
-def make_engine(cfg: Config, model_path: str | Path) -> tuple[Engine, Any]:
-    """Build the engine `cfg.rollout.engine` on the model directory `model_path`.
-
-    Returns:
-        `(engine, tokenizer)`. `hf`: `HFEngine` with `cfg.rollout.torch_threads` threads and
-        `cfg.model.dtype`; on a vision-language directory (`agentrl.models.vlm.is_vlm_dir`) a
-        `VisionHFEngine` instead, its tokenizer carrying the image processor as
-        `tokenizer.image_processor` (so the worker renders with `VisionChatRenderer`).
-        `vllm`: `VLLMEngine` with `cfg.model.dtype`, seed `cfg.seed` and the keywords of
-        `rollout.vllm_kwargs` (on a vision-language directory it takes images, and the
-        tokenizer carries the image processor as for `hf`).
-
-    Raises:
-        ImportError: `vllm` asked for but not installed (the message says how to install it).
-        FileNotFoundError: `model_path` is not a directory.
-    """
-    import torch
-
-    from agentrl.models.vlm import is_vlm_dir
-
-    if not Path(model_path).is_dir():
-        raise FileNotFoundError(f"model directory not found: {model_path}")
-    dtype = getattr(torch, cfg.model.dtype)
-    if cfg.rollout.engine == "hf" and is_vlm_dir(model_path):
-        return vision_engine_of_dir(model_path, dtype, cfg.rollout.torch_threads)
-    if cfg.rollout.engine == "vllm":
-        from agentrl.rollout.engines.vllm import VLLMEngine
-
-        engine = VLLMEngine(str(model_path), dtype=cfg.model.dtype, seed=cfg.seed,
-                            **dict(cfg.rollout.vllm_kwargs))
-        tok = load_tokenizer(model_path)
-        if is_vlm_dir(model_path):  # vLLM takes the images (engine.accepts_images)
-            from transformers import AutoImageProcessor
-
-            tok.image_processor = AutoImageProcessor.from_pretrained(str(model_path), local_files_only=True)
-        return engine, tok
-    from agentrl.rollout.engines.hf import HFEngine
-
-    hf = HFEngine(str(model_path), torch_threads=cfg.rollout.torch_threads, dtype=dtype,
-                  compile=bool(cfg.rollout.compile))
-    return hf, hf.tokenizer
-
-
-def vision_engine_of_dir(model_path: str | Path, dtype: Any, torch_threads: int | None = None) -> tuple[Engine, Any]:
-    """`(VisionHFEngine, tokenizer)` of the vision-language directory `model_path`, the model
-    loaded with the Auto classes in `dtype` (`agentrl.models.vlm.load_vlm`) and the image processor
-    carried as `tokenizer.image_processor`.
-
-    Raises:
-        FileNotFoundError, ValueError: as `agentrl.models.vlm.load_vlm`.
-    """
-    from agentrl.models.vision_logprobs import vision_token_ids
-    from agentrl.models.vlm import load_vlm
-    from agentrl.rollout.engines.hf_vision import VisionHFEngine
-
-    model, tok, image_processor = load_vlm(model_path, dtype=dtype)
-    tok.image_processor = image_processor
-    engine = VisionHFEngine(model, image_token_id=model.config.image_token_id,
-                            banned_ids=vision_token_ids(model.config), torch_threads=torch_threads)
-    return engine, tok
 
 
 def shard_specs(specs: Sequence[EpisodeSpec], num_shards: int) -> list[list[int]]:
@@ -184,14 +112,11 @@ class RolloutWorker:
                  env_factory: Callable[[str], Any] | None = None) -> None:
         import torch
 
-        from agentrl.rollout.chat import ChatRenderer, VisionChatRenderer
-
         torch.set_num_threads(cfg.rollout.torch_threads)
         self.cfg = cfg
         self.worker_id = worker_id
         self.engine, tokenizer = make_engine(cfg, model_path)
-        ip = getattr(tokenizer, "image_processor", None)  # a vision-language model directory
-        self.renderer = ChatRenderer(tokenizer) if ip is None else VisionChatRenderer(tokenizer, ip)
+        self.renderer = renderer_for(tokenizer)  # a vision-language directory's renders images
         self.push_id = 0  # which `RolloutPool` push the engine holds (0: the model directory's)
         self._env_factory = env_factory
         self._rewards: Any = None  # the worker's `RewardWrappers` when `env.wrappers` is set

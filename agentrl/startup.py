@@ -1,0 +1,234 @@
+"""The start-up checks of a run: everything `agentrl train` refuses before it writes or
+builds anything heavy (settings, the env, the model directory, vision support, a resume's
+folder), each failing with a message that names the key to change. `agentrl.run.set_up` and
+`agentrl.run.build` call them in order.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+from gymnasium.envs.registration import load_env_creator
+
+from agentrl.config import Config, ConfigError
+from agentrl.env.content import message_images
+from agentrl.env.registry import resolve_env_id
+from agentrl.learner.local import latest_checkpoint
+from agentrl.log.metrics import check_wandb_login
+from agentrl.models.tiny import load_model
+from agentrl.models.vlm import is_vlm_dir
+from agentrl.rollout.agent_loop import call_with_timeout
+from agentrl.rollout.envs import build_env
+
+
+class OutError(ValueError):
+    """`out` cannot take a new run (not empty, a file): the message says what to do."""
+
+
+class ResumeError(ValueError):
+    """`--resume` found no intact checkpoint to continue from."""
+
+
+def check_settings(cfg: Config) -> None:
+    """The settings that fail before anything is built (an `algo` option the algorithm does not
+    support is refused by the config's schema already): dynamic sampling with `group_size < 2`,
+    and a warm start (`sft.steps > 0`, a new run) on an env, or an `sft.mix_envs` env, without
+    reference answers.
+
+    Raises:
+        ConfigError: naming the key.
+    """
+    if cfg.algo.dynamic_sampling and cfg.algo.group_size < 2:
+        raise ConfigError("config error: algo.dynamic_sampling needs algo.group_size >= 2 "
+                          "(singleton groups carry no signal and would all be dropped)")
+    if cfg.sft.steps > 0 and not cfg.resume and not env_has_reference_answers(cfg.env.name):
+        raise ConfigError(f"config error: sft.steps={cfg.sft.steps}: env {cfg.env.name} offers no "
+                          "reference answers (reference_answer()) for the warm start: set sft.steps=0")
+    if cfg.sft.steps > 0 and not cfg.resume:
+        for name in cfg.sft.mix_envs:
+            try:
+                has = env_has_reference_answers(name)
+            except ValueError as e:  # an unknown name, reported with the key
+                raise ConfigError(f"config error: sft.mix_envs: {e}") from None
+            if not has:
+                raise ConfigError(f"config error: sft.mix_envs: env {name} offers no reference answers "
+                                  "(reference_answer()) to mix into the warm start")
+
+
+def preflight(cfg: Config) -> None:
+    """Checks of the settings that would otherwise fail only after OUT was (re)written: the env
+    is built once (with its wrappers), reset once and closed, `model.path` is a model
+    directory, vLLM imports when `rollout.engine=vllm`, a vision policy runs only where images
+    do (`check_vision_training`), a text policy only where no image is
+    (`check_policy_sees_images`), and W&B finds an API key (`log.wandb`, `check_wandb_login`).
+
+    Raises:
+        ConfigError: naming the key (`env.kwargs`, `env.wrappers`, `env.wrapper_kwargs`,
+            `model.path`, `model.vision`, `rollout.engine`, `log.wandb`, or the vision refusal's key).
+    """
+    path = cfg.model.path
+    if path and not Path(path).is_dir():
+        raise ConfigError(f"config error: model.path: model directory not found: {path}")
+    if path and not (Path(path) / "config.json").is_file():
+        raise ConfigError(f"config error: model.path: {path} holds no config.json (not a Hugging "
+                          "Face model directory)")
+    if path and cfg.model.vision and not is_vlm_dir(path):
+        raise ConfigError(f"config error: model.vision=true with model.path={path}, a text-only model "
+                          "(no image processor and vision tower): model.vision builds the embedded "
+                          "vision-language model only without model.path; give a vision-language "
+                          "model directory, or drop model.path (docs/multimodal.md)")
+    if cfg.rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ConfigError("config error: rollout.engine=vllm: vLLM is not installed in this "
+                          "environment (docs/scale_out.md says how; or rollout.engine=hf)")
+    try:
+        check_vision_training(cfg)
+    except ValueError as e:
+        raise ConfigError(f"config error: {e}") from None
+    if cfg.log.wandb:
+        check_wandb_login()
+    env = build_env(cfg, "train")  # ConfigError for keywords the env or a wrapper refuses
+    try:
+        check_policy_sees_images(cfg, env)
+    finally:
+        env.close()
+
+
+def check_policy_sees_images(cfg: Config, env: Any) -> None:
+    """A text-only policy (`model.path` a text model, or the embedded text default) on an env
+    whose observations carry images is refused at start-up: `env` is reset once (seed
+    `cfg.seed`, within `env.reset_timeout_s`) and its opening messages are looked at; a reset
+    that raises or times out is left to the rollouts (contract 7).
+
+    Raises:
+        ConfigError: naming the env and the key to set (`model.vision=true`, or `model.path`).
+    """
+    path = cfg.model.path
+    if cfg.model.vision or (path and is_vlm_dir(path)):  # a resumed run's too: its config says
+        return
+    try:  # within env.reset_timeout_s, as in rollouts
+        obs, _ = call_with_timeout(lambda: env.reset(seed=cfg.seed), cfg.env.reset_timeout_s)
+    except Exception:  # noqa: BLE001 - the env's own failure (or a timeout), met again in rollouts
+        return
+    if isinstance(obs, list) and message_images([m for m in obs if isinstance(m, dict)]):
+        model = f"model.path={path} is a text-only model" if path else "the embedded default is a text model"
+        raise ConfigError(f"config error: model.vision: env {cfg.env.name} sends image observations, but "
+                          f"{model}: set model.vision=true (the embedded tiny vision-language model) or "
+                          "model.path=<a local vision-language model directory> (docs/multimodal.md)")
+
+
+RESUME_FIXED = ("env.name", "algo.name", "env.dataset")
+"""Settings a resumed run keeps: changing one would continue another run's policy, optimizer and
+metrics under a different task or objective (start a new run for that)."""
+
+
+def check_resume_keeps_the_run(cfg: Config, out: Path) -> None:
+    """`--resume OUT` with a setting of `RESUME_FIXED` other than the run's (OUT/config.json)
+    is refused before anything is written, so the run's config.json stays the run's; so is a
+    `train.steps` below the step of the run's newest intact checkpoint.
+
+    Raises:
+        ResumeError: names the setting, the run's value and the one asked for.
+    """
+    saved_file = out / "config.json"
+    if not saved_file.is_file():
+        return
+    saved = json.loads(saved_file.read_text())
+    now = json.loads(cfg.model_dump_json())
+    for key in RESUME_FIXED:
+        section, name = key.split(".")
+        was, want = saved.get(section, {}).get(name), now[section][name]
+        if was != want:
+            raise ResumeError(f"--resume {out}: the run was trained with {key}={was}, not {want}; "
+                              "a resumed run keeps its env and algorithm (start a new run with "
+                              "--out for another one)")
+    ck = latest_checkpoint(out)
+    done = json.loads((ck / "agentrl_state.json").read_text())["step"] if ck is not None else 0
+    if cfg.train.steps < done:  # would rewrite config.json's train.steps below the run's own
+        raise ResumeError(f"--resume {out}: the run is at step {done}, past train.steps={cfg.train.steps}; "
+                          f"give --steps {done} or more (or leave --steps out)")
+
+
+def env_has_reference_answers(name: str) -> bool:
+    """Does env `name`'s class define `reference_answer()` (the warm start's targets)?"""
+    ep = gym.spec(resolve_env_id(name)).entry_point
+    cls = load_env_creator(ep) if isinstance(ep, str) else ep
+    return callable(getattr(cls, "reference_answer", None))
+
+
+def check_vision_training(cfg: Config) -> None:
+    """With a vision-language policy (`model.vision`, or a `model.path` holding one), refuse at
+    start-up what does not run with images yet: LoRA, PPO's value head, a reference worker and
+    learner ranks (docs/multimodal.md). Ray rollout workers (`rollout.num_workers > 0`) and the
+    vLLM engine (`rollout.engine=vllm`: token prompts plus images) do.
+
+    Raises:
+        ValueError: naming the key to change.
+    """
+    if not (cfg.model.vision or (cfg.model.path and is_vlm_dir(cfg.model.path))):
+        return
+    bad = [(cfg.model.lora_r > 0, "model.lora_r=0"),
+           (cfg.algo.name == "ppo", "an algorithm without a value head (grpo, rloo, ...)"),
+           (cfg.placement.reference == "worker", "placement.reference other than worker"),
+           (cfg.train.learner_workers > 0, "train.learner_workers=0")]
+    need = [fix for hit, fix in bad if hit]
+    if need:
+        raise ValueError("a vision-language policy trains without LoRA, a value head, a reference "
+                         "worker or learner ranks for now; "
+                         f"set {', '.join(need)} (docs/multimodal.md)")
+
+
+def resume_checkpoint(cfg: Config, out: Path, say: Callable[[str], None]) -> Path | None:
+    """The checkpoint to resume from with `cfg.resume` (OUT's newest intact one; newer ones
+    that fail their manifest are skipped, each named), or None for a new run.
+
+    Raises:
+        ResumeError: `cfg.resume` is set and OUT has no intact checkpoint.
+    """
+    if not cfg.resume:
+        return None
+    ck = latest_checkpoint(out, on_skip=lambda p, why: say(f"[resume] skipping {p}: {why}"))
+    if ck is None:
+        raise ResumeError(f"--resume {out}: no intact checkpoint to resume from (the run stopped "
+                          "before its first save, or every checkpoint failed its manifest); start it "
+                          f"again with --out {out} --overwrite")
+    if cfg.train.learner_workers > 0 and not (ck / "dcp").is_dir():
+        raise ResumeError(f"--resume {out}: {ck} was written by the in-process learner "
+                          "(train.learner_workers=0) and has no sharded state (dcp/) for learner ranks; "
+                          "resume it with train.learner_workers=0")
+    return ck
+
+
+def restore_inline_reference(cfg: Config, learner: Any, ck: Path, out: Path) -> None:
+    """A run that started with `placement.reference=worker` and resumes inline: its checkpoints
+    hold no reference weights (`ref_model.pt`), so the learner's frozen copy (made from the
+    resumed policy) is loaded from OUT/reference_model, the weights the run started from.
+
+    Raises:
+        ResumeError: neither is there (the learner would silently take the resumed policy as
+            its reference)."""
+    ref = getattr(learner, "ref_model", None)
+    if cfg.placement.reference != "inline" or ref is None or (ck / "ref_model.pt").exists() \
+            or (ck / "dcp").is_dir():  # (learner ranks' checkpoints keep the reference in dcp/)
+        return
+    if not (out / "reference_model" / "config.json").exists():
+        raise ResumeError(f"--resume {out}: {ck} has no reference weights (ref_model.pt) and "
+                          f"{out / 'reference_model'} does not exist")
+    ref.load_state_dict(load_model(out / "reference_model")[0].state_dict())
+
+
+def check_tokenizer(cfg: Config, algo: Any, tok: Any) -> None:
+    """The algorithm's check of the policy's tokenizer `tok` (`Algorithm.check_tokenizer`: e.g.
+    distillation's teacher must share it, log-probabilities being compared by id).
+
+    Raises:
+        ConfigError: naming the key (e.g. `algo.teacher_path`).
+    """
+    try:
+        algo.check_tokenizer(cfg.algo, tok)
+    except ValueError as e:
+        raise ConfigError(f"config error: {e}") from None
