@@ -13,6 +13,19 @@ from rich.console import Console
 from rich.markup import escape
 
 from agentrl.config import Config, ConfigError, config_reference, load_config
+from agentrl.env.registry import (
+    DESCRIPTIONS,
+    SHORT_NAMES,
+    import_env_modules,
+    load_env_plugins,
+    resolve_env_id,
+)
+from agentrl.infra.corpus_server import main as serve
+from agentrl.infra.signals import RunInterrupted
+from agentrl.log.plot import plot_runs
+from agentrl.log.show import show_episode
+from agentrl.sandbox.backends import BackendError
+from agentrl.sandbox.doctor import render, run_checks
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Train LLM agents with RL in multi-turn Gymnasium text environments.")
@@ -40,7 +53,6 @@ def _check_dataset(env: str | None, dataset: str | None) -> None:
     solutions that fail the static check (compile + entry point) are reported, count and ids."""
     if not dataset:
         return
-    from agentrl.env.registry import resolve_env_id
 
     try:
         if resolve_env_id(env or "code_sandbox") != resolve_env_id("code_sandbox"):
@@ -104,7 +116,6 @@ def train(
                   "again with --overwrite (or another --out)")
         _offline("dpo", cfg, prefs)  # offline DPO from the preference file: no env
         return
-    from agentrl.env.registry import import_env_modules, resolve_env_id
 
     try:
         import_env_modules(cfg.env.imports)
@@ -122,9 +133,7 @@ def train(
         resolve_device(cfg.train.device)
     except ValueError as e:
         _fail(f"config error: {e}")
-    from agentrl.infra.signals import RunInterrupted
     from agentrl.learner.group import PlacementError
-    from agentrl.sandbox.backends import BackendError
     from agentrl.startup import OutError, ResumeError
     from agentrl.train import train as run_train
 
@@ -244,8 +253,6 @@ def serve_corpus_cmd(
     host: Annotated[str, typer.Option(help="Host to bind (loopback by default).")] = "127.0.0.1",
 ) -> None:
     """Serve a document corpus over HTTP for the web_qa env's fetch tool."""
-    from agentrl.infra.corpus_server import main as serve
-
     serve(path, host=host, port=port)
 
 
@@ -256,7 +263,6 @@ def envs(
     """List the registered environments, one line each (built in, installed packages' `agentrl.envs` entry points, and --import modules)."""
     import gymnasium as gym
 
-    from agentrl.env.registry import DESCRIPTIONS, SHORT_NAMES, import_env_modules, load_env_plugins
 
     try:
         load_env_plugins()
@@ -284,7 +290,6 @@ def config_cmd(
             print(config_reference(algo))
             return
         cfg = load_config(config, overrides, **{"algo.name": algo})
-        from agentrl.env.registry import import_env_modules
         from agentrl.run import resolve_run_defaults
 
         import_env_modules(cfg.env.imports)
@@ -302,8 +307,6 @@ def plot(
     out: Annotated[Optional[str], typer.Option(help="Where the PNGs go (default: FIRST_RUN/plots).")] = None,
 ) -> None:
     """Plot learning curves of one or more runs: `agentrl plot runs/a runs/b`."""
-    from agentrl.log.plot import plot_runs
-
     try:
         paths = plot_runs(runs, out or str(Path(runs[0]) / "plots"))
     except (FileNotFoundError, ValueError, ModuleNotFoundError) as e:  # ModuleNotFoundError: no matplotlib
@@ -320,8 +323,6 @@ def show(
     plain: Annotated[bool, typer.Option(help="No colour: trained tokens wrapped in ⟦ ⟧.")] = False,
 ) -> None:
     """Print a saved episode with roles, rewards, verdicts and the loss mask visible."""
-    from agentrl.log.show import show_episode
-
     try:
         show_episode(run, step, index, Console(no_color=plain, highlight=False), plain=plain)
     except (FileNotFoundError, IndexError) as e:
@@ -333,8 +334,6 @@ def doctor() -> None:
     """What this machine has for agentrl: sandbox backend and isolation, torch/CUDA devices, Ray,
     vLLM, plotting/TensorBoard, installed extras, with the fix for each missing part. Exit code 1
     when a part a default run needs is missing."""
-    from agentrl.sandbox.doctor import render, run_checks
-
     checks = run_checks()
     for line in render(checks):
         console.print(line, markup=False, highlight=False, soft_wrap=True)

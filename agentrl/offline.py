@@ -28,11 +28,15 @@ from typing import Any
 
 import torch
 
+from agentrl.algos.dpo import DPO, load_preferences, preference_batch
 from agentrl.config import Config
 from agentrl.infra.jsonl import jsonl_rows
 from agentrl.learner.checkpoints import check_out
+from agentrl.learner.local import Learner
+from agentrl.log.metrics import MetricsLog
 from agentrl.rollout.chat import renderer_for
 from agentrl.run import load_policy
+from agentrl.sft import sft_train
 from agentrl.types import Trajectory
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -148,10 +152,6 @@ def dpo_from_file(cfg: Config, path: str | Path, say: Callable[[str], None] = pr
         ValueError: overlong shaping is switched on (it acts on sampled turns, and a file has
             none; DPO's config has no other option), named before anything is written.
     """
-    from agentrl.algos.dpo import DPO, load_preferences, preference_batch
-    from agentrl.learner.local import Learner
-    from agentrl.log.metrics import MetricsLog
-
     if cfg.algo.overlong_buffer != 0:  # would act on no sampled turn: refused, not ignored
         raise ValueError(f"config error: algo.overlong_buffer={cfg.algo.overlong_buffer!r}: offline DPO "
                          "from a preference file has no sampled turns for it to act on (set "
@@ -200,9 +200,6 @@ def sft_from_file(cfg: Config, path: str | Path, say: Callable[[str], None] = pr
     Raises:
         FileNotFoundError / ValueError: from `load_conversations` (the line is named).
     """
-    from agentrl.log.metrics import MetricsLog
-    from agentrl.sft import sft_train
-
     convs = load_conversations(path)
     out, model, tok, renderer, pad_id = _start(cfg)
     examples = conversation_examples(convs, renderer)

@@ -21,14 +21,17 @@ import torch
 
 from agentrl.config import Config
 from agentrl.eval.episodes import EVAL_SEED, episode_success, extrinsic_return
+from agentrl.eval.metrics import pass_at_k_many
 from agentrl.learner.forward import token_logprobs
+from agentrl.learner.lora import plain_copy
 from agentrl.learner.optim import NonFiniteLossError
+from agentrl.log.progress import Reporter
 from agentrl.rollout.agent_loop import check_images_allowed
 from agentrl.rollout.chat import ChatRenderer
 from agentrl.rollout.collect import collect
 from agentrl.rollout.engines.base import SamplingParams
 from agentrl.rollout.engines.make import make_engine
-from agentrl.rollout.envs import build_env
+from agentrl.rollout.envs import build_env, build_named_env
 from agentrl.types import Trajectory, collate
 
 
@@ -81,8 +84,6 @@ def warm_start_examples(cfg: Config, renderer: ChatRenderer, n: int, *,
     Raises:
         ValueError: an env offers no reference answers (`sft_examples`).
     """
-    from agentrl.rollout.envs import build_named_env
-
     out = sft_examples(build_env(cfg, "train"), renderer, n, seed=seed)
     counts = {cfg.env.name: len(out)}
     for j, (name, share) in enumerate(cfg.sft.mix_envs.items(), start=1):
@@ -150,8 +151,6 @@ def evaluate(engine: Any, renderer: ChatRenderer, envs: list[Any], cfg: Config,
     split, `samples` episodes each: the warm start's stop check on *training* tasks. The
     held-out figure of a run is `agentrl.eval.harness.evaluate_heldout` (the env's fixed
     held-out list)."""
-    from agentrl.eval.metrics import pass_at_k_many
-
     params = SamplingParams(temperature=temperature, top_p=cfg.rollout.top_p,
                             max_tokens=cfg.rollout.max_tokens, stop_token_ids=renderer.stop_ids)
     seeds = [EVAL_SEED + i for i in range(n_tasks)]
@@ -189,9 +188,6 @@ def warm_start(cfg: Config, model: Any, tok: Any, renderer: ChatRenderer, pad_id
     Raises:
         ValueError: the env offers no reference answers (`sft_examples`).
     """
-    from agentrl.learner.lora import plain_copy
-    from agentrl.log.progress import Reporter
-
     reporter = reporter or Reporter(enabled=False)
     t0 = time.perf_counter()
     examples, counts = warm_start_examples(cfg, renderer, max(2000, cfg.sft.batch_size),

@@ -92,6 +92,9 @@ from agentrl.algos.advantages import expand_to_tokens, group_advantages, group_s
 from agentrl.algos.configs import DistillConfig
 from agentrl.algos.grpo import GRPO
 from agentrl.algos.losses import aggregate
+from agentrl.learner.frozen import frozen_logprobs, frozen_vocab_logprobs
+from agentrl.learner.local import disable_dropout
+from agentrl.models.tiny import load_model
 
 _TEACHERS: dict[tuple[str, str], Any] = {}
 
@@ -105,9 +108,6 @@ def load_teacher(path: str | Path, device: str | torch.device = "cpu") -> Any:
     """
     key = (str(Path(path).resolve()), str(device))
     if key not in _TEACHERS:
-        from agentrl.learner.local import disable_dropout
-        from agentrl.models.tiny import load_model
-
         model, _ = load_model(path)
         model.requires_grad_(False)
         disable_dropout(model)
@@ -153,8 +153,6 @@ def teacher_logprobs(teacher: Any, batch: dict[str, Any], *, temperature: float 
         ValueError: a token id is outside the teacher's vocabulary (another tokenizer; names
             `algo.teacher_path`).
     """
-    from agentrl.learner.frozen import frozen_logprobs
-
     try:
         out = frozen_logprobs(teacher, batch["input_ids"], batch["attention_mask"], batch["lengths"],
                               temperature=temperature, micro_batch_size=micro_batch_size)
@@ -310,7 +308,6 @@ class Distill(GRPO):
         if mode != "sampled":
             if remote is not None:  # the config refuses this at start-up; a direct caller too
                 raise ValueError(f"algo.distill_kl={mode} needs placement.teacher=inline")
-            from agentrl.learner.frozen import frozen_vocab_logprobs
 
             teacher = load_teacher(cfg.teacher_path, getattr(learner, "device", "cpu"))
             try:

@@ -39,6 +39,7 @@ from agentrl.algos.base import Algorithm
 from agentrl.algos.configs import DPOConfig
 from agentrl.algos.losses import dpo_loss, sequence_logps
 from agentrl.infra.jsonl import jsonl_rows
+from agentrl.types import Trajectory, collate
 
 
 # -- pairs from rollout groups ------------------------------------------------------------------
@@ -165,8 +166,6 @@ def preference_batch(pairs: list[dict[str, Any]], renderer: Any, pad_id: int) ->
     Raises:
         ValueError: no pairs.
     """
-    from agentrl.types import Trajectory, collate
-
     if not pairs:
         raise ValueError("preference_batch: no pairs")
     tok = renderer.tokenizer

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from agentrl.eval import report
+from agentrl.eval.harness import run_eval
 from agentrl.eval.metrics import pass_at_k, pass_at_k_many
 
 __all__ = ["pass_at_k", "pass_at_k_many", "run_eval", "compare", "summarize"]
@@ -16,11 +18,7 @@ __all__ = ["pass_at_k", "pass_at_k_many", "run_eval", "compare", "summarize"]
 
 def __getattr__(name: str) -> Any:
     if name == "run_eval":
-        from agentrl.eval.harness import run_eval
-
         return run_eval
     if name in ("compare", "summarize"):
-        from agentrl.eval import report
-
         return getattr(report, name)
     raise AttributeError(f"module 'agentrl.eval' has no attribute {name!r}")

@@ -68,7 +68,15 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from agentrl.config import ConfigError, load_config
+from agentrl.env.registry import import_env_modules, resolve_env_id
+from agentrl.eval.harness import check_k, run_eval
+from agentrl.eval.reference import reference_setup
+from agentrl.eval.report import compare, print_compare
+from agentrl.eval.tasks import list_tasks
+from agentrl.learner.local import latest_checkpoint
 from agentrl.rollout.envs import _env_accepts, build_env
+from agentrl.run import build, default_model_dir, quiet_libraries, resolve_run_defaults
 
 REFERENCE_NAMES = ("reference", "scripted")
 DEFAULT_NAMES = ("default", "tiny")
@@ -136,8 +144,6 @@ def resolve_model(model: str) -> tuple[Path, Path | None]:
         cfg = run / "config.json" if run is not None and (run / "config.json").is_file() else None
         return p, cfg
     if (p / "checkpoints").is_dir():
-        from agentrl.learner.local import latest_checkpoint
-
         ck = latest_checkpoint(p)
         if ck is None:
             raise FileNotFoundError(f"model: {p} has a checkpoints/ folder but no complete checkpoint")
@@ -203,8 +209,6 @@ def _probe_env(cfg: Any, split_arg: str, split: str | None) -> Any:
             does not have (the env's own message lists its splits).
         ConfigError: the env cannot be made for another reason (naming the key).
     """
-    from agentrl.config import ConfigError
-
     if split is not None and not _env_accepts(cfg.env.name, "split"):
         raise ValueError(f"--split {split}: env {cfg.env.name} has no splits (its constructor takes "
                          "no split keyword): leave --split out")
@@ -269,9 +273,6 @@ def eval_command(
     """
     from rich.console import Console
 
-    from agentrl.eval.harness import check_k, run_eval
-    from agentrl.eval.tasks import list_tasks
-    from agentrl.run import default_model_dir
 
     console = console or Console()
     if compare:
@@ -334,8 +335,6 @@ def _compare(dirs: Sequence[str], console: Any) -> dict[str, Any]:
     Raises:
         ValueError: not exactly two directories.
     """
-    from agentrl.eval.report import compare, print_compare
-
     if len(dirs) != 2:
         raise ValueError(f"compare: give exactly two evaluation directories, got {len(dirs)}")
     result = compare(dirs[0], dirs[1])
@@ -351,8 +350,6 @@ def _eval_config(base: str | None, overrides: Sequence[str] | None, imports: Seq
     Raises:
         ValueError: a bad config or a conflict between an option and an override (naming both).
     """
-    from agentrl.config import ConfigError, load_config
-
     try:
         cfg = load_config(base, list(overrides or []), flag_names=EVAL_FLAGS, **flags)
         if imports:
@@ -370,8 +367,6 @@ def _prepare(cfg: Any, builtin: bool) -> Any:
     `rollout.torch_threads` threads. Returns the config to evaluate with."""
     import torch
 
-    from agentrl.env.registry import import_env_modules, resolve_env_id
-    from agentrl.run import quiet_libraries, resolve_run_defaults
 
     import_env_modules(cfg.env.imports)
     resolve_env_id(cfg.env.name)
@@ -392,13 +387,9 @@ def _policy(cfg: Any, model: str, model_dir: Path | None, split: str,
         `(engine, renderer, rollout, label, max_tokens, max_episode_tokens)`: `rollout` runs
         batches on the pool's workers (None in process).
     """
-    from agentrl.run import build
-
     mt, met = cfg.rollout.max_tokens, cfg.rollout.max_episode_tokens
     name = model.split(":", 1)[0].lower()
     if name in REFERENCE_NAMES:
-        from agentrl.eval.reference import reference_setup
-
         tok_dir = model.split(":", 1)[1] if ":" in model else None
         engine, renderer, answer_cap, episode_cap = reference_setup(
             partial(build_env, cfg, split), tasks, tokenizer_dir=tok_dir, vocab_size=cfg.model.vocab_size)

@@ -26,9 +26,12 @@ import numpy as np
 
 from agentrl.eval.episodes import episode_success, extrinsic_return
 from agentrl.eval.report import print_summary, summarize, summary_markdown
+from agentrl.eval.tasks import list_tasks
+from agentrl.log.progress import Reporter
 from agentrl.rollout.agent_loop import EpisodeSpec, run_episodes
 from agentrl.rollout.chat import ChatRenderer
 from agentrl.rollout.engines.base import Engine, SamplingParams
+from agentrl.rollout.envs import build_env
 from agentrl.types import Trajectory, json_message
 
 
@@ -258,7 +261,6 @@ def run_eval(
                                 make_env=make_env)
 
         run_batch = run_here
-    from agentrl.log.progress import Reporter
 
     if reporter is None:
         reporter = Reporter(console, enabled=console is not None)
@@ -364,11 +366,7 @@ def evaluate_heldout(engine: Engine | None, renderer: ChatRenderer, envs: list[A
     Raises:
         ValueError: too few `envs`, or an env without tasks.
     """
-    from agentrl.eval.tasks import list_tasks
-
     if make_env is None:
-        from agentrl.rollout.envs import build_env
-
         make_env = partial(build_env, cfg, "heldout")
     tasks, source = list_tasks(envs[0], cfg.train.eval_tasks, default_n=cfg.train.eval_tasks)
     return run_eval(engine, renderer, make_env, tasks, envs=envs, executor=pool, rollout=rollout,

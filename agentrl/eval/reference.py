@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from agentrl.models.tiny import build_tokenizer
 from agentrl.rollout.chat import ChatRenderer, renderer_for
 from agentrl.rollout.engines.scripted import ScriptedEngine
 
@@ -140,8 +141,6 @@ def reference_setup(make_env: Callable[[], Any], tasks: Sequence[dict[str, Any]]
 
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
     else:
-        from agentrl.models.tiny import build_tokenizer
-
         tokenizer = build_tokenizer(reference_texts(make_env, tasks), vocab_size=vocab_size)
     renderer = renderer_for(tokenizer)
     table = reference_table(make_env, renderer, tasks)

@@ -31,9 +31,11 @@ from typing import Any
 
 import torch
 
-from agentrl.infra.cluster import actor_options
+from agentrl.infra.cluster import actor_options, ensure_ray
 from agentrl.learner.forward import disable_dropout, full_precision, slice_rows, token_logprobs
+from agentrl.learner.lora import plain_copy
 from agentrl.models.int8 import REFERENCE_DTYPES, quantize_int8
+from agentrl.models.tiny import load_model
 
 
 def batch_key(batch: dict[str, Any]) -> str:
@@ -161,8 +163,6 @@ class FrozenModelActor:
     def __init__(self, model_dir: str, *, dtype: str = "float32", temperature: float = 1.0,
                  micro_batch_size: int = 16, torch_threads: int = 1, device: str = "cpu",
                  keep_fp32: bool = False) -> None:
-        from agentrl.models.tiny import load_model
-
         if dtype not in REFERENCE_DTYPES:
             raise ValueError(f"frozen model dtype {dtype!r}; allowed: {', '.join(REFERENCE_DTYPES)}")
         if dtype == "int8" and torch.device(device).type != "cpu":
@@ -265,7 +265,6 @@ class RemoteFrozenModel:
                  ray_address: str | None = None) -> None:
         import ray
 
-        from agentrl.infra.cluster import ensure_ray
 
         ensure_ray(ray_address)
         self.role = role
@@ -347,8 +346,6 @@ def save_reference_model(model: Any, tok: Any, out: Path, checkpoint: Path | Non
 
     Raises:
         ValueError: resuming from a `checkpoint` that has neither (no reference to restore)."""
-    from agentrl.learner.lora import plain_copy
-
     target = out / "reference_model"
     if (target / "config.json").exists():
         return target

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from agentrl.infra.cluster import ensure_ray
 from agentrl.learner.checkpoints import (
     ALGO_STATE,
     RUN_STATE,
@@ -40,6 +41,7 @@ from agentrl.learner.checkpoints import (
     write_checkpoint,
 )
 from agentrl.learner.local import Learner
+from agentrl.learner.rank import LearnerRank
 
 PLACEMENT_TIMEOUT_S = 60.0
 """Seconds to wait for the learner ranks' placement group before failing with what is free."""
@@ -110,8 +112,6 @@ class LearnerGroup:
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from agentrl.infra.cluster import ensure_ray
-        from agentrl.learner.rank import LearnerRank
 
         if workers < 1:
             raise ValueError(f"train.learner_workers={workers}: a group needs at least 1 rank")

@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from agentrl.models.tiny import load_model
+
 
 def is_peft(model: Any) -> bool:
     """True for a PEFT-wrapped model (it has adapters that can be disabled)."""
@@ -136,8 +138,6 @@ def load_checkpoint(path: str | Path) -> tuple[Any, Any]:
     Raises:
         FileNotFoundError: the directory, or the adapters' base model directory, is missing.
     """
-    from agentrl.models.tiny import load_model
-
     path = Path(path)
     cfg_file = path / "adapter_config.json"
     if not cfg_file.exists():

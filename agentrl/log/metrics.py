@@ -7,6 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from agentrl.config import ConfigError
+
 
 class MetricsLog:
     """Appends one JSON object per step to OUT/metrics.jsonl, and the finite numbers to
@@ -79,7 +81,6 @@ def _wandb_run(out: Path, project: str, run_config: dict[str, Any] | None, start
         return wandb.init(project=project, dir=str(out), name=out.resolve().name, id=run_id,
                           resume="allow", config=run_config)
     except wandb.errors.UsageError as e:  # no API key (a wandb older than check_wandb_login knows)
-        from agentrl.config import ConfigError
 
         raise ConfigError(f"config error: log.wandb: {e} {WANDB_FIX}") from None
 
@@ -108,7 +109,6 @@ def check_wandb_login() -> None:
         return
     import wandb
 
-    from agentrl.config import ConfigError
 
     try:
         found = wandb.login(verify=False, prompt=False)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentrl.models.tiny import CHAT_TEMPLATE, build_tokenizer, chat_stop_ids
+from agentrl.types import image_size
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -286,8 +287,6 @@ def encode_images(image_processor: Any, images: Sequence[Any]) -> dict[str, Any]
 def _failing_image(image_processor: Any, images: Sequence[Any], error: Exception) -> str:
     """The message of `ImageProcessorError`: the first of `images` the processor fails on alone
     (index and size), with its error; `error` (of the whole call) when none fails alone."""
-    from agentrl.types import image_size
-
     for k, im in enumerate(images):
         try:
             image_processor(images=[to_pil(im)], return_tensors="pt")

@@ -30,6 +30,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from agentrl.infra.http_deadline import (
+    DeadlineExceeded,
+    ReplyTooLarge,
+    fresh_connection_limits,
+    request_with_deadline,
+)
 from agentrl.rewards.parse import parse_judge_score, parse_pairwise_choice
 
 Message = dict[str, Any]
@@ -180,7 +186,6 @@ class JudgeClient:
                  max_reply_bytes: int = 1 << 20):
         import httpx
 
-        from agentrl.infra.http_deadline import fresh_connection_limits
 
         if not (math.isfinite(low) and math.isfinite(high)) or low >= high:
             raise ValueError(f"judge scale must have finite low < high, got [{low}, {high}]")
@@ -219,8 +224,6 @@ class JudgeClient:
         """`model`, or the first id of `GET /v1/models` (remembered), or "default" (not
         remembered, so a server that comes up later is asked again)."""
         if self.model is None:
-            from agentrl.infra.http_deadline import request_with_deadline
-
             models_url = self.url[: -len("/chat/completions")] + "/models"
             try:
                 with self._sem:
@@ -285,11 +288,6 @@ class JudgeClient:
         """
         import httpx
 
-        from agentrl.infra.http_deadline import (
-            DeadlineExceeded,
-            ReplyTooLarge,
-            request_with_deadline,
-        )
 
         body = {"model": self._model_name(), "messages": request, "temperature": self.temperature,
                 "max_tokens": self.max_tokens}

@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from agentrl.infra.cluster import actor_options
+from agentrl.infra.cluster import actor_options, ensure_ray
 from agentrl.models.int8 import REFERENCE_DTYPES, quantize_int8
+from agentrl.rewards.classifier import SequenceClassifier, p_unsafe_from_logits, score_from_logits
 
 
 # -- the reward model -----------------------------------------------------------------------------
@@ -30,8 +31,6 @@ class ClassifierActor:
         ValueError: an unknown dtype. RuntimeError: int8 without the platform's int8 path."""
 
     def __init__(self, path: str, *, dtype: str = "float32", torch_threads: int = 1, **kwargs: Any) -> None:
-        from agentrl.rewards.classifier import SequenceClassifier
-
         if dtype not in REFERENCE_DTYPES:
             raise ValueError(f"reward model dtype {dtype!r}; allowed: {', '.join(REFERENCE_DTYPES)}")
         torch.set_num_threads(torch_threads)
@@ -84,7 +83,6 @@ class RemoteClassifier:
 
         import ray
 
-        from agentrl.infra.cluster import ensure_ray
 
         if not Path(path).is_dir():
             raise FileNotFoundError(f"classifier model directory not found: {path}")
@@ -113,14 +111,10 @@ class RemoteClassifier:
 
     def score(self, prompts: Sequence[Any], responses: Sequence[str]) -> np.ndarray:
         """As `SequenceClassifier.score`."""
-        from agentrl.rewards.classifier import score_from_logits
-
         return score_from_logits(self.logits(prompts, responses), self.num_labels, self.label)
 
     def p_unsafe(self, prompts: Sequence[Any], responses: Sequence[str]) -> np.ndarray:
         """As `SequenceClassifier.p_unsafe`."""
-        from agentrl.rewards.classifier import p_unsafe_from_logits
-
         return p_unsafe_from_logits(self.logits(prompts, responses), self.num_labels, self.unsafe_label)
 
     def take_busy(self) -> float:

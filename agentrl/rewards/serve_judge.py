@@ -23,6 +23,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from agentrl.models.tiny import chat_stop_ids, load_model, render_text
+
 
 class _BadRequest(ValueError):
     pass
@@ -41,8 +43,6 @@ class ChatModel:
     """
 
     def __init__(self, model_path: str | Path, *, name: str | None = None, max_tokens_cap: int = 2048):
-        from agentrl.models.tiny import chat_stop_ids, load_model
-
         self.model, self.tokenizer = load_model(model_path)
         self.name = name or Path(model_path).resolve().name
         self.stop_ids = chat_stop_ids(self.tokenizer)
@@ -80,7 +80,6 @@ class ChatModel:
         if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
             raise _BadRequest("'stop' must be a string or a list of non-empty strings")
 
-        from agentrl.models.tiny import render_text
 
         try:
             text = render_text(self.tokenizer, messages, add_generation_prompt=True)

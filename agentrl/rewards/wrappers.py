@@ -23,6 +23,7 @@ from agentrl.rewards.classifier import (
 )
 from agentrl.rewards.curiosity import CuriosityBonus, CuriosityMemory
 from agentrl.rewards.judge import Judge, JudgeClient, make_judge
+from agentrl.rewards.remote import RemoteClassifier
 
 
 class JudgeReward(ScoringWrapper):
@@ -146,8 +147,6 @@ class RewardWrappers:
 
     def _classifier(self, model: Any, kwargs: dict[str, Any]) -> Any:
         if self.remote is not None and isinstance(model, (str, Path)):
-            from agentrl.rewards.remote import RemoteClassifier
-
             return RemoteClassifier(model, **self.remote, **kwargs)
         return load_classifier(model, **kwargs)
 

@@ -11,6 +11,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from agentrl.env.content import message_images
+from agentrl.models.tiny import render_ids as _render
+from agentrl.models.vlm import (
+    IMAGE_PAD,
+    VISION_TOKENS,
+    encode_images,
+    expand_image_pads,
+    image_token_counts,
+    to_pil,
+)
+
 Message = dict[str, Any]
 
 # A fixed conversation the deltas are cut from: rendering `BASE + new` and removing the ids of
@@ -26,8 +37,6 @@ def render_ids(tokenizer: Any, messages: list[Message], *, add_generation_prompt
                tools: list[dict] | None = None) -> list[int]:
     """Render chat messages with the tokenizer's chat template to a plain list of token ids
     (see `agentrl.models.tiny.render_ids`)."""
-    from agentrl.models.tiny import render_ids as _render
-
     return _render(tokenizer, messages, add_generation_prompt=add_generation_prompt, tools=tools)
 
 
@@ -125,8 +134,6 @@ class VisionChatRenderer(ChatRenderer):
     accepts_images = True
 
     def __init__(self, tokenizer: Any, image_processor: Any, image_token: str | None = None):
-        from agentrl.models.vlm import IMAGE_PAD, VISION_TOKENS
-
         super().__init__(tokenizer)
         self.image_processor = image_processor
         token = image_token or getattr(tokenizer, "image_token", None) or IMAGE_PAD
@@ -140,8 +147,6 @@ class VisionChatRenderer(ChatRenderer):
     def _with_images(self, ids: list[int], messages: list[Message]) -> tuple[list[int], dict[str, Any]]:
         import numpy as np
 
-        from agentrl.env.content import message_images
-        from agentrl.models.vlm import encode_images, expand_image_pads, image_token_counts, to_pil
 
         images = message_images(list(messages))
         px = encode_images(self.image_processor, images)

@@ -11,6 +11,7 @@ from agentrl.config import Config
 from agentrl.rollout.agent_loop import EpisodeSpec, run_episodes
 from agentrl.rollout.chat import ChatRenderer
 from agentrl.rollout.engines.base import SamplingParams
+from agentrl.rollout.envs import build_env
 from agentrl.types import Trajectory
 
 
@@ -40,8 +41,6 @@ def collect(engine: Any, renderer: ChatRenderer, envs: list[Any], seeds: list[in
                  for j, s in enumerate(seeds) for _ in range(group_size)]
         return engine.run(specs, params, seed=sample_seed, split=split)
     if make_env is None:
-        from agentrl.rollout.envs import build_env
-
         make_env = partial(build_env, cfg, split)
     run = partial(run_episodes, engine, renderer, params=params, executor=pool,
                   max_episode_tokens=cfg.rollout.max_episode_tokens,

@@ -13,7 +13,9 @@ import gymnasium as gym
 if TYPE_CHECKING:
     from agentrl.config import Config
 
+from agentrl.config import ConfigError
 from agentrl.env.registry import import_env_modules, make_env, resolve_env_id
+from agentrl.rewards import RewardWrappers
 
 
 # -- from a config -------------------------------------------------------------------------------
@@ -50,7 +52,6 @@ def build_env(cfg: Config, split: str | None = None, rewards: Any = None) -> Any
     try:
         env = make_env(cfg.env.name, max_turns=cfg.env.max_turns, env_kwargs=kw)
     except (TypeError, ValueError) as e:  # a keyword the env does not take, a value it refuses
-        from agentrl.config import ConfigError
 
         key = ("env.kwargs" if cfg.env.kwargs else "env.dataset" if cfg.env.dataset is not None
                else "env.name")
@@ -61,12 +62,10 @@ def build_env(cfg: Config, split: str | None = None, rewards: Any = None) -> Any
         try:
             if rewards is None:
                 # imported only when a wrapper is asked for
-                from agentrl.rewards import RewardWrappers
 
                 rewards = RewardWrappers.from_config(cfg)
             env = rewards.wrap(env)
         except (TypeError, ValueError) as e:  # an unknown wrapper, a keyword it does not take
-            from agentrl.config import ConfigError
 
             if isinstance(e, ConfigError):
                 raise

@@ -47,10 +47,12 @@ from typing import Any
 
 from agentrl.config import Config
 from agentrl.infra.cluster import ensure_ray  # (also imported from here by callers)
-from agentrl.rollout.agent_loop import EpisodeSpec, run_episodes
+from agentrl.rewards import RewardWrappers
+from agentrl.rollout.agent_loop import EpisodeSpec, opening_prompt, run_episodes
 from agentrl.rollout.chat import renderer_for
-from agentrl.rollout.engines.base import SamplingParams
+from agentrl.rollout.engines.base import SamplingParams, prompt_key
 from agentrl.rollout.engines.make import make_engine
+from agentrl.rollout.envs import build_env
 from agentrl.rollout.source import Leases, LockedEngine
 from agentrl.types import Trajectory
 
@@ -134,8 +136,6 @@ class RolloutWorker:
         """The worker's `RewardWrappers` (made on first need; None without `env.wrappers` or
         with a custom `env_factory`). Call under `_env_lock`."""
         if self._env_factory is None and self.cfg.env.wrappers and self._rewards is None:
-            from agentrl.rewards import RewardWrappers
-
             # one per worker: its env copies share judge client, curiosity memory, multiplier
             self._rewards = RewardWrappers.from_config(self.cfg)
         return self._rewards
@@ -143,7 +143,6 @@ class RolloutWorker:
     def _make_env(self, split: str) -> Any:
         if self._env_factory is not None:
             return self._env_factory(split)
-        from agentrl.rollout.envs import build_env
 
         return build_env(self.cfg, split, self._ensure_rewards())
 
@@ -176,9 +175,6 @@ class RolloutWorker:
         generate call `run_episodes` would make for them (`opening_prompt`): one reset of this
         worker's probe env per distinct reset kwargs (an env's opening is taken to be a function
         of its reset kwargs, as reproducibility needs anyway)."""
-        from agentrl.rollout.agent_loop import opening_prompt
-        from agentrl.rollout.engines.base import prompt_key
-
         counts: dict[bytes, int] = {}
         known: dict[str, list[int] | None] = {}
         with self._probe_lock:

@@ -19,6 +19,11 @@ import sys
 from dataclasses import dataclass
 from importlib import metadata
 
+import agentrl
+from agentrl.sandbox.backends import BackendError
+from agentrl.sandbox.pool import BACKENDS, ISOLATED_BACKENDS, resolve_backend
+from agentrl.sandbox.probe import probe
+
 
 @dataclass
 class Check:
@@ -61,10 +66,6 @@ def check_torch() -> list[Check]:
 
 def check_sandbox() -> list[Check]:
     """The backend code envs get (`auto`), whether it isolates, and every backend's probe."""
-    from agentrl.sandbox.backends import BackendError
-    from agentrl.sandbox.pool import BACKENDS, ISOLATED_BACKENDS, resolve_backend
-    from agentrl.sandbox.probe import probe
-
     out = []
     try:
         used = resolve_backend("auto")
@@ -133,8 +134,6 @@ def check_extras() -> list[Check]:
 
 def run_checks() -> list[Check]:
     """Every check of the module doc, in order."""
-    import agentrl
-
     out = [Check("python", "ok" if sys.version_info >= (3, 10) else "fail",
                  f"{platform.python_version()} ({sys.executable})", "Python >= 3.10 is needed"),
            Check("agentrl", "ok", f"{_version('agentrl') or 'not installed (on sys.path)'} from "

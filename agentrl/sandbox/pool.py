@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from .backends import BACKENDS, BackendError, warn_unisolated
 from .judge import judge, make_job
 from .probe import probe
-from .result import Limits, SandboxResult
+from .result import Limits, SandboxResult, TestOutcome
 from .worker import GRACE_S, Worker
 
 log = logging.getLogger(__name__)
@@ -55,8 +55,6 @@ def resolve_backend(backend: str) -> str:
 
 
 def _sandbox_error(error: str, backend: str, total: int) -> SandboxResult:
-    from .result import TestOutcome
-
     tests = [TestOutcome(f"test_{i}", False, "not run") for i in range(total)]
     return SandboxResult("sandbox_error", 0, total, tests, "", "", 0.0, 0.0, backend, error,
                          unisolated=backend == "subprocess")

@@ -49,7 +49,7 @@ import torch
 
 from agentrl.models.sampling import UNIFORM_BLOCK, row_uniforms, sample_next
 from agentrl.models.static_decode import DecoderWeights, StaticDecoder, unsupported_reason
-from agentrl.models.tiny import cache_kwarg, new_cache
+from agentrl.models.tiny import cache_kwarg, load_model, new_cache
 from agentrl.rollout.engines.base import Completion, SamplingParams, row_seeds
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -166,8 +166,6 @@ class HFEngine:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if isinstance(model_or_path, (str, Path)):
-            from agentrl.models.tiny import load_model
-
             model, loaded_tok = load_model(model_or_path, dtype=dtype)
             tokenizer = tokenizer if tokenizer is not None else loaded_tok
         else:

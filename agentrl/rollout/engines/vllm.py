@@ -46,6 +46,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from agentrl.models.vision_logprobs import vision_token_ids
 from agentrl.rollout.engines.base import Completion, SamplingParams, row_seeds
 from agentrl.rollout.engines.hf import check_params
 
@@ -159,7 +160,6 @@ class VLLMEngine:
         self.accepts_images = hasattr(hf_config, "vision_config")  # a vision-language model
         self.banned_ids: list[int] = []
         if self.accepts_images:
-            from agentrl.models.vision_logprobs import vision_token_ids
             from agentrl.rollout.engines.vllm_vision import (
                 MAX_IMAGES_PER_PROMPT,
                 patch_transformers_without_torchvision,

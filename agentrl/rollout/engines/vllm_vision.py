@@ -28,6 +28,8 @@ import types
 from collections.abc import Sequence
 from typing import Any
 
+from agentrl.models.vlm import to_pil
+
 IMAGE_PROCESSOR_MODULE = "transformers.models.qwen2_vl.image_processing_qwen2_vl"
 MAX_IMAGES_PER_PROMPT = 16
 """vLLM's `limit_mm_per_prompt["image"]` default here (videos: 0); `rollout.vllm_kwargs` sets
@@ -71,7 +73,6 @@ def image_prompt(ids: Sequence[int], vision: dict[str, Any] | None, pad_id: int)
     short = collapse_image_pads(ids, pad_id)
     if short.count(pad_id) != n:
         raise ValueError(f"{short.count(pad_id)} image placeholder runs in the prompt for {n} images")
-    from agentrl.models.vlm import to_pil
 
     return {"prompt_token_ids": short, "multi_modal_data": {"image": [to_pil(im) for im in images]}}
 
