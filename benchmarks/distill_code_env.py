@@ -58,7 +58,7 @@ STUDENT_BATCH = ("rollout.tasks_per_step=32", "algo.group_size=2")
 """64 episodes a step (the main job's 128 take ~25 s a step for an untrained student, which
 samples all `max_tokens` of every turn); without the env reward, groups are not needed."""
 GKD = {"distill_kl": "forward", "teacher_fraction": 0.5, "student_lr": 2e-3, "student_steps": 300}
-"""GKD's mixture as the learning test (`tests/test_distill_code_env.py`) runs it: half of each
+"""GKD's mixture as the learning test (`tests/e2e/test_distill_code_env.py`) runs it: half of each
 step's tasks played by the teacher, the forward KL on both kinds of rows, the SFT warm start's lr
 (2e-3), 300 steps. Measured at 03a70ff (tag `gkd_forward_f0.5_lr2e-3_400steps`, held-out
 evaluations every 100 steps): student pass@1 0.000, 0.000, 0.027, 0.311, 0.307 at steps 0-400;

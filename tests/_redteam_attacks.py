@@ -1,7 +1,7 @@
 """Reward-hacking attacks on the code sandbox's verdict (issue 20), as solution sources.
 
 Each attack is a template; ``{entry}`` is replaced by the task's entry point.  Used by
-tests/test_sandbox_redteam.py (and handy for measuring a harness change by hand).
+tests/sandbox/test_sandbox_redteam.py (and handy for measuring a harness change by hand).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ there: attention as two batched matrix products (1.08x: the CPU flash kernel win
 Used only when `static_decode.unsupported_reason(model, training=True)` is None: a float32 Qwen2
 or Llama with plain `nn.Linear` projections (no LoRA), SiLU, full attention, a static RoPE and
 attention dropout 0 (see that function). Results agree with the transformers forward to float32
-rounding (tests: `tests/test_learner.py`, the prefix-sharing cases with both forwards).
+rounding (tests: `tests/learner/test_learner.py`, the prefix-sharing cases with both forwards).
 
 Shapes: R rows, L new tokens per row, S past tokens, E hidden, H query heads, K key/value heads,
 D head dim.

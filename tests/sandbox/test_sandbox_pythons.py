@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROBE = """
 import sys, types, json
 pkg = types.ModuleType("agentrl"); pkg.__path__ = [sys.argv[1] + "/agentrl"]

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RUN = ["--env", "toy", "--algo", "grpo", "--steps", "3", "--out", "runs/first", "rollout.tasks_per_step=2",
        "algo.group_size=2", "train.eval_tasks=2", "train.eval_samples=1", "rollout.max_tokens=24"]
 SMALL_MODEL = ["model.hidden_size=32", "model.num_layers=1", "model.intermediate_size=64", "sft.steps=5"]

@@ -2,7 +2,7 @@
 13): `--dataset` missing, empty, a directory, malformed JSONL (file and line), rows that are not
 objects, a corrupt gzip; reference solutions that fail the static check are reported at load
 time; `agentrl eval --compare` on training folders. (`--out` a file, an earlier run, under
-/proc: tests/test_run_folder.py.)"""
+/proc: tests/e2e/test_run_folder.py.)"""
 
 from __future__ import annotations
 

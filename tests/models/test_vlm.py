@@ -128,8 +128,8 @@ def test_model_vision_builds_the_vlm_and_refuses_what_cannot_run_with_images(tmp
     with pytest.raises(ValueError, match="model.lora_r=0"):  # a VLM model.path is vision too
         run.load_policy(load_config(None, ["env.name=toy", f"model.path={path}", "model.lora_r=4"]),
                         tmp_path, None)
-    # Ray rollout workers and vLLM run a vision policy (tests/test_vision_workers.py,
-    # tests/test_vllm_vision.py): not refused
+    # Ray rollout workers and vLLM run a vision policy (tests/e2e/test_vision_workers.py,
+    # tests/e2e/test_vllm_vision.py): not refused
     startup.check_vision_training(load_config(None, ["env.name=toy", "model.vision=true", "rollout.num_workers=2",
                                                  "rollout.engine=vllm"]))
     assert not is_vlm_dir(tmp_path)
@@ -149,7 +149,7 @@ def test_train_and_eval_visual_count_on_the_embedded_vlm_subprocess(tmp_path):
     from transformers import AutoImageProcessor, AutoModelForImageTextToText
 
     out = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     cli = [sys.executable, "-m", "agentrl.cli"]
     train = [*cli, "train", "--env", "visual_count", "--algo", "grpo", "--steps", "2", "--out", str(out),
              "model.vision=true", "sft.steps=2", "sft.batch_size=4", "rollout.tasks_per_step=2",

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from agentrl.cli import app
 from agentrl.log.metrics import MetricsLog
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 
 
 def test_plotting_and_tensorboard_are_core_dependencies():

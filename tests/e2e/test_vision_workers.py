@@ -21,7 +21,7 @@ from agentrl.config import Config
 from agentrl.rollout.agent_loop import EpisodeSpec, run_episodes
 from agentrl.rollout.engines.base import SamplingParams
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TEXTS = ["How many red squares are in the image?", "Which cell holds the circle?",
          "What colour is the circle?", "Wrong, look again.", "1,2 red blue green yellow"] * 5
 

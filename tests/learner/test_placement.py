@@ -430,7 +430,7 @@ def test_benchmark_reward_model_is_a_5m_character_level_classifier(tmp_path):
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import placement as bench
     from transformers import AutoTokenizer
 

@@ -195,7 +195,7 @@ def test_benchmark_runs(tmp_path):
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     out = tmp_path / "r.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
     subprocess.run([sys.executable, str(root / "benchmarks" / "vision_engine_batching.py"), "--prompts", "3",
