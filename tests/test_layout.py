@@ -61,8 +61,6 @@ config's union of them is built from it. They import nothing in-tree but `agentr
 KNOWN = {  # today's offending folder edges (a forbidden arrow or one closing a cycle) -> who removes it
     "agentrl.algos -> agentrl.learner": "wt-algos/wt-loop, issue 37: algos/distill loads its teacher "
                                         "through learner.frozen and learner.local",
-    "agentrl.config -> agentrl.models": "issue 37, unassigned: config's model.dtype=int8 check imports "
-                                        "models.int8",
 }
 
 LAZY_IN_TREE = {
@@ -71,7 +69,6 @@ LAZY_IN_TREE = {
     "agentrl.rollout.engines.vllm_vision": "vLLM, an optional dependency",
     "agentrl.rollout.engines.vllm": "vLLM, an optional dependency",
     "agentrl_envs": "agentrl imports envs/ only when a user makes an env",
-    "agentrl.models.int8": "issue 37: config's int8 check (the config -> models KNOWN edge)",
 }
 """The only in-tree imports allowed inside functions of agentrl/: made BY the entry point
 (`agentrl.cli`), or OF a module that pulls an optional heavy dependency or the env package.

@@ -204,9 +204,9 @@ def test_precision_config_errors_name_the_key(monkeypatch):
             load_config(overrides=over)
     assert load_config(overrides=["placement.reference=worker", "placement.reference_dtype=int8"]) \
         .placement.reference_dtype == "int8"
-    import agentrl.models.int8
+    import agentrl.config
 
-    monkeypatch.setattr(agentrl.models.int8, "int8_unavailable", lambda: "torch X has no quantized CPU kernels")
+    monkeypatch.setattr(agentrl.config, "int8_unavailable", lambda: "torch X has no quantized CPU kernels")
     with pytest.raises(ConfigError, match="placement.reference_dtype=int8: torch X has no quantized CPU kernels"):
         load_config(overrides=["placement.reference=worker", "placement.reference_dtype=int8"])
 
