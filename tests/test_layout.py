@@ -58,10 +58,7 @@ CONFIG_SCHEMAS = {"agentrl.algos.configs"}
 config's union of them is built from it. They import nothing in-tree but `agentrl.types`
 (`test_config_schemas_import_nothing_at_runtime`)."""
 
-KNOWN = {  # today's offending folder edges (a forbidden arrow or one closing a cycle) -> who removes it
-    "agentrl.algos -> agentrl.learner": "wt-algos/wt-loop, issue 37: algos/distill loads its teacher "
-                                        "through learner.frozen and learner.local",
-}
+KNOWN: dict[str, str] = {}  # today's offending folder edges (a forbidden arrow or one closing a cycle) -> who removes it
 
 LAZY_IN_TREE = {
     "agentrl.cli": "the entry point: each command imports its runtime (torch) only when it runs, "

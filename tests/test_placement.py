@@ -487,8 +487,7 @@ def test_teacher_worker_equals_inline_teacher(ray_up, tiny_model_dir, tmp_path):
     role `teacher`) on `algo.teacher_path`: its float32 logprobs equal distill's inline teacher
     bit for bit on CPU (stated tolerance 1e-6 nats: float32 rounding of other kernels or
     devices), a prefetched result is the one taken, and the metrics are `perf/teacher_*`."""
-    from agentrl.algos.distill import load_teacher, teacher_logprobs
-    from agentrl.learner.frozen import RemoteFrozenModel
+    from agentrl.learner.frozen import RemoteFrozenModel, load_teacher, teacher_logprobs
 
     teacher_dir = _teacher_dir(tiny_model_dir, tmp_path / "teacher")
     teacher = load_teacher(teacher_dir)
