@@ -292,6 +292,26 @@ class LogConfig(_Section):
         return v
 
 
+def int8_unavailable() -> str | None:
+    """Why this platform cannot run an int8 model (`agentrl.models.int8.quantize_int8`), or None
+    when it can: torch must have `torch.ao.quantization.quantize_dynamic` (deprecated since torch
+    2.10 in favour of `torchao`, still shipped by 2.13) and a quantized CPU kernel engine (fbgemm /
+    x86 / onednn / qnnpack). The config checks this at start-up (`placement.*_dtype=int8`), so
+    that a torch without it is refused then, naming the key, and not in the middle of a run.
+    Imports torch, lazily: only when int8 is asked for (reading a config loads no torch)."""
+    import torch
+
+    try:
+        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic  # noqa: F401
+    except ImportError as e:
+        return (f"torch {torch.__version__} has no torch.ao.quantization.quantize_dynamic ({e}); "
+                "int8 needs it (or a port to torchao, not built)")
+    engines = set(torch.backends.quantized.supported_engines) - {"none"}
+    if not engines & {"fbgemm", "x86", "onednn", "qnnpack"}:
+        return f"torch {torch.__version__} has no quantized CPU kernels (engines: {sorted(engines) or 'none'})"
+    return None
+
+
 class PlacementConfig(_Section):
     """Section `placement`: where the reference, the distillation teacher and the reward models run (docs/scale_out.md)."""
 
@@ -328,8 +348,6 @@ class PlacementConfig(_Section):
     @classmethod
     def _int8_where_available(cls, v: str, info: Any) -> str:
         if v == "int8":
-            from agentrl.models.int8 import int8_unavailable
-
             why = int8_unavailable()
             if why is not None:
                 raise ValueError(f"placement.{info.field_name}=int8: {why}; use float32 or bfloat16")

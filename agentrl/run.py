@@ -240,8 +240,8 @@ def _engine_and_learner(run: Run, say: Callable[[str], None]) -> dict[str, Any]:
     run.learner = learner = make_learner(cfg, run.algo, model, lr_schedule(cfg))
     if cfg.placement.reference == "worker" and run.algo.needs_reference(cfg.algo):
         learner.reference = make_reference(cfg, model, tok, out, ck)
-    if cfg.placement.teacher == "worker" and run.algo.needs_teacher:
-        learner.teacher = make_teacher(cfg)
+    if run.algo.needs_teacher:  # on its worker, or inline (loaded at its first use)
+        learner.teacher = make_teacher(cfg, learner)
     for note in (learner.compile_note(), rollout_compile_note(cfg, run.engine)):
         if note:
             say(f"[compile] {note}")
@@ -411,8 +411,8 @@ def rollout_engine(cfg: Config, model: Any, tok: Any, out: Path) -> Any:
 def teacher_engine(cfg: Config, tok: Any) -> Any:
     """The in-process engine (`make_engine`) holding the teacher (`algo.teacher_path`) in
     `model.dtype`, to sample the teacher's episodes of GKD's mixture
-    (`algo.distill_teacher_fraction`); a copy of its own (the inline scorer `load_teacher` stays
-    float32 and untouched). Its `policy_version` stays 0: the teacher never changes.
+    (`algo.distill_teacher_fraction`); a copy of its own (the inline scorer,
+    `agentrl.learner.frozen.load_teacher`, stays float32 and untouched). Its `policy_version` stays 0: the teacher never changes.
 
     Raises:
         FileNotFoundError: `teacher_path` is not a directory.

@@ -396,7 +396,8 @@ class Learner(Protocol):
         temperature: the sampling temperature the logprobs are computed at.
         micro_batch_size: rows per forward.
         reference: the reference worker (`placement.reference=worker`), set by the loop, or None.
-        teacher: distillation's teacher worker (`placement.teacher=worker`), or None.
+        teacher: distillation's teacher (`agentrl.learner.frozen.make_teacher`: its worker, or
+            inline), set by the run's builder when the algorithm `needs_teacher`, else None.
         ref_seconds: seconds spent computing reference logprobs so far.
     """
 

@@ -58,12 +58,7 @@ CONFIG_SCHEMAS = {"agentrl.algos.configs"}
 config's union of them is built from it. They import nothing in-tree but `agentrl.types`
 (`test_config_schemas_import_nothing_at_runtime`)."""
 
-KNOWN = {  # today's offending folder edges (a forbidden arrow or one closing a cycle) -> who removes it
-    "agentrl.algos -> agentrl.learner": "wt-algos/wt-loop, issue 37: algos/distill loads its teacher "
-                                        "through learner.frozen and learner.local",
-    "agentrl.config -> agentrl.models": "issue 37, unassigned: config's model.dtype=int8 check imports "
-                                        "models.int8",
-}
+KNOWN: dict[str, str] = {}  # today's offending folder edges (a forbidden arrow or one closing a cycle) -> who removes it
 
 LAZY_IN_TREE = {
     "agentrl.cli": "the entry point: each command imports its runtime (torch) only when it runs, "
@@ -71,7 +66,6 @@ LAZY_IN_TREE = {
     "agentrl.rollout.engines.vllm_vision": "vLLM, an optional dependency",
     "agentrl.rollout.engines.vllm": "vLLM, an optional dependency",
     "agentrl_envs": "agentrl imports envs/ only when a user makes an env",
-    "agentrl.models.int8": "issue 37: config's int8 check (the config -> models KNOWN edge)",
 }
 """The only in-tree imports allowed inside functions of agentrl/: made BY the entry point
 (`agentrl.cli`), or OF a module that pulls an optional heavy dependency or the env package.

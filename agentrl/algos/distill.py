@@ -15,11 +15,12 @@ token is pushed toward what the teacher would have said in that context. `log pi
 temperature. A teacher equal to the student gives exactly 0.
 
 The teacher (`algo.teacher_path`, a local Hugging Face directory with the policy's tokenizer)
-is frozen, in eval mode, dropout off. Inline (`placement.teacher=inline`) it is loaded once per
-process on the learner's device and its forward runs in `prepare` without gradient; on a worker
-(`placement.teacher=worker`) it is a `agentrl.learner.frozen.RemoteFrozenModel` set as
-`learner.teacher` by the training loop, which starts its logprobs as soon as a batch is sampled
-(the reference worker's pipeline), and `prepare` takes the result. Both compute
+is frozen, in eval mode, dropout off. `prepare` reads it as `learner.teacher`, which the run's
+builder sets (`agentrl.learner.frozen.make_teacher`): inline (`placement.teacher=inline`) an
+`agentrl.learner.frozen.InlineFrozenModel`, loaded once per process on the learner's device, its
+forward run in `prepare` without gradient; on a worker (`placement.teacher=worker`) a
+`agentrl.learner.frozen.RemoteFrozenModel`, whose logprobs the training loop starts as soon as a
+batch is sampled (the reference worker's pipeline), and `prepare` takes the result. Both compute
 `agentrl.learner.frozen.frozen_logprobs` (the same micro-batches, trimmed the same way), so the two
 are equal (bit for bit in float32 on CPU, tested).
 
@@ -92,27 +93,6 @@ from agentrl.algos.advantages import expand_to_tokens, group_advantages, group_s
 from agentrl.algos.configs import DistillConfig
 from agentrl.algos.grpo import GRPO
 from agentrl.algos.losses import aggregate
-from agentrl.learner.frozen import frozen_logprobs, frozen_vocab_logprobs
-from agentrl.learner.local import disable_dropout
-from agentrl.models.tiny import load_model
-
-_TEACHERS: dict[tuple[str, str], Any] = {}
-
-
-def load_teacher(path: str | Path, device: str | torch.device = "cpu") -> Any:
-    """The frozen teacher at `path` on `device` (loaded once per process and device; eval mode,
-    no gradient, dropout off).
-
-    Raises:
-        FileNotFoundError: `path` is not a directory (from `agentrl.models.tiny.load_model`).
-    """
-    key = (str(Path(path).resolve()), str(device))
-    if key not in _TEACHERS:
-        model, _ = load_model(path)
-        model.requires_grad_(False)
-        disable_dropout(model)
-        _TEACHERS[key] = model.to(device).eval()
-    return _TEACHERS[key]
 
 
 def check_teacher_tokenizer(path: str | Path, tok: Any) -> None:
@@ -134,31 +114,6 @@ def check_teacher_tokenizer(path: str | Path, tok: Any) -> None:
         raise ValueError(f"algo.teacher_path={path}: the teacher's tokenizer is not the policy's "
                          f"({len(theirs)} vs {len(tok.get_vocab())} tokens, or other ids): "
                          "distillation compares log-probabilities token id by token id")
-
-
-@torch.no_grad()
-def teacher_logprobs(teacher: Any, batch: dict[str, Any], *, temperature: float = 1.0,
-                     micro_batch_size: int = 16) -> torch.Tensor:
-    """(B, T) float32 log pi_teacher of every token of `batch["input_ids"]` given those before
-    it, 0 at t = 0 and on padding, on the batch's device: `agentrl.learner.frozen.frozen_logprobs`
-    of the inline `teacher` model (what a teacher worker computes).
-
-    Args:
-        teacher: the frozen teacher (`load_teacher`).
-        batch: `input_ids`, `attention_mask` (B, T), `lengths` (B,).
-        temperature: the sampler's (logits / temperature).
-        micro_batch_size: rows per forward.
-
-    Raises:
-        ValueError: a token id is outside the teacher's vocabulary (another tokenizer; names
-            `algo.teacher_path`).
-    """
-    try:
-        out = frozen_logprobs(teacher, batch["input_ids"], batch["attention_mask"], batch["lengths"],
-                              temperature=temperature, micro_batch_size=micro_batch_size)
-    except ValueError as e:
-        raise ValueError(f"algo.teacher_path: {e}") from None
-    return out.to(batch["input_ids"].device)
 
 
 def full_reverse_kl(student_logp: torch.Tensor, teacher_logp: torch.Tensor) -> torch.Tensor:
@@ -286,9 +241,12 @@ class Distill(GRPO):
         return cfg.distill_kl != "sampled"
 
     def prepare(self, batch: dict[str, Any], learner: Any, cfg: Any) -> tuple[dict[str, Any], dict]:
-        """`old_logprobs` (the student, learner forward) and `teacher_logprobs` (B, T): from the
-        teacher worker when `learner.teacher` is set (`placement.teacher=worker`; a prefetched
-        result of the same rows when the loop started one), else from the inline teacher.
+        """`old_logprobs` (the student, learner forward) and `teacher_logprobs` (B, T) from
+        `learner.teacher` (the run's builder sets it: `agentrl.learner.frozen.make_teacher`): the
+        teacher worker (`placement.teacher=worker`; a prefetched result of the same rows when the
+        loop started one) or the inline teacher, which with `distill_kl=full|topk|forward` also
+        gives its whole next-token distributions (`teacher_vocab_logprobs` (B, T, V), or
+        `teacher_topk_logprobs` and `teacher_topk_ids` (B, T, k)).
 
         With GKD's mixture (`batch["teacher_rows"]`, (B,) bool, from `agentrl.algos.shaping.build_batch`):
         the teacher rows' `sampler_logprobs` (the teacher engine's) move to
@@ -301,33 +259,23 @@ class Distill(GRPO):
             `forward_kl_teacher_rows` (mean over their agent tokens of log pi_teacher -
             log pi_student, a one-sample forward KL) and `teacher_sampler_gap` (mean |teacher
             engine's logprob - inline teacher's| there, nats).
+
+        Raises:
+            ValueError: `learner.teacher` is not set; a teacher worker with `distill_kl` other
+                than `sampled`; a token id outside the teacher's vocabulary.
         """
         batch["old_logprobs"] = learner.logprobs(batch)
-        remote = getattr(learner, "teacher", None)
+        teacher = learner.teacher
+        if teacher is None:
+            raise ValueError("algo.name=distill: learner.teacher is not set (the run's builder sets it: "
+                             "agentrl.learner.frozen.make_teacher)")
         mode = cfg.distill_kl
-        if mode != "sampled":
-            if remote is not None:  # the config refuses this at start-up; a direct caller too
-                raise ValueError(f"algo.distill_kl={mode} needs placement.teacher=inline")
-
-            teacher = load_teacher(cfg.teacher_path, getattr(learner, "device", "cpu"))
-            try:
-                out = frozen_vocab_logprobs(
-                    teacher, batch["input_ids"], batch["attention_mask"], batch["lengths"],
-                    temperature=float(getattr(learner, "temperature", 1.0)),
-                    micro_batch_size=int(getattr(learner, "micro_batch_size", 16)),
-                    topk=cfg.distill_topk if mode == "topk" else None)  # full, forward: (B, T, V)
-            except ValueError as e:
-                raise ValueError(f"algo.teacher_path: {e}") from None
-            dev = batch["input_ids"].device
-            batch["teacher_logprobs"] = out.pop("logprobs").to(dev)
-            batch.update({f"teacher_{k}": v.to(dev) for k, v in out.items()})
-        elif remote is not None:
-            batch["teacher_logprobs"] = remote.logprobs(batch)
+        if mode != "sampled":  # full, forward: (B, T, V); topk: (B, T, k)
+            out = teacher.vocab_logprobs(batch, topk=cfg.distill_topk if mode == "topk" else None)
+            batch["teacher_logprobs"] = out.pop("logprobs")
+            batch.update({f"teacher_{k}": v for k, v in out.items()})
         else:
-            teacher = load_teacher(cfg.teacher_path, getattr(learner, "device", "cpu"))
-            batch["teacher_logprobs"] = teacher_logprobs(
-                teacher, batch, temperature=float(getattr(learner, "temperature", 1.0)),
-                micro_batch_size=int(getattr(learner, "micro_batch_size", 16)))
+            batch["teacher_logprobs"] = teacher.logprobs(batch)
         m = batch["loss_mask"] != 0
         stats: dict[str, float] = {}
         rows = batch.get("teacher_rows")

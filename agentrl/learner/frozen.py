@@ -2,8 +2,9 @@
 Ray actors of their own (`placement.reference=worker`, `placement.teacher=worker`,
 `placement.reward_model=worker`), with their own CPUs / GPUs and dtype. `inline` (the default)
 keeps today's behaviour: the reference is the learner's frozen copy, the teacher a frozen model
-in the driver process (`agentrl.algos.distill.load_teacher`), the reward model runs inside the
-env wrappers of the process that steps the envs.
+in the driver process (`InlineFrozenModel`, loaded once per process by `load_teacher`), the
+reward model runs inside the env wrappers of the process that steps the envs. Either teacher is
+`learner.teacher` (`make_teacher`, called by `agentrl.run.build`), with the same `logprobs(batch)`.
 
     driver ── RemoteFrozenModel ─▶ FrozenModelActor (Ray actor: a frozen model, prefill only,
        │        prefetch(batch)       no graph, dropout off; float32 | bfloat16 | int8)
@@ -139,6 +140,102 @@ def frozen_vocab_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: t
     return out
 
 
+_TEACHERS: dict[tuple[str, str], Any] = {}
+"""The inline teachers loaded in this process: (resolved path, device) -> model (`load_teacher`)."""
+
+
+def load_teacher(path: str | Path, device: str | torch.device = "cpu") -> Any:
+    """The frozen teacher at `path` on `device` (loaded once per process and device; eval mode,
+    no gradient, dropout off).
+
+    Raises:
+        FileNotFoundError: `path` is not a directory (from `agentrl.models.tiny.load_model`).
+    """
+    key = (str(Path(path).resolve()), str(device))
+    if key not in _TEACHERS:
+        model, _ = load_model(path)
+        model.requires_grad_(False)
+        disable_dropout(model)
+        _TEACHERS[key] = model.to(device).eval()
+    return _TEACHERS[key]
+
+
+@torch.no_grad()
+def teacher_logprobs(teacher: Any, batch: dict[str, Any], *, temperature: float = 1.0,
+                     micro_batch_size: int = 16) -> torch.Tensor:
+    """(B, T) float32 log pi_teacher of every token of `batch["input_ids"]` given those before
+    it, 0 at t = 0 and on padding, on the batch's device: `frozen_logprobs` of the inline
+    `teacher` model (what a teacher worker computes).
+
+    Args:
+        teacher: the frozen teacher (`load_teacher`).
+        batch: `input_ids`, `attention_mask` (B, T), `lengths` (B,).
+        temperature: the sampler's (logits / temperature).
+        micro_batch_size: rows per forward.
+
+    Raises:
+        ValueError: a token id is outside the teacher's vocabulary (another tokenizer; names
+            `algo.teacher_path`).
+    """
+    try:
+        out = frozen_logprobs(teacher, batch["input_ids"], batch["attention_mask"], batch["lengths"],
+                              temperature=temperature, micro_batch_size=micro_batch_size)
+    except ValueError as e:
+        raise ValueError(f"algo.teacher_path: {e}") from None
+    return out.to(batch["input_ids"].device)
+
+
+class InlineFrozenModel:
+    """Distillation's teacher in the learner's process (`placement.teacher=inline`): what the
+    algorithm reads as `learner.teacher`, as `RemoteFrozenModel` on a worker, plus the whole
+    next-token distributions (`vocab_logprobs`, for `algo.distill_kl=full|topk|forward`). The
+    model is `load_teacher(model_dir, device)`, loaded at the first call (once per process and
+    device).
+
+    Args:
+        model_dir: the teacher's directory (`algo.teacher_path`).
+        device: where its forward runs (the learner's).
+        temperature: the sampler's (logits / temperature).
+        micro_batch_size: rows per forward (the learner's).
+    """
+
+    role = "teacher"
+    on_worker = False
+    """Not a worker: no prefetch, no worker metrics (`agentrl.rollout.stages.frozen_workers`)."""
+
+    def __init__(self, model_dir: str | Path, *, device: str | torch.device = "cpu",
+                 temperature: float = 1.0, micro_batch_size: int = 16) -> None:
+        self.model_dir, self.device = model_dir, device
+        self.temperature, self.micro_batch_size = float(temperature), int(micro_batch_size)
+
+    @property
+    def model(self) -> Any:
+        """The frozen teacher model (`load_teacher`)."""
+        return load_teacher(self.model_dir, self.device)
+
+    def logprobs(self, batch: dict[str, Any]) -> torch.Tensor:
+        """(B, T) float32 teacher-forced logprobs of `batch` on its device (`teacher_logprobs`).
+
+        Raises:
+            ValueError: a token id outside the teacher's vocabulary (names `algo.teacher_path`)."""
+        return teacher_logprobs(self.model, batch, temperature=self.temperature,
+                                micro_batch_size=self.micro_batch_size)
+
+    def vocab_logprobs(self, batch: dict[str, Any], topk: int | None = None) -> dict[str, torch.Tensor]:
+        """`frozen_vocab_logprobs` of `batch` on its device: `logprobs` (B, T) and either
+        `vocab_logprobs` (B, T, V) (`topk` None) or `topk_logprobs`, `topk_ids` (B, T, k).
+
+        Raises:
+            ValueError: a token id outside the teacher's vocabulary (names `algo.teacher_path`)."""
+        try:
+            out = frozen_vocab_logprobs(self.model, batch["input_ids"], batch["attention_mask"],
+                                        batch["lengths"], temperature=self.temperature,
+                                        micro_batch_size=self.micro_batch_size, topk=topk)
+        except ValueError as e:
+            raise ValueError(f"algo.teacher_path: {e}") from None
+        return {k: v.to(batch["input_ids"].device) for k, v in out.items()}
+
+
 class FrozenModelActor:
     """A frozen causal LM in a process of its own (run as a Ray actor by `RemoteFrozenModel`;
     a plain object in tests and in-process use): the KL reference (the policy's starting
@@ -192,7 +289,7 @@ class FrozenModelActor:
                  lengths: torch.Tensor) -> torch.Tensor:
         """(B, T) float32 teacher-forced logprobs of the frozen model (`frozen_logprobs`): for
         the reference what `Learner.logprobs(batch, ref=True)` computes, for the teacher what
-        `agentrl.algos.distill.teacher_logprobs` computes inline.
+        `teacher_logprobs` computes inline.
 
         Args:
             input_ids, attention_mask: (B, T), right-padded; lengths: (B,) tokens per row.
@@ -258,6 +355,8 @@ class RemoteFrozenModel:
 
     MAX_PENDING = 4
     """Prefetched results kept at most (the oldest is dropped)."""
+    on_worker = True
+    """A worker: prefetched, its metrics logged (`agentrl.rollout.stages.frozen_workers`)."""
 
     def __init__(self, model_dir: str | Path, *, role: str = "reference", dtype: str = "float32",
                  temperature: float = 1.0, micro_batch_size: int = 16, torch_threads: int = 1,
@@ -310,6 +409,15 @@ class RemoteFrozenModel:
         out = ray.get(ref)
         self.wait_s += time.perf_counter() - t0
         return out.to(batch["loss_mask"].device)
+
+    def vocab_logprobs(self, batch: dict[str, Any], topk: int | None = None) -> dict[str, torch.Tensor]:
+        """Not on a worker (it returns sampled-token log-probabilities only).
+
+        Raises:
+            ValueError: always (the config refuses `placement.teacher=worker` with
+                `algo.distill_kl` other than `sampled` at start-up)."""
+        raise ValueError(f"{self.role} worker: whole next-token distributions (algo.distill_kl=full|topk|"
+                         "forward) need placement.teacher=inline")
 
     def logp_gap(self, batch: dict[str, Any], max_tokens: int) -> dict[str, float]:
         """`FrozenModelActor.logp_gap` on the worker: mean / max |logp_dtype - logp_fp32| and the
@@ -381,7 +489,17 @@ def make_reference(cfg: Any, model: Any, tok: Any, out: Path, checkpoint: Path |
     return make_frozen_worker(cfg, "reference", save_reference_model(model, tok, out, checkpoint))
 
 
-def make_teacher(cfg: Any) -> RemoteFrozenModel:
-    """The distillation teacher's worker (`placement.teacher=worker`): `algo.teacher_path` on a
-    `make_frozen_worker` of role `teacher`."""
-    return make_frozen_worker(cfg, "teacher", cfg.algo.teacher_path)
+def inline_teacher(model_dir: str | Path, learner: Any) -> InlineFrozenModel:
+    """The teacher at `model_dir` in this process with `learner`'s device (the CPU for a group of
+    ranks), temperature and micro-batch size."""
+    return InlineFrozenModel(model_dir, device=getattr(learner, "device", "cpu"),
+                             temperature=learner.temperature, micro_batch_size=learner.micro_batch_size)
+
+
+def make_teacher(cfg: Any, learner: Any) -> RemoteFrozenModel | InlineFrozenModel:
+    """The distillation teacher of a run, set as `learner.teacher`: `algo.teacher_path` on a
+    `make_frozen_worker` of role `teacher` (`placement.teacher=worker`), else in this process
+    (`inline_teacher`, loaded at its first use)."""
+    if cfg.placement.teacher == "worker":
+        return make_frozen_worker(cfg, "teacher", cfg.algo.teacher_path)
+    return inline_teacher(cfg.algo.teacher_path, learner)

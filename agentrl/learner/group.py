@@ -123,7 +123,7 @@ class LearnerGroup:
         self.temperature = float(kwargs.get("temperature", 1.0))  # as Learner.temperature
         self.micro_batch_size = int(kwargs.get("micro_batch_size", 16))  # as Learner.micro_batch_size
         self.reference: Any = None  # a RemoteFrozenModel (placement.reference=worker), as on Learner
-        self.teacher: Any = None  # distill's teacher worker (placement.teacher=worker), as on Learner
+        self.teacher: Any = None  # distill's teacher (frozen.make_teacher), as on Learner
         self.ref_seconds = 0.0
         bundle: dict[str, float] = {"CPU": float(cpus)}
         if gpus:

@@ -202,7 +202,7 @@ class Learner:
         self._share_ok = prefix_share_supported(model)
         self.ref_model = None
         self.reference: Any = None  # a RemoteFrozenModel (placement.reference=worker), set by the loop
-        self.teacher: Any = None  # distill's teacher worker (placement.teacher=worker), set by the loop
+        self.teacher: Any = None  # distill's teacher (frozen.make_teacher: worker or inline), set by run.build
         self.ref_seconds = 0.0
         self.lora = is_peft(model)  # LoRA: the reference is the base with adapters disabled
         if use_ref and not self.lora:

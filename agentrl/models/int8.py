@@ -4,26 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from agentrl.config import int8_unavailable
+
 REFERENCE_DTYPES = ("float32", "bfloat16", "int8")
 """`placement.reference_dtype` / `teacher_dtype` / `reward_model_dtype` values: `int8` is torch's dynamic
-int8 quantization of the Linear layers, on CPU only, where `int8_unavailable()` is None."""
-
-
-def int8_unavailable() -> str | None:
-    """Why this platform cannot run an int8 model (`quantize_int8`), or None when it can: torch
-    must have `torch.ao.quantization.quantize_dynamic` (deprecated since torch 2.10 in favour of
-    `torchao`, still shipped by 2.13) and a quantized CPU kernel engine (fbgemm / x86 / onednn /
-    qnnpack). The config checks this at start-up, so that a torch without it is refused then,
-    naming the key, and not in the middle of a run."""
-    try:
-        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic  # noqa: F401
-    except ImportError as e:
-        return (f"torch {torch.__version__} has no torch.ao.quantization.quantize_dynamic ({e}); "
-                "int8 needs it (or a port to torchao, not built)")
-    engines = set(torch.backends.quantized.supported_engines) - {"none"}
-    if not engines & {"fbgemm", "x86", "onednn", "qnnpack"}:
-        return f"torch {torch.__version__} has no quantized CPU kernels (engines: {sorted(engines) or 'none'})"
-    return None
+int8 quantization of the Linear layers, on CPU only, where `agentrl.config.int8_unavailable()` is None."""
 
 
 def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:

@@ -120,9 +120,9 @@ def run_batch(lp: Loop, step: int) -> list[Trajectory]:
 def frozen_workers(learner: Any) -> list[Any]:
     """The learner's frozen-model workers (`agentrl.learner.frozen.RemoteFrozenModel`): the
     reference's (`placement.reference=worker`) and the teacher's (`placement.teacher=worker`),
-    those that are set."""
+    those that are set (an inline teacher, `on_worker` False, is none)."""
     return [w for w in (getattr(learner, "reference", None), getattr(learner, "teacher", None))
-            if w is not None]
+            if w is not None and w.on_worker]
 
 
 def prefetch_reference(lp: Loop, trajs: list[Trajectory]) -> None:

@@ -493,6 +493,7 @@ def test_distill_advantages_by_hand_on_three_tokens():
 
 def test_distill_teacher_equal_to_student_gives_zero_signal(tiny_model_dir):
     from agentrl.algos.shaping import build_batch
+    from agentrl.learner.frozen import inline_teacher
     from agentrl.learner.local import Learner
     from agentrl.models.tiny import load_model
 
@@ -500,6 +501,7 @@ def test_distill_teacher_equal_to_student_gives_zero_signal(tiny_model_dir):
     model, _ = load_model(tiny_model_dir)
     learner = Learner(model, lr=1e-3, micro_batch_size=4)
     cfg = load_config(None, ["algo.name=distill", f"algo.teacher_path={tiny_model_dir}"]).algo
+    learner.teacher = inline_teacher(cfg.teacher_path, learner)  # as run.build sets it
     batch, m = distill.prepare(build_batch(_trajs(), pad_id=0), learner, cfg)
     adv, stats = distill.advantages(batch, cfg)
     assert torch.all(adv == 0) and m["reverse_kl"] == 0 and stats["reverse_kl"] == 0

@@ -144,7 +144,7 @@ def test_prepare_and_update_with_the_teacher_equal_to_the_student(tiny_model_dir
     from conftest import TINY_TEXTS
 
     from agentrl.algos.shaping import build_batch
-    from agentrl.learner.frozen import frozen_logprobs
+    from agentrl.learner.frozen import frozen_logprobs, inline_teacher
     from agentrl.learner.local import Learner
     from agentrl.models.tiny import build_tiny_model, load_model
 
@@ -152,6 +152,7 @@ def test_prepare_and_update_with_the_teacher_equal_to_the_student(tiny_model_dir
     learner = Learner(model, lr=1e-2, micro_batch_size=2)
     cfg = load_config(None, ["algo.name=distill", f"algo.teacher_path={tiny_model_dir}",
                              f"algo.distill_kl={mode}", "algo.distill_topk=5"]).algo
+    learner.teacher = inline_teacher(cfg.teacher_path, learner)  # as run.build sets it
     batch, _ = distill.prepare(build_batch(_trajs(), pad_id=0), learner, cfg)
     key = "teacher_topk_logprobs" if mode == "topk" else "teacher_vocab_logprobs"
     assert batch[key].shape[:2] == batch["input_ids"].shape
@@ -168,6 +169,7 @@ def test_prepare_and_update_with_the_teacher_equal_to_the_student(tiny_model_dir
     other = build_tiny_model(tmp_path / "other", TINY_TEXTS, hidden_size=32, num_layers=2, num_heads=2,
                              intermediate_size=64, vocab_size=400, seed=1)
     cfg2 = cfg.model_copy(update={"teacher_path": str(other)})
+    learner.teacher = inline_teacher(cfg2.teacher_path, learner)
     kls = []
     for _ in range(3):
         b, _ = distill.prepare(build_batch(_trajs(), pad_id=0), learner, cfg2)

@@ -204,9 +204,9 @@ def test_precision_config_errors_name_the_key(monkeypatch):
             load_config(overrides=over)
     assert load_config(overrides=["placement.reference=worker", "placement.reference_dtype=int8"]) \
         .placement.reference_dtype == "int8"
-    import agentrl.models.int8
+    import agentrl.config
 
-    monkeypatch.setattr(agentrl.models.int8, "int8_unavailable", lambda: "torch X has no quantized CPU kernels")
+    monkeypatch.setattr(agentrl.config, "int8_unavailable", lambda: "torch X has no quantized CPU kernels")
     with pytest.raises(ConfigError, match="placement.reference_dtype=int8: torch X has no quantized CPU kernels"):
         load_config(overrides=["placement.reference=worker", "placement.reference_dtype=int8"])
 
@@ -487,8 +487,7 @@ def test_teacher_worker_equals_inline_teacher(ray_up, tiny_model_dir, tmp_path):
     role `teacher`) on `algo.teacher_path`: its float32 logprobs equal distill's inline teacher
     bit for bit on CPU (stated tolerance 1e-6 nats: float32 rounding of other kernels or
     devices), a prefetched result is the one taken, and the metrics are `perf/teacher_*`."""
-    from agentrl.algos.distill import load_teacher, teacher_logprobs
-    from agentrl.learner.frozen import RemoteFrozenModel
+    from agentrl.learner.frozen import RemoteFrozenModel, load_teacher, teacher_logprobs
 
     teacher_dir = _teacher_dir(tiny_model_dir, tmp_path / "teacher")
     teacher = load_teacher(teacher_dir)
