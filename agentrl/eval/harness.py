@@ -234,11 +234,7 @@ def run_eval(
         ValueError: no tasks, bad `samples`/`k_list` (`check_k`), `batch_size` < 1, or too few
             `envs`.
     """
-    ks = check_k(k_list, samples)
-    if not tasks:
-        raise ValueError("tasks: nothing to evaluate (empty task list)")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    ks = _checked_args(k_list, samples, tasks, batch_size)
     jobs = [(ti, j, dict(kw)) for ti, kw in enumerate(tasks) for j in range(samples)]
     width = min(batch_size, len(jobs))
     params = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens,
@@ -262,14 +258,32 @@ def run_eval(
         if executor is None and pool is not None:
             pool.shutdown(wait=True)
     seconds = time.perf_counter() - t0
-    _unique_task_ids(rows)
     run_meta = {"samples": samples, "k": ks, "temperature": temperature, "top_p": top_p,
                 "max_tokens": max_tokens, "max_episode_tokens": max_episode_tokens, "seed": seed,
                 "batch_size": batch_size, **(meta or {})}
+    summary = _summary(rows, ks, run_meta, seconds, gen_s, env_s)
+    _report(summary, rows, out_dir, console)
+    return summary
+
+
+def _checked_args(k_list: Sequence[int], samples: int, tasks: Sequence[dict[str, Any]],
+                  batch_size: int) -> list[int]:
+    """The k values of pass@k (`check_k`); ValueError for no tasks or `batch_size` < 1."""
+    ks = check_k(k_list, samples)
+    if not tasks:
+        raise ValueError("tasks: nothing to evaluate (empty task list)")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    return ks
+
+
+def _summary(rows: list[dict[str, Any]], ks: list[int], run_meta: dict[str, Any], seconds: float,
+             gen_s: float, env_s: float) -> dict[str, Any]:
+    """`summarize` of the episode rows (task ids made unique first) plus its `timing`."""
+    _unique_task_ids(rows)
     summary = summarize(rows, ks, run_meta)
     summary["timing"] = {"seconds": seconds, "episodes_per_s": len(rows) / seconds if seconds > 0 else None,
                          "generate_s": gen_s, "env_s": env_s}
-    _report(summary, rows, out_dir, console)
     return summary
 
 
