@@ -21,7 +21,7 @@ Qwen2 of 19.3M parameters (key `qwen2-21M`) built by the same builder from a con
    sample), and the seconds of one reference pass over the batch (1 thread, after a warm-up
    pass; on a shared machine only indicative).
 5. The KL term and the loss with each reference, at the start of the update (logp = old, the
-   float32 learner's): token-mean k1 and k3 over the whole batch (`agentrl.algos.losses.kl`, k3 the default
+   float32 learner's): token-mean k1 and k3 over the whole batch (`agentrl.algos.kl.kl`, k3 the default
    `algo.kl_kind`), the per-sequence k1 sum (the KL of the reward in PPO / RLOO /
    REINFORCE++); on the first `--grad-rows` rows, GRPO's loss (`grpo.loss`, `algo.kl_coef`)
    and its difference from the float32 reference's, and the L2 norm of the change of the loss
@@ -141,7 +141,7 @@ def kl_and_loss(policy_dir: str, batch: dict, refs: dict[str, torch.Tensor], kl_
     equal)."""
     from agentrl.algos import get_algorithm
     from agentrl.algos.common import sequence_kl
-    from agentrl.algos.losses import kl
+    from agentrl.algos.kl import kl
     from agentrl.config import algo_config
     from agentrl.learner.forward import disable_dropout, slice_rows, token_logprobs
     from agentrl.models.tiny import load_model

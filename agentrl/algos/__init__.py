@@ -6,7 +6,7 @@ cfg, ...)`, and its declared needs (reference logprobs, a value head, a teacher,
 logprobs, idle zero-advantage rows, turn advantages), which the loop and the learner read
 instead of naming an algorithm. Its config is a class of `agentrl.algos.configs` (the `algo`
 section of the config, a union keyed on `algo.name`; torch-free). The pure tensor functions
-they are built from live in `advantages.py`, `losses.py`, `turns.py` and `shaping.py`.
+they are built from live in `advantages.py`, `losses.py`, `kl.py`, `tis.py`, `logits.py`, `turns.py` and `shaping.py`.
 
 This module imports no torch: an algorithm's file is imported by `get_algorithm`.
 """

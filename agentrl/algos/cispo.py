@@ -35,7 +35,8 @@ import torch
 from agentrl.algos.common import kl_entropy_terms
 from agentrl.algos.configs import CISPOConfig
 from agentrl.algos.grpo import GRPO
-from agentrl.algos.losses import cispo_policy_loss, tis_weights_of
+from agentrl.algos.losses import cispo_policy_loss
+from agentrl.algos.tis import tis_weights_of
 
 
 class CISPO(GRPO):

@@ -11,7 +11,9 @@ from typing import Any
 
 import torch
 
-from agentrl.algos.losses import aggregate, kl, ppo_policy_loss, tis_weights_of
+from agentrl.algos.kl import kl
+from agentrl.algos.losses import aggregate, ppo_policy_loss
+from agentrl.algos.tis import tis_weights_of
 
 
 def drop_invalid_rows(batch: dict[str, Any]) -> int:
@@ -38,7 +40,7 @@ def token_rewards(batch: dict[str, Any]) -> torch.Tensor:
 
 def kl_penalty_rewards(batch: dict[str, Any], coef: float, kind: str = "k1") -> torch.Tensor:
     """(B, T) per-token KL shaping rewards `-coef * k_t` on agent tokens (0 elsewhere), k_t the
-    estimator `kind` of `losses.kl` (`algo.kl_reward_kind`): k1_t = log pi_old(y_t) - log
+    estimator `kind` of `kl.kl` (`algo.kl_reward_kind`): k1_t = log pi_old(y_t) - log
     pi_ref(y_t) (the default), k2 or k3.
 
     The policy's logprobs are `batch["old_logprobs"]` (the weights that sampled the batch, as

@@ -34,12 +34,99 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
+from torch import Tensor
 
+from agentrl.algos.advantages import _check_2d as _check_same
+from agentrl.algos.advantages import _float_dtype
 from agentrl.algos.base import Algorithm
 from agentrl.algos.configs import DPOConfig
-from agentrl.algos.losses import dpo_loss, sequence_logps
+from agentrl.algos.losses import _f
 from agentrl.infra.jsonl import jsonl_rows
 from agentrl.types import Trajectory, collate
+
+
+# -- the loss ------------------------------------------------------------------------------------
+def sequence_logps(token_logps: Tensor, loss_mask: Tensor) -> Tensor:
+    """Sum of per-token logprobs over response tokens only (prompt tokens never count).
+
+    Args:
+        token_logps: (B, T) log pi(token).
+        loss_mask: (B, T) 0/1, 1 on response tokens.
+
+    Returns:
+        (B,) log pi(response | prompt), with gradient; 0 for a row without response tokens.
+
+    Raises:
+        ValueError: shape mismatch.
+    """
+    _check_same(loss_mask, token_logps=token_logps)
+    return torch.where(loss_mask != 0, token_logps, 0.0).sum(dim=-1)
+
+
+def dpo_loss(
+    policy_chosen_logps: Tensor,
+    policy_rejected_logps: Tensor,
+    ref_chosen_logps: Tensor,
+    ref_rejected_logps: Tensor,
+    *,
+    beta: float,
+    label_smoothing: float = 0.0,
+) -> tuple[Tensor, dict[str, float]]:
+    """Direct Preference Optimization loss over P preference pairs.
+
+        h    = (pc - rc) - (pr - rr)        (log-ratio margin, sequence logprobs)
+        loss = mean( -(1 - eps) * log sigmoid(beta * h) - eps * log sigmoid(-beta * h) )
+
+    with eps = label_smoothing (0: the original loss; >0: conservative DPO). Implicit rewards
+    are beta * (policy - ref) logps. Source: Rafailov et al. 2023, "Direct Preference
+    Optimization", eq. 7.
+
+    Args:
+        policy_chosen_logps, policy_rejected_logps: (P,) sequence logprobs of the policy
+            (use `sequence_logps`, response tokens only).
+        ref_chosen_logps, ref_rejected_logps: (P,) the same under the frozen reference
+            (detached).
+        beta: > 0, strength of the implicit KL constraint.
+        label_smoothing: in [0, 0.5).
+
+    Returns:
+        (loss, metrics) with `reward_margin` (mean chosen - rejected implicit reward),
+        `reward_accuracy` (fraction of pairs with chosen reward > rejected), `chosen_reward`,
+        `rejected_reward` (means), `dpo_loss`.
+
+    Raises:
+        ValueError: beta <= 0, label_smoothing out of range, empty or mismatched inputs.
+    """
+    if beta <= 0:
+        raise ValueError(f"beta must be > 0, got {beta}")
+    if not 0.0 <= label_smoothing < 0.5:
+        raise ValueError(f"label_smoothing must be in [0, 0.5), got {label_smoothing}")
+    shapes = {
+        tuple(x.shape)
+        for x in (policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    }
+    if len(shapes) != 1 or policy_chosen_logps.dim() != 1 or policy_chosen_logps.numel() == 0:
+        raise ValueError(f"all four inputs must be the same non-empty (P,) shape, got {shapes}")
+    dtype = _float_dtype(policy_chosen_logps, policy_rejected_logps)
+    chosen = policy_chosen_logps.to(dtype) - ref_chosen_logps.detach().to(dtype)
+    rejected = policy_rejected_logps.to(dtype) - ref_rejected_logps.detach().to(dtype)
+    logits = beta * (chosen - rejected)
+    losses = -(1.0 - label_smoothing) * F.logsigmoid(logits) - label_smoothing * F.logsigmoid(
+        -logits
+    )
+    loss = losses.mean()
+    with torch.no_grad():
+        chosen_reward = beta * chosen
+        rejected_reward = beta * rejected
+        metrics = {
+            "reward_margin": _f((chosen_reward - rejected_reward).mean()),
+            "reward_accuracy": _f((chosen_reward > rejected_reward).float().mean()),
+            "chosen_reward": _f(chosen_reward.mean()),
+            "rejected_reward": _f(rejected_reward.mean()),
+            "dpo_loss": _f(loss),
+        }
+    return loss, metrics
 
 
 # -- pairs from rollout groups ------------------------------------------------------------------

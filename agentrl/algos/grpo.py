@@ -14,7 +14,7 @@ aggregation):
   is `--algo gigpo`;
 - dynamic sampling (`cfg.dynamic_sampling`, DAPO): groups without signal are dropped and the
   batch refilled by the training loop (`agentrl.algos.shaping.dynamic_sampling`);
-- truncated importance sampling (`cfg.tis_cap`, `tis_level`, `tis_mode`): `losses.tis_weights_of`
+- truncated importance sampling (`cfg.tis_cap`, `tis_level`, `tis_mode`): `tis.tis_weights_of`
   weighs the per-token loss here from the old and sampler logprobs;
 - Dr. GRPO's L_max (`cfg.norm_len`): `Learner.update` passes it as `max_len`.
 """
@@ -28,7 +28,9 @@ import torch
 from agentrl.algos.advantages import expand_to_tokens, group_advantages, group_stats
 from agentrl.algos.base import TokenLoss
 from agentrl.algos.configs import DrGRPOConfig, GRPOConfig
-from agentrl.algos.losses import aggregate, kl, ppo_policy_loss, tis_weights_of
+from agentrl.algos.kl import kl
+from agentrl.algos.losses import aggregate, ppo_policy_loss
+from agentrl.algos.tis import tis_weights_of
 from agentrl.algos.turns import gigpo_advantages, turn_group_advantages
 
 

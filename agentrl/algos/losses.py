@@ -1,4 +1,7 @@
-"""Policy, value, KL and preference losses: pure functions over `(B, T)` tensors.
+"""Policy and value losses: pure functions over `(B, T)` tensors.
+
+The KL estimators are in `kl.py`, the truncated importance weights in `tis.py`, log-probabilities
+and entropy from logits in `logits.py`, the DPO loss in `dpo.py`.
 
 Conventions (see docs/algorithms.md):
 
@@ -13,11 +16,7 @@ Conventions (see docs/algorithms.md):
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from agentrl.algos.advantages import _check_2d as _check_same
@@ -27,17 +26,10 @@ __all__ = [
     "AGG_MODES",
     "masked_mean",
     "aggregate",
-    "kl",
     "ppo_policy_loss",
     "gspo_policy_loss",
     "cispo_policy_loss",
     "value_loss",
-    "dpo_loss",
-    "sequence_logps",
-    "tis_weights",
-    "tis_weights_of",
-    "entropy_from_logits",
-    "logprobs_from_logits",
 ]
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -145,48 +137,6 @@ def aggregate(
         length = t_len if max_len is None else max_len
         return masked.sum() / (_denominator(n_seq, masked) * max(length, 1))
     raise ValueError(f"unknown aggregation {mode!r}; allowed: {', '.join(AGG_MODES)}")
-
-
-# -- KL --------------------------------------------------------------------------------------
-def kl(logp: Tensor, ref_logp: Tensor, kind: str) -> Tensor:
-    """Per-token KL(pi || pi_ref) estimators for tokens sampled from pi (Schulman 2020).
-
-    With d = ref_logp - logp (= log(pi_ref / pi)):
-    - `k1` = -d (unbiased, high variance, can be negative);
-    - `k2` = d^2 / 2 (biased, low variance, >= 0);
-    - `k3` = exp(d) - d - 1 (unbiased, low variance, >= 0).
-    Source: J. Schulman, "Approximating KL Divergence", 2020 (http://joschu.net/blog/kl-approx.html).
-
-    Computed in float32 (bf16/fp16 upcast). Where both logprobs are -inf d is 0. For k3, d is
-    clamped to [-20, 20] before use, so k3 is finite and >= 0 for every non-NaN input
-    (its gradient is 0 beyond the clamp); k1 and k2 are not clamped (finite for finite input).
-    NaN input gives NaN.
-
-    Args:
-        logp: (...) log pi(token) of the policy being trained.
-        ref_logp: (...) log pi_ref(token) of the reference, same shape.
-        kind: "k1", "k2" or "k3".
-
-    Returns:
-        (...) per-token estimate; reduce it with `aggregate` / `masked_mean`.
-
-    Raises:
-        ValueError: unknown kind or shape mismatch.
-    """
-    if kind not in ("k1", "k2", "k3"):
-        raise ValueError(f"unknown KL estimator {kind!r}; allowed: k1, k2, k3")
-    if logp.shape != ref_logp.shape:
-        raise ValueError(f"logp {tuple(logp.shape)} and ref_logp {tuple(ref_logp.shape)} differ")
-    dtype = _float_dtype(logp, ref_logp)
-    lp, rp = logp.to(dtype), ref_logp.to(dtype)
-    both_impossible = torch.isneginf(lp) & torch.isneginf(rp)
-    d = torch.where(both_impossible, 0.0, rp - lp)
-    if kind == "k1":
-        return -d
-    if kind == "k2":
-        return 0.5 * d * d
-    d = d.clamp(-LOGRATIO_CLAMP, LOGRATIO_CLAMP)
-    return (torch.expm1(d) - d).clamp(min=0.0)  # clamp: a rounding guard only
 
 
 # -- policy losses ---------------------------------------------------------------------------
@@ -508,207 +458,3 @@ def value_loss(
             "vf_loss": _f(loss),
         }
     return loss, metrics
-
-
-# -- preference loss -------------------------------------------------------------------------
-def sequence_logps(token_logps: Tensor, loss_mask: Tensor) -> Tensor:
-    """Sum of per-token logprobs over response tokens only (prompt tokens never count).
-
-    Args:
-        token_logps: (B, T) log pi(token).
-        loss_mask: (B, T) 0/1, 1 on response tokens.
-
-    Returns:
-        (B,) log pi(response | prompt), with gradient; 0 for a row without response tokens.
-
-    Raises:
-        ValueError: shape mismatch.
-    """
-    _check_same(loss_mask, token_logps=token_logps)
-    return torch.where(loss_mask != 0, token_logps, 0.0).sum(dim=-1)
-
-
-def dpo_loss(
-    policy_chosen_logps: Tensor,
-    policy_rejected_logps: Tensor,
-    ref_chosen_logps: Tensor,
-    ref_rejected_logps: Tensor,
-    *,
-    beta: float,
-    label_smoothing: float = 0.0,
-) -> tuple[Tensor, dict[str, float]]:
-    """Direct Preference Optimization loss over P preference pairs.
-
-        h    = (pc - rc) - (pr - rr)        (log-ratio margin, sequence logprobs)
-        loss = mean( -(1 - eps) * log sigmoid(beta * h) - eps * log sigmoid(-beta * h) )
-
-    with eps = label_smoothing (0: the original loss; >0: conservative DPO). Implicit rewards
-    are beta * (policy - ref) logps. Source: Rafailov et al. 2023, "Direct Preference
-    Optimization", eq. 7.
-
-    Args:
-        policy_chosen_logps, policy_rejected_logps: (P,) sequence logprobs of the policy
-            (use `sequence_logps`, response tokens only).
-        ref_chosen_logps, ref_rejected_logps: (P,) the same under the frozen reference
-            (detached).
-        beta: > 0, strength of the implicit KL constraint.
-        label_smoothing: in [0, 0.5).
-
-    Returns:
-        (loss, metrics) with `reward_margin` (mean chosen - rejected implicit reward),
-        `reward_accuracy` (fraction of pairs with chosen reward > rejected), `chosen_reward`,
-        `rejected_reward` (means), `dpo_loss`.
-
-    Raises:
-        ValueError: beta <= 0, label_smoothing out of range, empty or mismatched inputs.
-    """
-    if beta <= 0:
-        raise ValueError(f"beta must be > 0, got {beta}")
-    if not 0.0 <= label_smoothing < 0.5:
-        raise ValueError(f"label_smoothing must be in [0, 0.5), got {label_smoothing}")
-    shapes = {
-        tuple(x.shape)
-        for x in (policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps)
-    }
-    if len(shapes) != 1 or policy_chosen_logps.dim() != 1 or policy_chosen_logps.numel() == 0:
-        raise ValueError(f"all four inputs must be the same non-empty (P,) shape, got {shapes}")
-    dtype = _float_dtype(policy_chosen_logps, policy_rejected_logps)
-    chosen = policy_chosen_logps.to(dtype) - ref_chosen_logps.detach().to(dtype)
-    rejected = policy_rejected_logps.to(dtype) - ref_rejected_logps.detach().to(dtype)
-    logits = beta * (chosen - rejected)
-    losses = -(1.0 - label_smoothing) * F.logsigmoid(logits) - label_smoothing * F.logsigmoid(
-        -logits
-    )
-    loss = losses.mean()
-    with torch.no_grad():
-        chosen_reward = beta * chosen
-        rejected_reward = beta * rejected
-        metrics = {
-            "reward_margin": _f((chosen_reward - rejected_reward).mean()),
-            "reward_accuracy": _f((chosen_reward > rejected_reward).float().mean()),
-            "chosen_reward": _f(chosen_reward.mean()),
-            "rejected_reward": _f(rejected_reward.mean()),
-            "dpo_loss": _f(loss),
-        }
-    return loss, metrics
-
-
-# -- sampler/learner mismatch ----------------------------------------------------------------
-def tis_weights(
-    learner_logp: Tensor,
-    sampler_logp: Tensor,
-    loss_mask: Tensor,
-    *,
-    cap: float,
-    level: str = "token",
-    mode: str = "truncate",
-) -> Tensor:
-    """Truncated importance-sampling weights correcting sampler/learner mismatch (case L5).
-
-        token:    rho_t = exp(learner_t - sampler_t)
-        sequence: rho_b = exp(sum_t M_bt * (learner_bt - sampler_bt)), on every agent token of
-                  row b
-        truncate: w = min(rho, cap)
-        mask:     w = rho if rho <= cap else 0   (the token, or the whole row, drops out)
-
-    `learner_logp` is log pi_old as recomputed by the trainer, `sampler_logp` what the
-    inference engine reported for the same tokens. Source: Yao et al. 2025, "Your Efficient RL
-    Framework Secretly Brings You Off-Policy RL Training" (truncated IS, Ionides 2008); masked
-    IS: the IcePop mask of Ling Team 2025 ("Every Step Evolves", arXiv 2510.18855), upper bound
-    only.
-
-    The log-ratio is capped at log(cap) before exp, so weights are finite; they are detached.
-
-    Args:
-        learner_logp, sampler_logp: (B, T) per-token logprobs.
-        loss_mask: (B, T) 0/1.
-        cap: > 0, the truncation C.
-        level: "token" or "sequence".
-        mode: "truncate" or "mask".
-
-    Returns:
-        (B, T) float32 weights without gradient; 0 at masked positions.
-
-    Raises:
-        ValueError: cap <= 0, unknown level or mode, shape mismatch.
-    """
-    _check_same(loss_mask, learner_logp=learner_logp, sampler_logp=sampler_logp)
-    if not cap > 0:
-        raise ValueError(f"cap must be > 0, got {cap}")
-    if level not in ("token", "sequence"):
-        raise ValueError(f"level must be 'token' or 'sequence', got {level!r}")
-    if mode not in ("truncate", "mask"):
-        raise ValueError(f"mode must be 'truncate' or 'mask', got {mode!r}")
-    m = loss_mask != 0
-    with torch.no_grad():
-        logratio = _logratio(learner_logp.detach(), sampler_logp, m)
-        if level == "sequence":
-            logratio = logratio.sum(dim=-1, keepdim=True).expand_as(logratio)
-        w = torch.exp(logratio.clamp(max=math.log(cap)))
-        if mode == "mask":
-            w = torch.where(logratio > math.log(cap), 0.0, w)
-        return torch.where(m, w, 0.0)
-
-
-# -- logits ----------------------------------------------------------------------------------
-def entropy_from_logits(logits: Tensor) -> Tensor:
-    """Entropy of softmax(logits) over the last dimension, numerically stable.
-
-    H = -sum_v p_v log p_v with log p = logits - logsumexp(logits); entries with p = 0
-    (logit -inf, e.g. a masked vocabulary entry) contribute 0, also to the gradient. Computed in
-    float32 (bf16/fp16 upcast). Divide logits by the sampling temperature first if the entropy
-    of the sampling distribution is wanted.
-
-    Args:
-        logits: (..., V).
-
-    Returns:
-        (...) entropy in nats.
-    """
-    x = logits.to(_float_dtype(logits))
-    logp = torch.log_softmax(x, dim=-1)
-    p = torch.exp(logp)
-    safe_logp = torch.where(torch.isfinite(logp), logp, 0.0)
-    return -(p * safe_logp).sum(dim=-1)
-
-
-def logprobs_from_logits(logits: Tensor, token_ids: Tensor, *, temperature: float = 1.0) -> Tensor:
-    """log softmax(logits / temperature)[token], as the sampler computes it (case L4).
-
-    The engines report logprobs of `logits / temperature` over the full vocabulary (before
-    top-p), so the trainer must use the same temperature or the PPO ratio is off by a constant
-    factor even with unchanged weights.
-
-    Args:
-        logits: (..., V).
-        token_ids: (...) long, the tokens whose logprobs are wanted.
-        temperature: > 0.
-
-    Returns:
-        (...) float32 logprobs (float64 for float64 logits).
-
-    Raises:
-        ValueError: temperature <= 0 or shape mismatch.
-    """
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    if logits.shape[:-1] != token_ids.shape:
-        raise ValueError(
-            f"logits {tuple(logits.shape)} do not match token_ids {tuple(token_ids.shape)}"
-        )
-    x = logits.to(_float_dtype(logits)) / temperature
-    return torch.log_softmax(x, dim=-1).gather(-1, token_ids.unsqueeze(-1)).squeeze(-1)
-
-
-def tis_weights_of(batch: dict[str, Any], cfg: Any) -> Tensor | None:
-    """The truncated importance weights a loss multiplies in, for a (micro-)batch: its
-    `tis_weights` when it has them, else `tis_weights(old_logprobs, sampler_logprobs, loss_mask,
-    cap=cfg.tis_cap, level=cfg.tis_level, mode=cfg.tis_mode)` when `cfg.tis_cap` is set and the
-    batch has `sampler_logprobs`; else None. (B, T) float32 without gradient, or None."""
-    if "tis_weights" in batch:
-        return batch["tis_weights"]
-    cap = getattr(cfg, "tis_cap", None)
-    if cap is None or "sampler_logprobs" not in batch:
-        return None
-    return tis_weights(batch["old_logprobs"], batch["sampler_logprobs"], batch["loss_mask"], cap=cap,
-                       level=getattr(cfg, "tis_level", "token"), mode=getattr(cfg, "tis_mode", "truncate"))

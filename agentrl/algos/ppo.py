@@ -55,7 +55,8 @@ from agentrl.algos.common import (
     token_rewards,
 )
 from agentrl.algos.configs import PPOConfig
-from agentrl.algos.losses import masked_mean, ppo_policy_loss, tis_weights_of, value_loss
+from agentrl.algos.losses import masked_mean, ppo_policy_loss, value_loss
+from agentrl.algos.tis import tis_weights_of
 
 
 def adaptive_kl_coef(coef: float, current_kl: float, target: float, horizon: float,

@@ -234,11 +234,7 @@ def run_eval(
         ValueError: no tasks, bad `samples`/`k_list` (`check_k`), `batch_size` < 1, or too few
             `envs`.
     """
-    ks = check_k(k_list, samples)
-    if not tasks:
-        raise ValueError("tasks: nothing to evaluate (empty task list)")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    ks = _checked_args(k_list, samples, tasks, batch_size)
     jobs = [(ti, j, dict(kw)) for ti, kw in enumerate(tasks) for j in range(samples)]
     width = min(batch_size, len(jobs))
     params = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens,
@@ -246,50 +242,106 @@ def run_eval(
     pool: ThreadPoolExecutor | None = None
     run_batch = rollout
     if run_batch is None:
-        if envs is None:
-            envs = [make_env() for _ in range(width)]
-        elif len(envs) < width:
-            raise ValueError(f"envs: {len(envs)} given, need {width} (min(batch_size, episodes))")
+        local_envs = _eval_envs(envs, make_env, width)
         pool = executor or ThreadPoolExecutor(max_workers=max(1, env_threads))
-
-        local_envs = envs if isinstance(envs, list) else list(envs)  # replacements stay in it
-
-        def run_here(specs: list[EpisodeSpec], p: SamplingParams, s: int | None) -> list[Trajectory]:
-            return run_episodes(engine, renderer, local_envs, specs, p,
-                                max_episode_tokens=max_episode_tokens, executor=pool, seed=s,
-                                step_timeout_s=step_timeout_s, reset_timeout_s=reset_timeout_s,
-                                make_env=make_env)
-
-        run_batch = run_here
+        run_batch = _local_runner(engine, renderer, make_env, local_envs, pool,
+                                  max_episode_tokens, step_timeout_s, reset_timeout_s)
 
     if reporter is None:
         reporter = Reporter(console, enabled=console is not None)
     progress = reporter.stage(stage, len(jobs), unit="episodes")
-    rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
-    gen_s = env_s = 0.0
     try:
-        for b, start in enumerate(range(0, len(jobs), width)):
-            chunk = jobs[start:start + width]
-            specs = [EpisodeSpec(reset_kwargs=kw, group_id=ti) for ti, _, kw in chunk]
-            trajs = run_batch(specs, params, None if seed is None else batch_seed(seed, b))
-            for (ti, j, kw), tr in zip(chunk, trajs, strict=True):
-                rows.append(episode_row(tr, ti, j, kw))
-                gen_s += tr.timings.get("generate", 0.0)
-                env_s += tr.timings.get("env", 0.0)
-            progress.advance(len(chunk))
+        rows, gen_s, env_s = _run_jobs(jobs, width, run_batch, params, seed, progress)
     finally:
         progress.close()
         if executor is None and pool is not None:
             pool.shutdown(wait=True)
     seconds = time.perf_counter() - t0
-    _unique_task_ids(rows)
     run_meta = {"samples": samples, "k": ks, "temperature": temperature, "top_p": top_p,
                 "max_tokens": max_tokens, "max_episode_tokens": max_episode_tokens, "seed": seed,
                 "batch_size": batch_size, **(meta or {})}
+    summary = _summary(rows, ks, run_meta, seconds, gen_s, env_s)
+    _report(summary, rows, out_dir, console)
+    return summary
+
+
+def _checked_args(k_list: Sequence[int], samples: int, tasks: Sequence[dict[str, Any]],
+                  batch_size: int) -> list[int]:
+    """The k values of pass@k (`check_k`); ValueError for no tasks or `batch_size` < 1."""
+    ks = check_k(k_list, samples)
+    if not tasks:
+        raise ValueError("tasks: nothing to evaluate (empty task list)")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    return ks
+
+
+def _summary(rows: list[dict[str, Any]], ks: list[int], run_meta: dict[str, Any], seconds: float,
+             gen_s: float, env_s: float) -> dict[str, Any]:
+    """`summarize` of the episode rows (task ids made unique first) plus its `timing`."""
+    _unique_task_ids(rows)
     summary = summarize(rows, ks, run_meta)
     summary["timing"] = {"seconds": seconds, "episodes_per_s": len(rows) / seconds if seconds > 0 else None,
                          "generate_s": gen_s, "env_s": env_s}
+    return summary
+
+
+def _eval_envs(envs: Sequence[Any] | None, make_env: Callable[[], Any], width: int) -> list[Any]:
+    """The envs to run on: `width` made with `make_env` when `envs` is None, else `envs` itself
+    when a list (an env replaced after a time-out stays in it) or a list of them.
+
+    Raises:
+        ValueError: fewer than `width` envs given.
+    """
+    if envs is None:
+        envs = [make_env() for _ in range(width)]
+    elif len(envs) < width:
+        raise ValueError(f"envs: {len(envs)} given, need {width} (min(batch_size, episodes))")
+    return envs if isinstance(envs, list) else list(envs)
+
+
+def _local_runner(engine: Engine, renderer: ChatRenderer, make_env: Callable[[], Any],
+                  local_envs: list[Any], pool: ThreadPoolExecutor, max_episode_tokens: int,
+                  step_timeout_s: float | None, reset_timeout_s: float | None
+                  ) -> Callable[[list[EpisodeSpec], SamplingParams, int | None], list[Trajectory]]:
+    """`run_episodes` here, on `local_envs` with env steps on `pool`: `(specs, params, seed) ->
+    trajectories` in spec order."""
+
+    def run_here(specs: list[EpisodeSpec], p: SamplingParams, s: int | None) -> list[Trajectory]:
+        return run_episodes(engine, renderer, local_envs, specs, p,
+                            max_episode_tokens=max_episode_tokens, executor=pool, seed=s,
+                            step_timeout_s=step_timeout_s, reset_timeout_s=reset_timeout_s,
+                            make_env=make_env)
+
+    return run_here
+
+
+def _run_jobs(jobs: list[tuple[int, int, dict[str, Any]]], width: int,
+              run_batch: Callable[[list[EpisodeSpec], SamplingParams, int | None], list[Trajectory]],
+              params: SamplingParams, seed: int | None, progress: Any
+              ) -> tuple[list[dict[str, Any]], float, float]:
+    """Run the (task index, sample, reset kwargs) jobs `width` at a time, batch b with seed
+    `batch_seed(seed, b)`. Returns the episode rows in job order and the summed generate and
+    env seconds."""
+    rows: list[dict[str, Any]] = []
+    gen_s = env_s = 0.0
+    for b, start in enumerate(range(0, len(jobs), width)):
+        chunk = jobs[start:start + width]
+        specs = [EpisodeSpec(reset_kwargs=kw, group_id=ti) for ti, _, kw in chunk]
+        trajs = run_batch(specs, params, None if seed is None else batch_seed(seed, b))
+        for (ti, j, kw), tr in zip(chunk, trajs, strict=True):
+            rows.append(episode_row(tr, ti, j, kw))
+            gen_s += tr.timings.get("generate", 0.0)
+            env_s += tr.timings.get("env", 0.0)
+        progress.advance(len(chunk))
+    return rows, gen_s, env_s
+
+
+def _report(summary: dict[str, Any], rows: list[dict[str, Any]], out_dir: str | Path | None,
+            console: Any) -> None:
+    """Write the outputs to `out_dir` (when given) and print the summary on `console` (when
+    given)."""
     if out_dir is not None:
         write_outputs(out_dir, rows, summary)
     if console is not None:
@@ -297,7 +349,6 @@ def run_eval(
         if out_dir is not None:
             console.print(f"results: {Path(out_dir) / 'results.jsonl'}; summary: {Path(out_dir) / 'summary.json'}",
                           markup=False, highlight=False)
-    return summary
 
 
 def write_outputs(out_dir: str | Path, rows: Sequence[dict[str, Any]], summary: dict[str, Any]) -> None:

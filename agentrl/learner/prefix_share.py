@@ -151,6 +151,10 @@ def decoder_and_head(model: Any) -> tuple[Any, torch.nn.Linear] | None:
     _SPLIT[model] = (decoder, head, split)
     return split
 
+Chunk = tuple[torch.Tensor, torch.Tensor]
+"""(outputs, cols): logits (R, L, V), or hidden states (R, L, E) for the fused head, and the
+(R, L) token columns they predict."""
+
 
 def prefix_shared_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                            loss_mask: torch.Tensor, *, temperature: float = 1.0,
@@ -177,62 +181,111 @@ def prefix_shared_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: 
         logp (B, T) float32 and entropy (B, T) or None: at every position where `loss_mask` is
         nonzero (but column 0, which has no context) equal to `token_logprobs`'s, 0 elsewhere.
     """
-    B, T = input_ids.shape
-    dev = input_ids.device
     t = temperature if temperature and temperature > 0 else 1.0
     real = attention_mask != 0
     has = (loss_mask != 0) & real
     has[:, 0] = False  # position 0 has no logit
-    active = has.any(-1)
-    rows = active.nonzero().squeeze(-1) if bool(active.any()) else torch.arange(B, device=dev)
-    lengths = real.sum(-1)
-    right_padded = bool(torch.equal(real, torch.arange(T, device=dev)[None] < lengths[:, None]))
-
-    # (logits (R, L, V), or hidden states (R, L, E) for the fused head; cols (R, L))
-    chunks: list[tuple[torch.Tensor, torch.Tensor]] = []
-    p = has[rows].float().argmax(-1)  # first loss column of each forwarded row (>= 1 if any)
-    len_r = lengths[rows]
-    groups: list[int] = []
-    if share and right_padded and bool(active.any()):
-        groups = shared_prefix_groups(input_ids[rows], p)
-    n_groups, R = (max(groups) + 1 if groups else 0), len(rows)
-    P = int(p.max()) if R else 0
-    Lc = int((len_r - p).max()) if R else 0
-    use_share = (bool(groups) and n_groups < R and n_groups * P + R * (Lc - 1) < R * int(len_r.max())
-                 and not _checkpointing(model))
+    rows, p, len_r, groups, any_active = _forward_rows(input_ids, real, has, share)
+    use_share = _sharing_pays(model, groups, p, len_r)
 
     split = None if entropy_grad else decoder_and_head(model)
-    net = split[0] if split is not None else model  # hidden states (fused head) or logits
     fast = (split is not None and static and static_forward_supported(model)
             and not _checkpointing(model))  # checkpointing is for memory: keep its forward
 
-    def run(**kw: Any) -> torch.Tensor:
-        out = net(**kw)
-        return out.last_hidden_state if split is not None else out.logits
-
+    chunks = None
     if use_share:
-        g_idx = torch.tensor(groups, dtype=torch.long, device=dev)
-        lead = [groups.index(g) for g in range(n_groups)]
-        pre_ids = torch.zeros((n_groups, P), dtype=torch.long, device=dev)
-        pre_mask = torch.zeros((n_groups, P), dtype=attention_mask.dtype, device=dev)
-        for i, r in enumerate(lead):  # left-padded: every prefix ends at column P - 1
-            pr = int(p[r])
-            pre_ids[i, P - pr:] = input_ids[rows[r], :pr]
-            pre_mask[i, P - pr:] = 1
-        pre_pos = (pre_mask.cumsum(-1) - 1).clamp(min=0)
-    if use_share and fast:
+        chunks = _shared_prefix_chunks(model, split, fast, compiled, input_ids, rows, p, len_r,
+                                       groups, attention_mask.dtype)
+    if chunks is None:
+        chunks = [_single_forward_chunk(model, split, fast, compiled, input_ids, attention_mask,
+                                        real, rows, p, any_active)]
+    picked, r_all, c_all = _picked_positions(chunks, rows, has)
+    if split is not None:
+        return _fused_head_logprobs(picked, split[1], input_ids, r_all, c_all, t, with_entropy)
+    return _logits_logprobs(picked, input_ids, r_all, c_all, t, with_entropy, entropy_grad)
+
+
+def _forward_rows(input_ids: torch.Tensor, real: torch.Tensor, has: torch.Tensor, share: bool
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int], bool]:
+    """The rows to forward (those with a loss position; all B when none has one), as (R,)
+    indices; each one's first loss column p (R,) (>= 1 if any) and length (R,); the groups of
+    rows with the same prefix (`shared_prefix_groups`; [] when sharing is off, impossible or
+    there is nothing to read); and whether any row has a loss position."""
+    B, T = input_ids.shape
+    dev = input_ids.device
+    active = has.any(-1)
+    any_active = bool(active.any())
+    rows = active.nonzero().squeeze(-1) if any_active else torch.arange(B, device=dev)
+    lengths = real.sum(-1)
+    right_padded = bool(torch.equal(real, torch.arange(T, device=dev)[None] < lengths[:, None]))
+    p = has[rows].float().argmax(-1)  # first loss column of each forwarded row (>= 1 if any)
+    groups: list[int] = []
+    if share and right_padded and any_active:
+        groups = shared_prefix_groups(input_ids[rows], p)
+    return rows, p, lengths[rows], groups, any_active
+
+
+def _sharing_pays(model: Any, groups: list[int], p: torch.Tensor, len_r: torch.Tensor) -> bool:
+    """Sharing runs fewer tokens than the rows themselves (distinct prefixes, left-padded to the
+    longest, plus every row's continuation), and activation checkpointing is off (transformers
+    drops the cache then)."""
+    n_groups, R = (max(groups) + 1 if groups else 0), len(p)
+    P = int(p.max()) if R else 0
+    Lc = int((len_r - p).max()) if R else 0
+    return (bool(groups) and n_groups < R and n_groups * P + R * (Lc - 1) < R * int(len_r.max())
+            and not _checkpointing(model))
+
+
+def _run(net: Any, split: Any, **kw: Any) -> torch.Tensor:
+    """`net`'s hidden states (the fused head's decoder) or logits (the whole model)."""
+    out = net(**kw)
+    return out.last_hidden_state if split is not None else out.logits
+
+
+def _left_padded_prefixes(input_ids: torch.Tensor, rows: torch.Tensor, p: torch.Tensor,
+                          groups: list[int], mask_dtype: torch.dtype
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each group's prefix once, left-padded so that every prefix ends at column P - 1:
+    ids, attention mask and position ids, each (n_groups, P)."""
+    dev = input_ids.device
+    n_groups, P = max(groups) + 1, int(p.max())
+    lead = [groups.index(g) for g in range(n_groups)]
+    pre_ids = torch.zeros((n_groups, P), dtype=torch.long, device=dev)
+    pre_mask = torch.zeros((n_groups, P), dtype=mask_dtype, device=dev)
+    for i, r in enumerate(lead):
+        pr = int(p[r])
+        pre_ids[i, P - pr:] = input_ids[rows[r], :pr]
+        pre_mask[i, P - pr:] = 1
+    pre_pos = (pre_mask.cumsum(-1) - 1).clamp(min=0)
+    return pre_ids, pre_mask, pre_pos
+
+
+def _shared_prefix_chunks(model: Any, split: Any, fast: bool, compiled: bool,
+                          input_ids: torch.Tensor, rows: torch.Tensor, p: torch.Tensor,
+                          len_r: torch.Tensor, groups: list[int], mask_dtype: torch.dtype
+                          ) -> list[Chunk] | None:
+    """Two forwards: each distinct prefix once (filling a KV cache), then every row's
+    continuation on top of its group's cache rows. None when the model did not fill the cache
+    (then no sharing)."""
+    dev, T = input_ids.device, input_ids.shape[1]
+    net = split[0] if split is not None else model
+    P, Lc = int(p.max()), int((len_r - p).max())
+    g_idx = torch.tensor(groups, dtype=torch.long, device=dev)
+    pre_ids, pre_mask, pre_pos = _left_padded_prefixes(input_ids, rows, p, groups, mask_dtype)
+    chunks: list[Chunk] = []
+    if fast:
         hid, kv = forward_hidden(model, pre_ids, pre_pos, pre_mask, compiled=compiled)
         chunks.append((hid[:, -1:][g_idx], p[:, None]))  # predicts token p_b
-    elif use_share:
+    else:
         cache = _new_cache(model)
         kw = {cache_kwarg(net) if split is not None else _cache_kw(model): cache}
         keep = {} if split is not None else {"logits_to_keep": 1}
-        out = run(input_ids=pre_ids, attention_mask=pre_mask, position_ids=pre_pos,
-                  use_cache=True, **keep, **kw)
+        out = _run(net, split, input_ids=pre_ids, attention_mask=pre_mask, position_ids=pre_pos,
+                   use_cache=True, **keep, **kw)
         chunks.append((out[:, -1:][g_idx], p[:, None]))  # predicts token p_b
         if cache.get_seq_length() != P:  # the model did not fill the cache: no sharing
-            use_share, chunks = False, []
-    if use_share and Lc > 1:
+            return None
+    if Lc > 1:
         cols = p[:, None] + torch.arange(Lc - 1, device=dev)[None]  # inputs p_b .. p_b+Lc-2
         valid = cols < len_r[:, None]
         cont = torch.where(valid, input_ids[rows].gather(1, cols.clamp(max=T - 1)), 0)
@@ -242,24 +295,40 @@ def prefix_shared_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: 
                                      compiled=compiled)
         else:
             cache.batch_select_indices(g_idx)  # differentiable: keys[g_idx], values[g_idx]
-            out2 = run(input_ids=cont, attention_mask=mask, position_ids=cols, use_cache=True, **kw)
+            out2 = _run(net, split, input_ids=cont, attention_mask=mask, position_ids=cols,
+                        use_cache=True, **kw)
         chunks.append((out2, cols + 1))  # the output at column c predicts token c + 1
-    if not use_share:
-        width = int(real[rows].cumsum(-1).argmax(-1).max()) + 1  # last real column + 1
-        start = int(p.min()) if bool(active.any()) else width - 1
-        start = min(max(start, 1), max(width - 1, 1))
-        keep = {} if split is not None else {"logits_to_keep": width - start + 1}
-        if fast:  # position ids 0..width-1, as the transformers forward without position_ids
-            out, _ = forward_hidden(model, input_ids[rows, :width],
-                                    torch.arange(width, device=dev)[None].expand(len(rows), -1),
-                                    attention_mask[rows, :width], compiled=compiled)
-        else:
-            out = run(input_ids=input_ids[rows, :width], attention_mask=attention_mask[rows, :width],
-                      **keep)
-        out = out[:, start - 1: width - 1] if split is not None else out[:, :-1]
-        cols = torch.arange(start, start + out.shape[1], device=dev)[None].expand(len(rows), -1)
-        chunks.append((out, cols))  # predicts tokens start .. width-1
+    return chunks
 
+
+def _single_forward_chunk(model: Any, split: Any, fast: bool, compiled: bool,
+                          input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                          real: torch.Tensor, rows: torch.Tensor, p: torch.Tensor,
+                          any_active: bool) -> Chunk:
+    """One plain forward of the rows, outputs kept from the first loss column on."""
+    dev = input_ids.device
+    net = split[0] if split is not None else model
+    width = int(real[rows].cumsum(-1).argmax(-1).max()) + 1  # last real column + 1
+    start = int(p.min()) if any_active else width - 1
+    start = min(max(start, 1), max(width - 1, 1))
+    keep = {} if split is not None else {"logits_to_keep": width - start + 1}
+    if fast:  # position ids 0..width-1, as the transformers forward without position_ids
+        out, _ = forward_hidden(model, input_ids[rows, :width],
+                                torch.arange(width, device=dev)[None].expand(len(rows), -1),
+                                attention_mask[rows, :width], compiled=compiled)
+    else:
+        out = _run(net, split, input_ids=input_ids[rows, :width],
+                   attention_mask=attention_mask[rows, :width], **keep)
+    out = out[:, start - 1: width - 1] if split is not None else out[:, :-1]
+    cols = torch.arange(start, start + out.shape[1], device=dev)[None].expand(len(rows), -1)
+    return out, cols  # predicts tokens start .. width-1
+
+
+def _picked_positions(chunks: list[Chunk], rows: torch.Tensor, has: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The outputs at the positions the loss reads, concatenated over the chunks: (N, V) or
+    (N, E), with their rows (N,) and columns (N,) in the batch."""
+    T = has.shape[1]
     picked, tr, tc = [], [], []
     for states, cols in chunks:
         c = cols.clamp(max=T - 1)
@@ -268,15 +337,31 @@ def prefix_shared_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: 
         picked.append(states[ri, ji])
         tr.append(rows[ri])
         tc.append(cols[ri, ji])
-    r_all, c_all = torch.cat(tr), torch.cat(tc)
+    return torch.cat(picked), torch.cat(tr), torch.cat(tc)
+
+
+def _fused_head_logprobs(hidden: torch.Tensor, head: torch.nn.Linear, input_ids: torch.Tensor,
+                         r_all: torch.Tensor, c_all: torch.Tensor, t: float, with_entropy: bool
+                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(N, E) hidden states -> (B, T) logprobs and entropies, in one function (`head_logprobs`)."""
+    B, T = input_ids.shape
+    dev = input_ids.device
     logp = torch.zeros((B, T), dtype=torch.float32, device=dev)
-    if split is not None:  # (N, E) hidden states -> logprobs and entropies in one function
-        lp, e = head_logprobs(torch.cat(picked), split[1], input_ids[r_all, c_all], temperature=t)
-        logp = logp.index_put((r_all, c_all), lp)
-        ent = (torch.zeros((B, T), dtype=torch.float32, device=dev).index_put((r_all, c_all), e)
-               if with_entropy else None)
-        return logp, ent
-    lg = torch.cat(picked).float()  # (N, V): only the positions the loss reads
+    lp, e = head_logprobs(hidden, head, input_ids[r_all, c_all], temperature=t)
+    logp = logp.index_put((r_all, c_all), lp)
+    ent = (torch.zeros((B, T), dtype=torch.float32, device=dev).index_put((r_all, c_all), e)
+           if with_entropy else None)
+    return logp, ent
+
+
+def _logits_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, r_all: torch.Tensor,
+                     c_all: torch.Tensor, t: float, with_entropy: bool, entropy_grad: bool
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(N, V) logits (only the positions the loss reads) -> (B, T) logprobs and entropies."""
+    B, T = input_ids.shape
+    dev = input_ids.device
+    logp = torch.zeros((B, T), dtype=torch.float32, device=dev)
+    lg = logits.float()
     if t != 1.0:
         lg = lg / t
     lse = torch.logsumexp(lg, dim=-1)

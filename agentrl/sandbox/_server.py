@@ -851,8 +851,42 @@ def _solution_process(job, streams):
         exec(code_c, ns)
     except BaseException as e:  # noqa: BLE001 - SystemExit included: the module did not finish
         return answer(("R", _describe(e)))
-    manifest = []
     handles = {}
+    answer(("ok", _manifest(ns, before, handles)))
+    while True:
+        blob = _msg_recv(CALL_FD)
+        if blob is None:
+            _exit(0)
+        try:
+            _, target, args, kwargs, wired = _loads(blob)
+            blob = None
+            if wired:
+                args = _from_wire(args, handles)
+                kwargs = _from_wire(kwargs, handles)
+            fn = ns[target[1]] if target[0] == "n" else handles[target[1]]
+            before_args = _plain_snapshots(args)
+            r = fn(*args, **kwargs)
+            changed = _changed_args(args, before_args)
+            kind, r = _result_kind(r)
+        except BaseException as e:  # noqa: BLE001 - relayed to the test as its own exception
+            desc = _exception_desc(e)
+            try:
+                answer(("e", *desc))
+            except BaseException:  # noqa: BLE001
+                _exit(1)
+            continue
+        out = _encode_result(kind, r, changed, handles)
+        r = None
+        flush()
+        _msg_send(ANSWER_FD, out)
+        out = None  # EvalPlus outputs reach GiBs: hold neither the result nor its bytes
+
+
+def _manifest(ns, before, handles):
+    """What the solution defined (names not in ``before``, the namespace after setup): (name,
+    "m", module name), (name, "f", None) for a callable, (name, "v", marshal bytes) for plain
+    data, else (name, "h", (handle, type name)) with the value kept in ``handles``."""
+    manifest = []
     for key, value in list(ns.items()):
         try:
             if type(key) is not str or (key.startswith("__") and key.endswith("__")):
@@ -871,69 +905,72 @@ def _solution_process(job, streams):
                     manifest.append((key, "h", (len(handles), str(type(value).__name__))))
         except BaseException:  # noqa: BLE001 - a hostile value: leave the name out
             continue
-    answer(("ok", tuple(manifest)))
-    while True:
-        blob = _msg_recv(CALL_FD)
-        if blob is None:
-            _exit(0)
+    return tuple(manifest)
+
+
+def _plain_snapshots(args):
+    """Marshal bytes of each mutable plain-data argument, by position, before the call."""
+    before_args = {}
+    for i, a in enumerate(args):
+        if type(a) in _MUTABLE:
+            try:
+                before_args[i] = _dumps(a)
+            except (ValueError, TypeError):
+                pass
+    return before_args
+
+
+def _changed_args(args, before_args):
+    """((position, marshal bytes or None), ...) of the arguments the call mutated (None: the
+    argument now holds something that is not plain data)."""
+    changed = []
+    for i, old in before_args.items():
         try:
-            _, target, args, kwargs, wired = _loads(blob)
-            blob = None
-            if wired:
-                args = _from_wire(args, handles)
-                kwargs = _from_wire(kwargs, handles)
-            fn = ns[target[1]] if target[0] == "n" else handles[target[1]]
-            before_args = {}
-            for i, a in enumerate(args):
-                if type(a) in _MUTABLE:
-                    try:
-                        before_args[i] = _dumps(a)
-                    except (ValueError, TypeError):
-                        pass
-            r = fn(*args, **kwargs)
-            changed = []
-            for i, old in before_args.items():
-                try:
-                    new = _dumps(args[i])
-                except (ValueError, TypeError):  # now holds something that is not plain data
-                    new = None
-                if new != old:
-                    changed.append((i, new))
-            changed = tuple(changed)
-            kind = "r"
-            if type(r) in _LAZY:
-                kind, r = "i", list(r)
-            elif type(r) is re.Match:
-                kind, r = "m", r.group(0)
-            elif type(r) is range:
-                kind, r = "g", (r.start, r.stop, r.step)
-        except BaseException as e:  # noqa: BLE001 - relayed to the test as its own exception
-            try:
-                t = type(e)
-                desc = (str(t.__module__), str(t.__qualname__), _describe(e).partition(": ")[2])
-            except BaseException:  # noqa: BLE001
-                desc = ("builtins", "Exception", "<unprintable>")
-            try:
-                answer(("e", *desc))
-            except BaseException:  # noqa: BLE001
-                _exit(1)
-            continue
+            new = _dumps(args[i])
+        except (ValueError, TypeError):  # now holds something that is not plain data
+            new = None
+        if new != old:
+            changed.append((i, new))
+    return tuple(changed)
+
+
+def _result_kind(r):
+    """(kind, value) of a call's result: "i" an iterator as its list, "m" a match as its text,
+    "g" a range as (start, stop, step), else "r" and the result itself."""
+    kind = "r"
+    if type(r) in _LAZY:
+        kind, r = "i", list(r)
+    elif type(r) is re.Match:
+        kind, r = "m", r.group(0)
+    elif type(r) is range:
+        kind, r = "g", (r.start, r.stop, r.step)
+    return kind, r
+
+
+def _exception_desc(e):
+    """(module, qualname, message) of an exception the solution raised."""
+    try:
+        t = type(e)
+        return (str(t.__module__), str(t.__qualname__), _describe(e).partition(": ")[2])
+    except BaseException:  # noqa: BLE001
+        return ("builtins", "Exception", "<unprintable>")
+
+
+def _encode_result(kind, r, changed, handles):
+    """The answer's marshal bytes: the result as plain data (the stdlib's dict subclasses as
+    dicts), else an opaque handle for T (the value kept in ``handles``)."""
+    try:
         try:
-            try:
-                out = _dumps((kind, r, changed))
-            except (ValueError, TypeError):  # e.g. a Counter inside: as a dict
-                out = _dumps((kind, _to_wire(r), changed))
-        except BaseException:  # noqa: BLE001 - not plain data: an opaque handle for T
-            handles[len(handles) + 1] = r
-            try:
-                tname = str(type(r).__name__)
-            except BaseException:  # noqa: BLE001
-                tname = "?"
-            out = _dumps(("h", (len(handles), tname), changed))
-        r = None
-        flush()
-        _msg_send(ANSWER_FD, out)
-        out = None  # EvalPlus outputs reach GiBs: hold neither the result nor its bytes
+            return _dumps((kind, r, changed))
+        except (ValueError, TypeError):  # e.g. a Counter inside: as a dict
+            return _dumps((kind, _to_wire(r), changed))
+    except BaseException:  # noqa: BLE001 - not plain data: an opaque handle for T
+        handles[len(handles) + 1] = r
+        try:
+            tname = str(type(r).__name__)
+        except BaseException:  # noqa: BLE001
+            tname = "?"
+        return _dumps(("h", (len(handles), tname), changed))
 
 
 _PLAIN_EXC = frozenset(v for v in builtins.__dict__.values()
@@ -1086,8 +1123,38 @@ def _test_program(job, finish):
     if msg[0] != "ok" or _type(msg[1]) is not tuple:
         _rep("R the solution's process sent a malformed answer")
         finish()
+    solution_names = _solution_names(msg[1], ns, may_shadow, stubs)
+    del msg, blob
+    _rep("C " + tokens[0])
+    test_tokens = tokens[1:]
+    del tokens
+    for i in _range(_len(tests)):
+        _restore_builtins()
+        _restore_modules(modules)
+        _CHECKED[0] = None
+        _rep(f"T {i}")
+        if _isinstance(compiled[i], _str):
+            _rep(f"F {i} SyntaxError in test: {compiled[i]}")
+            continue
+        test_ns = _dict(ns)
+        test_ns.update(solution_names)
+        test_ns["__builtins__"] = _dict(_BUILTINS)
+        try:
+            _exec(compiled[i], test_ns)
+        except _BaseException as e:
+            _rep(f"F {i} " + _describe(e, tests[i], f"<test {i}>"))
+            continue
+        _rep(f"P {i} {test_tokens[i]}")
+    _rep("D")
+    finish()
+
+
+def _solution_names(entries, ns, may_shadow, stubs):
+    """The tests' view of what the solution's process says it defined (``entries``, untrusted:
+    names, kinds and plain values only): a proxy per function, T's own copy of a module, a
+    checked plain value, an opaque `_Remote` per handle.  Malformed entries are left out."""
     solution_names = {}
-    for entry in msg[1]:
+    for entry in entries:
         try:
             name, kind, payload = entry
             if _type(name) is not _str or not name.isidentifier() or name.startswith("__"):
@@ -1116,29 +1183,7 @@ def _test_program(job, finish):
                 solution_names[name] = _Remote(payload[0], payload[1])
         except _BaseException:
             continue
-    del msg, blob
-    _rep("C " + tokens[0])
-    test_tokens = tokens[1:]
-    del tokens
-    for i in _range(_len(tests)):
-        _restore_builtins()
-        _restore_modules(modules)
-        _CHECKED[0] = None
-        _rep(f"T {i}")
-        if _isinstance(compiled[i], _str):
-            _rep(f"F {i} SyntaxError in test: {compiled[i]}")
-            continue
-        test_ns = _dict(ns)
-        test_ns.update(solution_names)
-        test_ns["__builtins__"] = _dict(_BUILTINS)
-        try:
-            _exec(compiled[i], test_ns)
-        except _BaseException as e:
-            _rep(f"F {i} " + _describe(e, tests[i], f"<test {i}>"))
-            continue
-        _rep(f"P {i} {test_tokens[i]}")
-    _rep("D")
-    finish()
+    return solution_names
 
 
 # Descriptors of a run's processes (besides 0-2): the harness (T) reports on REPORT_FD, reads the
@@ -1305,20 +1350,123 @@ def _forward_message(src, dst):
         os.close(sink)
 
 
+class _Pipes:
+    """The run's stdout, stderr and report pipes, read into buffers bounded by their caps
+    (``REPORT_CAP`` for the report, ``output_bytes`` for the others); ``total_out`` counts every
+    stdout/stderr byte read, kept or not.  ``poller`` also watches the children's pidfds."""
+
+    def __init__(self, out_r, err_r, rep_r, cap):
+        self.out_r, self.err_r, self.rep_r, self.cap = out_r, err_r, rep_r, cap
+        self.bufs = {out_r: bytearray(), err_r: bytearray(), rep_r: bytearray()}
+        self.total_out = 0
+        self.poller = select.poll()
+        self.open_fds = {out_r, err_r, rep_r}
+        for fd in (out_r, err_r, rep_r):
+            self.poller.register(fd, select.POLLIN)
+
+    def read_some(self, fd):
+        try:
+            data = os.read(fd, 1 << 16)
+        except OSError:
+            data = b""
+        if not data:
+            self.poller.unregister(fd)
+            self.open_fds.discard(fd)
+            return
+        buf = self.bufs[fd]
+        limit = REPORT_CAP if fd == self.rep_r else self.cap
+        if len(buf) < limit:
+            buf += data[: limit - len(buf)]
+        if fd != self.rep_r:
+            self.total_out += len(data)
+
+    def drain(self, seconds):
+        """Every writer is dead: read what is left in the pipes (bounded by the caps)."""
+        drain_deadline = time.monotonic() + seconds
+        while self.open_fds and time.monotonic() < drain_deadline:
+            for fd, _ in self.poller.poll(100):
+                if fd in self.open_fds:
+                    self.read_some(fd)
+
+
 def run_job(job, ctl_in):
     """Run one job in fresh children; return the raw observations for the runner to judge.
 
     The job's second message (tests, tokens, imports) is read from ``ctl_in`` here: forwarded
     to the test program in ``tests`` mode, merged into ``job`` in ``code`` mode."""
     limits = job["limits"]
-    cap = limits["output_bytes"]
+    oom0 = _limit_run(limits)
+    stdin_fd = _stdin_fd(job)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    rep_r, rep_w = os.pipe()
+    pids_cg = CGROUP is not None and CGROUP["pids"] is not None
+    nproc_base = None if pids_cg else _count_own_processes()
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.monotonic()
+    pid, solution = _start_children(job, ctl_in, limits, nproc_base, stdin_fd, out_w, err_w, rep_w)
+    for fd in (stdin_fd, out_w, err_w, rep_w):
+        os.close(fd)
+    pidfd = os.pidfd_open(pid)
+    pipes = _Pipes(out_r, err_r, rep_r, limits["output_bytes"])
+    pipes.poller.register(pidfd, select.POLLIN)
+    if solution is not None:
+        pipes.poller.register(solution[1], select.POLLIN)
+    status, solution_status, timeout, output_limit = _watch_run(
+        pid, pidfd, solution, pipes, t0 + limits["wall_s"])
+    wall = time.monotonic() - t0
+    if solution is not None and solution_status is None and not (timeout or output_limit):
+        solution_status = _solution_end(solution)
+    clean = _kill_everything(CONTAINED)
+    if status is None:
+        try:
+            _, status = os.waitpid(pid, 0)
+        except ChildProcessError:
+            status = None
+    pipes.drain(1.0)
+    for fd in (out_r, err_r, rep_r, pidfd):
+        os.close(fd)
+    if solution is not None:
+        os.close(solution[1])
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+    clean = _clean_after_run(clean)
+    oom_kills = _cg_oom_kills() - oom0 if CGROUP is not None else 0
+    exited = status is not None and os.WIFEXITED(status)
+    b64 = lambda b: base64.b64encode(bytes(b)).decode()  # noqa: E731
+    return {
+        "stdout": b64(pipes.bufs[out_r]),
+        "stderr": b64(pipes.bufs[err_r]),
+        "report": b64(pipes.bufs[rep_r]),
+        "exit_code": os.WEXITSTATUS(status) if exited else None,
+        # the test program's signal, else the one that ended the solution's process early
+        # (SIGXCPU: its CPU limit) while the test program waited for it
+        "signal": (os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else
+                   os.WTERMSIG(solution_status) if solution_status is not None
+                   and os.WIFSIGNALED(solution_status) else None),
+        "timeout": timeout,
+        "output_limit": output_limit or pipes.total_out > pipes.cap,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "clean": clean,
+        "oom_kill": oom_kills > 0,
+    }
+
+
+def _limit_run(limits):
+    """The whole run (all its processes, its /tmp files, kernel memory) within memory_mb and
+    max_procs, when the server has a cgroup; returns the cgroup's OOM-kill count so far."""
     oom0 = 0
     if CGROUP is not None:
-        # the whole run (all its processes, its /tmp files, kernel memory) within memory_mb
         _cg_write(CGROUP["mem"], str(int(limits["memory_mb"]) << 20))
         if CGROUP["pids"] is not None:
             _cg_write(CGROUP["pids"], str(int(limits["max_procs"])))
         oom0 = _cg_oom_kills()
+    return oom0
+
+
+def _stdin_fd(job):
+    """A descriptor reading the job's stdin from its start (a memfd), or /dev/null."""
     if job.get("stdin"):
         stdin_fd = os.memfd_create("stdin")
         data = job["stdin"].encode()
@@ -1327,76 +1475,51 @@ def run_job(job, ctl_in):
         os.lseek(stdin_fd, 0, os.SEEK_SET)
     else:
         stdin_fd = os.open("/dev/null", os.O_RDONLY)
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    rep_r, rep_w = os.pipe()
-    pids_cg = CGROUP is not None and CGROUP["pids"] is not None
-    nproc_base = None if pids_cg else _count_own_processes()
-    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.monotonic()
-    solution = None  # (pid, pidfd) of the solution's process in a split run
-    if job["mode"] == "tests" and job.get("split", True):
-        # the solution's process first (it loads the solution meanwhile), then the test
-        # program; the tests and tokens then go from the runner's pipe into the test program's
-        # without passing through this process (C, forked from it, never has them in memory)
-        tests_r, tests_w = os.pipe()
-        call_r, call_w = os.pipe()
-        ans_r, ans_w = os.pipe()
-        cpid = os.fork()
-        if cpid == 0:
-            _child(job, (stdin_fd, out_w, err_w, {CALL_FD: call_r, ANSWER_FD: ans_w}),
-                   limits, nproc_base, "solution")
-        null = os.open("/dev/null", os.O_RDONLY)
-        pid = os.fork()
-        if pid == 0:
-            _child(job, (null, out_w, err_w, {REPORT_FD: rep_w, TESTS_FD: tests_r,
-                                              CALL_FD: call_w, ANSWER_FD: ans_r}),
-                   limits, nproc_base, "tests")
-        for fd in (null, tests_r, call_r, call_w, ans_r, ans_w):
-            os.close(fd)
-        try:
-            _forward_message(ctl_in, tests_w)
-        finally:
-            os.close(tests_w)
-        solution = (cpid, os.pidfd_open(cpid))
-    else:
+    return stdin_fd
+
+
+def _start_children(job, ctl_in, limits, nproc_base, stdin_fd, out_w, err_w, rep_w):
+    """Fork the run's children; return the pid of the one whose end ends the run (the test
+    program, or the only child) and (pid, pidfd) of the solution's process in a split run
+    (else None)."""
+    if not (job["mode"] == "tests" and job.get("split", True)):
         job.update(_recv(ctl_in) or {})
         pid = os.fork()
         if pid == 0:
             _child(job, (stdin_fd, out_w, err_w, {REPORT_FD: rep_w}), limits, nproc_base)
-    for fd in (stdin_fd, out_w, err_w, rep_w):
+        return pid, None
+    # the solution's process first (it loads the solution meanwhile), then the test
+    # program; the tests and tokens then go from the runner's pipe into the test program's
+    # without passing through this process (C, forked from it, never has them in memory)
+    tests_r, tests_w = os.pipe()
+    call_r, call_w = os.pipe()
+    ans_r, ans_w = os.pipe()
+    cpid = os.fork()
+    if cpid == 0:
+        _child(job, (stdin_fd, out_w, err_w, {CALL_FD: call_r, ANSWER_FD: ans_w}),
+               limits, nproc_base, "solution")
+    null = os.open("/dev/null", os.O_RDONLY)
+    pid = os.fork()
+    if pid == 0:
+        _child(job, (null, out_w, err_w, {REPORT_FD: rep_w, TESTS_FD: tests_r,
+                                          CALL_FD: call_w, ANSWER_FD: ans_r}),
+               limits, nproc_base, "tests")
+    for fd in (null, tests_r, call_r, call_w, ans_r, ans_w):
         os.close(fd)
-    pidfd = os.pidfd_open(pid)
-    bufs = {out_r: bytearray(), err_r: bytearray(), rep_r: bytearray()}
-    total_out = 0
+    try:
+        _forward_message(ctl_in, tests_w)
+    finally:
+        os.close(tests_w)
+    return pid, (cpid, os.pidfd_open(cpid))
+
+
+def _watch_run(pid, pidfd, solution, pipes, deadline):
+    """Read the pipes until the child ``pid`` ends, the wall-time ``deadline`` passes or the
+    output exceeds its cap.  Returns (status, solution_status, timeout, output_limit): the
+    wait statuses (None: still running) of the child and of the solution's process."""
+    poller = pipes.poller
+    status = solution_status = None
     timeout = output_limit = False
-    status = None
-    deadline = t0 + limits["wall_s"]
-    poller = select.poll()
-    for fd in (out_r, err_r, rep_r, pidfd):
-        poller.register(fd, select.POLLIN)
-    open_fds = {out_r, err_r, rep_r}
-    solution_status = None  # how the solution's process ended, if before the test program
-    if solution is not None:
-        poller.register(solution[1], select.POLLIN)
-
-    def read_some(fd):
-        nonlocal total_out
-        try:
-            data = os.read(fd, 1 << 16)
-        except OSError:
-            data = b""
-        if not data:
-            poller.unregister(fd)
-            open_fds.discard(fd)
-            return
-        buf = bufs[fd]
-        limit = REPORT_CAP if fd == rep_r else cap
-        if len(buf) < limit:
-            buf += data[: limit - len(buf)]
-        if fd != rep_r:
-            total_out += len(data)
-
     while status is None:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -1410,66 +1533,37 @@ def run_job(job, ctl_in):
                 _, solution_status = os.waitpid(solution[0], 0)
                 poller.unregister(fd)
             else:
-                read_some(fd)
-        if total_out > cap:
+                pipes.read_some(fd)
+        if pipes.total_out > pipes.cap:
             output_limit = True
             break
-    wall = time.monotonic() - t0
-    if solution is not None and solution_status is None and not (timeout or output_limit):
-        # the test program has ended, so the solution's process reads end-of-file and exits
-        # now, or has just been ended by a signal (its CPU limit) that made the test program
-        # stop: wait a moment for its status rather than mistake it for our own kill
-        waiter = select.poll()
-        waiter.register(solution[1], select.POLLIN)
-        if waiter.poll(50):
-            _, solution_status = os.waitpid(solution[0], 0)
-    clean = _kill_everything(CONTAINED)
-    if status is None:
-        try:
-            _, status = os.waitpid(pid, 0)
-        except ChildProcessError:
-            status = None
-    # Every writer is dead now: drain what is left in the pipes (bounded by the caps).
-    drain_deadline = time.monotonic() + 1.0
-    while open_fds and time.monotonic() < drain_deadline:
-        for fd, _ in poller.poll(100):
-            if fd in open_fds:
-                read_some(fd)
-    for fd in (out_r, err_r, rep_r, pidfd):
-        os.close(fd)
-    if solution is not None:
-        os.close(solution[1])
-    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
-    # Nothing of the run may reach the next one: files (any depth, inodes), POSIX queues,
-    # SysV IPC, keys.  What cannot be removed makes the run unclean: the runner restarts the
-    # sandbox, and its namespaces (tmpfs, IPC, keyrings) die with it.
+    return status, solution_status, timeout, output_limit
+
+
+def _solution_end(solution):
+    """The test program has ended, so the solution's process reads end-of-file and exits now,
+    or has just been ended by a signal (its CPU limit) that made the test program stop: wait a
+    moment for its status rather than mistake it for our own kill.  None if it did not end."""
+    waiter = select.poll()
+    waiter.register(solution[1], select.POLLIN)
+    if waiter.poll(50):
+        _, solution_status = os.waitpid(solution[0], 0)
+        return solution_status
+    return None
+
+
+def _clean_after_run(clean):
+    """Nothing of the run may reach the next one: files (any depth, inodes), POSIX queues,
+    SysV IPC, keys.  What cannot be removed makes the run unclean (returns False; else
+    ``clean``): the runner restarts the sandbox, and its namespaces (tmpfs, IPC, keyrings) die
+    with it."""
     wipe_deadline = time.monotonic() + WIPE_S
     for d in _clean_dirs():
         clean = _wipe(d, wipe_deadline) and clean
     if CONTAINED:
         _remove_sysv_ipc()
         _clear_keyrings()
-    oom_kills = _cg_oom_kills() - oom0 if CGROUP is not None else 0
-    exited = status is not None and os.WIFEXITED(status)
-    b64 = lambda b: base64.b64encode(bytes(b)).decode()  # noqa: E731
-    return {
-        "stdout": b64(bufs[out_r]),
-        "stderr": b64(bufs[err_r]),
-        "report": b64(bufs[rep_r]),
-        "exit_code": os.WEXITSTATUS(status) if exited else None,
-        # the test program's signal, else the one that ended the solution's process early
-        # (SIGXCPU: its CPU limit) while the test program waited for it
-        "signal": (os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else
-                   os.WTERMSIG(solution_status) if solution_status is not None
-                   and os.WIFSIGNALED(solution_status) else None),
-        "timeout": timeout,
-        "output_limit": output_limit or total_out > cap,
-        "wall_s": wall,
-        "cpu_s": cpu,
-        "clean": clean,
-        "oom_kill": oom_kills > 0,
-    }
+    return clean
 
 
 def main():

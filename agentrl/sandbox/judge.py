@@ -19,6 +19,7 @@ import json
 import re
 import secrets
 import signal
+from dataclasses import dataclass, field
 from typing import Any
 
 from .result import Limits, SandboxResult, TestOutcome
@@ -205,68 +206,39 @@ def _signal_name(sig: int) -> str:
         return f"signal {sig}"
 
 
+@dataclass
+class _Report:
+    """What the harness's report lines say (each line can be forged by the solution but `P`
+    with its token and the `E` values compared against the sites)."""
+
+    code_done: bool = False
+    passed_idx: set[int] = field(default_factory=set)
+    errors: dict[int, str] = field(default_factory=dict)
+    started: list[int] = field(default_factory=list)
+    sites_seen: dict[int, set[int]] = field(default_factory=dict)
+    module_error: str | None = None
+    syntax_error: str | None = None
+    child_error: str | None = None
+    done: bool = False
+
+
 def judge(job: dict, raw: dict, names: list[str] | None, backend: str) -> SandboxResult:
     """Decide the verdict of one run from the server's raw result (see module docstring).
 
     Precedence when not every test passed: timeout > output_limit > memory_limit >
     syntax_error > runtime_error > fail.  A test that raised anything other than
     AssertionError makes the run a ``runtime_error`` (MemoryError: ``memory_limit``).
+
+    Raises:
+        ValueError: ``names`` does not have one entry per test.
     """
-    tokens = job["tokens"]
-    tests = job["tests"]
-    total = len(tests)
+    total = len(job["tests"])
     names = list(names) if names is not None else [f"test_{i}" for i in range(total)]
     if len(names) != total:
         raise ValueError(f"names has {len(names)} entries for {total} tests")
-    limits = job["limits"]
-    code_done = False
-    passed_idx: set[int] = set()
-    errors: dict[int, str] = {}
-    started: list[int] = []
-    module_error = syntax_error = child_error = None
-    done = False
     rewritten = job.get("_rewritten") or [None] * total
-    sites_seen: dict[int, set[int]] = {}
-    for kind, rest in parse_report(base64.b64decode(raw["report"])):
-        if kind == "C" and rest == tokens[0]:
-            code_done = True
-        elif kind in ("P", "F", "T", "E"):
-            idx, _, tail = rest.partition(" ")
-            if not (idx.isascii() and idx.isdecimal()) or int(idx) >= total:
-                continue
-            i = int(idx)
-            if kind == "P" and tail == tokens[1 + i]:
-                passed_idx.add(i)
-            elif kind == "F":
-                errors.setdefault(i, _locate(tail, job, i))
-            elif kind == "T":
-                started.append(i)
-            elif kind == "E" and rewritten[i] is not None:
-                k, _, body = tail.partition(" ")
-                sites = rewritten[i].sites
-                if not (k.isascii() and k.isdecimal()) or int(k) >= len(sites):
-                    continue
-                sites_seen.setdefault(i, set()).add(int(k))
-                site = sites[int(k)]
-                if not site_holds(site, body):
-                    why = body[1:200] if body.startswith("!") else (site.msg or "")[:500]
-                    errors.setdefault(i, f"AssertionError{': ' + why if why else ''} "
-                                         f"(at `{site.line}`)")
-        elif kind == "R" and module_error is None:
-            module_error = rest
-        elif kind == "S" and syntax_error is None:
-            syntax_error = rest
-        elif kind == "X":
-            child_error = rest
-        elif kind == "D":
-            done = True
-    for i in list(passed_idx):  # the harness's pass only counts with every site satisfied
-        sites = rewritten[i].sites if rewritten[i] is not None else ()
-        missing = [k for k in range(len(sites)) if k not in sites_seen.get(i, ())]
-        if i in errors or missing:
-            passed_idx.discard(i)
-            if missing:
-                errors.setdefault(i, f"AssertionError: not reached (at `{sites[missing[0]].line}`)")
+    rep = _read_report(job, raw, rewritten)
+    _drop_unreached_passes(rep, rewritten)
     stdout = base64.b64decode(raw["stdout"]).decode("utf-8", errors="replace")
     stderr = base64.b64decode(raw["stderr"]).decode("utf-8", errors="replace")
     sig, exit_code = raw.get("signal"), raw.get("exit_code")
@@ -275,68 +247,136 @@ def judge(job: dict, raw: dict, names: list[str] | None, backend: str) -> Sandbo
         death = f"killed by {_signal_name(sig)}"
     elif exit_code not in (0, None):
         death = f"exited with status {exit_code}"
+    outcomes = _outcomes(rep, names, raw, death)
+    verdict, error = _verdict(job, raw, rep, names, outcomes, death)
+    return SandboxResult(
+        verdict=verdict, passed=len(rep.passed_idx), total=total, tests=outcomes, stdout=stdout,
+        stderr=stderr, wall_s=float(raw.get("wall_s", 0.0)), cpu_s=float(raw.get("cpu_s", 0.0)),
+        backend=backend, error=error,
+    )
 
+
+def _read_report(job: dict, raw: dict, rewritten: list) -> _Report:
+    """The report lines of ``raw["report"]``, read into a `_Report`; lines naming no test of
+    the job, or carrying a wrong token, are ignored."""
+    tokens, total = job["tokens"], len(job["tests"])
+    rep = _Report()
+    for kind, rest in parse_report(base64.b64decode(raw["report"])):
+        if kind == "C" and rest == tokens[0]:
+            rep.code_done = True
+        elif kind in ("P", "F", "T", "E"):
+            idx, _, tail = rest.partition(" ")
+            if not (idx.isascii() and idx.isdecimal()) or int(idx) >= total:
+                continue
+            i = int(idx)
+            if kind == "P" and tail == tokens[1 + i]:
+                rep.passed_idx.add(i)
+            elif kind == "F":
+                rep.errors.setdefault(i, _locate(tail, job, i))
+            elif kind == "T":
+                rep.started.append(i)
+            elif kind == "E" and rewritten[i] is not None:
+                _read_site(rep, i, tail, rewritten[i].sites)
+        elif kind == "R" and rep.module_error is None:
+            rep.module_error = rest
+        elif kind == "S" and rep.syntax_error is None:
+            rep.syntax_error = rest
+        elif kind == "X":
+            rep.child_error = rest
+        elif kind == "D":
+            rep.done = True
+    return rep
+
+
+def _read_site(rep: _Report, i: int, tail: str, sites: list[Site]) -> None:
+    """An ``E <i> <k> <json>`` line: site k of test i reached, with an error for test i when
+    the reported value does not satisfy the site."""
+    k, _, body = tail.partition(" ")
+    if not (k.isascii() and k.isdecimal()) or int(k) >= len(sites):
+        return
+    rep.sites_seen.setdefault(i, set()).add(int(k))
+    site = sites[int(k)]
+    if not site_holds(site, body):
+        why = body[1:200] if body.startswith("!") else (site.msg or "")[:500]
+        rep.errors.setdefault(i, f"AssertionError{': ' + why if why else ''} "
+                                 f"(at `{site.line}`)")
+
+
+def _drop_unreached_passes(rep: _Report, rewritten: list) -> None:
+    """The harness's pass only counts with every site satisfied: a passed test with an error
+    or a site never reported is not passed."""
+    for i in list(rep.passed_idx):
+        sites = rewritten[i].sites if rewritten[i] is not None else ()
+        missing = [k for k in range(len(sites)) if k not in rep.sites_seen.get(i, ())]
+        if i in rep.errors or missing:
+            rep.passed_idx.discard(i)
+            if missing:
+                rep.errors.setdefault(i, f"AssertionError: not reached (at `{sites[missing[0]].line}`)")
+
+
+def _outcomes(rep: _Report, names: list[str], raw: dict, death: str | None) -> list[TestOutcome]:
+    """One `TestOutcome` per test: passed, its error, did not finish (the last started), or
+    not run."""
     outcomes = []
-    for i in range(total):
-        if i in passed_idx:
+    for i in range(len(names)):
+        if i in rep.passed_idx:
             outcomes.append(TestOutcome(names[i], True, None))
-        elif i in errors:
-            outcomes.append(TestOutcome(names[i], False, errors[i]))
-        elif started and started[-1] == i:
+        elif i in rep.errors:
+            outcomes.append(TestOutcome(names[i], False, rep.errors[i]))
+        elif rep.started and rep.started[-1] == i:
             outcomes.append(TestOutcome(names[i], False, f"did not finish ({_stop_reason(raw, death)})"))
         else:
             outcomes.append(TestOutcome(names[i], False, "not run"))
+    return outcomes
 
-    passed = len(passed_idx)
-    err_types = [e.split(":", 1)[0].split(" ", 1)[0] for e in errors.values()]
+
+def _verdict(job: dict, raw: dict, rep: _Report, names: list[str], outcomes: list[TestOutcome],
+             death: str | None) -> tuple[str, str | None]:
+    """(verdict, error) of the run, in the precedence of `judge`."""
+    limits, total = job["limits"], len(names)
+    sig, exit_code = raw.get("signal"), raw.get("exit_code")
+    module_error, syntax_error, child_error = rep.module_error, rep.syntax_error, rep.child_error
+    err_types = [e.split(":", 1)[0].split(" ", 1)[0] for e in rep.errors.values()]
     if module_error:
         err_types.append(module_error.split(":", 1)[0].split(" ", 1)[0])
-
-    def result(verdict: str, error: str | None) -> SandboxResult:
-        return SandboxResult(
-            verdict=verdict, passed=passed, total=total, tests=outcomes, stdout=stdout,
-            stderr=stderr, wall_s=float(raw.get("wall_s", 0.0)), cpu_s=float(raw.get("cpu_s", 0.0)),
-            backend=backend, error=error,
-        )
-
     if job["mode"] == "code":
         # plain execution: finishing, sys.exit(0) or any exit with status 0 is success
-        ok = code_done or (exit_code == 0 and sig is None
-                           and not (module_error or syntax_error or child_error))
+        ok = rep.code_done or (exit_code == 0 and sig is None
+                               and not (module_error or syntax_error or child_error))
     else:
-        ok = passed == total and (total > 0 or code_done)
+        ok = len(rep.passed_idx) == total and (total > 0 or rep.code_done)
     if ok and not raw.get("timeout") and not raw.get("output_limit"):
-        return result("pass", None)
+        return "pass", None
     if child_error:
-        return result("sandbox_error", f"sandbox child setup failed: {child_error}")
+        return "sandbox_error", f"sandbox child setup failed: {child_error}"
     if raw.get("timeout"):
-        return result("timeout", f"wall time limit of {limits['wall_s']:g} s exceeded")
+        return "timeout", f"wall time limit of {limits['wall_s']:g} s exceeded"
     if sig == signal.SIGXCPU or (sig == signal.SIGKILL and raw.get("cpu_s", 0) >= limits["cpu_s"]):
-        return result("timeout", f"CPU time limit of {limits['cpu_s']:g} s exceeded")
+        return "timeout", f"CPU time limit of {limits['cpu_s']:g} s exceeded"
     if raw.get("output_limit"):
-        return result("output_limit", f"output exceeded {limits['output_bytes']} bytes")
+        return "output_limit", f"output exceeded {limits['output_bytes']} bytes"
     if raw.get("oom_kill"):
-        return result("memory_limit", f"memory limit of {limits['memory_mb']} MiB exceeded by the "
-                                      "run's processes together (a process was killed)")
+        return "memory_limit", (f"memory limit of {limits['memory_mb']} MiB exceeded by the "
+                                "run's processes together (a process was killed)")
     if "MemoryError" in err_types:
-        return result("memory_limit", f"memory limit of {limits['memory_mb']} MiB exceeded")
+        return "memory_limit", f"memory limit of {limits['memory_mb']} MiB exceeded"
     if syntax_error:
-        return result("syntax_error", syntax_error)
+        return "syntax_error", syntax_error
     if module_error:
-        return result("runtime_error", module_error)
-    if death or not (done or (job["mode"] == "code" and code_done)):
+        return "runtime_error", module_error
+    if death or not (rep.done or (job["mode"] == "code" and rep.code_done)):
         where = ""
-        if started:
-            where = f" during {names[started[-1]]}"
-        elif not code_done:
+        if rep.started:
+            where = f" during {names[rep.started[-1]]}"
+        elif not rep.code_done:
             where = " while running the solution"
         reason = death or f"exited with status {exit_code}"
-        return result("runtime_error", f"process {reason}{where} before the tests finished")
+        return "runtime_error", f"process {reason}{where} before the tests finished"
     first = next((o for o in outcomes if not o.passed), None)
     first_err = f"{first.name}: {first.error}" if first else None
     if any(t != "AssertionError" for t in err_types):
-        return result("runtime_error", first_err)
-    return result("fail", first_err)
+        return "runtime_error", first_err
+    return "fail", first_err
 
 
 def _stop_reason(raw: dict, death: str | None) -> str:

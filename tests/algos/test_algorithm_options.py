@@ -13,13 +13,14 @@ import torch
 
 from agentrl.algos import ALGORITHMS, get_algorithm, reinforce_pp
 from agentrl.algos.configs import algorithms_with
-from agentrl.algos.losses import cispo_policy_loss, tis_weights, tis_weights_of
+from agentrl.algos.losses import cispo_policy_loss
 from agentrl.algos.shaping import (
     apply_overlong_shaping,
     overlong_penalty,
     shape_batch,
     turn_lengths,
 )
+from agentrl.algos.tis import tis_weights, tis_weights_of
 from agentrl.algos.turns import discounted_turn_returns, turn_states
 from agentrl.config import ConfigError, algo_config, load_config
 from agentrl.types import Trajectory

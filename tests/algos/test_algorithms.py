@@ -19,7 +19,7 @@ from agentrl.algos import dpo as dpo_mod
 from agentrl.algos import ppo as ppo_mod
 from agentrl.algos import reinforce_pp as rpp_mod
 from agentrl.algos.configs import ALGO_CONFIGS
-from agentrl.algos.losses import tis_weights_of
+from agentrl.algos.tis import tis_weights_of
 from agentrl.algos.turns import turn_group_advantages, turn_index, turn_returns
 from agentrl.config import algo_config, load_config
 from agentrl.learner.local import Learner

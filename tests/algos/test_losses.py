@@ -10,20 +10,18 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agentrl.algos.dpo import dpo_loss, sequence_logps
+from agentrl.algos.kl import kl
+from agentrl.algos.logits import entropy_from_logits, logprobs_from_logits
 from agentrl.algos.losses import (
     AGG_MODES,
     aggregate,
-    dpo_loss,
-    entropy_from_logits,
     gspo_policy_loss,
-    kl,
-    logprobs_from_logits,
     masked_mean,
     ppo_policy_loss,
-    sequence_logps,
-    tis_weights,
     value_loss,
 )
+from agentrl.algos.tis import tis_weights
 
 torch.set_num_threads(1)
 NAN = float("nan")

@@ -333,29 +333,7 @@ class HFEngine:
         continuing `prompts[src[k]]` with seed `seeds[k]` ((rows,) int64); returns the
         completions in row order."""
         dev, max_new = self.device, params.max_tokens
-        lengths = torch.tensor([len(p) for p in prompts], device=dev)
-        width = int(lengths.max())
-        # Left-padded ids; the mask gets room for every new token up front (sliced per step).
-        ids = torch.full((len(prompts), width), self._pad_id, dtype=torch.long, device=dev)
-        mask = torch.zeros((len(prompts), width + max_new), dtype=torch.long, device=dev)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-            mask[i, width - len(p) :] = 1
-        pos = (mask[:, :width].cumsum(-1) - 1).clamp(min=0)
-        cache = self._new_cache()
-        logits = self._forward(ids, mask[:, :width], pos, cache)
-        next_pos = lengths  # position id of each row's next token, (rows,)
-        expand = torch.tensor(src, dtype=torch.long, device=dev)
-        weights = self._decoder() if max_new > 1 else None
-        dec = None
-        if weights is not None:  # the cache moves into the decoder's preallocated buffers
-            dec = StaticDecoder(weights, cache, mask[:, :width], expand, width + max_new)
-            cache = None
-            logits, mask, next_pos = logits[expand], mask[expand], next_pos[expand]
-        elif src != list(range(len(prompts))):
-            cache.batch_select_indices(expand)
-            logits, mask, next_pos = logits[expand], mask[expand], next_pos[expand]
-
+        width, logits, mask, next_pos, cache, dec = self._prefill(prompts, src, max_new)
         n_rows = len(src)
         out_tokens = torch.zeros((n_rows, max_new), dtype=torch.long, device=dev)
         out_logprobs = torch.zeros((n_rows, max_new), dtype=torch.float32, device=dev)
@@ -417,11 +395,50 @@ class HFEngine:
             next_pos = next_pos + 1
 
         check_finite_logprobs(out_logprobs, out_len, "HFEngine")
-        tok_lists = out_tokens.tolist()
-        lp_lists = out_logprobs.tolist()
-        lens = out_len.tolist()
-        reasons = ["stop" if s else "length" for s in stopped.tolist()]
-        return [
-            Completion(token_ids=tok_lists[r][: lens[r]], logprobs=lp_lists[r][: lens[r]], finish_reason=reasons[r])
-            for r in range(n_rows)
-        ]
+        return _completions(out_tokens, out_logprobs, out_len, stopped)
+
+    def _prefill(self, prompts: list[list[int]], src: list[int], max_new: int
+                 ) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, Any, StaticDecoder | None]:
+        """One forward of the distinct `prompts` (left-padded to `width` columns), expanded to
+        the rows (row k continues `prompts[src[k]]`). Returns `width`, the last logits (rows,
+        V), the attention mask (rows, width + max_new) with room for every new token, each
+        row's next position id (rows,), and the KV cache: the HF cache, or None with the static
+        decoder (`dec`) holding it when the model has one and `max_new > 1`."""
+        dev = self.device
+        lengths = torch.tensor([len(p) for p in prompts], device=dev)
+        width = int(lengths.max())
+        # Left-padded ids; the mask gets room for every new token up front (sliced per step).
+        ids = torch.full((len(prompts), width), self._pad_id, dtype=torch.long, device=dev)
+        mask = torch.zeros((len(prompts), width + max_new), dtype=torch.long, device=dev)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+            mask[i, width - len(p) :] = 1
+        pos = (mask[:, :width].cumsum(-1) - 1).clamp(min=0)
+        cache = self._new_cache()
+        logits = self._forward(ids, mask[:, :width], pos, cache)
+        next_pos = lengths  # position id of each row's next token, (rows,)
+        expand = torch.tensor(src, dtype=torch.long, device=dev)
+        weights = self._decoder() if max_new > 1 else None
+        dec = None
+        if weights is not None:  # the cache moves into the decoder's preallocated buffers
+            dec = StaticDecoder(weights, cache, mask[:, :width], expand, width + max_new)
+            cache = None
+            logits, mask, next_pos = logits[expand], mask[expand], next_pos[expand]
+        elif src != list(range(len(prompts))):
+            cache.batch_select_indices(expand)
+            logits, mask, next_pos = logits[expand], mask[expand], next_pos[expand]
+        return width, logits, mask, next_pos, cache, dec
+
+
+def _completions(out_tokens: torch.Tensor, out_logprobs: torch.Tensor, out_len: torch.Tensor,
+                 stopped: torch.Tensor) -> list[Completion]:
+    """One `Completion` per row of the (rows, max_new) sampled tokens and logprobs, cut at the
+    row's length; finish reason "stop" where a stop token ended it, else "length"."""
+    tok_lists = out_tokens.tolist()
+    lp_lists = out_logprobs.tolist()
+    lens = out_len.tolist()
+    reasons = ["stop" if s else "length" for s in stopped.tolist()]
+    return [
+        Completion(token_ids=tok_lists[r][: lens[r]], logprobs=lp_lists[r][: lens[r]], finish_reason=reasons[r])
+        for r in range(len(lens))
+    ]
