@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
+from pydantic import BaseModel
 from rich.console import Console
 from rich.markup import escape
 
-from agentrl.config import Config, ConfigError, config_reference, load_config
+from agentrl.algos.configs import ALGO_CONFIGS, AlgoBase
+from agentrl.config import Config, ConfigError, load_config
 from agentrl.env.registry import (
     DESCRIPTIONS,
     SHORT_NAMES,
@@ -357,6 +359,68 @@ def merge(
         console.print(f"merged model: {merge_checkpoint(checkpoint, out)}", markup=False)
     except (FileNotFoundError, ValueError) as e:
         _fail(str(e))
+
+
+# -- `agentrl config --reference`: the config reference (docs/config.md) ------------------------
+def _rows(model: type[BaseModel], prefix: str, skip: tuple[str, ...] = (),
+          keep: list[str] | None = None) -> list[str]:
+    """Markdown table rows `| key | default | meaning |` of `model`'s fields (those in `keep`
+    when given, without those in `skip`)."""
+    rows = []
+    for name, f in model.model_fields.items():
+        if name in skip or (keep is not None and name not in keep):
+            continue
+        default = f.default_factory() if f.default_factory else f.default  # type: ignore[call-arg]
+        shown = "required" if f.is_required() else f"`{default!r}`"
+        rows.append(f"| `{prefix}{name}` | {shown} | {f.description or ''} |")
+    return rows
+
+
+def config_reference(algo: str | None = None) -> str:
+    """The config reference as Markdown, generated from the field docstrings. The `algo` section
+    is its keys shared by every algorithm and then each algorithm's own (`algo` given: only
+    that algorithm's keys).
+
+    Raises:
+        ConfigError: `algo` is not an algorithm's name.
+    """
+    if algo is not None and algo not in ALGO_CONFIGS:
+        raise ConfigError(f"config error: algo.name: unknown algorithm {algo!r}; allowed: "
+                          f"{', '.join(ALGO_CONFIGS)}")
+    lines = ["# Configuration reference", "",
+             "Generated from `agentrl/config.py` and `agentrl/algos/configs.py` (`agentrl config "
+             f"--reference{f' --algo {algo}' if algo else ''}`).", ""]
+
+    def table(title: str, rows: list[str], intro: str = "") -> None:
+        if rows:
+            lines.extend([f"## {title}", "", *([intro, ""] if intro else []), "| key | default | meaning |",
+                          "| --- | --- | --- |", *rows, ""])
+
+    def algo_section() -> None:
+        if algo is not None:
+            cls = ALGO_CONFIGS[algo]
+            table(f"algo (algo.name={algo})", _rows(cls, "algo."), cls.__doc__ or "")
+            return
+        table("algo", _rows(AlgoBase, "algo."), "Keys of every algorithm; `algo.name` picks the "
+              "algorithm and with it the other keys allowed (below, or `agentrl config --reference "
+              "--algo NAME`). A key the algorithm does not have is refused.")
+        for name, cls in ALGO_CONFIGS.items():
+            own = tuple(k for k, f in AlgoBase.model_fields.items() if cls.model_fields[k] == f)
+            table(f"algo (algo.name={name})", _rows(cls, "algo.", skip=own), cls.__doc__ or "")
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        plain = []
+        for name, f in model.model_fields.items():
+            if model is Config and name == "algo":
+                algo_section()
+            elif isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel):
+                walk(f.annotation, f"{prefix}{name}.")
+            else:
+                plain.append(name)
+        table(prefix.rstrip(".") or "top level", _rows(model, prefix, keep=plain))
+
+    walk(Config, "")
+    return "\n".join(lines)
 
 
 def main() -> None:
