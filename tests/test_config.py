@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from agentrl.config import ConfigError, config_reference, load_config
+from agentrl.cli import config_reference
+from agentrl.config import ConfigError, load_config
 
 
 def test_overrides_and_yaml(tmp_path):
@@ -70,8 +71,6 @@ def test_docs_config_md_is_the_generated_reference():
     """docs/config.md is `agentrl config --reference`: regenerate it after changing a field
     (`agentrl config --reference > docs/config.md`)."""
     from pathlib import Path
-
-    from agentrl.config import config_reference
 
     doc = Path(__file__).resolve().parent.parent / "docs" / "config.md"
     assert doc.read_text().strip() == config_reference().strip(), \
