@@ -163,11 +163,15 @@ class Run:
     pool: ThreadPoolExecutor | None = None
     start_step: int = 0
     version: int = 0
-    teacher_engine: Any = None
-    """distill's teacher sampler (`algo.distill_teacher_fraction > 0`): an in-process engine
-    behind `LockedEngine` (under `lock`) with the frozen teacher's weights."""
-    teacher_envs: list[Any] | None = None
-    """The train envs the teacher's episodes run in (n_T x group_size of them)."""
+    mixture_engine: Any = None
+    """A second sampler of each step's tasks (distill's GKD mixture, `algo.distill_teacher_fraction
+    > 0`: an in-process engine behind `LockedEngine` (under `lock`) with the frozen teacher's
+    weights); None for most runs."""
+    mixture_envs: list[Any] | None = None
+    """The train envs the second sampler's episodes run in (its tasks x group_size of them)."""
+    notes: list[str] = field(default_factory=list)
+    """Lines the loop prints once its metrics log is open (e.g. how a second sampler splits
+    each step's tasks)."""
     sft_info: dict[str, Any] = field(default_factory=dict)
     """The warm start's figures (`agentrl.sft.warm_start`; empty without one)."""
     summary: dict[str, Any] | None = None
@@ -284,8 +288,10 @@ def _envs(run: Run, resumed: dict[str, Any]) -> None:
         run.env_sets.fill(cfg.rollout.batches_in_flight)  # built now, in a fixed order
     if run.algo.needs_teacher and cfg.algo.distill_teacher_fraction > 0:  # GKD's mixture
         n_t = teacher_task_count(cfg.algo.distill_teacher_fraction, cfg.rollout.tasks_per_step)
-        run.teacher_engine = LockedEngine(teacher_engine(cfg, run.tok), run.lock)
-        run.teacher_envs = [new_env("train") for _ in range(n_t * cfg.algo.group_size)]
+        run.mixture_engine = LockedEngine(teacher_engine(cfg, run.tok), run.lock)
+        run.mixture_envs = [new_env("train") for _ in range(n_t * cfg.algo.group_size)]
+        run.notes.append(f"[distill] the teacher plays {n_t} of each step's {cfg.rollout.tasks_per_step} "
+                         f"tasks (algo.distill_teacher_fraction={cfg.algo.distill_teacher_fraction})")
 
 
 # -- model --------------------------------------------------------------------------------------

@@ -79,11 +79,9 @@ def build_loop(run: Run, say: Callable[[str], None], reporter: Any = None) -> Lo
     lp = Loop(cfg, out, say, run.algo, run.model, run.tok, renderer, run.pad_id, run.learner, run.engine,
               run.lock, run.env_sets, run.eval_envs, run.pool, params, log, run.new_env, run.start_step,
               run.version, run.rewards, reporter=reporter or Reporter(enabled=False),
-              teacher_engine=run.teacher_engine, teacher_envs=run.teacher_envs)
-    if run.teacher_engine is not None:
-        say(f"[distill] the teacher plays {len(run.teacher_envs or []) // cfg.algo.group_size} of each "
-            f"step's {cfg.rollout.tasks_per_step} tasks "
-            f"(algo.distill_teacher_fraction={cfg.algo.distill_teacher_fraction})")
+              mixture_engine=run.mixture_engine, mixture_envs=run.mixture_envs)
+    for note in run.notes:  # e.g. a second sampler's share of the tasks
+        say(note)
     if run.checkpoint is not None:
         restore_reward_state(lp, run.checkpoint)
     return lp
@@ -218,7 +216,7 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
     assert out is not None
     extra = dict(run.sft_info)  # the summary's: the warm start's `sft_seconds`, the loop's `rl_s`
     lp = build_loop(run, say, reporter)
-    try:  # learner ranks, reference and teacher workers (Ray actors) are stopped whatever happens
+    try:  # learner ranks and frozen-model workers (Ray actors) are stopped whatever happens
         before = evaluate_before(lp, resumed=ck is not None)
 
         # 2) the RL loop

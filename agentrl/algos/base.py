@@ -81,7 +81,7 @@ class Algorithm:
         teacher's); raises ValueError when they differ. Default: nothing to check."""
 
     def mark_mixture_rows(self, trajs: list[Any], policy_version: int) -> None:
-        """Tag the episodes of the run's second sampler (`Loop.teacher_engine`). Default: none."""
+        """Tag the episodes of the run's second sampler (`Loop.mixture_engine`). Default: none."""
 
     def mixture_metrics(self, trajs: list[Any], success: Any) -> dict[str, float]:
         """Rollout metrics per sampler of a mixed batch (`success(traj) -> bool`). Default: {}."""

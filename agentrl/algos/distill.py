@@ -185,7 +185,7 @@ def check_tokenizer(cfg: Any, tok: Any) -> None:
 
 def mark_mixture_rows(trajs: list[Any], policy_version: int) -> None:
     """`Distill.mark_mixture_rows`: for the episodes of the run's second sampler (GKD's mixture: the teacher's
-    engine, `agentrl.rollout.stages.Loop.teacher_engine`): tag them `info["sampler"] = "teacher"`
+    engine, `agentrl.rollout.stages.Loop.mixture_engine`): tag them `info["sampler"] = "teacher"`
     (read by `agentrl.algos.shaping.build_batch` into `batch["teacher_rows"]`) and set
     `policy_version` to the student's current one, so that the staleness filter
     (`train.max_staleness`), which bounds how far behind the student's weights a sample is,

@@ -4,7 +4,7 @@
 (`make_source`: sampled on demand, or by actor threads ahead of the learner), the staleness
 filter (`drop_stale`) and the weight push (`sync`).
 
-An algorithm may mix in a second sampler (distill's GKD mixture: `Loop.teacher_engine` plays
+An algorithm may mix in a second sampler (distill's GKD mixture: `Loop.mixture_engine` plays
 some of each step's tasks); the loop reaches the algorithm only through its declared needs and hooks (`agentrl.algos.base.Algorithm`).
 """
 
@@ -64,11 +64,11 @@ class Loop:
     source_start: int = 0  # the first step of the current batch source (`make_source`)
     reporter: Any = None
     """Where stage progress goes (`agentrl.log.progress.Reporter`)."""
-    teacher_engine: Any = None
+    mixture_engine: Any = None
     """A second sampler that plays some of each step's tasks (distill's GKD mixture,
     `algo.distill_teacher_fraction > 0`: an in-process engine behind `LockedEngine` with the
     frozen teacher's weights, `agentrl.run.teacher_engine`); None for most runs."""
-    teacher_envs: list[Any] | None = None
+    mixture_envs: list[Any] | None = None
     """The train envs the second sampler's episodes run in (its tasks x group_size of them)."""
 
 
@@ -95,19 +95,19 @@ def apply_weights(lp: Loop, state_dict: dict[str, Any], v: int) -> None:
 def run_batch(lp: Loop, step: int) -> list[Trajectory]:
     """Batch `step`: `tasks_per_step` task seeds drawn from (seed, step), so a resumed or
     asynchronous run samples the same tasks; each task run `group_size` times. With a second
-    sampler (`lp.teacher_engine`, distill's GKD mixture) the last of the tasks are played by it
+    sampler (`lp.mixture_engine`, distill's GKD mixture) the last of the tasks are played by it
     (its episodes passed to the algorithm's `mark_mixture_rows` hook), after the policy's,
     group-major as well."""
     cfg = lp.cfg
     seeds = task_seeds(cfg, step)
-    n_s = len(seeds) - len(lp.teacher_envs or []) // cfg.algo.group_size  # the policy's tasks
+    n_s = len(seeds) - len(lp.mixture_envs or []) // cfg.algo.group_size  # the policy's tasks
     with lp.env_sets.lease() as (envs_, pool_):  # several batches may be in flight
         trajs = collect(lp.engine, lp.renderer, envs_, seeds[:n_s], cfg.algo.group_size,
                         lp.params, cfg, pool_, group_base=step * cfg.rollout.tasks_per_step,
                         sample_seed=cfg.seed * 100_003 + step,
                         make_env=partial(lp.new_env, "train")) if n_s else []
         if n_s < len(seeds):  # the second sampler plays the other tasks
-            other = collect(lp.teacher_engine, lp.renderer, lp.teacher_envs, seeds[n_s:], cfg.algo.group_size,
+            other = collect(lp.mixture_engine, lp.renderer, lp.mixture_envs, seeds[n_s:], cfg.algo.group_size,
                             lp.params, cfg, pool_, group_base=step * cfg.rollout.tasks_per_step + n_s,
                             sample_seed=(cfg.seed * 100_003 + step) * 31 + 7,
                             make_env=partial(lp.new_env, "train"))
