@@ -553,7 +553,10 @@ def _saved_algo_keys(base: dict[str, Any], given: dict[str, Any]) -> dict[str, A
 def load_config(yaml_path: str | Path | None = None, overrides: list[str] | None = None,
                 *, base: Any = None, flag_names: dict[str, str] | None = None, **top: Any) -> Config:
     """Build the config: defaults <- `base` <- YAML file <- `key=value` overrides <- `top`
-    keywords. `base` (a dict) is a saved config (`OUT/config.json` of a run being resumed).
+    keywords. `base` (a dict) is a saved config (`OUT/config.json` of a run being resumed); a
+    `.json` file is one too (`agentrl eval` reads a run's config.json so): from both, the `algo`
+    keys the run's algorithm does not have are dropped (`_saved_algo_keys`: a config saved
+    before the per-algorithm split holds every algorithm's keys).
     `top` are the command-line options (dotted keys, None: not given); an option and an
     override that set the same key to different values are refused (neither silently wins);
     `flag_names` spells the options in that message (`{"train.steps": "--steps"}`).
@@ -577,6 +580,10 @@ def load_config(yaml_path: str | Path | None = None, overrides: list[str] | None
             raise ConfigError(f"{p}: invalid YAML ({' '.join(str(e).split())})") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"{p}: the top level must be a mapping of sections")
+        if p.suffix == ".json":  # a run's saved config.json (e.g. `agentrl eval -c RUN/config.json`)
+            name = top.get("algo.name") or next((o.partition("=")[2].strip() for o in overrides or []
+                                                 if o.partition("=")[0].strip() == "algo.name"), None)
+            loaded = _saved_algo_keys(loaded, {"algo": {"name": name}} if name else {})
         data = _merge(data, loaded)
     given: dict[str, tuple[Any, str]] = {}  # override key -> (parsed value, as written)
     for ov in overrides or []:

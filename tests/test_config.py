@@ -129,3 +129,23 @@ def test_cli_option_and_override_that_disagree_exit_2_naming_both(tmp_path):
         assert r.exit_code == 2 and "is set twice, to different values" in flat, r.output
         assert ("--steps 3" in flat and "train.steps=5" in flat) or ("--seed 1" in flat and "seed=2" in flat)
     assert not out.exists()
+
+
+def test_a_saved_config_json_of_before_the_algo_split_loads(tmp_path):
+    """A run's config.json written before the per-algorithm configs holds every algorithm's
+    `algo` keys; read as a file (`agentrl eval --model RUN`, `-c RUN/config.json`) it loads, the
+    keys its algorithm lacks dropped, as `--resume` does. A YAML file is not a saved config: an
+    inapplicable key there is still refused."""
+    import json
+
+    flat = {"name": "grpo", "group_size": 4, "clip_high": 0.3, "vf_coef": 0.5, "beta": 0.1,
+            "distill_kl": "sampled", "lam": 0.95, "kl_target": 6.0, "turn_credit": "episode"}
+    (tmp_path / "config.json").write_text(json.dumps({"algo": flat, "train": {"steps": 7}}))
+    cfg = load_config(tmp_path / "config.json")
+    assert (cfg.algo.name, cfg.algo.group_size, cfg.algo.clip_high, cfg.train.steps) == ("grpo", 4, 0.3, 7)
+    assert not hasattr(cfg.algo, "vf_coef")
+    ppo = load_config(tmp_path / "config.json", ["algo.name=ppo"])  # the override's algorithm decides
+    assert (ppo.algo.name, ppo.algo.vf_coef) == ("ppo", 0.5)
+    (tmp_path / "c.yaml").write_text("algo:\n  name: grpo\n  vf_coef: 0.5\n")
+    with pytest.raises(ConfigError, match="algo.vf_coef"):
+        load_config(tmp_path / "c.yaml")
