@@ -15,7 +15,9 @@ torchvision is missing: the image processor module is served by the PIL one
 (`image_processing_pil_qwen2_vl`, same `smart_resize`, same pixels), and the video processor is
 a stub that refuses videos. It relies on transformers 5.x internals
 (`_LazyAutoProcessorMapping._MAPPING_NAMES`, `ProcessorMixin.check_argument_for_proper_class`)
-and says so when they are not there.
+and says so when they are not there. vLLM's inspection of the model class, which it runs in a
+child process on a miss of its on-disk model-info cache, then runs in this process, where the
+stand-ins are (`_inspect_models_in_process`; a fresh machine has no such cache).
 """
 
 from __future__ import annotations
@@ -102,6 +104,23 @@ class _PilModuleFinder(importlib.abc.MetaPathFinder):
         return None
 
 
+def _inspect_models_in_process() -> None:
+    """vLLM inspects a model class in a child process (`registry._run_in_subprocess`, "to avoid
+    initializing CUDA") unless its on-disk model-info cache has it; the child imports
+    `vllm/model_executor/models/qwen2_vl.py` without the stand-ins above and fails on the
+    missing torchvision. Where torchvision is missing (the CPU build: no CUDA to protect) the
+    inspection runs in this process, with the stand-ins.
+
+    Raises:
+        RuntimeError: vLLM has no `registry._run_in_subprocess` (its internals moved)."""
+    from vllm.model_executor.models import registry
+
+    if not callable(getattr(registry, "_run_in_subprocess", None)):
+        raise RuntimeError(f"vllm {__import__('vllm').__version__}: no model_executor.models.registry."
+                           "_run_in_subprocess to run the model inspection in process; install torchvision")
+    registry._run_in_subprocess = lambda fn: fn()
+
+
 def patch_transformers_without_torchvision() -> bool:
     """Let vLLM load a Qwen2-VL model where torchvision is missing (module doc). Idempotent;
     does nothing when torchvision is installed.
@@ -162,5 +181,6 @@ def patch_transformers_without_torchvision() -> bool:
         sys.modules[stub.__name__] = stub
         mapping["video_processor"] = (stub.__name__, "AutoVideoProcessor")
         pu.ProcessorMixin.check_argument_for_proper_class = checked  # type: ignore[method-assign]
+        _inspect_models_in_process()
         _patched = True
         return True
