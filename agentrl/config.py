@@ -29,7 +29,8 @@ from agentrl.algos.configs import (
     AlgoConfig,
     DistillConfig,
     GRPOConfig,
-    algorithms_with,
+    refused_algo_key,
+    saved_algo_keys,
 )
 
 
@@ -484,16 +485,6 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _refused_algo_key(key: str, value: Any, name: str) -> str:
-    """The message for an `algo` key that algorithm `name`'s config does not have."""
-    others = algorithms_with(key)
-    if not others:
-        return (f"algo.{key}: unknown key; allowed with algo.name={name}: "
-                f"{', '.join(ALGO_CONFIGS[name].model_fields)}")
-    return (f"algo.{key}={value!r} is not supported by algo.name={name}; supported by: "
-            f"{', '.join(others)} (`agentrl config --reference --algo {name}` lists its keys)")
-
-
 def _format_error(e: ValidationError, prefix: tuple[str, ...] = ()) -> str:
     """One `config error: KEY: what is wrong` line per error of `e` (`prefix`: the location of
     the validated value in the config, e.g. `("algo",)`)."""
@@ -506,7 +497,7 @@ def _format_error(e: ValidationError, prefix: tuple[str, ...] = ()) -> str:
         key = ".".join(loc)
         msg = err["msg"]
         if err["type"] == "extra_forbidden" and tag is not None:
-            lines.append(f"config error: {_refused_algo_key(loc[-1], err.get('input'), tag)}")
+            lines.append(f"config error: {refused_algo_key(loc[-1], err.get('input'), tag)}")
             continue
         if err["type"] == "extra_forbidden":
             section: Any = Config
@@ -537,25 +528,12 @@ def algo_config(**fields: Any) -> AlgoBase:
         raise ConfigError(_format_error(e, ("algo",))) from None
 
 
-def _saved_algo_keys(base: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
-    """`base` (a saved config) without the `algo` keys that the run's algorithm (`given`'s
-    `algo.name`, else the saved one) does not have: a config saved before the algorithm
-    configs were split carries every algorithm's keys, each at the value its algorithm ignored."""
-    saved = base.get("algo")
-    if not isinstance(saved, dict):
-        return base
-    name = (given.get("algo") or {}).get("name", saved.get("name", "grpo"))
-    fields = ALGO_CONFIGS[name].model_fields if name in ALGO_CONFIGS else saved
-    base["algo"] = {k: v for k, v in saved.items() if k in fields}
-    return base
-
-
 def load_config(yaml_path: str | Path | None = None, overrides: list[str] | None = None,
                 *, base: Any = None, flag_names: dict[str, str] | None = None, **top: Any) -> Config:
     """Build the config: defaults <- `base` <- YAML file <- `key=value` overrides <- `top`
     keywords. `base` (a dict) is a saved config (`OUT/config.json` of a run being resumed); a
     `.json` file is one too (`agentrl eval` reads a run's config.json so): from both, the `algo`
-    keys the run's algorithm does not have are dropped (`_saved_algo_keys`: a config saved
+    keys the run's algorithm does not have are dropped (`saved_algo_keys`: a config saved
     before the per-algorithm split holds every algorithm's keys).
     `top` are the command-line options (dotted keys, None: not given); an option and an
     override that set the same key to different values are refused (neither silently wins);
@@ -583,7 +561,7 @@ def load_config(yaml_path: str | Path | None = None, overrides: list[str] | None
         if p.suffix == ".json":  # a run's saved config.json (e.g. `agentrl eval -c RUN/config.json`)
             name = top.get("algo.name") or next((o.partition("=")[2].strip() for o in overrides or []
                                                  if o.partition("=")[0].strip() == "algo.name"), None)
-            loaded = _saved_algo_keys(loaded, {"algo": {"name": name}} if name else {})
+            loaded = saved_algo_keys(loaded, {"algo": {"name": name}} if name else {})
         data = _merge(data, loaded)
     given: dict[str, tuple[Any, str]] = {}  # override key -> (parsed value, as written)
     for ov in overrides or []:
@@ -607,7 +585,7 @@ def load_config(yaml_path: str | Path | None = None, overrides: list[str] | None
             raise ConfigError(f"config error: {k} is set twice, to different values: by {shown} and by the "
                               f"override {k}={given[k][1]}; give one of them")
         _set_dotted(data, k, v)
-    data = _merge(_saved_algo_keys(copy.deepcopy(base or {}), data), data)
+    data = _merge(saved_algo_keys(copy.deepcopy(base or {}), data), data)
     try:
         return Config.model_validate(data)
     except ValidationError as e:

@@ -12,13 +12,14 @@ Tensors are `(B, T)` with a `loss_mask` of 0/1 (1 = agent-sampled token), as in
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any
 
 TIS = tuple[float, str, str]
 """Truncated importance sampling settings: (cap C, level `token|sequence`, mode `truncate|mask`)."""
 
 
-class Algorithm:
+class Algorithm(ABC):
     """The default needs (none) and the steps every algorithm provides.
 
     Declared needs, read by `agentrl.train` and `agentrl.learner`:
@@ -79,9 +80,11 @@ class Algorithm:
     def check_tokenizer(self, cfg: Any, tok: Any) -> None:
         """Start-up check of the policy's tokenizer against what the algorithm loads (a
         teacher's); raises ValueError when they differ. Default: nothing to check."""
+        return None
 
     def mark_mixture_rows(self, trajs: list[Any], policy_version: int) -> None:
         """Tag the episodes of the run's second sampler (`Loop.mixture_engine`). Default: none."""
+        return None
 
     def mixture_metrics(self, trajs: list[Any], success: Any) -> dict[str, float]:
         """Rollout metrics per sampler of a mixed batch (`success(traj) -> bool`). Default: {}."""
@@ -92,16 +95,16 @@ class Algorithm:
         pairs); may set `ref_logprobs` itself. Default: the batch unchanged, no metrics."""
         return batch, {}
 
+    @abstractmethod
     def advantages(self, batch: dict[str, Any], cfg: Any) -> tuple[Any, dict[str, float]]:
         """(B, T) advantages (0 off the loss mask) and metrics from the collated batch."""
-        raise NotImplementedError
 
+    @abstractmethod
     def loss(self, logp: Any, batch: dict[str, Any], cfg: Any, *, num_tokens: float,
              num_seqs: int, entropy: Any = None, **kw: Any) -> tuple[Any, dict[str, Any]]:
         """The scalar loss of a micro-batch, normalised by its minibatch's `num_tokens` /
         `num_seqs` (so accumulated micro-batches give the minibatch's gradient). `logp` and
         `entropy` (B, T) are defined where `loss_mask` is nonzero only."""
-        raise NotImplementedError
 
 
 class PolicyGradient(Algorithm):

@@ -289,3 +289,26 @@ AlgoConfig = Annotated[GRPOConfig | DrGRPOConfig | GSPOConfig | RLOOConfig | Rei
 def algorithms_with(key: str) -> list[str]:
     """The algorithm names whose config has `key` (for error messages)."""
     return [n for n, c in ALGO_CONFIGS.items() if key in c.model_fields]
+
+
+def refused_algo_key(key: str, value: Any, name: str) -> str:
+    """The message for an `algo` key that algorithm `name`'s config does not have."""
+    others = algorithms_with(key)
+    if not others:
+        return (f"algo.{key}: unknown key; allowed with algo.name={name}: "
+                f"{', '.join(ALGO_CONFIGS[name].model_fields)}")
+    return (f"algo.{key}={value!r} is not supported by algo.name={name}; supported by: "
+            f"{', '.join(others)} (`agentrl config --reference --algo {name}` lists its keys)")
+
+
+def saved_algo_keys(base: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """`base` (a saved config) without the `algo` keys that the run's algorithm (`given`'s
+    `algo.name`, else the saved one) does not have: a config saved before the algorithm
+    configs were split carries every algorithm's keys, each at the value its algorithm ignored."""
+    saved = base.get("algo")
+    if not isinstance(saved, dict):
+        return base
+    name = (given.get("algo") or {}).get("name", saved.get("name", "grpo"))
+    fields = ALGO_CONFIGS[name].model_fields if name in ALGO_CONFIGS else saved
+    base["algo"] = {k: v for k, v in saved.items() if k in fields}
+    return base
