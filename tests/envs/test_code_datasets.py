@@ -24,7 +24,7 @@ from agentrl_envs.code_datasets import (
 )
 from agentrl_envs.code_sandbox import CodeSandboxEnv, sandbox_job
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 FILES = {"HumanEval.jsonl.gz": 164, "HumanEvalPlus.jsonl.gz": 164, "MbppPlus.jsonl.gz": 399,
          "mbpp_sanitized.json": 427}
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"shared data not found at {DATA}")

