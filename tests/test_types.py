@@ -5,13 +5,11 @@ TypedDict's, every batch key the library reads or writes is one of them, and (ch
 from __future__ import annotations
 
 import ast
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 
 from agentrl.learner.group import LearnerGroup
@@ -113,7 +111,6 @@ def test_every_batch_key_in_the_library_is_declared() -> None:
     assert not unused, f"keys declared in agentrl.types.Batch that agentrl/ never uses: {unused}"
 
 
-@pytest.mark.skipif(importlib.util.find_spec("mypy") is None, reason="mypy not installed (the dev extra)")
 def test_mypy_passes() -> None:
     """mypy with pyproject.toml's [tool.mypy]: agentrl/types.py strictly, and this module's typed
     functions above (`Learner` and `LearnerGroup` are `agentrl.types.Learner`s, ...). A few

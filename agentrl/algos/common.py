@@ -99,17 +99,27 @@ def kl_entropy_terms(logp: torch.Tensor, batch: dict[str, Any], cfg: Any, *, num
     return total, metrics
 
 
+def clipped_surrogate(logp: torch.Tensor, batch: dict[str, Any], cfg: Any, *, num_tokens: float,
+                      num_seqs: int) -> tuple[torch.Tensor, dict[str, Any]]:
+    """PPO's clipped surrogate of one micro-batch with the config's clips, aggregation and dual
+    clip, weighted by the truncated importance weights (`tis_weights_of`) when `cfg.tis_cap` is
+    set (`losses.ppo_policy_loss`). logp, `batch["old_logprobs"]`, `batch["advantages"]`,
+    `batch["loss_mask"]`: (B, T); `batch["max_len"]`: the L_max of `seq-mean-token-sum-norm`.
+    Returns the scalar loss and its metrics."""
+    return ppo_policy_loss(
+        logp, batch["old_logprobs"], batch["advantages"], batch["loss_mask"],
+        clip_low=cfg.clip_low, clip_high=cfg.clip_high, agg=cfg.agg, num_tokens=num_tokens,
+        num_seqs=num_seqs, max_len=batch.get("max_len"), tis_weights=tis_weights_of(batch, cfg),
+        dual_clip=cfg.dual_clip)
+
+
 def surrogate_loss_kl_in_reward(logp: torch.Tensor, batch: dict[str, Any], cfg: Any, *,
                                 num_tokens: float, num_seqs: int,
                                 entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
     """Clipped surrogate (dual-clipped with `cfg.dual_clip`; - entropy bonus) of one
     micro-batch, for algorithms whose KL penalty is already in the reward (rloo, reinforce_pp). logp, `batch["old_logprobs"]`,
     `batch["advantages"]`, `batch["loss_mask"]` are (B, T); returns the scalar loss and metrics."""
-    pg, metrics = ppo_policy_loss(
-        logp, batch["old_logprobs"], batch["advantages"], batch["loss_mask"],
-        clip_low=cfg.clip_low, clip_high=cfg.clip_high, agg=cfg.agg, num_tokens=num_tokens,
-        num_seqs=num_seqs, max_len=batch.get("max_len"), tis_weights=tis_weights_of(batch, cfg),
-        dual_clip=cfg.dual_clip)
+    pg, metrics = clipped_surrogate(logp, batch, cfg, num_tokens=num_tokens, num_seqs=num_seqs)
     extra, m = kl_entropy_terms(logp, batch, cfg, num_tokens=num_tokens, entropy=entropy,
                                 kl_in_loss=False)
     metrics.update(m)

@@ -27,10 +27,10 @@ import torch
 
 from agentrl.algos.advantages import expand_to_tokens, group_advantages, group_stats
 from agentrl.algos.base import TokenLoss
+from agentrl.algos.common import clipped_surrogate
 from agentrl.algos.configs import DrGRPOConfig, GRPOConfig
 from agentrl.algos.kl import kl
-from agentrl.algos.losses import aggregate, ppo_policy_loss
-from agentrl.algos.tis import tis_weights_of
+from agentrl.algos.losses import aggregate
 from agentrl.algos.turns import gigpo_advantages, turn_group_advantages
 
 
@@ -72,11 +72,7 @@ class GRPO(TokenLoss):
              ) -> tuple[torch.Tensor, dict[str, Any]]:
         """Clipped surrogate (+ KL to the reference) of one micro-batch; logp/old_logprobs (B, T)."""
         mask = batch["loss_mask"]
-        pg, metrics = ppo_policy_loss(
-            logp, batch["old_logprobs"], batch["advantages"], mask,
-            clip_low=cfg.clip_low, clip_high=cfg.clip_high, agg=cfg.agg, num_tokens=num_tokens,
-            num_seqs=num_seqs, max_len=batch.get("max_len"), tis_weights=tis_weights_of(batch, cfg),
-            dual_clip=cfg.dual_clip)
+        pg, metrics = clipped_surrogate(logp, batch, cfg, num_tokens=num_tokens, num_seqs=num_seqs)
         total = pg
         if cfg.kl_coef > 0 and "ref_logprobs" in batch:
             k = kl(logp, batch["ref_logprobs"], cfg.kl_kind)

@@ -48,6 +48,7 @@ import torch
 from agentrl.algos.advantages import gae, whiten
 from agentrl.algos.base import TokenLoss
 from agentrl.algos.common import (
+    clipped_surrogate,
     drop_invalid_rows,
     kl_entropy_terms,
     kl_penalty_rewards,
@@ -55,8 +56,7 @@ from agentrl.algos.common import (
     token_rewards,
 )
 from agentrl.algos.configs import PPOConfig
-from agentrl.algos.losses import masked_mean, ppo_policy_loss, value_loss
-from agentrl.algos.tis import tis_weights_of
+from agentrl.algos.losses import masked_mean, value_loss
 
 
 def adaptive_kl_coef(coef: float, current_kl: float, target: float, horizon: float,
@@ -172,11 +172,7 @@ class PPO(TokenLoss):
         if values is None:
             raise ValueError("ppo.loss needs values=: build the Learner with value_head=True")
         mask = batch["loss_mask"]
-        pg, metrics = ppo_policy_loss(
-            logp, batch["old_logprobs"], batch["advantages"], mask,
-            clip_low=cfg.clip_low, clip_high=cfg.clip_high, agg=cfg.agg, num_tokens=num_tokens,
-            num_seqs=num_seqs, max_len=batch.get("max_len"), tis_weights=tis_weights_of(batch, cfg),
-            dual_clip=cfg.dual_clip)
+        pg, metrics = clipped_surrogate(logp, batch, cfg, num_tokens=num_tokens, num_seqs=num_seqs)
         vf, vm = value_loss(values, batch["old_values"], batch["returns"], mask,
                             clip=cfg.value_clip, num_tokens=num_tokens)
         extra, m = kl_entropy_terms(logp, batch, cfg, num_tokens=num_tokens, entropy=entropy,
