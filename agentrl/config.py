@@ -156,6 +156,10 @@ class RolloutConfig(_Section):
     """Async: backpressure: at most `queue_size + batches_in_flight` batches ahead of the learner."""
     batches_in_flight: int = Field(default=2, ge=1)
     """Async: batches sampling at once (needs `train.max_staleness >= 2` for 2 during updates)."""
+    history: Literal["exact", "template"] = "exact"
+    """How a multi-turn episode's context is built. `exact`: the policy samples each turn from exactly the ids it sampled before plus the chat template's rendering of each observation (token-exact: what it trains on is what it saw; a template that renders history differently, e.g. Qwen3 or R1-distill dropping earlier `<think>` blocks, gets a `[template]` line at start-up saying so). `template`: each turn is sampled from the template's rendering of the messages so far (what the model sees at inference) and trained as its own sample (that prompt + that turn's ids), all turns sharing the episode's return and group (docs/models.md); text-only policies."""
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Extra variables for the chat template, e.g. `{"enable_thinking": false}` for Qwen3 (no thinking: the generation prompt carries an empty think block)."""
     colocate: bool = False
     """Colocated GPU mode (vLLM and the learner on the same GPUs, vLLM asleep while the learner trains and woken with the new weights for rollout): not built yet, so `true` is refused at start-up. Without CUDA there is nothing to share (and vLLM's CPU build has no sleep mode); with CUDA the engine's `sleep`/`wake_up` exist (`VLLMEngine`) but the loop that drives them is not written (docs/scale_out.md). Today: separate GPUs for the learner and `rollout.worker_gpus`."""
 

@@ -67,6 +67,11 @@ def quiet_libraries() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
+def policy_renderer(cfg: Config, tok: Any) -> ChatRenderer:
+    """The policy's chat renderer with `rollout.history` and `rollout.chat_template_kwargs`."""
+    return renderer_for(tok, cfg.rollout.history, cfg.rollout.chat_template_kwargs)
+
+
 def seed_everything(seed: int) -> None:
     """Seed Python's, NumPy's and torch's global generators with `seed`."""
     random.seed(seed)
@@ -204,7 +209,7 @@ def build(cfg: Config, *, reporter: Any = None, warm_start: Callable[..., dict[s
             tok = load_processor(model_dir)  # (for the renderer's stop ids)
         else:
             engine, tok = make_engine(cfg, str(model_dir))
-        return Run(cfg, tok=tok, renderer=renderer_for(tok), engine=engine)
+        return Run(cfg, tok=tok, renderer=policy_renderer(cfg, tok), engine=engine)
     reporter = reporter or Reporter(enabled=False)
     say = reporter.line
     cfg, algo, out = set_up(cfg)
@@ -215,7 +220,14 @@ def build(cfg: Config, *, reporter: Any = None, warm_start: Callable[..., dict[s
         say(f"[resume] {out} finished all {cfg.train.steps} steps already; nothing to do")
         return Run(cfg, out, algo, ck, summary=json.loads((out / "summary.json").read_text()))
     model, tok, path = load_policy(cfg, out, ck, reporter)
-    renderer = renderer_for(tok)
+    renderer = policy_renderer(cfg, tok)
+    if renderer.rewrites_history:
+        say(f"[template] the chat template {renderer.history_note}: with rollout.history="
+            f"{cfg.rollout.history} " + ("the policy samples each turn from its own sampled ids "
+                                         "(token-exact), not from the template's re-rendering"
+                                         if cfg.rollout.history == "exact" else
+                                         "each turn is sampled from the template's rendering and "
+                                         "trained as its own sample"))
     check_tokenizer(cfg, algo, tok)  # e.g. a teacher's, compared by id
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else renderer.end_of_turn_id
     sft_info: dict[str, Any] = {}

@@ -44,6 +44,7 @@ from agentrl.log.steps import (
     worker_profile,
 )
 from agentrl.rewards.state import restore_reward_state, reward_state
+from agentrl.rollout.agent_loop import turn_samples
 from agentrl.rollout.engines.base import SamplingParams
 from agentrl.rollout.stages import (
     Loop,
@@ -134,6 +135,7 @@ def update(lp: Loop, trajs: list[Trajectory], step: int, m: dict[str, float]) ->
     trajs, fm = filter_groups(trajs, partial(refill, lp, step), cfg.algo,
                               cfg.rollout.tasks_per_step * cfg.algo.group_size)
     m.update({f"rollout/{k}": v for k, v in fm.items()})
+    trajs = turn_samples(trajs)  # rollout.history=template: one sample per turn
     batch = build_batch(trajs, lp.pad_id)
     if not bool((batch["loss_mask"] != 0).any()):  # e.g. every reset failed: nothing to learn from
         m["loss/skipped_empty_batch"] = 1.0

@@ -81,6 +81,9 @@ class Trajectory:
             image's placeholder ids, all context: loss_mask 0) and `images` (the images, `(H, W,
             3)` uint8 RGB arrays, when the renderer gave them: an engine with its own image
             processor, vLLM, takes these).
+        turn_prompts: with `rollout.history=template`, the prompt ids each turn was sampled from
+            (the chat template's rendering of the messages before it); empty with `exact`,
+            where every turn was sampled from `token_ids` up to its start.
     """
 
     token_ids: list[int] = field(default_factory=list)
@@ -96,6 +99,7 @@ class Trajectory:
     info: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     vision: dict[str, Any] | None = None
+    turn_prompts: list[list[int]] = field(default_factory=list)
 
     # -- building -------------------------------------------------------------------------
     def append_context(self, ids: list[int]) -> None:

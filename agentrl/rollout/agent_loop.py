@@ -24,7 +24,7 @@ from typing import Any
 
 from agentrl.env.content import content_error, message_images
 from agentrl.models.vlm import ImageProcessorError
-from agentrl.rollout.chat import ChatRenderer
+from agentrl.rollout.chat import ChatRenderer, RenderError
 from agentrl.rollout.engines.base import Engine, SamplingParams, prompt_key
 from agentrl.types import Trajectory
 
@@ -179,7 +179,7 @@ def opening_prompt(env: Any, renderer: ChatRenderer, reset_kwargs: dict[str, Any
     check_images_allowed(env, renderer, obs)
     try:
         ids = renderer.prompt_ids(obs, tools=info.get("tools"))
-    except ImageProcessorError:  # run_episodes records it as a failed reset: in no generate call
+    except (ImageProcessorError, RenderError):  # run_episodes records it as a failed reset
         return None, False
     return (ids if len(ids) < max_episode_tokens else None), False
 
@@ -241,6 +241,9 @@ def run_episodes(
         raise ValueError(f"need one env per episode: {len(envs)} envs for {len(specs)} episodes")
     if params.n != 1:
         raise ValueError("run_episodes runs one sample per spec; express groups as repeated specs")
+    if renderer.accepts_images and renderer.history == "template":
+        raise ValueError("rollout.history=template renders text only; a vision-language policy needs "
+                         "rollout.history=exact")
     if make_env is None and (step_timeout_s is not None or reset_timeout_s is not None):
         raise ValueError("step_timeout_s / reset_timeout_s need make_env: an env whose call timed "
                          "out is still in use by that call and is replaced, never reused")
@@ -253,6 +256,33 @@ def run_episodes(
     finally:
         if own_pool:
             pool.shutdown(wait=True)
+
+
+def turn_samples(trajs: Sequence[Trajectory]) -> list[Trajectory]:
+    """The training samples of `trajs`: an episode sampled with `rollout.history=template`
+    (it has `turn_prompts`) becomes one sample per turn, whose context is the prompt that turn
+    was sampled from and whose completion is that turn's sampled ids (loss_mask 1 on them
+    only). Each sample's one turn carries the episode's return (the sum of its turn rewards),
+    so the episode's reward is shared by its turns; it keeps the episode's `group_id`, so a
+    group-relative algorithm normalises over all turn samples of the group's episodes (an
+    episode of n turns counts n times in the group's mean and std). `info` gains `turn_index`,
+    `episode_turns` and `episode_return`. Other episodes (`exact`) are returned unchanged."""
+    out: list[Trajectory] = []
+    for tr in trajs:
+        if not tr.turn_prompts:
+            out.append(tr)
+            continue
+        ret = float(sum(t.reward for t in tr.turns))
+        for k, (ctx, t) in enumerate(zip(tr.turn_prompts, tr.turns)):
+            s = Trajectory(group_id=tr.group_id, task_id=tr.task_id, policy_version=tr.policy_version,
+                           messages=tr.messages, terminated=tr.terminated, truncated=tr.truncated,
+                           info={**tr.info, "turn_index": k, "episode_turns": len(tr.turns),
+                                 "episode_return": ret}, timings=dict(tr.timings))
+            s.append_context(ctx)
+            s.append_sampled(tr.token_ids[t.start:t.end], tr.sampler_logprobs[t.start:t.end],
+                             reward=ret, text=t.text, finish_reason=t.finish_reason, info=dict(t.info))
+            out.append(s)
+    return out
 
 
 @dataclass
@@ -271,6 +301,7 @@ class _Run:
     reset_timeout_s: float | None
     make_env: Callable[[], Any] | None
     trajs: list[Trajectory] = field(default_factory=list)
+    tools: dict[int, Any] = field(default_factory=dict)
 
     def episodes(self, seed: int | None, on_turn: Callable[[int], None] | None,
                  seed_offsets: Mapping[bytes, int] | None) -> list[Trajectory]:
@@ -322,12 +353,13 @@ class _Run:
             check_images_allowed(self.envs[i], self.renderer, obs)
             try:
                 ids, px = self.observation_inputs(obs, tools=info.get("tools"), opening=True)
-            except ImageProcessorError as e:  # recorded like a bad observation (contract 7)
+            except (ImageProcessorError, RenderError) as e:  # recorded like a bad observation (contract 7)
                 tr.info["error"] = (f"reset returned a bad observation: env {env_label(self.envs[i])}: "
                                     f"{e}")
                 tr.terminated = True
                 continue
             tr.messages = list(obs)
+            self.tools[i] = info.get("tools")
             self.add_observation(tr, ids, px)
             live.append(i)
         reset_s = time.perf_counter() - t0
@@ -368,10 +400,39 @@ class _Run:
                 out.append(i)
         return out
 
+    def contexts(self, live: list[int]) -> dict[int, list[int]]:
+        """The ids each live episode samples its next turn from: its ids so far
+        (`rollout.history=exact`), or (`template`) the chat template's rendering of its messages
+        so far, recorded in `Trajectory.turn_prompts`. An episode whose messages the template
+        cannot render ends with the error recorded (contract 7) and is left out."""
+        if self.renderer.history != "template":
+            return {i: self.trajs[i].token_ids for i in live}
+        out = {}
+        for i in live:
+            tr = self.trajs[i]
+            try:
+                ctx = tr.token_ids if not tr.turns else self.renderer.prompt_ids(tr.messages, self.tools.get(i))
+            except RenderError as e:
+                tr.info["error"] = f"step returned a bad observation: env {env_label(self.envs[i])}: {e}"
+                tr.info.setdefault("errors", []).append(tr.info["error"])
+                tr.turns[-1].reward = self.error_reward
+                tr.terminated = True
+                continue
+            tr.turn_prompts.append(list(ctx))
+            out[i] = tr.turn_prompts[-1]
+        return out
+
     def generate(self, live: list[int], seed: int | None, offsets: list[int] | None) -> list[str]:
         """One generate call for every live episode; appends the sampled turns and returns
         their texts."""
-        room = {i: self.max_episode_tokens - len(self.trajs[i].token_ids) for i in live}
+        ctx = self.contexts(live)
+        if len(ctx) < len(live):  # episodes whose history the template refused
+            if offsets is not None:
+                offsets = [o for i, o in zip(live, offsets) if i in ctx]
+            live[:] = [i for i in live if i in ctx]
+            if not live:
+                return []
+        room = {i: self.max_episode_tokens - max(len(self.trajs[i].token_ids), len(ctx[i])) for i in live}
         cap = min(self.params.max_tokens, max(room.values()))
         p = replace(self.params, max_tokens=cap, seed=seed, seed_offsets=offsets)
         t0 = time.perf_counter()
@@ -379,10 +440,10 @@ class _Run:
             if not getattr(self.engine, "accepts_images", False):
                 raise ValueError(f"engine {type(self.engine).__name__} takes no images; a vision "
                                  "renderer needs one that does (VisionHFEngine)")
-            outs = self.engine.generate([self.trajs[i].token_ids for i in live], p,  # type: ignore[call-arg]
+            outs = self.engine.generate([ctx[i] for i in live], p,  # type: ignore[call-arg]
                                         images=[self.trajs[i].vision for i in live])
         else:
-            outs = self.engine.generate([self.trajs[i].token_ids for i in live], p)
+            outs = self.engine.generate([ctx[i] for i in live], p)
         gen_s = time.perf_counter() - t0
         actions = []
         for i, out in zip(live, outs):
@@ -412,7 +473,7 @@ class _Run:
                 check_images_allowed(self.envs[i], self.renderer, obs)
                 try:
                     obs_inputs = self.observation_inputs(obs)
-                except ImageProcessorError as e:  # a penalised, recorded step (contract 7)
+                except (ImageProcessorError, RenderError) as e:  # a penalised, recorded step (contract 7)
                     terminated, truncated = True, False
                     info = {**info, "error": f"step returned a bad observation: env "
                             f"{env_label(self.envs[i])}: {e}", "env_exception": True}

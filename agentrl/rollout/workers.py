@@ -118,7 +118,8 @@ class RolloutWorker:
         self.cfg = cfg
         self.worker_id = worker_id
         self.engine, tokenizer = make_engine(cfg, model_path)
-        self.renderer = renderer_for(tokenizer)  # a vision-language directory's renders images
+        # a vision-language directory's renders images
+        self.renderer = renderer_for(tokenizer, cfg.rollout.history, cfg.rollout.chat_template_kwargs)
         self.push_id = 0  # which `RolloutPool` push the engine holds (0: the model directory's)
         self._env_factory = env_factory
         self._rewards: Any = None  # the worker's `RewardWrappers` when `env.wrappers` is set
