@@ -53,11 +53,11 @@ def render_ids(tokenizer: Any, messages: list[Message], *, add_generation_prompt
     return _render(tokenizer, messages, add_generation_prompt=add_generation_prompt, tools=tools)
 
 
-def control_strings(tokenizer: Any) -> list[str]:
-    """The strings the tokenizer turns into one added-token id (special tokens such as
-    `<|im_end|>` and added ones such as `<tool_call>`), longest first."""
+def special_strings(tokenizer: Any) -> list[str]:
+    """The tokenizer's special-token strings (control tokens such as `<|im_end|>`,
+    `<|eot_id|>`, `[INST]`, `<|image_pad|>`: added tokens marked special), longest first."""
     added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
-    toks = {t.content for t in added.values() if t.content}
+    toks = {t.content for t in added.values() if t.content and t.special}
     toks |= {t for t in getattr(tokenizer, "all_special_tokens", []) if t}
     return sorted(toks, key=len, reverse=True)
 
@@ -70,79 +70,59 @@ def _text_parts(content: Any) -> list[str]:
     return []
 
 
-def _escape_positions(text: str, messages: list[Message], pattern: re.Pattern) -> list[tuple[int, int]]:
-    """`[start, end)` spans in the rendered `text` of the control strings that come from the
-    messages' content (every role but the assistant's) rather than from the template.
+_MARK = "\ue000"  # a private-use character: the placeholder of a special string in env text
+_MARK_RE = re.compile(_MARK + "([\ue100-\uf8ff])")
 
-    Each occurrence is located by a window of its content (up to 16 characters each side),
-    searched left to right, so a template that trims or wraps the content still matches.
 
-    Raises:
-        RenderError: an occurrence could not be located in the rendered text.
-    """
-    spans: list[tuple[int, int]] = []
-    cursor = 0
+def neutralize(messages: list[Message], pattern: re.Pattern | None) -> tuple[list[Message], list[str]]:
+    """`messages` with every special-token string inside a non-assistant message's text
+    replaced by a placeholder (a private-use character and an index), and the strings replaced
+    in index order. Assistant messages are the model's own and keep theirs."""
+    if pattern is None:
+        return list(messages), []
+    found: list[str] = []
+
+    def sub(text: str) -> str:
+        def one(m: re.Match) -> str:
+            found.append(m.group())
+            return _MARK + chr(0xE100 + len(found) - 1)
+        return pattern.sub(one, text)
+
+    out = []
     for m in messages:
-        if m.get("role") == "assistant":
-            continue
-        for part in _text_parts(m.get("content")):
-            for occ in pattern.finditer(part):
-                lo = max(0, occ.start() - 16)
-                window = part[lo: occ.end() + 16]
-                at = text.find(window, cursor)
-                if at < 0:  # the template changed the content around it: try the bare token
-                    window, lo = occ.group(), occ.start()
-                    at = text.find(window, cursor)
-                if at < 0:
-                    raise RenderError(f"chat template rendered message text in a way the control "
-                                      f"string {occ.group()!r} in it cannot be located")
-                start = at + occ.start() - lo
-                spans.append((start, start + len(occ.group())))
-                cursor = start + len(occ.group())
-    return spans
+        c = m.get("content")
+        if m.get("role") == "assistant" or not any(pattern.search(t) for t in _text_parts(c)):
+            out.append(m)
+        elif isinstance(c, str):
+            out.append({**m, "content": sub(c)})
+        else:
+            out.append({**m, "content": [{**p, "text": sub(p.get("text", ""))}
+                                         if isinstance(p, dict) and p.get("type") == "text" else p
+                                         for p in c]})
+    if len(found) > 0xF8FF - 0xE100:
+        raise RenderError(f"{len(found)} special-token strings in one observation; at most "
+                          f"{0xF8FF - 0xE100} are supported")
+    return out, found
 
 
-def encode_rendered(tokenizer: Any, text: str, messages: list[Message],
-                    controls: list[str] | None = None) -> list[int]:
-    """Token ids of `text` (a chat template's rendering of `messages`) where only the template's
-    own control strings become control ids: a special or added token string inside a message's
-    content (env observations, tool results, pages, judge replies, prompts) is encoded as plain
-    text (its first character on its own, then the rest), like `split_special_tokens=True`.
-    Assistant content keeps its tokens live (it is the model's own, sampled).
+def encode_neutralized(tokenizer: Any, text: str, found: list[str]) -> list[int]:
+    """Ids of `text` (a chat template's rendering of `neutralize`d messages): the template's
+    own text with its control tokens live, and each placeholder as its original string encoded
+    as plain text (its first character on its own, then the rest), the equivalent of
+    `split_special_tokens=True` for env text. Without placeholders: `tokenizer.encode(text)`."""
+    def enc(s: str) -> list[int]:
+        return list(tokenizer.encode(s, add_special_tokens=False)) if s else []
 
-    Without control strings in the content this is `tokenizer.encode(text)`, unchanged.
-
-    Raises:
-        RenderError: as `_escape_positions`.
-    """
-    controls = control_strings(tokenizer) if controls is None else controls
-    enc = lambda s: list(tokenizer.encode(s, add_special_tokens=False)) if s else []  # noqa: E731
-    if not controls:
-        return enc(text)
-    pattern = re.compile("|".join(re.escape(c) for c in controls))
-    spans = _escape_positions(text, messages, pattern)
-    if not spans:
+    if not found or _MARK not in text:
         return enc(text)
     ids: list[int] = []
     cursor = 0
-    for s, e in spans:
-        ids += enc(text[cursor:s])
-        piece = text[s:e]
-        ids += enc(piece[0]) + encode_rendered_plain(tokenizer, piece[1:], pattern)
-        cursor = e
+    for m in _MARK_RE.finditer(text):
+        ids += enc(text[cursor:m.start()])
+        orig = found[ord(m.group(1)) - 0xE100]
+        ids += enc(orig[0]) + enc(orig[1:])
+        cursor = m.end()
     return ids + enc(text[cursor:])
-
-
-def encode_rendered_plain(tokenizer: Any, text: str, pattern: re.Pattern) -> list[int]:
-    """`text` (content, never structure) encoded with every control string in it broken up."""
-    ids: list[int] = []
-    cursor = 0
-    for occ in pattern.finditer(text):
-        ids += tokenizer.encode(text[cursor:occ.start()], add_special_tokens=False) if occ.start() > cursor else []
-        ids += tokenizer.encode(occ.group()[0], add_special_tokens=False)
-        ids += encode_rendered_plain(tokenizer, occ.group()[1:], pattern)
-        cursor = occ.end()
-    return ids + (tokenizer.encode(text[cursor:], add_special_tokens=False) if cursor < len(text) else [])
 
 
 def _first_diff(a: list[int], b: list[int]) -> int:
@@ -191,9 +171,11 @@ class ChatRenderer:
         self.tokenizer = tokenizer
         self.history = history
         self.template_kwargs = dict(template_kwargs or {})
-        self._controls = control_strings(tokenizer)
+        specials = special_strings(tokenizer)
+        self._pattern = re.compile("|".join(re.escape(c) for c in specials)) if specials else None
         vocab = tokenizer.get_vocab()
-        control_ids = {vocab[c] for c in self._controls if c in vocab}
+        added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+        control_ids = {vocab[c] for c in specials if c in vocab} | set(added)
         one = [_USER, _assistant("a")]
         suffix = _common_suffix(self._ids(one, False), self._ids([_USER, _assistant("b")], False))
         eot = next((t for t in suffix if t in control_ids), None)
@@ -212,10 +194,11 @@ class ChatRenderer:
 
     # -- rendering -----------------------------------------------------------------------
     def _ids(self, messages: list[Message], gen: bool, tools: list[dict] | None = None) -> list[int]:
-        text = self.tokenizer.apply_chat_template(list(messages), tools=list(tools) if tools else None,
+        safe, found = neutralize(list(messages), self._pattern)
+        text = self.tokenizer.apply_chat_template(safe, tools=list(tools) if tools else None,
                                                   tokenize=False, add_generation_prompt=gen,
                                                   **self.template_kwargs)
-        return encode_rendered(self.tokenizer, text, messages, self._controls)
+        return encode_neutralized(self.tokenizer, text, found)
 
     def _after_turn(self, new_messages: list[Message]) -> list[int]:
         """The ids the template renders after the end-of-turn of an assistant turn that follows
@@ -232,6 +215,7 @@ class ChatRenderer:
 
     def _history_check(self) -> str:
         """'' when the template renders earlier turns as they were sampled, else how not."""
+        notes = []
         for content in ("a", _THINK):
             try:
                 head = self._ids([_SYSTEM, _USER], True)
@@ -239,11 +223,12 @@ class ChatRenderer:
             except Exception as e:  # noqa: BLE001 - e.g. a template without a system role
                 return f"could not be checked ({type(e).__name__}: {e})"[:200]
             sampled = head + self.tokenizer.encode(content, add_special_tokens=False) + [self.end_of_turn_id]
-            if later[: len(sampled)] != sampled:
-                return ("drops or rewrites <think> blocks of earlier turns" if content == _THINK
-                        else "renders an earlier assistant turn or the system prompt differently "
-                        "from the generation prompt and the sampled ids")
-        return ""
+            if content == "a" and later[: len(sampled)] != sampled:
+                notes.append("renders an earlier assistant turn or the system prompt differently "
+                             "from the generation prompt and the sampled ids")
+            if content == _THINK and "\nx\n" not in self.tokenizer.decode(later):
+                notes.append("drops the <think> blocks of earlier assistant turns")
+        return "; ".join(notes)
 
     def _render_observation(self, new_messages: list[Message]) -> list[int]:
         try:
@@ -263,7 +248,7 @@ class ChatRenderer:
 
     def prompt_ids(self, messages: list[Message], tools: list[dict] | None = None) -> list[int]:
         """Ids of the opening messages followed by the assistant generation prompt (control
-        strings in their text encoded as text: `encode_rendered`).
+        strings in their text encoded as text: `neutralize`, `encode_neutralized`).
 
         Raises:
             RenderError: the template refuses the messages (e.g. roles out of order).
