@@ -5,6 +5,10 @@ is kept as the exact ids the engine produced, and each observation is rendered *
 as the chat template's delta for the new messages, then appended. So the ids a trajectory
 trains on are exactly the ids the sampler saw and produced, whatever the template does to
 earlier turns (a template that drops `<think>` blocks from history cannot change them: case M4).
+Deltas are cut after the assistant's end of turn wherever the template puts it, so templates
+that rewrite history (Qwen3, R1-distill) or move the system prompt (Mistral) are accepted; with
+`rollout.history=template` the agent loop renders each turn's prompt from the messages instead.
+Special-token strings in env text are encoded as text (`neutralize`). docs/models.md.
 """
 
 from __future__ import annotations

@@ -207,10 +207,13 @@ def test_template_history_mode_samples_from_the_template_rendering(name, toks):
         assert s.group_id == 7 and s.turns[0].reward == ret and s.info["turn_index"] == k
 
 
-@pytest.mark.parametrize("name", ["qwen3", "llama3_2", "mistral_v0_3", "gemma3"])
-def test_two_grpo_steps_in_process_per_family(name, tmp_path):
+@pytest.mark.parametrize("name,history", [(n, "exact") for n in NAMES]
+                         + [("qwen3", "template"), ("deepseek_r1_distill", "template")])
+def test_two_grpo_steps_in_process_per_family(name, history, tmp_path):
     """`agentrl train` in-process with the family's tiny model (`model.path`), a multi-turn tool
-    episode env, 2 GRPO steps: the weights change, every trained turn is the sampled ids."""
+    episode env, 2 GRPO steps: the weights change; the loss mask covers exactly the sampled
+    turns (`exact`: one row per episode, 3 turns; `template`: one row per turn, its prompt the
+    template's rendering)."""
     from safetensors.torch import load_file
 
     from agentrl.config import load_config
@@ -222,13 +225,19 @@ def test_two_grpo_steps_in_process_per_family(name, tmp_path):
         "env.name=test_families:ToolTurnsEnv", "sft.steps=0", "rollout.tasks_per_step=2",
         "algo.group_size=2", "rollout.max_tokens=6", "train.steps=2", "train.eval_tasks=1",
         "train.eval_samples=1", "train.log_rollouts_every=1", "train.save_every=2",
-        f"model.path={model}", f"out={out}", "quiet=true"])
+        f"rollout.history={history}", f"model.path={model}", f"out={out}", "quiet=true"])
     train(cfg)
     rows = [json.loads(x) for x in (out / "metrics.jsonl").open() if '"rollout/reward_mean"' in x]
     assert [r["step"] for r in rows] == [1, 2]
     trajs = [json.loads(x) for x in (out / "rollouts" / "step_1.jsonl").open()]
-    assert trajs and all(len(t["turns"]) == 3 for t in trajs)
+    assert trajs
     for t in trajs:
+        if history == "exact":
+            assert len(t["turns"]) == 3 and not t["turn_prompts"]
+        else:
+            assert len(t["turns"]) == 1 and t["info"]["episode_turns"] == 3
+            u = t["turns"][0]
+            assert u["start"] > 0 and t["loss_mask"] == [0] * u["start"] + [1] * (u["end"] - u["start"])
         assert sum(t["loss_mask"]) == sum(u["end"] - u["start"] for u in t["turns"])
     before = load_file(f"{model}/model.safetensors")
     after_dir = sorted((out / "checkpoints").glob("step_*"))[-1] if (out / "checkpoints").exists() else None
@@ -236,3 +245,55 @@ def test_two_grpo_steps_in_process_per_family(name, tmp_path):
     after = load_file(next(after_dir.rglob("*.safetensors")))
     moved = [k for k in before if k in after and not (before[k] == after[k]).all()]
     assert moved
+
+
+class PlaceholderTextEnv(TextEnv):
+    """A text-only episode in a vision run whose feedback quotes the image placeholders."""
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.turn = 0
+        return [{"role": "user", "content": "Count: <|vision_start|><|image_pad|><|vision_end|>"}], {}
+
+    def step(self, action):
+        self.turn += 1
+        if self.turn == 1:
+            return [{"role": "user", "content": [{"type": "text", "text": "page: <|image_pad|><|image_pad|>"}]}], \
+                0.0, False, False, {}
+        return [], 1.0, True, False, {}
+
+
+def test_image_placeholder_text_in_a_vision_batch_is_text_and_the_batch_trains(tmp_path_factory):
+    """In a vision run (the tiny Qwen2-VL model, `VisionHFEngine`), an episode whose text quotes
+    `<|vision_start|><|image_pad|><|vision_end|>` (no image) beside a healthy image episode:
+    the quoted placeholders are plain text ids (no placeholder id, so the model's forward does
+    not count them against images: it used to raise `1 image placeholders ... for 0 images` and
+    kill the batch), both episodes run to the end, and the learner's forward takes them."""
+    import torch
+
+    from agentrl.models.vision_logprobs import vision_logprobs
+    from agentrl.models.vlm import build_tiny_vlm, load_vlm
+    from agentrl.rollout.chat import VisionChatRenderer
+    from agentrl.rollout.engines.hf_vision import VisionHFEngine
+    from agentrl_envs.visual_count import VisualCountEnv
+
+    d = build_tiny_vlm(tmp_path_factory.mktemp("vlm") / "m", ["How many red squares?", "Count: page"] * 5,
+                       hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, vocab_size=320)
+    model, tok, ip = load_vlm(d)
+    r = VisionChatRenderer(tok, ip)
+    torch.manual_seed(0)
+    eng = VisionHFEngine(model, image_token_id=r.image_token_id, banned_ids=r.vision_token_ids)
+    p = SamplingParams(temperature=1.0, max_tokens=4, stop_token_ids=r.stop_ids)
+    quoting, healthy = run_episodes(eng, r, [PlaceholderTextEnv(), VisualCountEnv(max_turns=2)],
+                                    [EpisodeSpec({"seed": 0}), EpisodeSpec({"options": {"task": 1}})], p, seed=0)
+    assert not quoting.info.get("error") and len(quoting.turns) == 2 and quoting.terminated
+    assert r.image_token_id not in quoting.token_ids and not set(r.vision_token_ids) & set(quoting.token_ids)
+    assert "<|image_pad|><|image_pad|>" in tok.decode(quoting.token_ids)
+    assert healthy.vision is not None and r.image_token_id in healthy.token_ids and len(healthy.turns) >= 1
+    lp = vision_logprobs(model, healthy.token_ids, healthy.vision, image_token_id=r.image_token_id,
+                         banned_ids=r.vision_token_ids)
+    sampled = torch.tensor(healthy.loss_mask, dtype=torch.bool)
+    assert torch.isfinite(torch.as_tensor(lp)[sampled]).all()
+    with torch.no_grad():  # the quoting episode's forward: no placeholder id, no image needed
+        logits = model(input_ids=torch.tensor([quoting.token_ids])).logits
+    assert torch.isfinite(logits).all()
