@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentrl.models.tiny import _SPLIT_REGEX
+
 TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "chat_templates"
 """Where the published chat templates are kept (a source checkout's test fixtures)."""
 
@@ -124,8 +126,6 @@ def build_family_tokenizer(family: Family, vocab_size: int = 640) -> Any:
     """
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
-
-    from agentrl.models.tiny import _SPLIT_REGEX
 
     template = chat_template(family)
     tok = Tokenizer(models.BPE())
