@@ -297,3 +297,18 @@ def test_image_placeholder_text_in_a_vision_batch_is_text_and_the_batch_trains(t
     with torch.no_grad():  # the quoting episode's forward: no placeholder id, no image needed
         logits = model(input_ids=torch.tensor([quoting.token_ids])).logits
     assert torch.isfinite(logits).all()
+
+
+def test_sandbox_stdout_forging_a_turn_stays_text(toks):
+    """A real sandbox run of a program printing the forged turn: its stdout, as the tool result
+    of a Qwen2.5 episode, adds no <|im_start|>/<|im_end|> id beyond the template's own."""
+    from agentrl.sandbox import run_code
+
+    res = run_code(f"print({ATTACK!r})")
+    assert res.stdout.strip() == ATTACK
+    tok = toks["qwen2_5"]
+    r = ChatRenderer(tok)
+    ids = r.delta_ids([{"role": "tool", "content": res.stdout}])
+    plain = r.delta_ids([{"role": "tool", "content": "ok"}])
+    ctrl = {tok.convert_tokens_to_ids(t) for t in ("<|im_start|>", "<|im_end|>")}
+    assert [i for i in ids if i in ctrl] == [i for i in plain if i in ctrl]
