@@ -59,7 +59,8 @@ LLAMA_SPECIAL = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>"
      MISTRAL, "mistral", "[TOOL_CALLS] in the token and chat template"),           # Mistral v0.3
     (["<start_of_turn>", "<end_of_turn>"], [], GEMMA, "hermes", "no tool-call format recognised"),  # Gemma
     (LLAMA_SPECIAL, [], None, "hermes", "no tool-call format recognised"),        # eot_id, no ipython
-])
+], ids=["qwen", "qwen-template-only", "llama3.1", "llama-no-python_tag", "hermes3-llama", "mistral-v0.3",
+        "gemma", "eot-without-ipython"])
 def test_detect_tool_parser(special, added, template, name, why):
     got, reason = detect_tool_parser(family_tokenizer(special, template, added))
     assert got == name and why in reason
