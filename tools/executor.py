@@ -142,7 +142,7 @@ class ToolRunner:
                 content, kind = (f"tool call limit reached ({self.max_tool_calls} per episode); "
                                  "give your final answer without calling a tool"), "limit"
             elif isinstance(item, ToolCallError):
-                content, kind = item.message + _HINT, "parse"
+                content, kind = item.message + getattr(self.parser, "error_hint", ""), "parse"
             else:
                 content, kind = self._run(item)
             msg: Message = {"role": "tool", "content": content if kind is None else f"Error: {content}"}
@@ -177,10 +177,6 @@ class ToolRunner:
             return format_result(value, self.max_output_chars), None
         except Exception as e:  # noqa: BLE001 - an unprintable result
             return f"tool {call.name!r} returned an unprintable result ({type(e).__name__})", "tool_error"
-
-
-_HINT = ('; write each call as <tool_call>{"name": <tool-name>, "arguments": {<name>: <value>, ...}}'
-         '</tool_call>')
 
 
 def add_system_text(messages: list[Message], text: str) -> list[Message]:

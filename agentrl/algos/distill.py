@@ -82,6 +82,7 @@ teacher tensor in the batch.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -95,13 +96,28 @@ from agentrl.algos.grpo import GRPO
 from agentrl.algos.losses import aggregate
 
 
+def embedding_rows(path: str | Path) -> int | None:
+    """The `vocab_size` (embedding rows) of a model directory's config.json (its `text_config`'s
+    for a vision-language model); None when it cannot be read."""
+    try:
+        c = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    v = c.get("vocab_size", (c.get("text_config") or {}).get("vocab_size"))
+    return int(v) if isinstance(v, int) else None
+
+
 def check_teacher_tokenizer(path: str | Path, tok: Any) -> None:
     """Refuse a teacher whose tokenizer is not the student's `tok` (the same vocabulary: token
-    string -> id), since per-token log-probabilities are compared by id.
+    string -> id), since per-token log-probabilities are compared by id. The models' embedding
+    rows are not compared: a teacher with padding rows beyond the tokenizer (Qwen2.5-7B's 152,064
+    for 0.5B's 151,936, the same tokenizer) is accepted, its padding rows sliced off
+    (`agentrl.learner.frozen.InlineFrozenModel.vocab_logprobs`, `common_vocab`).
 
     Raises:
-        ValueError: the teacher's directory has no tokenizer, or its vocabulary differs (names
-            `algo.teacher_path`).
+        ValueError: the teacher's directory has no tokenizer, its vocabulary differs (names
+            `algo.teacher_path` and both tokenizers' sizes), or its model has fewer embedding
+            rows than its tokenizer has tokens.
     """
     from transformers import AutoTokenizer
 
@@ -112,8 +128,33 @@ def check_teacher_tokenizer(path: str | Path, tok: Any) -> None:
                          f"({e})") from None
     if theirs != tok.get_vocab():
         raise ValueError(f"algo.teacher_path={path}: the teacher's tokenizer is not the policy's "
-                         f"({len(theirs)} vs {len(tok.get_vocab())} tokens, or other ids): "
+                         f"(the teacher's has {len(theirs)} tokens, the policy's {len(tok.get_vocab())}"
+                         f"{'' if len(theirs) != len(tok.get_vocab()) else ', with other ids'}): "
                          "distillation compares log-probabilities token id by token id")
+    rows = embedding_rows(path)
+    if rows is not None and rows < len(tok):
+        raise ValueError(f"algo.teacher_path={path}: the teacher's model has {rows} embedding rows, "
+                         f"fewer than the {len(tok)} tokens of its tokenizer")
+
+
+def common_vocab(student_logp: torch.Tensor, teacher_width: int) -> torch.Tensor:
+    """The student's (B, T, V_s) log-probabilities over the teacher's V_t ids: unchanged when
+    V_s = V_t; when the student's embedding matrix has padding rows beyond the tokenizer
+    (V_s > V_t, the teacher's distribution being over the tokenizer's ids, see
+    `agentrl.learner.frozen.frozen_vocab_logprobs`), those rows are sliced off and the rest
+    renormalised (= log_softmax of the sliced logits), with gradient.
+
+    Raises:
+        ValueError: V_s < V_t (the student cannot score some of the teacher's tokens), naming both.
+    """
+    v_s = student_logp.shape[-1]
+    if v_s == teacher_width:
+        return student_logp
+    if v_s < teacher_width:
+        raise ValueError(f"the teacher's distribution covers {teacher_width} token ids, the student's "
+                         f"logits only {v_s}: the two do not share a tokenizer")
+    s = student_logp[..., :teacher_width]
+    return s - s.logsumexp(-1, keepdim=True)
 
 
 def full_reverse_kl(student_logp: torch.Tensor, teacher_logp: torch.Tensor) -> torch.Tensor:
@@ -337,9 +378,11 @@ class Distill(GRPO):
             raise ValueError(f"algo.distill_kl={cfg.distill_kl}: the loss needs the student's vocab_logp")
         W = vocab_logp.shape[1]
         if cfg.distill_kl == "full":
-            k = full_reverse_kl(vocab_logp, batch["teacher_vocab_logprobs"][:, :W])
+            tv = batch["teacher_vocab_logprobs"][:, :W]
+            k = full_reverse_kl(common_vocab(vocab_logp, tv.shape[-1]), tv)
         elif cfg.distill_kl == "forward":
-            k = full_forward_kl(vocab_logp, batch["teacher_vocab_logprobs"][:, :W])
+            tv = batch["teacher_vocab_logprobs"][:, :W]
+            k = full_forward_kl(common_vocab(vocab_logp, tv.shape[-1]), tv)
         else:
             k = topk_reverse_kl(vocab_logp, batch["teacher_topk_logprobs"][:, :W], batch["teacher_topk_ids"][:, :W])
         mask = batch["loss_mask"][:, :W]

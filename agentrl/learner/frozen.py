@@ -95,12 +95,15 @@ def check_vocabulary(model: Any, input_ids: torch.Tensor) -> None:
 
 def frozen_vocab_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                           lengths: torch.Tensor, *, temperature: float = 1.0, micro_batch_size: int = 16,
-                          topk: int | None = None) -> dict[str, torch.Tensor]:
+                          topk: int | None = None, vocab_size: int | None = None) -> dict[str, torch.Tensor]:
     """A frozen `model`'s whole next-token distribution at every position (no gradient), for
     distillation's exact reverse KL (`agentrl.algos.distill`, `algo.distill_kl=full|topk`):
     position t holds log p(. | input_ids[:, :t]) over the vocabulary, the distribution that
     produced token t, at `temperature`; 0 at t = 0 and past each micro-batch's longest row
-    (micro-batches as `frozen_logprobs`). On the CPU.
+    (micro-batches as `frozen_logprobs`). On the CPU. With `vocab_size` (the tokenizer's length,
+    `len(tokenizer)`) the logits' padding rows beyond it (an embedding matrix rounded up, e.g.
+    Qwen2.5-7B's 152,064 rows for 151,665 tokens) are sliced off before the softmax, so V is
+    the tokenizer's size whatever the model's row count.
 
     Returns:
         `logprobs` (B, T) of the tokens themselves (what `frozen_logprobs` gives), and either
@@ -121,6 +124,8 @@ def frozen_vocab_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: t
             sub = slice_rows(batch, idx)
             ids = sub["input_ids"].to(device)
             logits = model(input_ids=ids, attention_mask=sub["attention_mask"].to(device)).logits
+            if vocab_size is not None and logits.shape[-1] > vocab_size:
+                logits = logits[..., :vocab_size]  # padding rows are no token of the tokenizer
             with full_precision(logits):
                 lv = torch.log_softmax(logits[:, :-1].float() / t, dim=-1)  # predicts tokens 1..W-1
             W, V = ids.shape[1], lv.shape[-1]
@@ -142,6 +147,8 @@ def frozen_vocab_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: t
 
 _TEACHERS: dict[tuple[str, str], Any] = {}
 """The inline teachers loaded in this process: (resolved path, device) -> model (`load_teacher`)."""
+_TEACHER_VOCAB: dict[tuple[str, str], int] = {}
+"""Their tokenizers' lengths, same keys (`InlineFrozenModel.vocab_size`)."""
 
 
 def load_teacher(path: str | Path, device: str | torch.device = "cpu") -> Any:
@@ -153,10 +160,11 @@ def load_teacher(path: str | Path, device: str | torch.device = "cpu") -> Any:
     """
     key = (str(Path(path).resolve()), str(device))
     if key not in _TEACHERS:
-        model, _ = load_model(path)
+        model, tok = load_model(path)
         model.requires_grad_(False)
         disable_dropout(model)
         _TEACHERS[key] = model.to(device).eval()
+        _TEACHER_VOCAB[key] = len(tok)
     return _TEACHERS[key]
 
 
@@ -221,16 +229,25 @@ class InlineFrozenModel:
         return teacher_logprobs(self.model, batch, temperature=self.temperature,
                                 micro_batch_size=self.micro_batch_size)
 
+    @property
+    def vocab_size(self) -> int:
+        """The length of the teacher's tokenizer (the policy's: checked at start-up)."""
+        model = self.model  # loads it (and its tokenizer's length) once per process
+        return _TEACHER_VOCAB.get((str(Path(self.model_dir).resolve()), str(self.device)),
+                                  model.get_input_embeddings().weight.shape[0])
+
     def vocab_logprobs(self, batch: dict[str, Any], topk: int | None = None) -> dict[str, torch.Tensor]:
-        """`frozen_vocab_logprobs` of `batch` on its device: `logprobs` (B, T) and either
-        `vocab_logprobs` (B, T, V) (`topk` None) or `topk_logprobs`, `topk_ids` (B, T, k).
+        """`frozen_vocab_logprobs` of `batch` on its device over the tokenizer's ids (V =
+        `vocab_size`: padding rows of the embedding matrix sliced off): `logprobs` (B, T) and
+        either `vocab_logprobs` (B, T, V) (`topk` None) or `topk_logprobs`, `topk_ids` (B, T, k).
 
         Raises:
             ValueError: a token id outside the teacher's vocabulary (names `algo.teacher_path`)."""
         try:
             out = frozen_vocab_logprobs(self.model, batch["input_ids"], batch["attention_mask"],
                                         batch["lengths"], temperature=self.temperature,
-                                        micro_batch_size=self.micro_batch_size, topk=topk)
+                                        micro_batch_size=self.micro_batch_size, topk=topk,
+                                        vocab_size=self.vocab_size)
         except ValueError as e:
             raise ValueError(f"algo.teacher_path: {e}") from None
         return {k: v.to(batch["input_ids"].device) for k, v in out.items()}

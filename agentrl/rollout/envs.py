@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 from agentrl.config import ConfigError
 from agentrl.env.registry import import_env_modules, make_env, resolve_env_id
 from agentrl.rewards import RewardWrappers
+from agentrl.rollout.tool_format import resolve_tool_parser
 
 
 # -- from a config -------------------------------------------------------------------------------
@@ -33,7 +34,9 @@ def _env_accepts(name: str, kwarg: str) -> bool:
 
 
 def build_env(cfg: Config, split: str | None = None, rewards: Any = None) -> Any:
-    """Make one env from the config (dataset, split, kwargs, turn limit) with the reward
+    """Make one env from the config (dataset, split, kwargs, turn limit, and the tool-call
+    format `rollout.tool_parser` for an env that takes `parser` and has none in `env.kwargs`,
+    see `agentrl.rollout.tool_format`) with the reward
     wrappers of `cfg.env.wrappers` stacked on it. `rewards` (a `RewardWrappers`) lets many env
     copies share one judge client, curiosity memory and Lagrange multiplier. The modules of
     `cfg.env.imports` are imported first (in a Ray worker too).
@@ -49,6 +52,8 @@ def build_env(cfg: Config, split: str | None = None, rewards: Any = None) -> Any
         kw["dataset"] = cfg.env.dataset
     if split is not None and _env_accepts(cfg.env.name, "split"):
         kw["split"] = split
+    if "parser" not in kw and _env_accepts(cfg.env.name, "parser"):  # a tool env's call format
+        kw["parser"] = resolve_tool_parser(cfg)[0]
     try:
         env = make_env(cfg.env.name, max_turns=cfg.env.max_turns, env_kwargs=kw)
     except (TypeError, ValueError) as e:  # a keyword the env does not take, a value it refuses

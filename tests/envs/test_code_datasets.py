@@ -129,7 +129,7 @@ def test_read_records_formats(tmp_path):
 
 
 def test_split_of_a_file_is_a_fixed_hash_split():
-    tasks = [CodeTask(f"t/{i}", "p", "f", ["pass"]) for i in range(200)]
+    tasks = [CodeTask(f"t/{i}", f"p{i}", "f", ["pass"]) for i in range(200)]  # 200 distinct problems
     train, held = select_split(tasks, "train"), select_split(tasks, "heldout")
     assert len(train) + len(held) == 200 and not {t.task_id for t in train} & {t.task_id for t in held}
     assert 20 <= len(held) <= 60  # about 20 %

@@ -180,8 +180,8 @@ def test_format_call_round_trips_and_registry_of_parsers():
     call = ToolCall("search", {"q": "naïve"})
     assert p.parse(p.format_call(call)) == [call]
     assert isinstance(p, HermesParser)
-    with pytest.raises(ValueError, match="unknown 'mistral'; known: hermes"):
-        get_parser("mistral")
+    with pytest.raises(ValueError, match="unknown 'pythonic'; known: hermes, llama3_json, mistral, openai"):
+        get_parser("pythonic")
 
 
 # ---------------------------------------------------------------------------------------------
