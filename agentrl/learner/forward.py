@@ -146,6 +146,15 @@ def _forward_last_hidden(model: Any, input_ids: torch.Tensor, attention_mask: to
     return out, seen[-1]
 
 
+def precision_autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager[Any]:
+    """The context of a training forward at `precision` (`train.precision`) on `device`:
+    bf16 autocast (`torch.autocast(device.type, dtype=torch.bfloat16)`: float32 master
+    weights, matmuls in bfloat16), or nothing for `fp32`."""
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
 def full_precision(t: torch.Tensor) -> contextlib.AbstractContextManager[Any]:
     """A region where autocast is off on `t`'s device (a no-op context when it is off already):
     the log-softmax, entropy and value head of a bf16 forward run on float32 inputs in float32."""

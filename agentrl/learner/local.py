@@ -53,6 +53,7 @@ from agentrl.learner.forward import (
     forward_rows,
     minibatch_rows,
     plain_forward,
+    precision_autocast,
     prefix_shared_forward,
     slice_rows,
     to_device,
@@ -230,9 +231,7 @@ class Learner:
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The context of the learner's forwards: bf16 autocast on the learner's device, or
         nothing (fp32)."""
-        if self.precision == "bf16":
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        return precision_autocast(self.device, self.precision)
 
     @property
     def lr(self) -> float:
