@@ -168,6 +168,8 @@ class LearnerGroup:
         sent = source if source is not None else ray.put(model)
         setups = self._all("setup", master, sent, kwargs, seed, gpus, self.timeout_s)
         self.shard_params = [s["params"] for s in setups]  # parameters held by each rank
+        self.master, self.devices = master, [s["device"] for s in setups]
+        self.setup_rss_mb = [s["rss_mb"] for s in setups]  # (peak before, after) the set-up
         self._lr = setups[0]["lr"]
 
     # -- plumbing -----------------------------------------------------------------------------

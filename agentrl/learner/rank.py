@@ -144,7 +144,8 @@ class LearnerRank:
         `agentrl.learner.local.Learner` keywords from `model`: a `ModelSource` (this rank
         loads the policy, and the reference once the policy is sharded) or the driver's policy
         itself (through the object store). Returns `params` (parameters of this rank's shards),
-        `lr` (of the first step) and `device`."""
+        `lr` (of the first step), `device` and `rss_mb` (peak resident MiB before and after)."""
+        base_mb = self.peak_rss_mb()
         device = rank_device(learner_kwargs.get("device"), gpus, self.rank)
         if device.type == "cuda":
             torch.cuda.set_device(device)
@@ -159,7 +160,8 @@ class LearnerRank:
         self.learner = Learner(model, dp=DataParallel(self.rank, self.world), **kw)
         params = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
                      for p in self.learner._params())
-        return {"params": params, "lr": self.learner.lr, "device": str(device)}
+        return {"params": params, "lr": self.learner.lr, "device": str(device),
+                "rss_mb": (base_mb, self.peak_rss_mb())}
 
     def trainer_state(self) -> dict[str, Any]:
         """The scheduler's state and the optimizer step count (the same on every rank)."""
