@@ -141,8 +141,10 @@ def shard(module: torch.nn.Module, *, device: torch.device | None = None,
     still on the CPU is moved there one `fully_shard` group at a time), with
     `mixed_precision(precision)`. Returns the module."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import FSDPModule, fully_shard
 
+    if isinstance(module, FSDPModule):  # sharded already (`agentrl.learner.shard_load`)
+        return module
     dev = torch.device(device) if device is not None else next(module.parameters()).device
     mesh = init_device_mesh(dev.type, (dist.get_world_size(),))
     kw: dict[str, Any] = {"mesh": mesh}

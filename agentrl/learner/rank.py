@@ -21,6 +21,7 @@ import os
 import random
 import socket
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from agentrl.learner.dist import (
 )
 from agentrl.learner.local import Learner
 from agentrl.learner.lora import is_peft, load_checkpoint, merge_lora_state, wrap_lora
+from agentrl.learner.shard_load import load_sharded_model
 
 
 def free_address(multi_node: bool = False) -> str:
@@ -92,14 +94,22 @@ class ModelSource:
     lora: dict[str, Any] | None = None
     fingerprint: tuple[int, float] | None = None
 
-    def load(self) -> torch.nn.Module:
-        """The policy as the driver holds it, on the CPU, float32.
+    def load(self, device: torch.device | None = None, precision: str = "fp32") -> torch.nn.Module:
+        """The policy as the driver holds it, float32: in a process group with `device`, a
+        plain model directory is loaded straight into this rank's FSDP2 shards on `device`
+        (`agentrl.learner.shard_load.load_sharded_model`: never the whole model in memory);
+        else (LoRA, adapters, no safetensors) the whole model on the CPU.
 
         Raises:
             ValueError: the loaded weights differ from the driver's (`fingerprint`)."""
-        model, _ = load_checkpoint(self.path)
-        if self.lora is not None:
-            model = wrap_lora(model, **self.lora)
+        model = None
+        plain = self.lora is None and not (Path(self.path) / "adapter_config.json").exists()
+        if plain and device is not None and dist.is_initialized():
+            model = load_sharded_model(self.path, device, precision)
+        if model is None:
+            model, _ = load_checkpoint(self.path)
+            if self.lora is not None:
+                model = wrap_lora(model, **self.lora)
         got = weights_fingerprint(model)
         if self.fingerprint is not None and not _same_fingerprint(got, self.fingerprint):
             raise ValueError(f"learner rank: the weights loaded from {self.path} ({got}) are not the "
@@ -109,10 +119,14 @@ class ModelSource:
 
 def weights_fingerprint(model: torch.nn.Module) -> tuple[int, float]:
     """(parameter count, float64 sum of every parameter): a cheap check that two copies of a
-    model hold the same weights (to summation rounding)."""
+    model hold the same weights (to summation rounding). Of a sharded model, over all ranks
+    (a collective)."""
     params = list(model.parameters())
-    return (sum(p.numel() for p in params),
-            float(sum(float(p.detach().sum(dtype=torch.float64)) for p in params)))
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in params]
+    total = torch.tensor(sum(float(p.detach().sum(dtype=torch.float64)) for p in local), dtype=torch.float64)
+    if len(local) and any(hasattr(p, "to_local") for p in params):
+        dist.all_reduce(total)
+    return sum(p.numel() for p in params), float(total)
 
 
 def _same_fingerprint(a: tuple[int, float], b: tuple[int, float]) -> bool:
@@ -155,8 +169,8 @@ class LearnerRank:
         np.random.seed(seed)
         kw = {**learner_kwargs, "device": device}
         if isinstance(model, ModelSource):
-            kw["load_reference"] = model.load
-            model = model.load()
+            kw["load_reference"] = partial(model.load, device, kw.get("precision", "fp32"))
+            model = model.load(device, kw.get("precision", "fp32"))
         self.learner = Learner(model, dp=DataParallel(self.rank, self.world), **kw)
         params = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
                      for p in self.learner._params())
