@@ -198,6 +198,16 @@ def enable_checkpointing(model: Any) -> None:
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
 
 
+def checkpointing_enabled(model: Any) -> bool:
+    """Whether transformers' activation checkpointing is on for `model` (a PEFT wrapper's
+    base): `is_activation_checkpointing`, named `is_gradient_checkpointing` before
+    transformers 5.2x."""
+    base = model.get_base_model() if is_peft(model) else model
+    if hasattr(type(base), "is_activation_checkpointing"):
+        return bool(base.is_activation_checkpointing)
+    return bool(base.is_gradient_checkpointing)
+
+
 def values_before(values_after: torch.Tensor) -> torch.Tensor:
     """(B, T) V(s_t), the value of the state in which token t was sampled, aligned like logp:
     `values_after` shifted right by one, 0 at t = 0 (keeps the gradient)."""
