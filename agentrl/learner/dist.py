@@ -163,9 +163,10 @@ def full_state_dict(module: torch.nn.Module, *, keep: bool) -> dict[str, torch.T
     where `keep` (rank 0), so no rank holds more than one full copy. {} where not `keep`."""
     out: dict[str, torch.Tensor] = {}
     for k, v in module.state_dict().items():
-        full = v.full_tensor() if hasattr(v, "full_tensor") else v
-        if keep:
-            out[k] = full.detach().to("cpu", copy=True)
+        gathered = hasattr(v, "full_tensor")
+        full = v.full_tensor() if gathered else v
+        if keep:  # a gathered tensor is a new one already: no second host copy of it
+            out[k] = full.detach().to("cpu", copy=not gathered)
         del full
     return out
 
