@@ -128,13 +128,13 @@ def train(
     except (ValueError, ImportError, AttributeError) as e:
         _fail(f"config error: env.name: {e}")
     _check_dataset(cfg.env.name, cfg.env.dataset)
-    from agentrl.learner.local import resolve_device
     from agentrl.learner.optim import NonFiniteGradientError
+    from agentrl.startup import check_learner_device
 
-    try:
-        resolve_device(cfg.train.device)
+    try:  # the in-process learner's device here; learner ranks check their own
+        check_learner_device(cfg)
     except ValueError as e:
-        _fail(f"config error: {e}")
+        _fail(str(e))
     from agentrl.learner.group import PlacementError
     from agentrl.startup import OutError, ResumeError
     from agentrl.train import train as run_train

@@ -212,7 +212,9 @@ class TrainConfig(_Section):
     learner_cpus: float = Field(default=1.0, gt=0)
     """CPUs reserved per learner rank (its Ray placement-group bundle)."""
     learner_gpus: float = Field(default=0.0, ge=0)
-    """GPUs reserved per learner rank (1 with `train.device=cuda`: one GPU per rank)."""
+    """GPUs reserved per learner rank: 1 for ranks on CUDA (`train.device=cuda`, or `auto` with a GPU reserved: one whole GPU per rank, Ray's, set as the rank's device; 0, a fraction or more than 1 are refused at start-up), 0 for ranks on the CPU."""
+    learner_timeout_s: float = Field(default=1800.0, gt=0)
+    """Seconds a call to the learner ranks (set-up, an update, a save) may take before the run stops with an error naming the ranks that did not answer (a hung collective: a rank that died or stalls); also the process group's collective timeout. Raise it for updates that take longer."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where the learner's policy, value head, reference model and update batches live: `auto` (CUDA when available, else CPU), `cpu`, or `cuda` (fails at start-up without a CUDA device). The in-process rollout engine keeps its own copy on the CPU; the weights pushed to it are copied across."""
     precision: Literal["fp32", "bf16"] = "fp32"

@@ -36,7 +36,7 @@ from agentrl.learner.local import Learner
 from agentrl.log.metrics import MetricsLog
 from agentrl.rollout.chat import renderer_for
 from agentrl.run import load_policy
-from agentrl.sft import sft_train
+from agentrl.sft import sft_train, stage_device
 from agentrl.types import Trajectory
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -161,7 +161,8 @@ def dpo_from_file(cfg: Config, path: str | Path, say: Callable[[str], None] = pr
     out, model, tok, renderer, pad_id = _start(cfg)
     learner = Learner(model, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay,
                       grad_clip=cfg.train.grad_clip, use_ref=True,
-                      micro_batch_size=max(2, cfg.train.micro_batch_size // 2 * 2))
+                      micro_batch_size=max(2, cfg.train.micro_batch_size // 2 * 2),
+                      device=stage_device(cfg), precision=cfg.train.precision)
     log = MetricsLog(out, tensorboard=cfg.log.tensorboard)
     gen = torch.Generator().manual_seed(cfg.seed)
     order: list[int] = []
@@ -210,8 +211,8 @@ def sft_from_file(cfg: Config, path: str | Path, say: Callable[[str], None] = pr
         f"{cfg.sft.steps} steps")
     losses = sft_train(model, examples, steps=cfg.sft.steps, lr=cfg.sft.lr,
                        batch_size=cfg.sft.batch_size, pad_id=pad_id, seed=cfg.seed,
-                       grad_clip=cfg.train.grad_clip,
-                       log=lambda s, v: log.log(s + 1, {"sft/loss": v}))
+                       grad_clip=cfg.train.grad_clip, device=stage_device(cfg),
+                       precision=cfg.train.precision, log=lambda s, v: log.log(s + 1, {"sft/loss": v}))
     log.close()
     model.eval()
     return _finish(out, model, tok, {"stage": "sft", "dataset": str(path), "conversations": len(convs),

@@ -34,8 +34,8 @@ from agentrl.env.registry import import_env_modules, resolve_env_id
 from agentrl.learner.checkpoints import check_out
 from agentrl.learner.frozen import make_reference, make_teacher
 from agentrl.learner.group import make_learner
-from agentrl.learner.local import resolve_device
 from agentrl.learner.lora import load_checkpoint, merged_state_dict, plain_copy, wrap_lora
+from agentrl.learner.rank import ModelSource
 from agentrl.learner.schedules import lr_multiplier
 from agentrl.log.progress import Reporter
 from agentrl.models.tiny import build_tiny_model, load_model
@@ -50,6 +50,7 @@ from agentrl.rollout.tool_format import resolve_tool_parser
 from agentrl.rollout.workers import RolloutPool
 from agentrl.startup import (
     OutError,
+    check_learner_device,
     check_resume_keeps_the_run,
     check_settings,
     check_tokenizer,
@@ -89,14 +90,16 @@ def set_up(cfg: Config) -> tuple[Config, Any, Path]:
         policy's), the algorithm (`agentrl.algos.get_algorithm`), OUT)`.
 
     Raises:
-        ValueError: an unknown env, or `train.device=cuda` without a CUDA device.
-        ConfigError: a setting that cannot run (`agentrl.startup.check_settings`,
+        ValueError: an unknown env.
+        ConfigError: a setting that cannot run (`agentrl.startup.check_learner_device`:
+            `train.device=cuda` without CUDA for the in-process learner, a CUDA rank without
+            one whole GPU; `agentrl.startup.check_settings`,
             `agentrl.startup.preflight`).
         ResumeError: `--resume` with a setting the run keeps changed
             (`agentrl.startup.check_resume_keeps_the_run`).
         OutError: a new run's `out` is not empty (without `overwrite`), a file, or not writable.
     """
-    resolve_device(cfg.train.device)  # fail early: train.device=cuda without a CUDA device
+    check_learner_device(cfg)  # fail early: train.device=cuda without CUDA (in this process)
     quiet_libraries()
     torch.set_num_threads(cfg.train.torch_threads)
     seed_everything(cfg.seed)
@@ -181,6 +184,9 @@ class Run:
     sft_info: dict[str, Any] = field(default_factory=dict)
     """The warm start's figures (`agentrl.sft.warm_start`; empty without one)."""
     summary: dict[str, Any] | None = None
+    policy_dir: str | None = None
+    """The directory holding `model`'s weights (the checkpoint resumed from, the warm start's
+    OUT/sft_model, `model.path` or the embedded model's); learner ranks load from it."""
 
 
 def build(cfg: Config, *, reporter: Any = None, warm_start: Callable[..., dict[str, Any]] | None = None,
@@ -240,7 +246,8 @@ def build(cfg: Config, *, reporter: Any = None, warm_start: Callable[..., dict[s
         model = wrap_lora(model, r=cfg.model.lora_r, alpha=cfg.model.lora_alpha,
                           target_modules=cfg.model.lora_target_modules, seed=cfg.seed,
                           base_path=out / "sft_model" if sft_info else path)
-    run = Run(cfg, out, algo, ck, model, tok, renderer, pad_id, sft_info=sft_info)
+    run = Run(cfg, out, algo, ck, model, tok, renderer, pad_id, sft_info=sft_info,
+              policy_dir=str(out / "sft_model" if sft_info else path))
     resumed = _engine_and_learner(run, say)
     _envs(run, resumed)
     return run
@@ -256,7 +263,7 @@ def _engine_and_learner(run: Run, say: Callable[[str], None]) -> dict[str, Any]:
     cfg, model, tok, out, ck = run.cfg, run.model, run.tok, run.out, run.checkpoint
     assert out is not None
     run.engine = rollout_engine(cfg, model, tok, out)
-    run.learner = learner = make_learner(cfg, run.algo, model, lr_schedule(cfg))
+    run.learner = learner = make_learner(cfg, run.algo, model, lr_schedule(cfg), rank_source(run))
     if cfg.placement.reference == "worker" and run.algo.needs_reference(cfg.algo):
         learner.reference = make_reference(cfg, model, tok, out, ck)
     if run.algo.needs_teacher:  # on its worker, or inline (loaded at its first use)
@@ -274,6 +281,21 @@ def _engine_and_learner(run: Run, say: Callable[[str], None]) -> dict[str, Any]:
         run.engine.update_weights(merged_state_dict(model), run.version)
         say(f"[resume] from {ck} at step {run.start_step} (policy version {run.version})")
     return extra
+
+
+def rank_source(run: Run) -> ModelSource | None:
+    """Where learner ranks load the policy (`agentrl.learner.rank.ModelSource`): the run's
+    `policy_dir`, with the LoRA settings of fresh adapters (a new run with `model.lora_r > 0`:
+    `wrap_lora` with the same seed gives the same adapters); None without learner ranks."""
+    cfg = run.cfg
+    if cfg.train.learner_workers == 0 or run.policy_dir is None:
+        return None
+    lora = None
+    if run.checkpoint is None and cfg.model.lora_r > 0:
+        lora = dict(r=cfg.model.lora_r, alpha=cfg.model.lora_alpha,
+                    target_modules=cfg.model.lora_target_modules, seed=cfg.seed,
+                    base_path=run.policy_dir)
+    return ModelSource(run.policy_dir, lora=lora)
 
 
 def _envs(run: Run, resumed: dict[str, Any]) -> None:

@@ -22,7 +22,8 @@ import torch
 from agentrl.config import Config
 from agentrl.eval.episodes import EVAL_SEED, episode_success, extrinsic_return
 from agentrl.eval.metrics import pass_at_k_many
-from agentrl.learner.forward import token_logprobs
+from agentrl.learner.forward import precision_autocast, to_device, token_logprobs
+from agentrl.learner.local import resolve_device
 from agentrl.learner.lora import plain_copy
 from agentrl.learner.optim import NonFiniteLossError
 from agentrl.log.progress import Reporter
@@ -94,14 +95,32 @@ def warm_start_examples(cfg: Config, renderer: ChatRenderer, n: int, *,
     return out, counts
 
 
+def stage_device(cfg: Config) -> torch.device:
+    """The device of the stages that train in the driver (the warm start, offline DPO and SFT):
+    `train.device` (`resolve_device`); with learner ranks (`train.learner_workers > 0`, whose
+    device the ranks check) the driver's GPU when it has one and `train.device` is not `cpu`,
+    else the CPU (a CPU-only head node).
+
+    Raises:
+        ValueError: `train.device=cuda` without a CUDA device, in-process."""
+    if cfg.train.learner_workers > 0:
+        use_cuda = cfg.train.device != "cpu" and torch.cuda.is_available()
+        return torch.device("cuda" if use_cuda else "cpu")
+    return resolve_device(cfg.train.device)
+
+
 def sft_train(model: Any, examples: list[Trajectory], *, steps: int, lr: float, batch_size: int,
               pad_id: int, seed: int = 0, grad_clip: float = 1.0,
               log: Callable[[int, float], None] | None = None,
-              stop: Callable[[int], bool] | None = None, check_every: int = 10) -> list[float]:
+              stop: Callable[[int], bool] | None = None, check_every: int = 10,
+              device: str | torch.device | None = None, precision: str = "fp32") -> list[float]:
     """Train `model` in place for up to `steps` AdamW steps of `batch_size` examples (sampled
     without replacement, reshuffled each epoch) with a cosine learning-rate decay to 10% of `lr`.
     Every `check_every` steps `stop(steps_done)` may end the stage early (e.g. once the model
-    solves enough training tasks, so RL starts with room to improve).
+    solves enough training tasks, so RL starts with room to improve). The steps run on `device`
+    (`resolve_device`; None: the model's) at `precision` (`bf16`: the forward under bf16
+    autocast, float32 weights, AdamW state and loss, as the learner; `precision_autocast`); the
+    model is back on its own device afterwards (also after an error).
 
     Returns:
         the loss (nats per answer token) of every step run.
@@ -110,6 +129,22 @@ def sft_train(model: Any, examples: list[Trajectory], *, steps: int, lr: float, 
         NonFiniteLossError: a step's loss or gradient norm is NaN or infinite (the weights are
             not updated by that step; the message names `sft.lr` and the step).
     """
+    home = next(model.parameters()).device
+    dev = resolve_device(device) if device is not None else home
+    model.to(dev)
+    try:
+        return _sft_steps(model, examples, steps=steps, lr=lr, batch_size=batch_size, pad_id=pad_id,
+                          seed=seed, grad_clip=grad_clip, log=log, stop=stop, check_every=check_every,
+                          device=dev, precision=precision)
+    finally:
+        model.to(home)
+
+
+def _sft_steps(model: Any, examples: list[Trajectory], *, steps: int, lr: float, batch_size: int,
+               pad_id: int, seed: int, grad_clip: float, log: Callable[[int, float], None] | None,
+               stop: Callable[[int], bool] | None, check_every: int, device: torch.device,
+               precision: str) -> list[float]:
+    """`sft_train`'s loop, on `device` (the model is there)."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: 0.1 + 0.9 * 0.5 * (1 + torch.cos(torch.tensor(s / max(steps, 1) * 3.14159)).item()))
@@ -121,9 +156,10 @@ def sft_train(model: Any, examples: list[Trajectory], *, steps: int, lr: float, 
         if len(order) < batch_size:
             order += torch.randperm(len(examples), generator=gen).tolist()
         idx, order = order[:batch_size], order[batch_size:]
-        batch = collate([examples[i] for i in idx], pad_id)
-        logp, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"],
-                                 vision=batch.get("vision"))
+        batch = to_device(collate([examples[i] for i in idx], pad_id), device)
+        with precision_autocast(device, precision):  # logp in float32 (upcast logits)
+            logp, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"],
+                                     vision=batch.get("vision"))
         mask = batch["loss_mask"]
         loss = -(logp * mask).sum() / mask.sum().clamp(min=1)
         opt.zero_grad(set_to_none=True)
@@ -204,7 +240,8 @@ def warm_start(cfg: Config, model: Any, tok: Any, renderer: ChatRenderer, pad_id
     def stop(done: int) -> bool:  # pass@1 / pass@k on training tasks (never the held-out split)
         if (sc.stop_pass_rate is None and sc.stop_pass_at_k is None) or done < sc.min_steps:
             return False
-        eng, _ = make_engine(cfg, plain_copy(model).eval(), tok, cast=False)  # float32, uncompiled
+        # float32, uncompiled, on the CPU as the run's in-process engine (the model may be on a GPU)
+        eng, _ = make_engine(cfg, plain_copy(model).cpu().eval(), tok, cast=False)
         envs_ = [build_env(cfg, "train") for _ in range(k * sc.check_tasks)]
         with ThreadPoolExecutor(cfg.rollout.env_threads) as p_:
             r = evaluate(eng, renderer, envs_, cfg, p_, n_tasks=sc.check_tasks, samples=k,
@@ -227,7 +264,8 @@ def warm_start(cfg: Config, model: Any, tok: Any, renderer: ChatRenderer, pad_id
     try:
         losses = sft_train(model, examples, steps=cfg.sft.steps, lr=cfg.sft.lr,
                            batch_size=cfg.sft.batch_size, pad_id=pad_id, seed=cfg.seed,
-                           log=log, stop=stop, check_every=cfg.sft.check_every)
+                           log=log, stop=stop, check_every=cfg.sft.check_every,
+                           device=stage_device(cfg), precision=cfg.train.precision)
     finally:
         bar.close()
         slog.close()

@@ -18,7 +18,7 @@ from gymnasium.envs.registration import load_env_creator
 from agentrl.config import Config, ConfigError
 from agentrl.env.content import message_images
 from agentrl.env.registry import resolve_env_id
-from agentrl.learner.local import latest_checkpoint
+from agentrl.learner.local import latest_checkpoint, resolve_device
 from agentrl.log.metrics import check_wandb_login
 from agentrl.models.tiny import load_model
 from agentrl.models.vlm import is_vlm_dir
@@ -58,6 +58,38 @@ def check_settings(cfg: Config) -> None:
             if not has:
                 raise ConfigError(f"config error: sft.mix_envs: env {name} offers no reference answers "
                                   "(reference_answer()) to mix into the warm start")
+
+
+def check_learner_device(cfg: Config) -> None:
+    """Where the learner runs, its device: in this process (`train.learner_workers=0`) the
+    driver resolves `train.device` (`cuda` without a CUDA device is refused here); on ranks the
+    driver does not look (it may be a CPU-only head node: each rank checks its own device,
+    `agentrl.learner.rank.rank_device`), and a CUDA rank must have exactly one whole GPU
+    (`train.learner_gpus=1`): with 0 Ray leaves every GPU visible to every rank and each
+    picks GPU 0, with a fraction two ranks share one (NCCL refuses both: "Duplicate GPU
+    detected"), and more than 1 leaves GPUs idle. `train.device=auto` with
+    `train.learner_gpus=0` runs the ranks on the CPU.
+
+    Raises:
+        ConfigError: naming `train.device` / `train.learner_gpus`.
+    """
+    t = cfg.train
+    if t.learner_workers == 0:
+        try:
+            resolve_device(t.device)
+        except ValueError as e:
+            raise ConfigError(f"config error: {e}") from None
+        return
+    cuda = t.device == "cuda" or (t.device == "auto" and t.learner_gpus > 0)
+    if cuda and t.learner_gpus != 1:
+        why = ("0: Ray would leave every GPU visible to every rank and each would pick GPU 0"
+               if t.learner_gpus == 0 else "a rank runs on one whole GPU; fractions would put "
+               "two ranks on one GPU (NCCL refuses it)" if t.learner_gpus < 1 else
+               "a rank uses one GPU; the others would stay idle")
+        raise ConfigError(f"config error: train.learner_gpus={t.learner_gpus:g} with "
+                          f"train.device={t.device} and train.learner_workers={t.learner_workers}: "
+                          f"each CUDA learner rank needs train.learner_gpus=1 ({why}); "
+                          "or train.device=cpu for ranks on the CPU")
 
 
 def preflight(cfg: Config) -> None:

@@ -1,5 +1,7 @@
 """Data parallelism for the learner: which rows a rank trains on, FSDP2 sharding, and the
-few collectives the update needs (gloo on CPU, NCCL on CUDA; `torch.distributed`).
+few collectives the update needs (`torch.distributed`: gloo on CPU; on CUDA one group with two
+backends, `cpu:gloo,cuda:nccl`, so the CPU tensors of the metrics go through gloo and the
+CUDA tensors of FSDP through NCCL, as verl does; `backend_for`, `join_group`).
 
 A `DataParallel` is handed to `agentrl.learner.local.Learner(dp=...)` by a learner rank
 (`agentrl.learner.rank`). Every rank receives the whole batch; within each minibatch the rows
@@ -16,13 +18,17 @@ optimizer, and the reference model, with `torch.distributed.checkpoint` (DCP), r
 any number of ranks or, without a process group, by the in-process learner.
 
 Sharding follows torchtitan's `parallelize`: `fully_shard` on every decoder layer (the
-model's `_no_split_modules` classes), then on the root.
+model's `_no_split_modules` classes), then on the root, with a `MixedPrecisionPolicy`
+(`param_dtype=bf16, reduce_dtype=fp32`) under bf16. The model may stay on the CPU until then:
+`fully_shard` moves each module's parameters to the mesh's device as it shards them, so a
+rank never holds the whole model on its GPU.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -54,13 +60,15 @@ class DataParallel:
         return -(-per_rank // max(1, micro_units))
 
     def all_sum(self, t: torch.Tensor) -> torch.Tensor:
-        """Sum of `t` over the ranks (in place; returned), on CPU for gloo."""
-        dev = t.device
-        x = t if dist.get_backend() != "gloo" else t.cpu()
+        """Sum of `t` over the ranks (in place; returned). A CPU tensor goes through gloo, a
+        CUDA one through NCCL (the group of `join_group` has both on CUDA ranks); a CUDA
+        tensor in a gloo-only group (CPU ranks) is reduced on a CPU copy."""
+        if t.device.type == "cpu" or "nccl" in str(dist.get_backend()):
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+            return t
+        x = t.cpu()
         dist.all_reduce(x, op=dist.ReduceOp.SUM)
-        if x is not t:
-            t.copy_(x.to(dev))
-        return t
+        return t.copy_(x)
 
     def reduce_floats(self, values: dict[str, float], op: str = "sum") -> dict[str, float]:
         """Each key's sum (`op="sum"`), minimum or maximum over the ranks. Ranks may pass
@@ -80,6 +88,25 @@ class DataParallel:
         return dict(zip(names, t.tolist()))
 
 
+def backend_for(device: torch.device | str) -> str:
+    """The process-group backend of learner ranks on `device`: `gloo` on the CPU; on CUDA
+    `cpu:gloo,cuda:nccl`, NCCL for the CUDA tensors (FSDP's all-gathers and reduce-scatters)
+    and gloo for the CPU ones (`reduce_floats`' metrics, `all_gather_object`): a plain `nccl`
+    group has no CPU backend, and every update's metrics would fail on it."""
+    return "cpu:gloo,cuda:nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
+def join_group(master: str, rank: int, world: int, device: torch.device | str,
+               timeout_s: float = 1800.0) -> None:
+    """Join the learner's default process group at `master` (`host:port`, TCP rendezvous)
+    as `rank` of `world`, with `backend_for(device)`; a collective that waits longer than
+    `timeout_s` seconds fails (torch's own timeout). No-op when this process is in one already."""
+    if dist.is_initialized():
+        return
+    dist.init_process_group(backend_for(device), init_method=f"tcp://{master}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=timeout_s))
+
+
 def total_norm(norm: Any) -> float:
     """The float of a gradient norm returned by `clip_grad_norm_` (a DTensor for sharded
     parameters: its full value, the global norm over every rank's shards)."""
@@ -96,17 +123,37 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if type(m).__name__ in names]
 
 
-def shard(module: torch.nn.Module, *, device: torch.device | None = None) -> torch.nn.Module:
-    """FSDP2 `fully_shard` of every decoder layer, then of the root, over the default process
-    group (the module's parameters become DTensors sharded on dim 0). Returns the module."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+def mixed_precision(precision: str) -> Any:
+    """The FSDP2 `MixedPrecisionPolicy` of `train.precision`: under `bf16` the parameters are
+    all-gathered and computed in bfloat16 and the gradients reduced in float32 (torchtitan,
+    prime-rl); the sharded master weights and AdamW state stay float32. None for `fp32`."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    dev = device or next(module.parameters()).device
+    if precision != "bf16":
+        return None
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
+def shard(module: torch.nn.Module, *, device: torch.device | None = None,
+          precision: str = "fp32") -> torch.nn.Module:
+    """FSDP2 `fully_shard` of every decoder layer, then of the root, over the default process
+    group (the module's parameters become DTensors sharded on dim 0, on `device`: a module
+    still on the CPU is moved there one `fully_shard` group at a time), with
+    `mixed_precision(precision)`. Returns the module."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    if isinstance(module, FSDPModule):  # sharded already (`agentrl.learner.shard_load`)
+        return module
+    dev = torch.device(device) if device is not None else next(module.parameters()).device
     mesh = init_device_mesh(dev.type, (dist.get_world_size(),))
+    kw: dict[str, Any] = {"mesh": mesh}
+    policy = mixed_precision(precision)
+    if policy is not None:
+        kw["mp_policy"] = policy
     for layer in decoder_layers(module):
-        fully_shard(layer, mesh=mesh)
-    fully_shard(module, mesh=mesh)
+        fully_shard(layer, **kw)
+    fully_shard(module, **kw)
     return module
 
 
@@ -116,9 +163,10 @@ def full_state_dict(module: torch.nn.Module, *, keep: bool) -> dict[str, torch.T
     where `keep` (rank 0), so no rank holds more than one full copy. {} where not `keep`."""
     out: dict[str, torch.Tensor] = {}
     for k, v in module.state_dict().items():
-        full = v.full_tensor() if hasattr(v, "full_tensor") else v
-        if keep:
-            out[k] = full.detach().to("cpu", copy=True)
+        gathered = hasattr(v, "full_tensor")
+        full = v.full_tensor() if gathered else v
+        if keep:  # a gathered tensor is a new one already: no second host copy of it
+            out[k] = full.detach().to("cpu", copy=not gathered)
         del full
     return out
 

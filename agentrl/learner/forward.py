@@ -146,6 +146,15 @@ def _forward_last_hidden(model: Any, input_ids: torch.Tensor, attention_mask: to
     return out, seen[-1]
 
 
+def precision_autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager[Any]:
+    """The context of a training forward at `precision` (`train.precision`) on `device`:
+    bf16 autocast (`torch.autocast(device.type, dtype=torch.bfloat16)`: float32 master
+    weights, matmuls in bfloat16), or nothing for `fp32`."""
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
 def full_precision(t: torch.Tensor) -> contextlib.AbstractContextManager[Any]:
     """A region where autocast is off on `t`'s device (a no-op context when it is off already):
     the log-softmax, entropy and value head of a bf16 forward run on float32 inputs in float32."""
@@ -187,6 +196,16 @@ def enable_checkpointing(model: Any) -> None:
         base.activation_checkpointing_enable(activation_checkpointing_kwargs=kw)
     else:  # pragma: no cover - older transformers
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
+
+
+def checkpointing_enabled(model: Any) -> bool:
+    """Whether transformers' activation checkpointing is on for `model` (a PEFT wrapper's
+    base): `is_activation_checkpointing`, named `is_gradient_checkpointing` before
+    transformers 5.2x."""
+    base = model.get_base_model() if is_peft(model) else model
+    if hasattr(type(base), "is_activation_checkpointing"):
+        return bool(base.is_activation_checkpointing)
+    return bool(base.is_gradient_checkpointing)
 
 
 def values_before(values_after: torch.Tensor) -> torch.Tensor:

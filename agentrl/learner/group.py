@@ -23,6 +23,7 @@ DIR/agentrl_state.json. It resumes with any `learner_workers` (DCP reshards), 0 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ from agentrl.learner.checkpoints import (
     write_checkpoint,
 )
 from agentrl.learner.local import Learner
-from agentrl.learner.rank import LearnerRank
+from agentrl.learner.rank import LearnerRank, ModelSource, weights_fingerprint
 
 PLACEMENT_TIMEOUT_S = 60.0
 """Seconds to wait for the learner ranks' placement group before failing with what is free."""
@@ -53,6 +54,10 @@ SHUTDOWN_TIMEOUT_S = 10.0
 
 class PlacementError(RuntimeError):
     """The learner ranks' placement group could not be placed (too few CPUs / GPUs free)."""
+
+
+class LearnerTimeoutError(RuntimeError):
+    """Learner ranks did not answer a call within `train.learner_timeout_s` (a hung collective)."""
 
 
 def learner_kwargs(cfg: Any, algo: Any, lr_schedule: Any) -> dict[str, Any]:
@@ -68,16 +73,19 @@ def learner_kwargs(cfg: Any, algo: Any, lr_schedule: Any) -> dict[str, Any]:
                 max_nonfinite_steps=cfg.train.max_nonfinite_steps)
 
 
-def make_learner(cfg: Any, algo: Any, model: Any, lr_schedule: Any) -> Learner | LearnerGroup:
+def make_learner(cfg: Any, algo: Any, model: Any, lr_schedule: Any,
+                 source: ModelSource | None = None) -> Learner | LearnerGroup:
     """`Learner` in this process (`train.learner_workers=0`) or a `LearnerGroup` of
-    `train.learner_workers` ranks, both on `model` (the driver's policy)."""
+    `train.learner_workers` ranks, both on `model` (the driver's policy); the ranks load it
+    from `source` (its directory) when given, else receive it through the object store."""
     kw = learner_kwargs(cfg, algo, lr_schedule)
     if cfg.train.learner_workers == 0:
         return Learner(model, **kw)
     return LearnerGroup(model, kw, workers=cfg.train.learner_workers,
                         cpus=cfg.train.learner_cpus, gpus=cfg.train.learner_gpus,
                         torch_threads=cfg.train.torch_threads, seed=cfg.seed,
-                        ray_address=cfg.rollout.ray_address)
+                        ray_address=cfg.rollout.ray_address, source=source,
+                        timeout_s=cfg.train.learner_timeout_s)
 
 
 def _unwrap(e: BaseException) -> BaseException:
@@ -91,23 +99,28 @@ class LearnerGroup:
     rank each; the driver's side of `agentrl.learner.rank.LearnerRank`.
 
     Args:
-        model: the policy (the driver keeps it as the export copy; each rank gets a copy
-            through the object store and shards it).
-        kwargs: `Learner` keywords (`learner_kwargs`); `device=cuda` puts each rank on its
-            bundle's GPU (`gpus` >= 1).
+        model: the policy (the driver keeps it as the export copy).
+        kwargs: `Learner` keywords (`learner_kwargs`); `device=cuda` (or `auto` with `gpus`)
+            puts each rank on its bundle's GPU (`gpus=1`; `agentrl.learner.rank.rank_device`).
         workers, cpus, gpus: ranks, and CPUs / GPUs reserved per rank (placement-group bundles,
             packed on as few nodes as possible).
         torch_threads: torch threads per rank.
         seed: the ranks' torch / numpy / random seed before the model is sharded.
         ray_address: join this Ray cluster (None: a local one, or the one already up).
+        source: where each rank loads the policy itself (`ModelSource`: its directory,
+            checked against `model`); None: each rank gets `model` through the object store.
+        timeout_s: seconds a call to the ranks may take (`LearnerTimeoutError` after; also the
+            process group's collective timeout).
 
     Raises:
         ValueError: `workers < 1`.
+        PlacementError: the ranks' bundles could not be placed within `PLACEMENT_TIMEOUT_S`.
     """
 
     def __init__(self, model: Any, kwargs: dict[str, Any], *, workers: int,
                  cpus: float = 1.0, gpus: float = 0.0, torch_threads: int = 1, seed: int = 0,
-                 ray_address: str | None = None) -> None:
+                 ray_address: str | None = None, source: ModelSource | None = None,
+                 timeout_s: float = 1800.0) -> None:
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -136,8 +149,9 @@ class LearnerGroup:
             raise PlacementError(
                 f"train.learner_workers={workers}: {workers} bundles of {bundle} could not be placed "
                 f"in {PLACEMENT_TIMEOUT_S:.0f} s; the Ray cluster has {ray.available_resources()} free. "
-                "Lower train.learner_cpus / train.learner_gpus (fractions are allowed), "
-                "rollout.worker_cpus, or the number of workers") from None
+                "Lower train.learner_cpus (fractions are allowed), rollout.worker_cpus / "
+                "rollout.worker_gpus, or the number of learner or rollout workers (a CUDA "
+                "learner rank takes one whole GPU, train.learner_gpus=1)") from None
         actor = ray.remote(LearnerRank)
         self.ranks = [
             actor.options(num_cpus=cpus, num_gpus=gpus, max_concurrency=1,
@@ -146,22 +160,45 @@ class LearnerGroup:
                               placement_group=self.pg, placement_group_bundle_index=r)
                           ).remote(r, workers, torch_threads)
             for r in range(workers)]
-        master = ray.get(self.ranks[0].address.remote())
-        ref = ray.put(model)
-        setups = self._all("setup", master, ref, kwargs, seed)
+        self.timeout_s = float(timeout_s)
+        multi_node = sum(1 for n in ray.nodes() if n.get("Alive")) > 1
+        master = ray.get(self.ranks[0].address.remote(multi_node))
+        if source is not None and source.fingerprint is None:
+            source = dataclasses.replace(source, fingerprint=weights_fingerprint(model))
+        sent = source if source is not None else ray.put(model)
+        setups = self._all("setup", master, sent, kwargs, seed, gpus, self.timeout_s)
         self.shard_params = [s["params"] for s in setups]  # parameters held by each rank
+        self.master, self.devices = master, [s["device"] for s in setups]
+        self.setup_rss_mb = [s["rss_mb"] for s in setups]  # (peak before, after) the set-up
         self._lr = setups[0]["lr"]
 
     # -- plumbing -----------------------------------------------------------------------------
     def _all(self, method: str, *args: Any) -> list[Any]:
         """Call `method` on every rank at once (a collective); their answers in rank order.
-        A rank's exception is raised as itself (NonFiniteGradientError, ValueError, ...)."""
+        A rank's exception is raised as itself (NonFiniteGradientError, ValueError, ...) as
+        soon as it comes, without waiting for the others (which may wait in a collective).
+
+        Raises:
+            LearnerTimeoutError: ranks still busy after `timeout_s` (named)."""
         import ray
 
-        try:
-            return ray.get([getattr(r, method).remote(*args) for r in self.ranks])
-        except ray.exceptions.RayTaskError as e:
-            raise _unwrap(e) from None
+        refs = [getattr(r, method).remote(*args) for r in self.ranks]
+        pending, deadline = list(refs), time.monotonic() + self.timeout_s
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1,
+                                     timeout=max(0.0, deadline - time.monotonic()))
+            if not done:
+                hung = ", ".join(str(refs.index(p)) for p in pending)
+                raise LearnerTimeoutError(
+                    f"learner rank(s) {hung} of {len(refs)} did not finish {method!r} within "
+                    f"train.learner_timeout_s={self.timeout_s:g} s: a hung collective (a rank that "
+                    "died, stopped or stalls) or a call slower than that; raise "
+                    "train.learner_timeout_s if the updates are that slow")
+            try:
+                ray.get(done)
+            except ray.exceptions.RayTaskError as e:
+                raise _unwrap(e) from None
+        return ray.get(refs)
 
     def _first(self, method: str, *args: Any) -> Any:
         return self._all(method, *args)[0]

@@ -53,6 +53,7 @@ from agentrl.learner.forward import (
     forward_rows,
     minibatch_rows,
     plain_forward,
+    precision_autocast,
     prefix_shared_forward,
     slice_rows,
     to_device,
@@ -99,6 +100,11 @@ def resolve_device(name: str | torch.device | None, *, key: str = "train.device"
     return dev
 
 
+def _frozen(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` in eval mode with no parameter requiring grad (the reference)."""
+    return model.eval().requires_grad_(False)
+
+
 class Learner:
     """Holds the policy, its optimizer and scheduler, and the frozen reference model.
 
@@ -135,9 +141,9 @@ class Learner:
             with the run's settings); None: constant. Stepped once per optimizer step, saved and
             restored with checkpoints.
         device: where the policy, value head, reference model and every batch tensor of the
-            update live (`resolve_device`: `auto`, `cpu`, `cuda`); the model is moved there
-            at construction, batches inside `logprobs` / `logprobs_and_values` / `update`, whose
-            tensors come back on the batch's own device. None: the model's device, as given.
+            update live (`resolve_device`: `auto`, `cpu`, `cuda`); the model is moved there at
+            construction, batches inside `logprobs` / `logprobs_and_values` / `update` (results
+            come back on the batch's device). None: the model's device, as given.
         precision: `fp32`, or `bf16`: the forwards (policy and reference) run under
             `torch.autocast(device_type, dtype=torch.bfloat16)`; the weights, gradients and
             AdamW state stay float32, and logprobs, entropies, values and the loss are
@@ -151,6 +157,10 @@ class Learner:
             skipped (no parameter, optimizer-state or scheduler change; counted in the update's
             `skipped_nonfinite`); this many skips in a row raise `NonFiniteGradientError`
             (None: never).
+        dp: a rank's place (`agentrl.learner.rank`): the modules sharded by `dist.shard` (bf16:
+            its `MixedPrecisionPolicy`), which moves the shards to `device`.
+        load_reference: with `dp`, a fresh initial policy for the reference, loaded once the
+            policy is sharded (never two full copies); None: a deep copy of `model`.
 
     Attributes:
         algo_state: small state an algorithm keeps across steps (e.g. PPO's adaptive KL
@@ -170,13 +180,13 @@ class Learner:
                  lr_schedule: Callable[[int], float] | None = None,
                  device: str | torch.device | None = None, precision: str = "fp32",
                  gradient_checkpointing: bool = False, max_nonfinite_steps: int | None = None,
-                 dp: DataParallel | None = None):
+                 dp: DataParallel | None = None, load_reference: Callable[[], Any] | None = None):
         if precision not in PRECISIONS:
             raise ValueError(f"precision={precision!r}; allowed: {', '.join(PRECISIONS)}")
-        if device is not None:
-            model.to(resolve_device(device))
-        self.model = model
-        self.device = next(model.parameters()).device
+        dev = resolve_device(device) if device is not None else next(model.parameters()).device
+        if dp is None:  # ranks: the model stays where it is until fully_shard moves its shards
+            model.to(dev)
+        self.model, self.device = model, dev
         self.model.train()
         disable_dropout(self.model)  # logprobs and values are a function of the weights
         self.precision = precision
@@ -190,8 +200,7 @@ class Learner:
         self.micro_batch_size = micro_batch_size
         self.value_head: torch.nn.Module | None = None
         if value_head:
-            hidden = model.config.hidden_size
-            self.value_head = torch.nn.Linear(hidden, 1).to(self.device)
+            self.value_head = torch.nn.Linear(model.config.hidden_size, 1).to(self.device)
             torch.nn.init.zeros_(self.value_head.weight)
             torch.nn.init.zeros_(self.value_head.bias)
         self.algo_state: dict[str, Any] = {}
@@ -205,14 +214,15 @@ class Learner:
         self.teacher: Any = None  # distill's teacher (frozen.make_teacher: worker or inline), set by run.build
         self.ref_seconds = 0.0
         self.lora = is_peft(model)  # LoRA: the reference is the base with adapters disabled
-        if use_ref and not self.lora:
-            self.ref_model = copy.deepcopy(model).eval()
-            for p in self.ref_model.parameters():
-                p.requires_grad_(False)
+        late_ref = use_ref and not self.lora and dp is not None and load_reference is not None
+        if use_ref and not self.lora and not late_ref:
+            self.ref_model = _frozen(copy.deepcopy(model))
         if dp is not None:  # FSDP2: parameters become DTensor shards before the optimizer sees them
             for m in (self.model, self.ref_model, self.value_head):
                 if m is not None:
-                    shard(m, device=self.device)
+                    shard(m, device=self.device, precision=precision)
+        if late_ref:  # loaded once the policy is sharded: never two full copies at once
+            self.ref_model = shard(_frozen(load_reference()), device=dev, precision=precision)
         self.optimizer, self.fused = make_adamw(self._params(), lr=lr, weight_decay=weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_schedule or (lambda _: 1.0))
         self.optimizer_steps = 0
@@ -221,9 +231,7 @@ class Learner:
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The context of the learner's forwards: bf16 autocast on the learner's device, or
         nothing (fp32)."""
-        if self.precision == "bf16":
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        return precision_autocast(self.device, self.precision)
 
     @property
     def lr(self) -> float:
