@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from agentrl.config import load_config
-from agentrl.infra.devices import GiB, LEARNER_BYTES_PER_PARAM
+from agentrl.infra.devices import LEARNER_BYTES_PER_PARAM, GiB
 from agentrl.models.tiny import build_tiny_model
 
 SHAPES = {"tiny": dict(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128),
