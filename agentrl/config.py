@@ -147,7 +147,13 @@ class RolloutConfig(_Section):
     tool_parser: Literal["auto", "hermes", "llama3_json", "mistral", "openai"] = "auto"
     """Tool-call format the env's tools parse (given to an env whose constructor takes `parser`, e.g. web_qa, unless `env.kwargs.parser` is set): `hermes` (`<tool_call>{json}</tool_call>`: Qwen2.5/3, Hermes), `llama3_json` (`{"name": ..., "parameters": ...}` as the whole message or after `<|python_tag|>`: Llama-3.1/3.2), `mistral` (`[TOOL_CALLS] [{"name": ..., "arguments": ...}]`), `openai` (`{"tool_calls": [...]}`), or `auto`: picked from the policy's tokenizer (`<tool_call>` -> hermes, `[TOOL_CALLS]` -> mistral, `<|python_tag|>` or `<|eot_id|>` with an ipython role -> llama3_json, else hermes), printed as a `[tools]` start-up line (docs/tools.md). The embedded model is `hermes`."""
     vllm_kwargs: dict[str, Any] = Field(default_factory=dict)
-    """Extra `vllm.LLM` arguments for engine=vllm (gpu_memory_utilization, max_model_len, ...)."""
+    """Extra `vllm.LLM` arguments for engine=vllm (max_model_len, enforce_eager, ...; the GPU memory share is `rollout.gpu_memory_utilization`)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Device of the hf engine's model and sampling (vLLM runs on its build's platform). `auto`: in this process the learner's choice (CPU with `train.device=cpu`, else CUDA when available); in a Ray rollout worker CUDA when it reserves GPUs (`rollout.worker_gpus > 0`), else CPU. `cuda` fails at start-up without a CUDA device, or for Ray workers that reserve no GPU (Ray hides the GPUs from them)."""
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    """vLLM on CUDA: the fraction of the GPU's memory vLLM claims (weights + KV cache). None: vLLM's 0.9 when it has a GPU of its own; when it shares the learner's GPU (the learner in this process on CUDA and the vLLM workers reserving GPUs), the computed share that leaves the learner 16 bytes per parameter (float32 weights, gradients, AdamW moments), 4 more for a reference model, and a margin for activations (`agentrl.infra.gpu_memory.engine_share`). Start-up prints the split and refuses one that cannot fit."""
+    weight_bucket_mb: int = Field(default=512, ge=1)
+    """vLLM: most megabytes per weight push message. A push sends the state dict cast to the engine's dtype in buckets of whole decoder layers up to this size (a layer larger than it goes alone), so no message nears msgpack's 4 GiB limit in vLLM's multiprocess engine."""
     compile: bool = False
     """HF engine: run each decode step and its sampling as one torch.compile graph (inductor with its C++ wrapper; float32 Qwen2/Llama, the static decoder's models): 30 s to 1 min of compiling at the first generate (a `[compile]` line says so, or why it has no effect), then about 0.5-0.65x the eager time per token at batch 8 and 0.8-0.9x at batch 64 on the TRL benchmark's model (`benchmarks/decode_step.py --compile`). Same tokens up to float32 rounding. Falls back to eager with a warning if compiling fails."""
     mode: Literal["sync", "async"] = "sync"
@@ -164,6 +170,16 @@ class RolloutConfig(_Section):
     """Extra variables for the chat template, e.g. `{"enable_thinking": false}` for Qwen3 (no thinking: the generation prompt carries an empty think block)."""
     colocate: bool = False
     """Colocated GPU mode (vLLM and the learner on the same GPUs, vLLM asleep while the learner trains and woken with the new weights for rollout): not built yet, so `true` is refused at start-up. Without CUDA there is nothing to share (and vLLM's CPU build has no sleep mode); with CUDA the engine's `sleep`/`wake_up` exist (`VLLMEngine`) but the loop that drives them is not written (docs/scale_out.md). Today: separate GPUs for the learner and `rollout.worker_gpus`."""
+
+    @model_validator(mode="after")
+    def _one_memory_share(self) -> RolloutConfig:
+        if self.gpu_memory_utilization is not None and "gpu_memory_utilization" in self.vllm_kwargs:
+            raise ValueError("rollout.gpu_memory_utilization and rollout.vllm_kwargs.gpu_memory_utilization are "
+                             "both set: keep rollout.gpu_memory_utilization only")
+        if self.device == "cuda" and self.num_workers > 0 and self.worker_gpus == 0 and self.engine == "hf":
+            raise ValueError("rollout.device=cuda with rollout.num_workers > 0 needs rollout.worker_gpus > 0 "
+                             "(Ray hides the GPUs from a worker that reserves none)")
+        return self
 
     @field_validator("colocate")
     @classmethod
@@ -216,7 +232,7 @@ class TrainConfig(_Section):
     learner_timeout_s: float = Field(default=1800.0, gt=0)
     """Seconds a call to the learner ranks (set-up, an update, a save) may take before the run stops with an error naming the ranks that did not answer (a hung collective: a rank that died or stalls); also the process group's collective timeout. Raise it for updates that take longer."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    """Where the learner's policy, value head, reference model and update batches live: `auto` (CUDA when available, else CPU), `cpu`, or `cuda` (fails at start-up without a CUDA device). The in-process rollout engine keeps its own copy on the CPU; the weights pushed to it are copied across."""
+    """Where the learner's policy, value head, reference model and update batches live: `auto` (CUDA when available, else CPU), `cpu`, or `cuda` (fails at start-up without a CUDA device). The in-process rollout engine keeps its own copy, on `rollout.device` (by default the learner's choice); the weights pushed to it are copied across."""
     precision: Literal["fp32", "bf16"] = "fp32"
     """Compute precision of the learner's forwards: `fp32`, or `bf16` (`torch.autocast` with bfloat16; the weights, gradients and AdamW state stay float32, and logprobs, values and the loss are computed in float32 from upcast logits). bf16 is for GPUs (bf16 tensor cores: faster matmuls, half the activation memory). On CPUs it works but is slow without bf16 instructions (AVX-512 BF16 / AMX): 6x the fp32 update time with `prefix_share` and 10x without on this project's AMD EPYC (AVX2; embedded model, 32 rows of about 200 tokens). Its logprobs differ from the fp32 sampler's by bf16 rounding (about 1e-3 nats on the tiny test model; `loss/logp_mismatch` shows it, `algo.tis_cap` corrects for it). The static float32 decoder (`prefix_share`'s fast path, and so `compile`) is then off (a `[learner]` line says so)."""
     gradient_checkpointing: bool = False

@@ -43,7 +43,7 @@ from agentrl.models.vlm import build_tiny_vlm, is_vlm_dir, load_vlm
 from agentrl.rewards import RewardWrappers
 from agentrl.rollout.chat import ChatRenderer, renderer_for
 from agentrl.rollout.collect import check_batch_hooks
-from agentrl.rollout.engines.make import load_processor, make_engine
+from agentrl.rollout.engines.make import engine_memory_config, load_processor, make_engine
 from agentrl.rollout.envs import _env_accepts, build_env, build_named_env
 from agentrl.rollout.source import Leases, LockedEngine
 from agentrl.rollout.tool_format import resolve_tool_parser
@@ -262,7 +262,9 @@ def _engine_and_learner(run: Run, say: Callable[[str], None]) -> dict[str, Any]:
     (`Learner.load`; empty for a new run)."""
     cfg, model, tok, out, ck = run.cfg, run.model, run.tok, run.out, run.checkpoint
     assert out is not None
-    run.engine = rollout_engine(cfg, model, tok, out)
+    reference = run.algo.needs_reference(cfg.algo) and cfg.placement.reference == "inline"
+    engine_cfg = engine_memory_config(cfg, sum(p.numel() for p in model.parameters()), reference=reference, say=say)
+    run.engine = rollout_engine(engine_cfg, model, tok, out)
     run.learner = learner = make_learner(cfg, run.algo, model, lr_schedule(cfg), rank_source(run))
     if cfg.placement.reference == "worker" and run.algo.needs_reference(cfg.algo):
         learner.reference = make_reference(cfg, model, tok, out, ck)

@@ -52,6 +52,7 @@ class SequenceClassifier:
             "auto" (chat when the tokenizer has a template).
         max_length: tokens per pair (longer inputs are truncated; chat from the left).
         batch_size: pairs per forward pass.
+        device: torch device of the model and its inputs (default CPU).
 
     Raises:
         FileNotFoundError: `path` is not a directory.
@@ -59,7 +60,8 @@ class SequenceClassifier:
     """
 
     def __init__(self, path: str | Path, *, label: int | str | None = None, unsafe_label: int | str | None = None,
-                 input_format: str = "auto", max_length: int = 512, batch_size: int = 8):
+                 input_format: str = "auto", max_length: int = 512, batch_size: int = 8,
+                 device: Any = "cpu"):
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -68,7 +70,8 @@ class SequenceClassifier:
         check_choice("classifier.input_format", input_format, ("auto", "pair", "chat"))
         self.tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         self.model = AutoModelForSequenceClassification.from_pretrained(
-            str(path), local_files_only=True, dtype=torch.float32).eval()
+            str(path), local_files_only=True, dtype=torch.float32).to(device).eval()
+        self.device = torch.device(device)
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token or self.tokenizer.unk_token
         if self.model.config.pad_token_id is None:
@@ -129,7 +132,7 @@ class SequenceClassifier:
             t0 = time.perf_counter()
             for i in range(0, len(prompts), self.batch_size):
                 enc = self._encode(prompts[i:i + self.batch_size], responses[i:i + self.batch_size])
-                out.append(self.model(**enc).logits.float().numpy())
+                out.append(self.model(**enc.to(self.device)).logits.float().cpu().numpy())
             self.busy_s += time.perf_counter() - t0
         return np.concatenate(out).astype(np.float64) if out else np.zeros((0, self.num_labels))
 

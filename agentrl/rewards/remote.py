@@ -14,27 +14,41 @@ import numpy as np
 import torch
 
 from agentrl.infra.cluster import actor_options, ensure_ray
+from agentrl.infra.devices import resolve_device
 from agentrl.models.int8 import REFERENCE_DTYPES, quantize_int8
 from agentrl.rewards.classifier import SequenceClassifier, p_unsafe_from_logits, score_from_logits
 
 
 # -- the reward model -----------------------------------------------------------------------------
+def actor_device(gpus: float) -> str:
+    """The device of an actor that reserves `gpus` GPUs: `cuda` (Ray makes its GPU visible as
+    device 0) when it reserves any, else `cpu`."""
+    return "cuda" if gpus > 0 else "cpu"
+
+
 class ClassifierActor:
     """A `SequenceClassifier` in a process of its own (a Ray actor of `RemoteClassifier`).
 
     Args:
         path: the classifier's model directory; dtype: `float32`, `bfloat16` parameters, or
         `int8` (`quantize_int8`, CPU only); torch_threads: torch threads of the process;
+        device: where the model runs (`cuda` for an actor that reserves a GPU: `actor_device`);
         kwargs: `SequenceClassifier` options.
 
     Raises:
-        ValueError: an unknown dtype. RuntimeError: int8 without the platform's int8 path."""
+        ValueError: an unknown dtype, int8 on CUDA, `cuda` where the process sees no CUDA device.
+        RuntimeError: int8 without the platform's int8 path."""
 
-    def __init__(self, path: str, *, dtype: str = "float32", torch_threads: int = 1, **kwargs: Any) -> None:
+    def __init__(self, path: str, *, dtype: str = "float32", torch_threads: int = 1, device: str = "cpu",
+                 **kwargs: Any) -> None:
         if dtype not in REFERENCE_DTYPES:
             raise ValueError(f"reward model dtype {dtype!r}; allowed: {', '.join(REFERENCE_DTYPES)}")
+        dev = resolve_device(device, key="reward model device")
+        if dtype == "int8" and dev.type != "cpu":
+            raise ValueError("placement.reward_model_dtype=int8 runs on CPU only: set "
+                             "placement.reward_model_gpus=0 or reward_model_dtype=bfloat16")
         torch.set_num_threads(torch_threads)
-        self.clf = SequenceClassifier(path, **kwargs)
+        self.clf = SequenceClassifier(path, device=dev, **kwargs)
         if dtype == "bfloat16":
             self.clf.model.to(torch.bfloat16)
         elif dtype == "int8":
@@ -91,7 +105,7 @@ class RemoteClassifier:
         name = "agentrl_reward_model_" + hashlib.blake2b(spec.encode(), digest_size=8).hexdigest()
         cls = ray.remote(**actor_options(cpus, gpus))(ClassifierActor)
         self.actor = cls.options(name=name, get_if_exists=True, lifetime=None).remote(
-            str(path), dtype=dtype, torch_threads=torch_threads, **kwargs)
+            str(path), dtype=dtype, torch_threads=torch_threads, device=actor_device(gpus), **kwargs)
         meta = ray.get(self.actor.meta.remote())
         self.num_labels, self.label, self.unsafe_label = meta["num_labels"], meta["label"], meta["unsafe_label"]
         self.wait_s = 0.0

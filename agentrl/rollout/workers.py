@@ -51,7 +51,7 @@ from agentrl.rewards import RewardWrappers
 from agentrl.rollout.agent_loop import EpisodeSpec, opening_prompt, run_episodes
 from agentrl.rollout.chat import renderer_for
 from agentrl.rollout.engines.base import SamplingParams, prompt_key
-from agentrl.rollout.engines.make import make_engine
+from agentrl.rollout.engines.make import make_engine, rollout_device
 from agentrl.rollout.envs import build_env
 from agentrl.rollout.source import Leases, LockedEngine
 from agentrl.types import Trajectory
@@ -108,16 +108,20 @@ class RolloutWorker:
         env_factory: `split -> env`; default `agentrl.rollout.envs.build_env(cfg, split, rewards)`
             with one `RewardWrappers` per worker (state such as a curiosity memory or a safety
             multiplier is shared by the worker's envs, not across workers).
+        gpus: the GPUs Ray reserved for this worker (`rollout.worker_gpus`); None in the driver
+            process. The hf engine's device is `rollout_device(cfg, worker_gpus=gpus)`: a worker
+            that reserves a GPU samples on it.
     """
 
     def __init__(self, cfg: Config, model_path: str | Path, *, worker_id: int = 0,
-                 env_factory: Callable[[str], Any] | None = None) -> None:
+                 env_factory: Callable[[str], Any] | None = None, gpus: float | None = None) -> None:
         import torch
 
         torch.set_num_threads(cfg.rollout.torch_threads)
         self.cfg = cfg
         self.worker_id = worker_id
-        self.engine, tokenizer = make_engine(cfg, model_path)
+        device = rollout_device(cfg, worker_gpus=gpus) if cfg.rollout.engine == "hf" else None
+        self.engine, tokenizer = make_engine(cfg, model_path, device=device)
         # a vision-language directory's renders images
         self.renderer = renderer_for(tokenizer, cfg.rollout.history, cfg.rollout.chat_template_kwargs)
         self.push_id = 0  # which `RolloutPool` push the engine holds (0: the model directory's)
@@ -342,7 +346,8 @@ class RolloutPool:
             max_task_retries=0,  # the pool re-issues a dead worker's shard itself
             runtime_env=runtime_env,
         )
-        self.workers = [actor.remote(cfg, str(model_path), worker_id=i, env_factory=env_factory)
+        self.workers = [actor.remote(cfg, str(model_path), worker_id=i, env_factory=env_factory,
+                                     gpus=cfg.rollout.worker_gpus)
                         for i in range(self.num_workers)]
         self.alive = [True] * self.num_workers
         ray.get([w.ready.remote() for w in self.workers])

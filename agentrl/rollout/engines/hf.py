@@ -123,6 +123,21 @@ def check_finite_logprobs(out_logprobs: torch.Tensor, out_len: torch.Tensor, eng
             "and grad norm)")
 
 
+def check_materialised(model: Any) -> Any:
+    """`model`, after checking that none of its parameters or buffers is on the meta device.
+
+    Raises:
+        ValueError: naming the first such tensor (a model built under `torch.device("meta")`
+            and never loaded cannot sample; `.to(device)` would fail with "Cannot copy out of
+            meta tensor").
+    """
+    for name, t in (*model.named_parameters(), *model.named_buffers()):
+        if t.is_meta:
+            raise ValueError(f"the engine's model has {name} on the meta device (built without weights, "
+                             "never loaded): load its weights first")
+    return model
+
+
 class HFEngine:
     """Token-in, token-out sampling with a transformers causal LM (implements `Engine`).
 
@@ -134,7 +149,7 @@ class HFEngine:
         tokenizer: optional; loaded with the model when a path is given. The engine itself
             only needs ids (`pad_token_id` is used for padding when there is one).
         torch_threads: if given, `torch.set_num_threads(torch_threads)` (process-wide).
-        device: torch device of the model and the sampling.
+        device: torch device of the model and the sampling (the model is moved there).
         max_batch: most rows (prompts x n) in one batched forward; larger calls are chunked.
         dtype: parameter dtype when loading from a path (default float32).
         static_decode: run decode steps with `StaticDecoder` when the model supports it (see
@@ -147,6 +162,10 @@ class HFEngine:
 
     Attributes:
         policy_version: version of the loaded weights (0 until `update_weights`).
+
+    Raises:
+        ValueError: a model with tensors on the meta device (`check_materialised`), bad
+            `max_batch`.
     """
 
     def __init__(
@@ -171,7 +190,7 @@ class HFEngine:
         else:
             model = model_or_path
         self.device = torch.device(device)
-        self._model = cast(Any, model).to(self.device).eval()
+        self._model = cast(Any, check_materialised(model)).to(self.device).eval()
         self._tokenizer = tokenizer
         self.max_batch = max_batch
         self.policy_version = 0

