@@ -29,6 +29,7 @@ from agentrl.config import Config
 from agentrl.env.base import env_state
 from agentrl.eval.episodes import episode_success, reward_component_means
 from agentrl.eval.harness import evaluate_heldout, training_metrics
+from agentrl.infra.runfolder import unlock_run
 from agentrl.infra.signals import RunInterrupted, StopRequest
 from agentrl.learner.checkpoints import REWARD_STATE, pack_state, prune
 from agentrl.learner.local import NonFiniteGradientError, latest_checkpoint
@@ -209,6 +210,14 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
     """
     reporter = Reporter(console, enabled=not cfg.quiet)
     say = reporter.line  # flushed: a log file grows while the run works
+    try:  # OUT's lock (taken by `build`) is held until this returns or raises
+        return _train(cfg, reporter, say, console)
+    finally:
+        unlock_run(Path(cfg.resume or cfg.out))
+
+
+def _train(cfg: Config, reporter: Reporter, say: Callable[[str], None], console: Any) -> dict[str, Any]:
+    """`train` after its reporter is made, under OUT's lock."""
     run = build(cfg, reporter=reporter, warm_start=warm_start)  # checks; policy (+ warm start)
     if run.summary is not None:  # a resumed run that had finished already
         return run.summary

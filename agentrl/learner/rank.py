@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from agentrl.learner.checkpoints import SHARDED, rng_state, set_rng_state
+from agentrl.learner.checkpoints import SHARDED, rng_state, safe_load, set_rng_state
 from agentrl.learner.dist import DataParallel, full_state_dict, load_sharded, save_sharded
 from agentrl.learner.local import Learner, resolve_device
 from agentrl.learner.lora import is_peft, merge_lora_state
@@ -153,7 +153,7 @@ class LearnerRank:
         lr.optimizer_steps = int(optimizer_steps)
         rng = source / f"rng_rank{self.rank}.pt"
         if rng.exists():
-            set_rng_state(torch.load(rng, weights_only=False))
+            set_rng_state(safe_load(rng))
 
     def shutdown(self) -> None:
         """Leave the process group."""
