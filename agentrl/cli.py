@@ -137,6 +137,7 @@ def train(
         _fail(f"config error: {e}")
     from agentrl.learner.group import PlacementError
     from agentrl.startup import OutError, ResumeError
+    from agentrl.train import DeadRewardError
     from agentrl.train import train as run_train
 
     try:
@@ -153,7 +154,7 @@ def train(
                 f"no step was saved: start again with --overwrite (or another --out than {run})")
         console.print(f"[yellow]stopped: {escape(hint)}[/yellow]")
         raise typer.Exit(getattr(e, "exit_code", 130)) from None
-    except NonFiniteGradientError as e:
+    except (NonFiniteGradientError, DeadRewardError) as e:
         _fail(f"stopped: {e}")
     except (OutError, ResumeError, PlacementError, ConfigError) as e:
         _fail(str(e))
