@@ -104,8 +104,10 @@ def set_up(cfg: Config) -> tuple[Config, Any, Path]:
     algo = get_algorithm(cfg.algo.name)
     cfg = resolve_run_defaults(cfg)  # a VLM for an image env, its SFT lr
     check_settings(cfg)
-    preflight(cfg)  # before check_out: an --overwrite that fails here has deleted nothing
     out = Path(cfg.resume or cfg.out)
+    if out.exists() and not out.is_dir():  # before the env checks: the cheapest refusal first
+        raise OutError(f"out: {out} is a file, not a folder")
+    preflight(cfg)  # before check_out: an --overwrite that fails here has deleted nothing
     _lock(out)  # held until `release` (or the process ends): no second run checks and writes it
     try:
         if cfg.resume:  # the run's own folder; a stray --out / --overwrite is not recorded in it
@@ -131,9 +133,7 @@ def set_up(cfg: Config) -> tuple[Config, Any, Path]:
 
 
 def _lock(out: Path) -> None:
-    """`agentrl.infra.runfolder.lock_run` of `out` (after refusing a file), as an `OutError`."""
-    if out.exists() and not out.is_dir():
-        raise OutError(f"out: {out} is a file, not a folder")
+    """`agentrl.infra.runfolder.lock_run` of `out`, as an `OutError`."""
     try:
         lock_run(out)
     except RunLocked as e:

@@ -7,6 +7,7 @@ folder), each failing with a message that names the key to change. `agentrl.run.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -93,9 +94,28 @@ def preflight(cfg: Config) -> None:
         check_wandb_login()
     env = build_env(cfg, "train")  # ConfigError for keywords the env or a wrapper refuses
     try:
+        check_splits(cfg, env)
         check_policy_sees_images(cfg, env)
     finally:
         env.close()
+
+
+def check_splits(cfg: Config, env: Any) -> None:
+    """An env with a fixed task list per split (`tasks(split)`, e.g. code_sandbox on a dataset
+    file) must have train tasks, and held-out tasks when the run evaluates (`train.eval_tasks`
+    > 0; always 1 or more today), found before OUT is written.
+
+    Raises:
+        ConfigError: naming the split, the env and the keys that choose it.
+    """
+    listed = getattr(getattr(env, "unwrapped", env), "tasks", None)
+    if not callable(listed) or "split" not in inspect.signature(listed).parameters:
+        return
+    for split in ("train", "heldout") if cfg.train.eval_tasks > 0 else ("train",):
+        if not listed(split):
+            raise ConfigError(f"config error: env {cfg.env.name}: the {split} split has no tasks "
+                              f"(env.dataset={cfg.env.dataset}, env.kwargs={dict(cfg.env.kwargs)}); "
+                              "give a larger dataset or another heldout_fraction in env.kwargs")
 
 
 def check_policy_sees_images(cfg: Config, env: Any) -> None:
