@@ -106,6 +106,13 @@ def train(
             "rollout.ray_address": ray_address, "overwrite": overwrite or None})
     except ConfigError as e:
         _fail(str(e))
+    if resume:  # an unisolated sandbox only when this command line asks (never config.json alone)
+        from agentrl.startup import ResumeError, asked_settings, check_resume_isolation
+
+        try:
+            check_resume_isolation(cfg, asked_settings(config, overrides))
+        except (ResumeError, ConfigError) as e:
+            _fail(str(e))
     if imports:  # added to the imports of the config (a resumed run's included)
         cfg = cfg.model_copy(update={"env": cfg.env.model_copy(
             update={"imports": list(dict.fromkeys([*cfg.env.imports, *imports]))})})

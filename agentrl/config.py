@@ -32,6 +32,7 @@ from agentrl.algos.configs import (
     refused_algo_key,
     saved_algo_keys,
 )
+from agentrl.yaml_safe import load_yaml
 
 
 class _Section(BaseModel):
@@ -530,49 +531,6 @@ def algo_config(**fields: Any) -> AlgoBase:
         raise ConfigError(_format_error(e, ("algo",))) from None
 
 
-MAX_YAML_NODES = 100_000
-"""The most nodes a YAML config file or override may expand to, its aliases counted at each use
-(a 562-byte "billion laughs" of 9 levels of 10 aliases expands to 10^9)."""
-
-
-def _expanded_nodes(node: yaml.Node, memo: dict[int, int]) -> int:
-    """How many nodes `node` stands for with every alias expanded (memoised per node: aliases
-    share their node, so this is linear in the document)."""
-    if id(node) in memo:
-        return memo[id(node)]
-    n = 1
-    if isinstance(node, yaml.MappingNode):
-        n += sum(_expanded_nodes(k, memo) + _expanded_nodes(v, memo) for k, v in node.value)
-    elif isinstance(node, yaml.SequenceNode):
-        n += sum(_expanded_nodes(v, memo) for v in node.value)
-    memo[id(node)] = n
-    return n
-
-
-def safe_yaml(text: str, where: str) -> Any:
-    """`yaml.safe_load(text)`, refusing a document whose aliases expand past `MAX_YAML_NODES`
-    nodes (checked on the composed graph, before anything is built) or that nests too deep.
-
-    Raises:
-        ConfigError: naming `where` (the file or the override) and the size.
-        yaml.YAMLError: invalid YAML.
-    """
-    loader = yaml.SafeLoader(text)
-    try:
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        size = _expanded_nodes(node, {})
-        if size > MAX_YAML_NODES:
-            raise ConfigError(f"{where}: the YAML expands to {size:,} nodes through its aliases (at most "
-                              f"{MAX_YAML_NODES:,}); refused (an alias bomb?)")
-        return loader.construct_document(node)
-    except RecursionError:
-        raise ConfigError(f"{where}: the YAML nests too deep") from None
-    finally:
-        loader.dispose()
-
-
 def load_config(yaml_path: str | Path | None = None, overrides: list[str] | None = None,
                 *, base: Any = None, flag_names: dict[str, str] | None = None, **top: Any) -> Config:
     """Build the config: defaults <- `base` <- YAML file <- `key=value` overrides <- `top`
@@ -598,7 +556,9 @@ def load_config(yaml_path: str | Path | None = None, overrides: list[str] | None
             raise ConfigError(f"config file not found: {p}" if not p.exists()
                               else f"config file {p} is not a file")
         try:
-            loaded = safe_yaml(p.read_text(), str(p)) or {}
+            loaded = load_yaml(p.read_text()) or {}
+        except ValueError as e:  # an alias bomb (agentrl.yaml_safe)
+            raise ConfigError(f"{p}: {e}") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"{p}: invalid YAML ({' '.join(str(e).split())})") from None
         if not isinstance(loaded, dict):
@@ -615,7 +575,9 @@ def load_config(yaml_path: str | Path | None = None, overrides: list[str] | None
         k, _, v = ov.partition("=")
         try:
             # `None` (Python's spelling, as docs/config.md and our error hints write it) is null
-            value = safe_yaml(v, f"override {k.strip()}") if v not in ("", "None") else None
+            value = load_yaml(v) if v not in ("", "None") else None
+        except ValueError as e:
+            raise ConfigError(f"override {k.strip()}: {e}") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"override {k.strip()}: invalid value {v!r} "
                               f"({' '.join(str(e).split())})") from None

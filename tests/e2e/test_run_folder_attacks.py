@@ -237,3 +237,33 @@ def test_a_second_process_never_shares_a_run_folder(run2, tmp_path, tiny_model_d
     text = _resume(tiny_model_dir, out, steps=done + 1)
     assert f"at step {done}" in text
     assert (out / "summary.json").exists()
+
+
+# -- isolation on resume ------------------------------------------------------------------------
+def test_resume_never_lowers_isolation_from_an_edited_config_json(tmp_path):
+    """Issue 42 item 16: config.json edited to env.kwargs.backend: subprocess does not make
+    `--resume` run code unisolated: refused naming the key, unless the command line asks
+    (an override or its -c file); the check runs before anything is built or written."""
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+
+    out = tmp_path / "iso"
+    out.mkdir()
+    saved = json.loads(load_config(None, ["env.name=code_sandbox", "env.kwargs={backend: bwrap}",
+                                          f"out={out}"]).model_dump_json())
+    saved["env"]["kwargs"]["backend"] = "subprocess"  # the edit
+    (out / "config.json").write_text(json.dumps(saved))
+    before = sorted(p.name for p in out.iterdir())
+
+    def run(*extra):
+        r = CliRunner().invoke(app, ["train", "--resume", str(out), "-q", *extra])
+        return r.exit_code, " ".join(r.output.split())
+
+    code, text = run()
+    assert code == 2 and "sets env.kwargs.backend=subprocess" in text and "add env.kwargs.backend=subprocess" in text
+    assert sorted(p.name for p in out.iterdir()) == before
+    (tmp_path / "ask.yaml").write_text("env: {kwargs: {backend: subprocess}}\n")
+    for asked in (["env.kwargs.backend=subprocess"], ["-c", str(tmp_path / "ask.yaml")]):
+        code, text = run(*asked)  # asked for: past the isolation check (then: no checkpoint here)
+        assert code == 2 and "no intact checkpoint" in text and "subprocess" not in text, text
