@@ -106,6 +106,13 @@ def train(
             "rollout.ray_address": ray_address, "overwrite": overwrite or None})
     except ConfigError as e:
         _fail(str(e))
+    if resume:  # an unisolated sandbox only when this command line asks (never config.json alone)
+        from agentrl.startup import ResumeError, asked_settings, check_resume_isolation
+
+        try:
+            check_resume_isolation(cfg, asked_settings(config, overrides))
+        except (ResumeError, ConfigError) as e:
+            _fail(str(e))
     if imports:  # added to the imports of the config (a resumed run's included)
         cfg = cfg.model_copy(update={"env": cfg.env.model_copy(
             update={"imports": list(dict.fromkeys([*cfg.env.imports, *imports]))})})
@@ -137,6 +144,7 @@ def train(
         _fail(str(e))
     from agentrl.learner.group import PlacementError
     from agentrl.startup import OutError, ResumeError
+    from agentrl.train import DeadRewardError
     from agentrl.train import train as run_train
 
     try:
@@ -153,7 +161,7 @@ def train(
                 f"no step was saved: start again with --overwrite (or another --out than {run})")
         console.print(f"[yellow]stopped: {escape(hint)}[/yellow]")
         raise typer.Exit(getattr(e, "exit_code", 130)) from None
-    except NonFiniteGradientError as e:
+    except (NonFiniteGradientError, DeadRewardError) as e:
         _fail(f"stopped: {e}")
     except (OutError, ResumeError, PlacementError, ConfigError) as e:
         _fail(str(e))

@@ -32,6 +32,7 @@ from agentrl.algos.configs import (
     refused_algo_key,
     saved_algo_keys,
 )
+from agentrl.yaml_safe import load_yaml
 
 
 class _Section(BaseModel):
@@ -239,6 +240,8 @@ class TrainConfig(_Section):
     """Recompute activations in the backward (transformers' `gradient_checkpointing_enable`, non-reentrant) to save memory at about one extra forward's time: the same gradient. The prefix-shared forward then runs without sharing the prompt (transformers drops the cache)."""
     max_nonfinite_steps: int = Field(default=3, ge=1)
     """An optimizer step whose global gradient norm is NaN or infinite is skipped (weights, optimizer state and learning-rate schedule unchanged; counted as `loss/skipped_nonfinite` and logged); this many skipped steps in a row stop the run with an error naming the step."""
+    max_nonfinite_reward_steps: int = Field(default=3, ge=0)
+    """This many RL steps in a row whose episode rewards are all NaN or infinite (a dead reward source: an unreachable judge or reward model, a failing env) stop the run with an error naming the env, its reward settings and the first episode error, exit 2 (0: never stop; such steps train on nothing)."""
     save_every: int = Field(default=20, ge=0)
     """Checkpoint every N steps (0: only at the end, and on Ctrl-C / SIGTERM, which always save the last completed step). The default keeps a rolling checkpoint: about 10 MiB and 0.4-0.6 s per save (fsync and SHA-256 included) for the embedded model (weights and AdamW state; the reference adds its weights), 3x the weights in bytes in general; about 2% of the main job's wall time (docs/observability.md)."""
     keep_checkpoints: int = Field(default=2, ge=0)
@@ -577,7 +580,9 @@ def load_config(yaml_path: str | Path | None = None, overrides: list[str] | None
             raise ConfigError(f"config file not found: {p}" if not p.exists()
                               else f"config file {p} is not a file")
         try:
-            loaded = yaml.safe_load(p.read_text()) or {}
+            loaded = load_yaml(p.read_text()) or {}
+        except ValueError as e:  # an alias bomb (agentrl.yaml_safe)
+            raise ConfigError(f"{p}: {e}") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"{p}: invalid YAML ({' '.join(str(e).split())})") from None
         if not isinstance(loaded, dict):
@@ -594,7 +599,9 @@ def load_config(yaml_path: str | Path | None = None, overrides: list[str] | None
         k, _, v = ov.partition("=")
         try:
             # `None` (Python's spelling, as docs/config.md and our error hints write it) is null
-            value = yaml.safe_load(v) if v not in ("", "None") else None
+            value = load_yaml(v) if v not in ("", "None") else None
+        except ValueError as e:
+            raise ConfigError(f"override {k.strip()}: {e}") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"override {k.strip()}: invalid value {v!r} "
                               f"({' '.join(str(e).split())})") from None

@@ -31,6 +31,7 @@ from agentrl.config import Config, ConfigError
 from agentrl.env.base import load_env_state
 from agentrl.env.content import content_error, content_text
 from agentrl.env.registry import import_env_modules, resolve_env_id
+from agentrl.infra.runfolder import RunLocked, check_no_links, lock_run, unlock_run
 from agentrl.learner.checkpoints import check_out
 from agentrl.learner.frozen import make_reference, make_teacher
 from agentrl.learner.group import make_learner
@@ -83,7 +84,9 @@ def seed_everything(seed: int) -> None:
 
 # -- set-up -------------------------------------------------------------------------------------
 def set_up(cfg: Config) -> tuple[Config, Any, Path]:
-    """Threads, seeds and the algorithm of the run; writes OUT/config.json.
+    """Threads, seeds and the algorithm of the run; takes OUT's lock (`agentrl.infra.runfolder`,
+    held until `agentrl.infra.runfolder.unlock_run(out)` or the process ends; released when this
+    raises); writes OUT/config.json.
 
     Returns:
         `(cfg with the run's resolved defaults (`agentrl.run`: the env's, the
@@ -97,7 +100,9 @@ def set_up(cfg: Config) -> tuple[Config, Any, Path]:
             `agentrl.startup.preflight`).
         ResumeError: `--resume` with a setting the run keeps changed
             (`agentrl.startup.check_resume_keeps_the_run`).
-        OutError: a new run's `out` is not empty (without `overwrite`), a file, or not writable.
+        OutError: a new run's `out` is not empty (without `overwrite`), a file, or not writable;
+            another process holds OUT's lock (names its pid); a resumed run's OUT (or an
+            `--overwrite`'s) holds a symbolic link.
     """
     check_learner_device(cfg)  # fail early: train.device=cuda without CUDA (in this process)
     quiet_libraries()
@@ -108,22 +113,42 @@ def set_up(cfg: Config) -> tuple[Config, Any, Path]:
     algo = get_algorithm(cfg.algo.name)
     cfg = resolve_run_defaults(cfg)  # a VLM for an image env, its SFT lr
     check_settings(cfg)
-    preflight(cfg)  # before check_out: an --overwrite that fails here has deleted nothing
     out = Path(cfg.resume or cfg.out)
-    if cfg.resume:  # the run's own folder; a stray --out / --overwrite is not recorded in it
-        cfg = cfg.model_copy(update={"out": str(out), "overwrite": False})
-        check_resume_keeps_the_run(cfg, out)
-    if not cfg.resume:
-        try:
-            check_out(out, overwrite=cfg.overwrite)
-        except ValueError as e:
-            raise OutError(str(e)) from None
+    if out.exists() and not out.is_dir():  # before the env checks: the cheapest refusal first
+        raise OutError(f"out: {out} is a file, not a folder")
+    preflight(cfg)  # before check_out: an --overwrite that fails here has deleted nothing
+    _lock(out)  # held until `release` (or the process ends): no second run checks and writes it
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(cfg.model_dump_json(indent=1))
+        if cfg.resume:  # the run's own folder; a stray --out / --overwrite is not recorded in it
+            cfg = cfg.model_copy(update={"out": str(out), "overwrite": False})
+            try:
+                check_no_links(out, "--resume")
+            except ValueError as e:
+                raise OutError(str(e)) from None
+            check_resume_keeps_the_run(cfg, out)
+        else:
+            try:
+                check_out(out, overwrite=cfg.overwrite)
+            except ValueError as e:
+                raise OutError(str(e)) from None
+        try:
+            (out / "config.json").write_text(cfg.model_dump_json(indent=1))
+        except OSError as e:
+            raise OutError(f"out: cannot write to {out}: {e.strerror or e}") from None
+    except BaseException:
+        unlock_run(out)
+        raise
+    return cfg, algo, out
+
+
+def _lock(out: Path) -> None:
+    """`agentrl.infra.runfolder.lock_run` of `out`, as an `OutError`."""
+    try:
+        lock_run(out)
+    except RunLocked as e:
+        raise OutError(str(e)) from None
     except OSError as e:
         raise OutError(f"out: cannot write to {out}: {e.strerror or e}") from None
-    return cfg, algo, out
 
 
 def lr_schedule(cfg: Config) -> Callable[[int], float]:

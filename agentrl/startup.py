@@ -7,15 +7,22 @@ folder), each failing with a message that names the key to change. `agentrl.run.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
+import yaml
 from gymnasium.envs.registration import load_env_creator
 
-from agentrl.config import Config, ConfigError
+from agentrl.config import (  # the overrides as load_config reads them
+    Config,
+    ConfigError,
+    _merge,
+    _set_dotted,
+)
 from agentrl.env.content import message_images
 from agentrl.env.registry import resolve_env_id
 from agentrl.learner.local import latest_checkpoint, resolve_device
@@ -24,6 +31,7 @@ from agentrl.models.tiny import load_model
 from agentrl.models.vlm import is_vlm_dir
 from agentrl.rollout.agent_loop import call_with_timeout
 from agentrl.rollout.envs import build_env
+from agentrl.yaml_safe import load_yaml
 
 
 class OutError(ValueError):
@@ -125,9 +133,28 @@ def preflight(cfg: Config) -> None:
         check_wandb_login()
     env = build_env(cfg, "train")  # ConfigError for keywords the env or a wrapper refuses
     try:
+        check_splits(cfg, env)
         check_policy_sees_images(cfg, env)
     finally:
         env.close()
+
+
+def check_splits(cfg: Config, env: Any) -> None:
+    """An env with a fixed task list per split (`tasks(split)`, e.g. code_sandbox on a dataset
+    file) must have train tasks, and held-out tasks when the run evaluates (`train.eval_tasks`
+    > 0; always 1 or more today), found before OUT is written.
+
+    Raises:
+        ConfigError: naming the split, the env and the keys that choose it.
+    """
+    listed = getattr(getattr(env, "unwrapped", env), "tasks", None)
+    if not callable(listed) or "split" not in inspect.signature(listed).parameters:
+        return
+    for split in ("train", "heldout") if cfg.train.eval_tasks > 0 else ("train",):
+        if not listed(split):
+            raise ConfigError(f"config error: env {cfg.env.name}: the {split} split has no tasks "
+                              f"(env.dataset={cfg.env.dataset}, env.kwargs={dict(cfg.env.kwargs)}); "
+                              "give a larger dataset or another heldout_fraction in env.kwargs")
 
 
 def check_policy_sees_images(cfg: Config, env: Any) -> None:
@@ -183,6 +210,68 @@ def check_resume_keeps_the_run(cfg: Config, out: Path) -> None:
     if cfg.train.steps < done:  # would rewrite config.json's train.steps below the run's own
         raise ResumeError(f"--resume {out}: the run is at step {done}, past train.steps={cfg.train.steps}; "
                           f"give --steps {done} or more (or leave --steps out)")
+
+
+UNISOLATED = {"backend": "subprocess"}
+"""Settings (any depth of `env.kwargs` / `env.wrapper_kwargs`) under which code runs without a
+sandbox (`agentrl.sandbox`: the `subprocess` backend)."""
+
+
+def unisolated_keys(tree: Any, prefix: str) -> set[str]:
+    """The dotted keys under `prefix` of nested dict `tree` that set `UNISOLATED`."""
+    found: set[str] = set()
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            key = f"{prefix}.{k}"
+            if UNISOLATED.get(str(k)) == v:
+                found.add(key)
+            found |= unisolated_keys(v, key)
+    elif isinstance(tree, list):
+        for i, v in enumerate(tree):
+            found |= unisolated_keys(v, f"{prefix}.{i}")
+    return found
+
+
+def asked_settings(yaml_path: str | Path | None, overrides: list[str] | None) -> dict[str, Any]:
+    """The nested settings a command line itself gives: its `-c` YAML file's, then its
+    `key=value` overrides' (no defaults, no saved config, not validated).
+
+    Raises:
+        ConfigError: unreadable YAML or a malformed override (as `load_config`).
+    """
+    data: dict[str, Any] = {}
+    if yaml_path and Path(yaml_path).is_file():
+        try:
+            loaded = load_yaml(Path(yaml_path).read_text())
+        except (ValueError, yaml.YAMLError) as e:
+            raise ConfigError(f"{yaml_path}: invalid YAML ({' '.join(str(e).split())})") from None
+        data = _merge(data, loaded if isinstance(loaded, dict) else {})
+    for ov in overrides or []:
+        k, _, v = ov.partition("=")
+        try:
+            _set_dotted(data, k.strip(), load_yaml(v) if v not in ("", "None") else None)
+        except (ValueError, yaml.YAMLError) as e:
+            raise ConfigError(f"override {k.strip()}: invalid value {v!r} ({' '.join(str(e).split())})") from None
+    return data
+
+
+def check_resume_isolation(cfg: Config, asked: dict[str, Any]) -> None:
+    """`--resume` never lowers isolation from the run's (editable) config.json: an unisolated
+    backend (`UNISOLATED`) in the resumed config must be asked for by this command line
+    (`asked`: the nested settings of its `-c` file and `key=value` overrides).
+
+    Raises:
+        ResumeError: naming the key and how to ask for it.
+    """
+    env = {"kwargs": cfg.env.kwargs, "wrapper_kwargs": getattr(cfg.env, "wrapper_kwargs", None) or {}}
+    now = unisolated_keys(env, "env")
+    wanted = unisolated_keys(asked.get("env", {}), "env")
+    missing = sorted(now - wanted)
+    if missing:
+        key = missing[0]
+        raise ResumeError(f"--resume {cfg.resume}: the run's config.json sets {key}=subprocess (code runs "
+                          "without a sandbox); a resumed run runs unisolated only when its command line "
+                          f"asks: add {key}=subprocess, or set an isolated backend (bwrap, docker, auto)")
 
 
 def env_has_reference_answers(name: str) -> bool:

@@ -18,6 +18,7 @@ The run is built, its start-up checks run and its warm start (`agentrl.sft.warm_
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from functools import partial
@@ -29,6 +30,7 @@ from agentrl.config import Config
 from agentrl.env.base import env_state
 from agentrl.eval.episodes import episode_success, reward_component_means
 from agentrl.eval.harness import evaluate_heldout, training_metrics
+from agentrl.infra.runfolder import unlock_run
 from agentrl.infra.signals import RunInterrupted, StopRequest
 from agentrl.learner.checkpoints import REWARD_STATE, pack_state, prune
 from agentrl.learner.local import NonFiniteGradientError, latest_checkpoint
@@ -184,6 +186,36 @@ def update(lp: Loop, trajs: list[Trajectory], step: int, m: dict[str, float]) ->
     return trajs
 
 
+class DeadRewardError(RuntimeError):
+    """`train.max_nonfinite_reward_steps` steps in a row had no finite reward."""
+
+
+def check_reward_source(cfg: Config, trajs: list[Any], step: int, streak: int) -> int:
+    """The count of steps in a row, ending with `step`, whose episode rewards are all NaN or
+    infinite (0 when `trajs` has a finite one, or no episode).
+
+    Raises:
+        DeadRewardError: the count reaches `train.max_nonfinite_reward_steps` (> 0); names the
+            env, its reward settings (`env.kwargs` keys naming a judge, URL or reward model) and
+            the first episode error.
+    """
+    if not trajs or any(math.isfinite(t.episode_return) for t in trajs):
+        return 0
+    streak += 1
+    cap = cfg.train.max_nonfinite_reward_steps
+    if cap and streak >= cap:
+        src = {k: v for k, v in cfg.env.kwargs.items() if any(w in k for w in ("judge", "url", "reward"))}
+        errs = [str(e) for t in trajs for e in ([t.info["error"]] if t.info.get("error") else [])
+                + list(t.info.get("errors", []))]
+        raise DeadRewardError(
+            f"step {step + 1}: every episode reward of the last {streak} steps was NaN or infinite: the "
+            f"reward source of env {cfg.env.name}" + (f" ({', '.join(f'env.kwargs.{k}={v}' for k, v in src.items())})"
+                                                      if src else "")
+            + " gives no reward" + (f"; first error: {errs[0][:300]}" if errs else "")
+            + f" (train.max_nonfinite_reward_steps={cap}; the last checkpoint is kept)")
+    return streak
+
+
 def checkpoint(lp: Loop, step: int) -> Path:
     """Save the learner, the reward wrappers' state (`reward_state`, as `REWARD_STATE`) and the
     train envs' `agentrl.env.base.env_state` (as `env_state` in `agentrl_state.json`, when they have
@@ -211,6 +243,14 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
     """
     reporter = Reporter(console, enabled=not cfg.quiet)
     say = reporter.line  # flushed: a log file grows while the run works
+    try:  # OUT's lock (taken by `build`) is held until this returns or raises
+        return _train(cfg, reporter, say, console)
+    finally:
+        unlock_run(Path(cfg.resume or cfg.out))
+
+
+def _train(cfg: Config, reporter: Reporter, say: Callable[[str], None], console: Any) -> dict[str, Any]:
+    """`train` after its reporter is made, under OUT's lock."""
     run = build(cfg, reporter=reporter, warm_start=warm_start)  # checks; policy (+ warm start)
     if run.summary is not None:  # a resumed run that had finished already
         return run.summary
@@ -229,6 +269,7 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
         source = make_source(lp, lp.start_step)
         t_loop = time.perf_counter()
         stop = StopRequest()
+        dead = 0  # steps in a row whose rewards were all non-finite
         try:  # on any exception (Ctrl-C too) the actor threads are stopped before it propagates
             stop.install()
             for step in range(lp.start_step, cfg.train.steps):
@@ -241,6 +282,7 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
                 m.update(rollout_metrics(trajs, episode_success, [
                     algo.mixture_metrics(trajs, episode_success),
                     reward_component_means(trajs)]))
+                dead = check_reward_source(cfg, trajs, step, dead)
                 trajs = update(lp, trajs, step, m)
                 sync(lp, source, step, m)
                 m["perf/step_s"] = m["perf/rollout_s"] + m["perf/update_s"] + m["perf/sync_s"]

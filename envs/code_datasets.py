@@ -544,22 +544,38 @@ def humaneval_path() -> Path:
     return path
 
 
+MAX_DATASET_BYTES = 256 << 20
+"""The most bytes a dataset file may hold once decompressed (256 MiB; HumanEval+ with all its
+inputs is 7.7 MB, MBPP+ 2.7 MB): a `.jsonl.gz` that inflates past it is refused as it is read
+(1 MiB at a time), never inflated whole."""
+
+
 def read_records(path: str | Path) -> list[dict[str, Any]]:
     """Read task records from `.jsonl`, `.jsonl.gz`, `.json` or `.json.gz` (a JSON list, or a
     dict of records keyed by task id).
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: a directory, a corrupt gzip, text that is not UTF-8, invalid JSON or a
-            record that is not an object (naming the file and the line), or no list of records.
+        ValueError: a directory, a corrupt gzip, more than `MAX_DATASET_BYTES` (decompressed),
+            text that is not UTF-8, invalid or too deeply nested JSON or a record that is not an
+            object (naming the file and the line), or no list of records.
     """
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"dataset {path}: is a directory; give a .jsonl, .jsonl.gz or .json file")
     opener = gzip.open if path.suffix == ".gz" else open
+    cap = MAX_DATASET_BYTES
     try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            text = f.read()
+        with opener(path, "rb") as f:
+            chunks, size = [], 0
+            while chunk := f.read(1 << 20):  # streamed: a gzip bomb stops at the cap, not in memory
+                size += len(chunk)
+                if size > cap:
+                    raise ValueError(f"dataset {path}: more than {cap:,} bytes"
+                                     f"{' once decompressed' if path.suffix == '.gz' else ''} (at most "
+                                     "code_datasets.MAX_DATASET_BYTES); refused")
+                chunks.append(chunk)
+        text = b"".join(chunks).decode("utf-8")
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:
         raise ValueError(f"dataset {path}: not a readable gzip file ({e})") from None
     except UnicodeDecodeError as e:
@@ -572,6 +588,8 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
                 continue
             try:
                 rec = json.loads(line)
+            except RecursionError:
+                raise ValueError(f"dataset {path}, line {n}: JSON nested too deeply") from None
             except ValueError as e:
                 msg = getattr(e, "msg", str(e))
                 raise ValueError(f"dataset {path}, line {n}: invalid JSON ({msg})") from None
@@ -582,6 +600,8 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
         return records
     try:
         data = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"dataset {path}: JSON nested too deeply") from None
     except ValueError as e:
         line = f", line {e.lineno}" if isinstance(e, json.JSONDecodeError) else ""
         raise ValueError(f"dataset {path}{line}: invalid JSON ({getattr(e, 'msg', e)})") from None

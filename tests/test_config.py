@@ -149,3 +149,36 @@ def test_a_saved_config_json_of_before_the_algo_split_loads(tmp_path):
     (tmp_path / "c.yaml").write_text("algo:\n  name: grpo\n  vf_coef: 0.5\n")
     with pytest.raises(ConfigError, match="algo.vf_coef"):
         load_config(tmp_path / "c.yaml")
+
+
+def _alias_bomb() -> str:
+    """A "billion laughs": 9 levels, each a list of 10 aliases of the level below."""
+    lines = ["a0: &a0 [" + ", ".join(['"lol"'] * 10) + "]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 9)]
+    return "\n".join(lines) + "\n"
+
+
+def test_a_yaml_alias_bomb_is_refused_fast_in_a_file_and_an_override(tmp_path):
+    """Issue 42 item 10. Level i stands for (10^(i+2) - 1) / 9 nodes (11, 111, ...); the
+    mapping 1 + 9 keys + their sum: 1,234,567,909 nodes from under 600 bytes."""
+    import time
+
+    bomb = _alias_bomb()
+    assert len(bomb) < 600
+    f = tmp_path / "bomb.yaml"
+    f.write_text(bomb)
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError, match=f"{f}: the YAML expands to 1,234,567,909 nodes"):
+        load_config(f)
+    flow = "{" + ", ".join(bomb.strip().splitlines()) + "}"
+    with pytest.raises(ConfigError, match="override env.kwargs: the YAML expands to 1,234,567,909 nodes"):
+        load_config(None, [f"env.kwargs={flow}"])
+    assert time.perf_counter() - t0 < 1.0
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+
+    r = CliRunner().invoke(app, ["train", "-c", str(f)])
+    assert r.exit_code == 2 and "alias bomb" in r.output, r.output
+    (tmp_path / "ok.yaml").write_text("env: {kwargs: {a: &x [1, 2], b: *x}}\n")  # aliases within the cap load
+    assert load_config(tmp_path / "ok.yaml").env.kwargs == {"a": [1, 2], "b": [1, 2]}

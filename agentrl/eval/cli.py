@@ -62,6 +62,7 @@ overwrite: replace an earlier evaluation in `out` (`check_eval_out`); without it
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Sequence
 from functools import partial
@@ -74,6 +75,7 @@ from agentrl.eval.harness import check_k, run_eval
 from agentrl.eval.reference import reference_setup
 from agentrl.eval.report import compare, print_compare
 from agentrl.eval.tasks import list_tasks
+from agentrl.learner.checkpoints import intact
 from agentrl.learner.local import latest_checkpoint
 from agentrl.rollout.envs import _env_accepts, build_env
 from agentrl.run import build, default_model_dir, quiet_libraries, resolve_run_defaults
@@ -126,14 +128,16 @@ def resolve_model(model: str) -> tuple[Path, Path | None]:
 
     Args:
         model: a Hugging Face model directory, a checkpoint `OUT/checkpoints/step_N`, or a
-            training output dir `OUT` (its newest complete checkpoint is used).
+            training output dir `OUT` (its newest intact checkpoint is used, each newer one
+            that is not intact named on stderr; `agentrl.learner.checkpoints.intact`).
 
     Returns:
         `(model_dir, run_config)` where `run_config` is `OUT/config.json` of the training run
         when there is one, else None.
 
     Raises:
-        FileNotFoundError: `model` is none of the above (the message says what was looked for).
+        FileNotFoundError: `model` is none of the above (the message says what was looked for),
+            a run's checkpoint named itself is not intact, or a run has no intact checkpoint.
     """
     p = Path(model).expanduser()
     if not p.exists():
@@ -141,12 +145,14 @@ def resolve_model(model: str) -> tuple[Path, Path | None]:
                                 "a checkpoint OUT/checkpoints/step_N, a training output dir, or 'reference')")
     if _is_hf_dir(p):
         run = p.parent.parent if p.parent.name == "checkpoints" else None
+        if run is not None and (why := intact(p)) is not None:  # a run's checkpoint, named itself
+            raise FileNotFoundError(f"model: {p} is not an intact checkpoint: {why}")
         cfg = run / "config.json" if run is not None and (run / "config.json").is_file() else None
         return p, cfg
     if (p / "checkpoints").is_dir():
-        ck = latest_checkpoint(p)
+        ck = latest_checkpoint(p, on_skip=lambda c, why: print(f"[eval] skipping {c}: {why}", file=sys.stderr))
         if ck is None:
-            raise FileNotFoundError(f"model: {p} has a checkpoints/ folder but no complete checkpoint")
+            raise FileNotFoundError(f"model: {p} has a checkpoints/ folder but no intact checkpoint")
         return ck, (p / "config.json") if (p / "config.json").is_file() else None
     raise FileNotFoundError(f"model: {p} is neither a Hugging Face model directory (config.json with "
                             "model_type) nor a training output dir with checkpoints/step_N")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import random
 import shutil
 from collections.abc import Callable
@@ -29,6 +30,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from agentrl.infra.runfolder import LOCK_NAME, check_no_links
 
 MANIFEST = "manifest.json"
 TRAINER_STATE = "trainer_state.pt"
@@ -62,13 +65,14 @@ def check_out(out: Path, *, overwrite: bool, resumable: bool = True) -> list[str
     Raises:
         ValueError: `out` is an existing file; it holds an earlier run or other files (without
             `overwrite`: the message says `--overwrite`, and `--resume` when `resumable`); with
-            `overwrite`, it holds files agentrl did not write (nothing is removed then).
+            `overwrite`, it holds files agentrl did not write, or a symbolic link anywhere
+            (`agentrl.infra.runfolder.check_no_links`; nothing is removed then).
     """
     if out.exists() and not out.is_dir():
         raise ValueError(f"out: {out} is a file, not a folder")
     if not out.exists():
         return []
-    items = sorted(out.iterdir())
+    items = sorted(p for p in out.iterdir() if p.name != LOCK_NAME)  # the lock is the run's own, kept
     if not items:
         return []
     foreign = [p.name for p in items if not _is_artefact(p)]
@@ -81,6 +85,7 @@ def check_out(out: Path, *, overwrite: bool, resumable: bool = True) -> list[str
     if foreign:
         raise ValueError(f"out: {out} holds files agentrl did not write ({', '.join(foreign[:6])}); "
                          "--overwrite removes only a run's own files: choose another --out")
+    check_no_links(out, "--overwrite")  # every artefact checked before any is removed
     for p in items:
         if p.is_dir():
             shutil.rmtree(p)
@@ -168,49 +173,120 @@ def write_checkpoint(path: str | Path, model: Any, tokenizer: Any, *, trainer_st
 
 def read_state(path: str | Path, name: str) -> Any:
     """The part `name` of the checkpoint in `path` (`TRAINER_STATE`, `VALUE_HEAD`, `REF_MODEL`,
-    `ALGO_STATE`: tensors on the CPU; `RUN_STATE`: the `extra` dict), or None when the
-    checkpoint has no such file."""
+    `ALGO_STATE`: tensors on the CPU and plain containers, loaded with `weights_only=True`, so a
+    tampered file runs no code; `RUN_STATE`: the `extra` dict, its `step` checked), or None when
+    the checkpoint has no such file.
+
+    Raises:
+        ValueError: the file cannot be loaded as tensors and plain containers (a pickle of
+            anything else, a truncated file), or `RUN_STATE` is not valid (`check_run_state`).
+    """
     f = Path(path) / name
     if not f.exists():
         return None
     if name == RUN_STATE:
-        return json.loads(f.read_text())
-    if name == ALGO_STATE:  # the algorithm's small state, as it saved it
-        return torch.load(f, weights_only=False)
-    if name == TRAINER_STATE:  # numpy's and Python's RNG states are not tensors
-        return torch.load(f, weights_only=False, map_location="cpu")
-    return torch.load(f, map_location="cpu")
+        try:
+            return check_run_state(json.loads(f.read_text()), f)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"{f}: unreadable: {e}") from None
+    return safe_load(f)
+
+
+def safe_load(f: Path) -> Any:
+    """`torch.load(f, weights_only=True)` on the CPU: tensors, dicts, lists, tuples and scalars
+    only (no code of the file's runs).
+
+    Raises:
+        ValueError: anything else in the file, or an unreadable file (names it).
+    """
+    try:
+        return torch.load(f, weights_only=True, map_location="cpu")
+    except Exception as e:  # noqa: BLE001 - UnpicklingError, RuntimeError, EOFError, OSError ...
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{f}: not loadable as tensors and plain containers ({first})") from None
+
+
+def check_run_state(extra: Any, where: Path | str = RUN_STATE) -> dict[str, Any]:
+    """`extra` when it is a dict whose `step` and `policy_version` (when present) are integers
+    >= 0 (a negative step would truncate metrics.jsonl on resume).
+
+    Raises:
+        ValueError: naming the file and the key.
+    """
+    if not isinstance(extra, dict):
+        raise ValueError(f"{where}: not a JSON object")
+    for key in ("step", "policy_version"):
+        v = extra.get(key, 0)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"{where}: {key} must be an integer >= 0, not {v!r}")
+    if "step" not in extra:
+        raise ValueError(f"{where}: no step")
+    return extra
 
 
 def rng_state() -> dict[str, Any]:
-    """This process's torch, numpy, Python and CUDA (None without CUDA) generator states."""
-    return {"torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state(),
-            "python_rng": random.getstate(),
+    """This process's torch, numpy, Python and CUDA (None without CUDA) generator states, as
+    tensors and plain containers (`torch.load(weights_only=True)` reads them back)."""
+    _, keys, pos, has_gauss, cached = np.random.get_state()
+    version, words, gauss_next = random.getstate()
+    return {"torch_rng": torch.get_rng_state(),
+            "numpy_rng": {"keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "pos": int(pos),
+                          "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+            "python_rng": {"version": int(version), "state": torch.tensor(words, dtype=torch.int64),
+                           "gauss_next": gauss_next},
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
 
 
 def set_rng_state(st: dict[str, Any]) -> None:
-    """Restore the generators of `rng_state` (CUDA's when saved and available)."""
-    torch.set_rng_state(st["torch_rng"])
-    np.random.set_state(st["numpy_rng"])
-    random.setstate(st["python_rng"])
+    """Restore the generators of `rng_state` (CUDA's when saved and available).
+
+    Raises:
+        ValueError: `st` is not `rng_state`'s layout (e.g. written by an older agentrl).
+    """
+    try:
+        npr, pyr = st["numpy_rng"], st["python_rng"]
+        torch.set_rng_state(st["torch_rng"])
+        np.random.set_state(("MT19937", npr["keys"].numpy().astype(np.uint32), int(npr["pos"]),
+                             int(npr["has_gauss"]), float(npr["cached_gaussian"])))
+        random.setstate((int(pyr["version"]), tuple(int(w) for w in pyr["state"].tolist()),
+                         pyr["gauss_next"]))
+    except (KeyError, TypeError, AttributeError, ValueError, RuntimeError) as e:
+        raise ValueError(f"RNG state not in this agentrl's layout: {type(e).__name__}: {e}") from None
     if st.get("cuda_rng") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(st["cuda_rng"])
 
 
 def intact(ck: Path) -> str | None:
-    """None when checkpoint `ck` matches its manifest (or has none: written before manifests),
-    else why not (a missing or unreadable manifest entry, a size or digest mismatch)."""
+    """None when checkpoint `ck` is whole (`manifest_mismatch`) and loadable (`unloadable`),
+    else why not."""
+    return manifest_mismatch(ck) or unloadable(ck)
+
+
+def manifest_mismatch(ck: Path) -> str | None:
+    """None when `ck/manifest.json` lists every file of `ck` (and nothing else) with its size and
+    SHA-256, all matching, and no entry of `ck` is a symbolic link; else why not (no manifest,
+    an empty or malformed one, a file missing, added, resized or changed)."""
     m = ck / MANIFEST
-    if not m.exists():
-        return None
+    if m.is_symlink() or not m.is_file():
+        return f"no {MANIFEST} (a checkpoint is intact only with one)"
     try:
         manifest = json.loads(m.read_text())
-    except (OSError, ValueError) as e:
+    except (OSError, UnicodeDecodeError, ValueError) as e:
         return f"unreadable {MANIFEST}: {e}"
+    if not isinstance(manifest, dict) or not manifest:
+        return f"{MANIFEST} lists no files"
+    links = [p for p in ck.rglob("*") if p.is_symlink()]
+    if links:
+        return f"{links[0].relative_to(ck)} is a symbolic link"
+    present = {str(p.relative_to(ck)) for p in _files(ck)}
+    if present - set(manifest):
+        return f"{sorted(present - set(manifest))[0]} is not in {MANIFEST}"
     for rel, want in manifest.items():
         p = ck / rel
-        if not p.is_file():
+        if not isinstance(want, dict) or not isinstance(want.get("bytes"), int) \
+                or not isinstance(want.get("sha256"), str):
+            return f"{MANIFEST}: malformed entry for {rel}"
+        if rel not in present:
             return f"{rel} is missing"
         if p.stat().st_size != want["bytes"]:
             return f"{rel} has {p.stat().st_size} bytes, the manifest says {want['bytes']}"
@@ -219,13 +295,70 @@ def intact(ck: Path) -> str | None:
     return None
 
 
+def unloadable(ck: Path) -> str | None:
+    """None when every part of checkpoint `ck` reads back as data: `agentrl_state.json`
+    (`check_run_state`), each `*.pt` as tensors and plain containers (`safe_load`, memory-mapped),
+    each `*.safetensors` header, and the DCP `.metadata` of learner ranks (`check_dcp_metadata`);
+    else why not. Nothing in `ck` is executed."""
+    from safetensors import safe_open
+
+    try:
+        read_state(ck, RUN_STATE)
+        for p in _files(ck):
+            if p.suffix == ".pt":
+                torch.load(p, weights_only=True, map_location="cpu", mmap=True)
+            elif p.suffix == ".safetensors":
+                with safe_open(str(p), framework="pt") as f:
+                    f.keys()
+            elif p.name == ".metadata" and p.parent.name == SHARDED:
+                check_dcp_metadata(p)
+    except Exception as e:  # noqa: BLE001 - any failure to read it back: the checkpoint is not loadable
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return f"cannot be loaded: {first}"
+    return None
+
+
+_DCP_GLOBALS = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
+                ("pathlib", "PurePosixPath"), ("collections", "OrderedDict"),
+                ("torch.distributed.checkpoint.filesystem", "_StorageInfo")}
+
+
+class _DcpUnpickler(pickle.Unpickler):
+    """Reads a DCP `.metadata` pickle, resolving only the classes that file is made of (the
+    metadata dataclasses of `torch.distributed.checkpoint.metadata`, dtypes, sizes, paths)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        ok = (module, name) in _DCP_GLOBALS or (
+            module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout)))
+        if module == "torch.distributed.checkpoint.metadata":
+            import torch.distributed.checkpoint.metadata as meta
+
+            obj = getattr(meta, name, None)
+            ok = isinstance(obj, type) and obj.__module__ == meta.__name__
+        if not ok:
+            raise pickle.UnpicklingError(f"{module}.{name} is not allowed in DCP metadata")
+        return super().find_class(module, name)
+
+
+def check_dcp_metadata(path: Path) -> None:
+    """Unpickle the DCP `.metadata` file `path` with only its own classes allowed, before
+    `torch.distributed.checkpoint` (which uses plain `pickle.load`) reads it.
+
+    Raises:
+        pickle.UnpicklingError: it names another global (a payload).
+    """
+    with path.open("rb") as f:
+        _DcpUnpickler(f).load()
+
+
 def checkpoints(out: Path) -> list[Path]:
-    """The complete `OUT/checkpoints/step_N` folders (interrupted saves, `*.tmp`, left out),
-    oldest first."""
+    """The complete `OUT/checkpoints/step_N` folders (interrupted saves, `*.tmp`, and symbolic
+    links left out), oldest first."""
     ck = Path(out) / "checkpoints"
     if not ck.is_dir():
         return []
     done = [p for p in ck.iterdir() if p.name.startswith("step_") and not p.name.endswith(".tmp")
+            and not p.is_symlink()
             and p.name[5:].isdigit() and (p / RUN_STATE).exists()]
     return sorted(done, key=lambda p: int(p.name[5:]))
 

@@ -479,7 +479,7 @@ def save_reference_model(model: Any, tok: Any, out: Path, checkpoint: Path | Non
         if not (checkpoint / "ref_model.pt").exists():
             raise ValueError(f"placement.reference=worker: resuming from {checkpoint}, which has no "
                              f"reference weights (ref_model.pt) and {target} does not exist")
-        ref.load_state_dict(torch.load(checkpoint / "ref_model.pt", map_location="cpu"))
+        ref.load_state_dict(torch.load(checkpoint / "ref_model.pt", map_location="cpu", weights_only=True))
     ref.save_pretrained(target)
     tok.save_pretrained(target)
     return target

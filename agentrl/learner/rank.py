@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from agentrl.learner.checkpoints import SHARDED, rng_state, set_rng_state
+from agentrl.learner.checkpoints import SHARDED, rng_state, safe_load, set_rng_state
 from agentrl.learner.dist import (
     DataParallel,
     full_state_dict,
@@ -247,7 +247,7 @@ class LearnerRank:
         lr.optimizer_steps = int(optimizer_steps)
         rng = source / f"rng_rank{self.rank}.pt"
         if rng.exists():
-            set_rng_state(torch.load(rng, weights_only=False))
+            set_rng_state(safe_load(rng))
 
     def shutdown(self) -> None:
         """Leave the process group."""

@@ -141,3 +141,48 @@ def test_import_of_a_missing_module_is_an_import_error_naming_it(tmp_path, comma
     assert "env.name" not in flat and "Traceback" not in text
     assert flat.startswith("import error: --import nonexistent_module"), flat
     assert not out.exists()
+
+
+@pytest.mark.parametrize("name,where", [("deep.json", "deep.json:"), ("deep.jsonl", "deep.jsonl, line 1:")])
+def test_a_100k_deep_json_array_is_a_one_line_error(tmp_path, name, where):
+    """Issue 42 item 11: `[[[...]]]` 100,000 deep (json's recursion limit), exit 2, no OUT."""
+    path = _write(tmp_path / name, "[" * 100_000 + "]" * 100_000 + "\n")
+    out = tmp_path / "out"
+    code, text = _cli("train", "--env", "code_sandbox", "--steps", "1", "-q", "--dataset", str(path), "--out", str(out))
+    assert code == 2 and f"{where} JSON nested too deeply" in text and "Traceback" not in text, text
+    assert len(text.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_a_gzip_bomb_is_refused_as_it_inflates(tmp_path, monkeypatch):
+    """Issue 42 item 11: a .jsonl.gz inflating past `MAX_DATASET_BYTES` (here lowered to 1 MiB;
+    the file, 3 MiB of one repeated record, compresses to a few KiB) stops at the cap, exit 2,
+    before OUT exists."""
+    import gzip
+
+    import agentrl_envs.code_datasets as cd
+
+    monkeypatch.setattr(cd, "MAX_DATASET_BYTES", 1 << 20)
+    line = (json.dumps(GOOD) + "\n").encode()
+    path = _write(tmp_path / "bomb.jsonl.gz", gzip.compress(line * (3 * (1 << 20) // len(line))))
+    assert path.stat().st_size < 64 << 10
+    out = tmp_path / "out"
+    code, text = _cli("train", "--env", "code_sandbox", "--dataset", str(path), "--out", str(out), "-q")
+    flat = " ".join(text.split())
+    assert code == 2 and "more than 1,048,576 bytes once decompressed" in flat, text
+    assert not out.exists()
+    monkeypatch.setattr(cd, "MAX_DATASET_BYTES", 4 << 20)  # under the cap it loads
+    assert len(cd.read_records(path)) == 3 * (1 << 20) // len(line)
+
+
+def test_an_empty_held_out_split_is_refused_before_out(tmp_path):
+    """Issue 42 item 11: a dataset whose tasks all hash into the train split (one task here)
+    has no held-out tasks to evaluate: exit 2 at start-up, OUT never written."""
+    from agentrl_envs.code_datasets import split_fraction
+
+    assert split_fraction("t/0") >= 0.2  # t/0 is a train task at the default heldout_fraction
+    path = _write(tmp_path / "one.jsonl", json.dumps(GOOD) + "\n")
+    out = tmp_path / "out"
+    code, text = _cli("train", "--env", "code_sandbox", "--dataset", str(path), "--out", str(out), "-q")
+    flat = " ".join(text.split())
+    assert code == 2 and "env code_sandbox: the heldout split has no tasks" in flat, text
+    assert not out.exists()
