@@ -36,7 +36,12 @@ from agentrl.infra.http_deadline import (
     fresh_connection_limits,
     request_with_deadline,
 )
-from agentrl.rewards.parse import final_score_line, parse_judge_score, parse_pairwise_choice, parse_score_line
+from agentrl.rewards.parse import (
+    final_score_line,
+    parse_judge_score,
+    parse_pairwise_choice,
+    parse_score_line,
+)
 
 Message = dict[str, Any]
 
