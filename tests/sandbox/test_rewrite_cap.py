@@ -11,8 +11,8 @@ import pytest
 from agentrl.sandbox import Limits
 from agentrl.sandbox.judge import make_job
 from agentrl.sandbox.rewrite import MAX_TEST_CHARS, TestTooLarge, rewrite_test
-from agentrl_envs.code_sandbox import CodeSandboxEnv
 from agentrl_envs.code_datasets import CodeTask
+from agentrl_envs.code_sandbox import CodeSandboxEnv
 
 
 def _big(n: int, salt: str = "") -> str:
