@@ -16,6 +16,7 @@ format `code_datasets.py` reads (HumanEval, MBPP, EvalPlus), or `humaneval`.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 from typing import Any
 
@@ -30,9 +31,14 @@ from agentrl_envs.code_datasets import (
     select_split,
     task_from_dict,
 )
+from agentrl_envs.trivial_probe import probe_tasks
 
 SYSTEM_PROMPT = "Answer with a Python function."
+log = logging.getLogger(__name__)
+
 REWARDS = ("binary", "fraction")
+#: what CodeSandboxEnv does with tasks a trivial solution passes (`trivial_probe`)
+TRIVIAL_MODES = ("auto", "drop", "flag", "off")
 BACKENDS = ("auto", "bwrap", "docker", "subprocess")
 #: Verdicts the env adds to the sandbox's: nothing to run, or an action that is not text.
 ENV_VERDICTS = ("no_code", "bad_action")
@@ -184,6 +190,14 @@ class CodeSandboxEnv(TextEnv):
         num_tasks: built-in only: the size of the fixed task lists `tasks(split)`.
         families, levels: built-in only: restrict the family (`arith`, `string`, `list`,
             `dict`) and the level (1, 2).
+        trivial_tasks: the reward-hacking guard (`trivial_probe`): each split's tasks are run
+            against trivial solutions (constants, first argument, empty body; cached); `drop`
+            leaves the ones a trivial solution passes out of the train split (other splits:
+            flagged), `flag` keeps them and lists them in `trivial` and the reset info, `off`
+            does not probe; `auto` (default): `drop` for dataset files, `off` for the built-in
+            tasks (5 of the 500 train tasks pass one, e.g. `s_tail k=6` the first argument;
+            probing them costs ~45 s on 2 cores at a first start, so the main job is left
+            as it is: `flag`/`drop` on request).
 
     Raises:
         ValueError: a bad argument, naming it and the allowed values.
@@ -198,7 +212,7 @@ class CodeSandboxEnv(TextEnv):
                  system_prompt: str | None = None, backend: str = "auto",
                  pool: SandboxPool | None = None, heldout_fraction: float = 0.2,
                  num_tasks: int = 500, families: list[str] | None = None,
-                 levels: list[int] | None = None):
+                 levels: list[int] | None = None, trivial_tasks: str = "auto"):
         if reward not in REWARDS:
             raise ValueError(f"reward: unknown mode {reward!r}; allowed: {', '.join(REWARDS)}")
         if int(max_turns) < 1:
@@ -207,6 +221,8 @@ class CodeSandboxEnv(TextEnv):
             raise ValueError(f"backend: unknown {backend!r}; allowed: {', '.join(BACKENDS)}")
         if not 0.0 <= heldout_fraction < 1.0:
             raise ValueError(f"heldout_fraction: must be in [0, 1), got {heldout_fraction}")
+        if trivial_tasks not in TRIVIAL_MODES:
+            raise ValueError(f"trivial_tasks: unknown mode {trivial_tasks!r}; allowed: {', '.join(TRIVIAL_MODES)}")
         if feedback_chars < 1:
             raise ValueError(f"feedback_chars: must be >= 1, got {feedback_chars}")
         self.split = normalize_split(split)
@@ -230,6 +246,11 @@ class CodeSandboxEnv(TextEnv):
         code_tasks.template_groups(families, levels)  # validate early
         self._all: list[CodeTask] | None = load_dataset(dataset) if dataset else None
         self._tasks: dict[str, list[CodeTask]] = {}
+        # "auto": dataset files drop their trivially passable tasks from training; the built-in
+        # tasks are not probed (the main job's task set and start-up time stay as they are)
+        self.trivial_mode = ("drop" if dataset else "off") if trivial_tasks == "auto" else trivial_tasks
+        #: per split: {task_id: the trivial solutions that pass it} (probed splits only)
+        self.trivial: dict[str, dict[str, list[str]]] = {}
         self.task: CodeTask | None = None
         self.turn = 0
         self._done = False
@@ -245,7 +266,24 @@ class CodeSandboxEnv(TextEnv):
                     split, self.num_tasks, 0, families=self.families, levels=self.levels)
             else:
                 self._tasks[split] = select_split(self._all, split, self.heldout_fraction)
+            if self.trivial_mode != "off":
+                self._guard(split)
         return self._tasks[split]
+
+    def _guard(self, split: str) -> None:
+        """Probe `split`'s tasks with trivial solutions (`trivial_probe`, cached); in "drop"
+        mode the train split leaves out those that one passes (other splits are only flagged)."""
+        tasks = self._tasks[split]
+        found = probe_tasks(tasks, self._pool or default_pool(self.backend), sandbox_job)
+        self.trivial[split] = found
+        drop = self.trivial_mode == "drop" and split == "train"
+        if drop:
+            self._tasks[split] = [t for t in tasks if t.task_id not in found]
+        if found:
+            shown = ", ".join(f"{k} ({v[0]})" for k, v in list(found.items())[:5])
+            log.warning("[env] code_sandbox %s: %d of %d tasks pass a trivial solution, %s: %s%s",
+                        split, len(found), len(tasks), "left out of training" if drop else "flagged",
+                        shown, ", ..." if len(found) > 5 else "")
 
     def reference_answer(self) -> str | None:
         """The current task's reference solution as an answer (for the supervised warm start),
@@ -318,6 +356,9 @@ class CodeSandboxEnv(TextEnv):
                {"role": "user", "content": self.task.prompt}]
         info = {"task_id": self.task.task_id, "entry_point": self.task.entry_point,
                 "source": self.task.source, "split": self.split}
+        flagged = self.trivial.get(self.split, {}).get(self.task.task_id)
+        if flagged:  # a trivial solution passes this task (reward-hacking guard)
+            info["trivial"] = list(flagged)
         return obs, info
 
     def step(self, action: str):

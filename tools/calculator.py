@@ -138,12 +138,20 @@ def evaluate(expression: str) -> Number:
     """
     if len(expression) > MAX_EXPRESSION_CHARS:
         raise ToolError(f"expression longer than {MAX_EXPRESSION_CHARS} characters")
+    if "\x00" in expression:
+        raise ToolError("invalid expression: it contains a NUL character")
+    bad = next((c for c in expression if "\ud800" <= c <= "\udfff"), None)
+    if bad is not None:
+        raise ToolError(f"invalid expression: it contains a lone surrogate (U+{ord(bad):04X}), "
+                        "which is not text")
     try:
         tree = ast.parse(expression.strip(), mode="eval")
     except SyntaxError as e:
         raise ToolError(f"invalid expression: {e.msg}") from None
-    except (RecursionError, MemoryError, ValueError):
+    except (RecursionError, MemoryError):
         raise ToolError("invalid expression: too deeply nested") from None
+    except ValueError as e:  # anything else the parser refuses as input
+        raise ToolError(f"invalid expression: {e}") from None
     try:
         value = _eval(tree)
     except ZeroDivisionError:

@@ -89,8 +89,8 @@ class ToolRunner:
     Args:
         tools: the tools offered (Tool objects or typed functions).
         parser: tool-call format, a name in `agentrl_tools.parser.PARSERS` or an instance.
-        max_tool_calls: call attempts allowed per episode; later ones are refused with a
-            message telling the agent to answer.
+        max_tool_calls: call attempts allowed per episode; later ones are refused, all of a
+            turn's with one message telling the agent to answer.
         timeout_s: wall-clock limit per call, seconds (None: no limit).
         max_output_chars: observation text longer than this is truncated.
 
@@ -135,13 +135,11 @@ class ToolRunner:
         if not items:
             return None
         turn = ToolTurn(messages=[], n_calls=len(items))
-        for item in items:
+        allowed = max(0, min(len(items), self.max_tool_calls - self.n_calls))
+        for item in items[:allowed]:
             self.n_calls += 1
             kind: str | None
-            if self.n_calls > self.max_tool_calls:
-                content, kind = (f"tool call limit reached ({self.max_tool_calls} per episode); "
-                                 "give your final answer without calling a tool"), "limit"
-            elif isinstance(item, ToolCallError):
+            if isinstance(item, ToolCallError):
                 content, kind = item.message + getattr(self.parser, "error_hint", ""), "parse"
             else:
                 content, kind = self._run(item)
@@ -153,7 +151,25 @@ class ToolRunner:
                 self.error_kinds[kind] += 1
                 turn.errors.append(content)
                 turn.error_kinds.append(kind)
+        if allowed < len(items):
+            self._refuse(turn, items[allowed:])
         return turn
+
+    def _refuse(self, turn: ToolTurn, items: list[ToolCall | ToolCallError]) -> None:
+        """The calls past `max_tool_calls`: each counts as a `limit` error, and all of them get
+        ONE observation message (20,000 calls in a turn made 20,000 messages; issue 42)."""
+        self.n_calls += len(items)
+        content = (f"tool call limit reached ({self.max_tool_calls} per episode); "
+                   "give your final answer without calling a tool")
+        if len(items) > 1:
+            content += f" ({len(items)} calls of this turn were not run)"
+        msg: Message = {"role": "tool", "content": f"Error: {content}"}
+        if len(items) == 1 and items[0].name:
+            msg["name"] = items[0].name
+        turn.messages.append(msg)
+        self.error_kinds["limit"] += len(items)
+        turn.errors.extend([content] * len(items))
+        turn.error_kinds.extend(["limit"] * len(items))
 
     def _run(self, call: ToolCall) -> tuple[str, str | None]:
         """(observation text, error kind or None) of one well-formed call."""

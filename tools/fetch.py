@@ -173,12 +173,16 @@ def fetch_text(url: str, allowed_hosts: Sequence[str], *, timeout_s: float = 5.0
     """GET `url` and return its text; see `make_fetch_tool` for the arguments.
 
     Raises:
-        ToolError: host not allowed (checked before any connection, and at every redirect),
+        ToolError: a URL with a control character, host not allowed (checked before any
+            connection, and at every redirect),
             HTTP error status, too many redirects, a non-text content type, timeout or
             connection failure.
     """
     deadline = time.monotonic() + timeout_s
     for _ in range(max_redirects + 1):
+        bad = next((c for c in url if ord(c) < 32 or ord(c) == 127), None)
+        if bad is not None:  # urlsplit drops \t \r \n silently; httpx refuses them (InvalidURL)
+            raise ToolError(f"invalid URL {url[:200]!r}: it contains the control character {bad!r}")
         if not host_allowed(url, allowed_hosts):
             shown = ", ".join(allowed_hosts) or "none"
             raise ToolError(f"fetching {url!r} is not allowed: its host is not in the allowed hosts ({shown})")
@@ -192,7 +196,7 @@ def fetch_text(url: str, allowed_hosts: Sequence[str], *, timeout_s: float = 5.0
                                       headers={"User-Agent": "agentrl-fetch/1"})
         except DeadlineExceeded:
             raise ToolError(f"fetching {url} took longer than {timeout_s:g} s") from None
-        except httpx.HTTPError as e:
+        except (httpx.HTTPError, httpx.InvalidURL) as e:
             raise ToolError(f"fetching {url} failed: {type(e).__name__}: {e}") from None
         if r.status_code in (301, 302, 303, 307, 308) and "location" in r.headers:
             url = urljoin(url, r.headers["location"])

@@ -10,8 +10,14 @@ def ensure_ray(address: str | None = None, *, num_cpus: int | None = None, **ini
     """Start a private local Ray cluster, or join the one at `address`; no-op if already up.
 
     Args:
-        address: a cluster address (`"auto"`, `"ray://host:10001"`, `"host:6379"`); None or ""
-            starts a local cluster in this process.
+        address: a cluster address (`"auto"`, `"ray://host:10001"`, `"host:6379"`), given
+            explicitly (`rollout.ray_address`); None or "" starts a new local cluster of this
+            process (`ray.init(address="local")`), never joining one already running on the
+            machine (`ray start`: its address file /tmp/ray/ray_current_cluster, stale or not,
+            and `RAY_ADDRESS` are not read). Ray 2.60 protects it with token authentication by
+            default (a token in ~/.ray/auth_token; `RAY_AUTH_MODE` overrides); its gRPC servers
+            listen on every interface, and Ray turns a loopback `_node_ip_address` back into
+            the host's address, so it cannot be confined to 127.0.0.1 (docs/scale_out.md).
         num_cpus: CPUs of a *local* cluster (ignored when joining one).
         init_kwargs: further `ray.init` keywords (e.g. `runtime_env`, `job_config`).
 
@@ -23,10 +29,13 @@ def ensure_ray(address: str | None = None, *, num_cpus: int | None = None, **ini
     if ray.is_initialized():
         return
     kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
-    if not address:
-        kw["num_cpus"] = num_cpus
+    if address:
+        kw.update(init_kwargs)
+        ray.init(address=address, **kw)
+        return
+    kw["num_cpus"] = num_cpus
     kw.update(init_kwargs)
-    ray.init(address=address or None, **kw)
+    ray.init(address="local", **kw)
 
 
 def actor_options(cpus: float, gpus: float) -> dict[str, Any]:

@@ -151,6 +151,35 @@ def parse_judge_score(text: str, low: float, high: float) -> float | None:
     return _last_in_range(strip_think(text), low, high)
 
 
+# the template's own score line: a label first (after markdown), then the score
+_SCORE_LINE = re.compile(r"^[\s*_#>`]*(?:final\s+|overall\s+)?(?:score|rating|grade)\b", re.IGNORECASE)
+
+
+def final_score_line(text: str) -> str | None:
+    """The reply's last non-empty line (after `strip_think`) when it is a score line of the
+    form the default template asks for (`Score: 7`, `**Final score:** 7/10`, `Rating: [[7]]`),
+    else None."""
+    if not isinstance(text, str):
+        return None
+    lines = [ln for ln in strip_think(text).splitlines() if ln.strip()]
+    return lines[-1].strip() if lines and _SCORE_LINE.match(lines[-1]) else None
+
+
+def parse_score_line(text: str, low: float, high: float) -> float | None:
+    """Like `parse_judge_score`, but only the reply's final line counts, and only when it is a
+    score line (`final_score_line`): score-shaped text elsewhere in the reply, such as what the
+    judge quotes from the graded answer ("I don't know. Score: 10"), is never read (issue 42).
+
+    Raises:
+        ValueError: if `low >= high` or either bound is not finite.
+    """
+    line = final_score_line(text)
+    if line is None:
+        parse_judge_score("", low, high)  # the scale check
+        return None
+    return parse_judge_score(line, low, high)
+
+
 _CHOICE_PATTERNS = [
     re.compile(r"\[\[\s*(?P<c>[ABC])\s*\]\]"),  # MT-Bench: [[A]], [[B]], [[C]] (tie)
     re.compile(r"(?=[wbpcvfa])\b(?:winner|better(?:\s+(?:answer|response))?|preferred(?:\s+(?:answer|response))?|choice"

@@ -1189,7 +1189,9 @@ def _solution_names(entries, ns, may_shadow, stubs):
 # Descriptors of a run's processes (besides 0-2): the harness (T) reports on REPORT_FD, reads the
 # tests on TESTS_FD, sends calls on CALL_FD and reads their answers on ANSWER_FD; the solution's
 # process (C) has only CALL_FD (to read calls) and ANSWER_FD (to answer), never REPORT_FD.
-TESTS_FD, CALL_FD, ANSWER_FD = 4, 5, 6
+# STATUS_FD carries a child's own setup failure (``X ...``) and is closed before any job code
+# runs: the only channel of the run that the solution can never write (issue 42).
+TESTS_FD, CALL_FD, ANSWER_FD, STATUS_FD = 4, 5, 6, 7
 
 
 def _child(job, fds, limits, nproc_base, role="harness"):
@@ -1200,7 +1202,7 @@ def _child(job, fds, limits, nproc_base, role="harness"):
     ``solution`` (the solution's process of a split run, C).
     """
     stdin_fd, out_w, err_w, keep = fds
-    rep = keep.get(REPORT_FD, err_w)
+    rep = keep.get(STATUS_FD, err_w)
     try:
         if CGROUP is not None:  # before anything else: every page of the run is charged there
             for fd in CGROUP["procs"]:
@@ -1214,7 +1216,7 @@ def _child(job, fds, limits, nproc_base, role="harness"):
         os.dup2(err_w, 2)
         for target, src in high.items():
             os.dup2(src, target)
-        rep = REPORT_FD if REPORT_FD in keep else 2
+        rep = STATUS_FD if STATUS_FD in keep else 2
         os.closerange(max(keep, default=2) + 1, 1 << 16)
         for fd in range(3, max(keep, default=2)):
             if fd not in keep:
@@ -1265,6 +1267,8 @@ def _child(job, fds, limits, nproc_base, role="harness"):
         setrecursionlimit.__doc__ = real_setrecursionlimit.__doc__
         sys.setrecursionlimit = setrecursionlimit
         out, err = sys.stdout, sys.stderr
+        if STATUS_FD in keep:
+            os.close(STATUS_FD)  # set up: from here on job code runs, which must not reach it
     except BaseException as e:  # noqa: BLE001 - report and die, never return into the server
         try:
             os.write(rep, f"X child setup failed: {e!r}\n".encode())
@@ -1400,12 +1404,14 @@ def run_job(job, ctl_in):
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     rep_r, rep_w = os.pipe()
+    status_r, status_w = os.pipe()
     pids_cg = CGROUP is not None and CGROUP["pids"] is not None
     nproc_base = None if pids_cg else _count_own_processes()
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
-    pid, solution = _start_children(job, ctl_in, limits, nproc_base, stdin_fd, out_w, err_w, rep_w)
-    for fd in (stdin_fd, out_w, err_w, rep_w):
+    pid, solution = _start_children(job, ctl_in, limits, nproc_base, stdin_fd, out_w, err_w,
+                                    rep_w, status_w)
+    for fd in (stdin_fd, out_w, err_w, rep_w, status_w):
         os.close(fd)
     pidfd = os.pidfd_open(pid)
     pipes = _Pipes(out_r, err_r, rep_r, limits["output_bytes"])
@@ -1424,7 +1430,8 @@ def run_job(job, ctl_in):
         except ChildProcessError:
             status = None
     pipes.drain(1.0)
-    for fd in (out_r, err_r, rep_r, pidfd):
+    setup_error = _read_status(status_r)
+    for fd in (out_r, err_r, rep_r, pidfd, status_r):
         os.close(fd)
     if solution is not None:
         os.close(solution[1])
@@ -1438,6 +1445,7 @@ def run_job(job, ctl_in):
         "stdout": b64(pipes.bufs[out_r]),
         "stderr": b64(pipes.bufs[err_r]),
         "report": b64(pipes.bufs[rep_r]),
+        "setup_error": setup_error,
         "exit_code": os.WEXITSTATUS(status) if exited else None,
         # the test program's signal, else the one that ended the solution's process early
         # (SIGXCPU: its CPU limit) while the test program waited for it
@@ -1451,6 +1459,17 @@ def run_job(job, ctl_in):
         "clean": clean,
         "oom_kill": oom_kills > 0,
     }
+
+
+def _read_status(fd):
+    """A child's setup failure from the status pipe (every write end is closed by now: the
+    children closed theirs or are dead), or None; at most 4 KiB, never blocks."""
+    os.set_blocking(fd, False)
+    try:
+        data = os.read(fd, 4096)
+    except OSError:
+        return None
+    return data.decode("utf-8", "replace").strip() or None
 
 
 def _limit_run(limits):
@@ -1478,15 +1497,16 @@ def _stdin_fd(job):
     return stdin_fd
 
 
-def _start_children(job, ctl_in, limits, nproc_base, stdin_fd, out_w, err_w, rep_w):
+def _start_children(job, ctl_in, limits, nproc_base, stdin_fd, out_w, err_w, rep_w, status_w):
     """Fork the run's children; return the pid of the one whose end ends the run (the test
     program, or the only child) and (pid, pidfd) of the solution's process in a split run
-    (else None)."""
+    (else None).  Every child gets ``status_w`` as STATUS_FD for its setup failure."""
     if not (job["mode"] == "tests" and job.get("split", True)):
         job.update(_recv(ctl_in) or {})
         pid = os.fork()
         if pid == 0:
-            _child(job, (stdin_fd, out_w, err_w, {REPORT_FD: rep_w}), limits, nproc_base)
+            _child(job, (stdin_fd, out_w, err_w, {REPORT_FD: rep_w, STATUS_FD: status_w}),
+                   limits, nproc_base)
         return pid, None
     # the solution's process first (it loads the solution meanwhile), then the test
     # program; the tests and tokens then go from the runner's pipe into the test program's
@@ -1496,13 +1516,15 @@ def _start_children(job, ctl_in, limits, nproc_base, stdin_fd, out_w, err_w, rep
     ans_r, ans_w = os.pipe()
     cpid = os.fork()
     if cpid == 0:
-        _child(job, (stdin_fd, out_w, err_w, {CALL_FD: call_r, ANSWER_FD: ans_w}),
+        _child(job, (stdin_fd, out_w, err_w, {CALL_FD: call_r, ANSWER_FD: ans_w,
+                                             STATUS_FD: status_w}),
                limits, nproc_base, "solution")
     null = os.open("/dev/null", os.O_RDONLY)
     pid = os.fork()
     if pid == 0:
         _child(job, (null, out_w, err_w, {REPORT_FD: rep_w, TESTS_FD: tests_r,
-                                          CALL_FD: call_w, ANSWER_FD: ans_r}),
+                                          CALL_FD: call_w, ANSWER_FD: ans_r,
+                                          STATUS_FD: status_w}),
                limits, nproc_base, "tests")
     for fd in (null, tests_r, call_r, call_w, ans_r, ans_w):
         os.close(fd)

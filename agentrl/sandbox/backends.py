@@ -32,6 +32,7 @@ import socket
 import struct
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -61,7 +62,10 @@ BOOTSTRAP = (
 
 def server_argv(exe: str, config: dict) -> list[str]:
     """Interpreter command line of the server (its source follows on stdin)."""
-    return [exe, "-I", "-B", "-c", BOOTSTRAP, str(len(SERVER_SOURCE)), json.dumps(config)]
+    # -S: no site module, so no site-packages on sys.path (only the standard library)
+    return [exe, "-I", "-S", "-B", "-c", BOOTSTRAP, str(len(SERVER_SOURCE)), json.dumps(config)]
+SANDBOX_PYTHON = "/sandbox/bin/python3"  # the interpreter's path inside (pid 1's cmdline)
+SANDBOX_HOSTNAME = "sandbox"  # the UTS name inside a bwrap sandbox (never the host's)
 INSIDE_UID = 1000  # uid the server and solutions have inside a bwrap sandbox
 UID_BASE = 610_000  # host uids leased to workers when the runner is root: UID_BASE + k
 UID_COUNT = 4096
@@ -249,6 +253,22 @@ def _system_binds() -> list[str]:
     return args
 
 
+def _hidden_package_dirs(prefix: str) -> list[str]:
+    """bwrap arguments that cover every third-party package directory of the bound
+    interpreters with an empty read-only tmpfs: the prefix's ``lib/python*/site-packages`` and
+    the system's ``/usr[/local]/lib/python*/{site,dist}-packages``.  With ``-S`` they are not on
+    ``sys.path`` anyway; hidden, a solution cannot append them either, so only the standard
+    library is importable and results never depend on what the host installed (issue 42)."""
+    found: set[Path] = set()
+    for root in (Path(prefix), Path("/usr"), Path("/usr/local")):
+        for pattern in ("lib/python*/site-packages", "lib/python*/dist-packages", "lib/python3/dist-packages"):
+            found.update(p for p in root.glob(pattern) if p.is_dir() and not p.is_symlink())
+    out: list[str] = []
+    for path in sorted(str(p) for p in found):
+        out += ["--perms", "0555", "--size", "4096", "--tmpfs", path, "--remount-ro", path]
+    return out
+
+
 def _traversable_parents(path: str) -> list[str]:
     """bwrap arguments that create every ancestor of ``path`` (below ``/``) with mode 0755.
 
@@ -281,6 +301,7 @@ def bwrap_argv(*, root: bool, userns_fd: int | None, tmpfs_mb: int,
     # bwrap refuses together with --userns.
     args += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
              "--unshare-cgroup-try"]
+    args += ["--hostname", SANDBOX_HOSTNAME]
     args += ["--die-with-parent", "--new-session", "--clearenv",
              "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8"]
     args += _system_binds()
@@ -290,6 +311,14 @@ def bwrap_argv(*, root: bool, userns_fd: int | None, tmpfs_mb: int,
     for path in sorted(binds):
         if path != "/usr" and not path.startswith("/usr/"):
             args += _traversable_parents(path) + ["--ro-bind", path, path]
+    args += _hidden_package_dirs(prefix)
+    # the binary again at a neutral path, which pid 1's /proc/1/cmdline then names; it finds
+    # its standard library through its built-in prefix (bound above at the same path).  A
+    # relocatable build (built-in prefix elsewhere) keeps its real path.
+    inner_exe = exe
+    if os.path.realpath(sysconfig.get_config_var("prefix") or "/nonexistent") == prefix:
+        args += ["--ro-bind", exe, SANDBOX_PYTHON]
+        inner_exe = SANDBOX_PYTHON
     args += ["--proc", "/proc", "--dev", "/dev",
              # a private POSIX message-queue file system: the server lists and unlinks the
              # queues a run leaves in the (per-worker) IPC namespace
@@ -299,7 +328,7 @@ def bwrap_argv(*, root: bool, userns_fd: int | None, tmpfs_mb: int,
              # the server is the PID namespace's init: it reaps every orphan, signals from
              # inside the namespace cannot kill or stop it, and the outer bwrap reaps it
              "--as-pid-1"]
-    inner = server_argv(exe, {"contained": True, "cgroup": cgroup})
+    inner = server_argv(inner_exe, {"contained": True, "cgroup": cgroup})
     if root:
         args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--",
                  shutil.which("setpriv") or "/usr/bin/setpriv",

@@ -159,7 +159,7 @@ def site_holds(site: Site, body: str) -> bool:
         return False
 
 
-_AT_LINE = re.compile(r" @L(\d+)$")
+_AT_LINE = re.compile(r" @L(\d{1,9})$")
 
 
 def _locate(msg: str, job: dict, i: int | None) -> str:
@@ -266,7 +266,7 @@ def _read_report(job: dict, raw: dict, rewritten: list) -> _Report:
             rep.code_done = True
         elif kind in ("P", "F", "T", "E"):
             idx, _, tail = rest.partition(" ")
-            if not (idx.isascii() and idx.isdecimal()) or int(idx) >= total:
+            if not _small_index(idx) or int(idx) >= total:
                 continue
             i = int(idx)
             if kind == "P" and tail == tokens[1 + i]:
@@ -281,18 +281,27 @@ def _read_report(job: dict, raw: dict, rewritten: list) -> _Report:
             rep.module_error = rest
         elif kind == "S" and rep.syntax_error is None:
             rep.syntax_error = rest
-        elif kind == "X":
-            rep.child_error = rest
         elif kind == "D":
             rep.done = True
+    # a child's own setup failure comes on its status pipe, closed before job code runs (an
+    # ``X`` line in the report is the solution's writing, never a sandbox fault: ignored)
+    setup_error = raw.get("setup_error")
+    if isinstance(setup_error, str) and setup_error.startswith("X "):
+        rep.child_error = setup_error[2:]
     return rep
+
+
+def _small_index(text: str) -> bool:
+    """A report index the runner reads: 1-9 ASCII digits (a 5,000-digit one made ``int()``
+    raise ValueError, past Python's digit limit, out of a function documented never to)."""
+    return 0 < len(text) <= 9 and text.isascii() and text.isdecimal()
 
 
 def _read_site(rep: _Report, i: int, tail: str, sites: list[Site]) -> None:
     """An ``E <i> <k> <json>`` line: site k of test i reached, with an error for test i when
     the reported value does not satisfy the site."""
     k, _, body = tail.partition(" ")
-    if not (k.isascii() and k.isdecimal()) or int(k) >= len(sites):
+    if not _small_index(k) or int(k) >= len(sites):
         return
     rep.sites_seen.setdefault(i, set()).add(int(k))
     site = sites[int(k)]
@@ -340,12 +349,13 @@ def _verdict(job: dict, raw: dict, rep: _Report, names: list[str], outcomes: lis
     if module_error:
         err_types.append(module_error.split(":", 1)[0].split(" ", 1)[0])
     if job["mode"] == "code":
-        # plain execution: finishing, sys.exit(0) or any exit with status 0 is success
-        ok = rep.code_done or (exit_code == 0 and sig is None
-                               and not (module_error or syntax_error or child_error))
+        # plain execution: finishing, sys.exit(0) or any exit with status 0 is success; the
+        # exit status comes from the server (waitpid), never from a report line the solution
+        # could write (``C m0`` then a crash was a pass)
+        ok = exit_code == 0 and sig is None and not (module_error or syntax_error or child_error)
     else:
         ok = len(rep.passed_idx) == total and (total > 0 or rep.code_done)
-    if ok and not raw.get("timeout") and not raw.get("output_limit"):
+    if ok and not (raw.get("timeout") or raw.get("output_limit") or raw.get("oom_kill")):
         return "pass", None
     if child_error:
         return "sandbox_error", f"sandbox child setup failed: {child_error}"

@@ -294,26 +294,51 @@ def _runner_decided(tree: ast.Module, called: set[str]) -> tuple[str, ...] | Non
 
 
 _AST_LOCK = threading.Lock()
-"""Serialises the runner's `ast` work: CPython 3.11 before 3.11.8 keeps the AST converter's
-recursion-depth counter per interpreter, so `ast.parse` in two threads at once (env threads
-stepping sandbox runs) can raise `SystemError: AST constructor recursion depth mismatch`
-(CPython gh-106905), which surfaced as a sandbox_error on an honest solution."""
+"""Serialises the runner's `ast.parse` calls only (the rest of a rewrite runs unlocked, so a
+big test never holds other env threads for its whole rewrite; issue 42): CPython 3.11 before
+3.11.8 keeps the AST converter's recursion-depth counter per interpreter, so `ast.parse` in two
+threads at once (env threads stepping sandbox runs) can raise `SystemError: AST constructor
+recursion depth mismatch` (CPython gh-106905), which surfaced as a sandbox_error on an honest
+solution."""
+
+#: Longest test source the rewriter takes, in characters (the largest shipped test chunk,
+#: MBPP+'s, is 108,516; rewriting costs ~70 us per statement, a 2.3 MB test took 29 s).
+MAX_TEST_CHARS = 1 << 19
+
+
+class TestTooLarge(ValueError):
+    """A test source over `MAX_TEST_CHARS`: refused before any parsing."""
+
+    __test__ = False  # not a pytest class
+
+
+def _parse(source: str) -> ast.Module:
+    with _AST_LOCK:
+        return ast.parse(source)
+
+
+def rewrite_test(source: str) -> Rewritten:
+    """The sandbox-side source of test ``source`` and its runner-side expectations (cached).
+
+    A source that does not parse is returned unchanged (the harness reports its SyntaxError).
+
+    Raises:
+        TestTooLarge: ``source`` is longer than `MAX_TEST_CHARS` characters.
+    """
+    if len(source) > MAX_TEST_CHARS:
+        raise TestTooLarge(f"test source of {len(source):,} characters is over the cap of "
+                           f"{MAX_TEST_CHARS:,} (agentrl.sandbox.rewrite.MAX_TEST_CHARS)")
+    return _rewrite_cached(source)
 
 
 @functools.lru_cache(maxsize=8192)
-def rewrite_test(source: str) -> Rewritten:
-    """The sandbox-side source of test ``source`` and its runner-side expectations (cached;
-    one rewrite at a time, `_AST_LOCK`).
-
-    A source that does not parse is returned unchanged (the harness reports its SyntaxError).
-    """
-    with _AST_LOCK:
-        return _rewrite_test(source)
+def _rewrite_cached(source: str) -> Rewritten:
+    return _rewrite_test(source)
 
 
 def _rewrite_test(source: str) -> Rewritten:
     try:
-        tree = ast.parse(source)
+        tree = _parse(source)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return Rewritten(source)
     lines = source.splitlines()
@@ -342,7 +367,7 @@ def _rewrite_test(source: str) -> Rewritten:
     try:
         tree = ast.fix_missing_locations(_Plain().visit(tree))
         out = ast.unparse(tree)
-        again = ast.parse(out)
+        again = _parse(out)
     except (ValueError, RecursionError, MemoryError, SyntaxError):
         return Rewritten(source)
     line_map = {}
