@@ -212,7 +212,6 @@ class AgentEnv(TextEnv):
             task, task_id = self.task_for(kw.get("seed"), kw.get("options"))
             run = gw.open_run(session)
             jobs.append(_Job(run, task_id, int(spec.group_id), self.agent, task, gw.url))
-        t0 = time.perf_counter()
         version = int(getattr(engine, "policy_version", 0))
         for j in jobs:
             j.start()
@@ -223,8 +222,7 @@ class AgentEnv(TextEnv):
             for j in jobs:
                 gw.close_run(j.run)
             session.fail_waiting()
-        wall = time.perf_counter() - t0
-        out = [j.trajectories(error_reward, version, wall) for j in jobs]
+        out = [j.trajectories(error_reward, version) for j in jobs]
         if one_per_run:
             for trs in out:
                 trs[-1].info["agent_samples"] = len(trs)
@@ -255,8 +253,10 @@ class _Job:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
         self._lock = threading.Lock()
+        self.t_start = self.t_end = 0.0
 
     def start(self) -> None:
+        self.t_start = time.perf_counter()
         threading.Thread(target=self._main, name="agentrl-agent", daemon=True).start()
 
     async def _agent(self) -> Any:
@@ -278,6 +278,7 @@ class _Job:
             if self.done.is_set():
                 return
             self.value, self.error, self.timed_out = value, error, timed_out
+            self.t_end = time.perf_counter()
             self.done.set()
 
     def abandon(self, reason: str) -> None:
@@ -291,8 +292,11 @@ class _Job:
             except RuntimeError:  # the loop has closed meanwhile
                 pass
 
-    def trajectories(self, error_reward: float, version: int, wall_s: float) -> list[Trajectory]:
-        """The run's trajectories with its reward (or `error_reward` and `info["error"]`)."""
+    def trajectories(self, error_reward: float, version: int) -> list[Trajectory]:
+        """The run's trajectories with its reward (or `error_reward` and `info["error"]`);
+        `timings`: the run's seconds in generate calls (its share of each) and the rest of its
+        wall time (the agent's own work: tools, parsing), split over its trajectories."""
+        wall_s = self.t_end - self.t_start
         info: dict[str, Any] = {"agent_calls": self.run.calls}
         error = self.error or self.run.failed
         reward = error_reward
