@@ -281,8 +281,13 @@ class Gateway:
         self._runs: dict[str, RunState] = {}
         self._open: RunState | None = None  # `agentrl serve` without --api-key: any key, or none
         self._lock = threading.Lock()
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # IPPROTO_TCP named, so that asyncio sets TCP_NODELAY on the accepted connections (it
+        # does only for sockets whose proto says TCP): without it Nagle holds a response's
+        # body behind its headers for the client's delayed ACK, 40 ms a call on a kept-alive
+        # connection; set on the listening socket too (inherited on accept)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((HOST, port))
         self.port = sock.getsockname()[1]
         app = Starlette(routes=[Route("/v1/chat/completions", self._chat, methods=["POST"]),
