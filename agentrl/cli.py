@@ -90,10 +90,13 @@ def train(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the earlier run in --out (its files only).")] = False,
     imports: Annotated[Optional[list[str]], typer.Option("--import", help="Python module to import first, so that its register_env calls run (repeatable): --import my_envs for ./my_envs.py.")] = None,
+    agent: Annotated[Optional[str], typer.Option(help="Your agent as the env: MODULE:FUNCTION, `async def FUNCTION(client, task) -> reward` with an openai.AsyncOpenAI client on the gateway; tasks from --dataset tasks.jsonl (docs/agents.md).")] = None,
 ) -> None:
     """Train an agent: `agentrl train --env code_sandbox --algo grpo`. Every config key is an
     override (`agentrl config --reference`); with none, the main job: the embedded model,
     warm start, then GRPO on code_sandbox."""
+    if agent:
+        env, overrides = _agent_overrides(agent, env, overrides, warm_start=True)
     if resume and not (Path(resume).is_dir() and (Path(resume) / "config.json").is_file()):
         _fail(f"--resume: {resume} is not a run directory (no config.json)")
     saved = Path(resume) / "config.json" if resume else None
@@ -169,6 +172,18 @@ def train(
         _fail(f"sandbox: {e}")
 
 
+def _agent_overrides(agent: str, env: str | None, overrides: list[str] | None, *,
+                     warm_start: bool = False) -> tuple[str, list[str]]:
+    """`--agent MODULE:FUNCTION`: the env `agent` with `env.kwargs.agent`, and no warm start
+    unless `sft.steps` is given (an agent's tasks have no reference answers)."""
+    if env not in (None, "agent", "agentrl/Agent-v0"):
+        _fail(f"--agent runs your agent as the env: drop --env {env}")
+    ov = list(overrides or [])
+    if warm_start and not any(o.partition("=")[0].strip() == "sft.steps" for o in ov):
+        ov.append("sft.steps=0")
+    return "agent", [*ov, f"env.kwargs.agent={json.dumps(agent)}"]
+
+
 def _offline(stage: str, cfg: Any, dataset: str) -> None:
     from agentrl.offline import dpo_from_file, sft_from_file
 
@@ -225,9 +240,13 @@ def eval_cmd(
     config: Annotated[Optional[str], typer.Option("--config", "-c", help="YAML file of config overrides.")] = None,
     imports: Annotated[Optional[list[str]], typer.Option("--import", help="Python module to import first, so that its register_env calls run (repeatable): --import my_envs for ./my_envs.py.")] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the earlier evaluation in --out (its files only).")] = False,
+    agent: Annotated[Optional[str], typer.Option(help="Evaluate your agent (MODULE:FUNCTION, docs/agents.md) on --dataset's held-out tasks (--split).")] = None,
 ) -> None:
     """Evaluate a model: pass@k, rewards, turns, tokens, verdicts -> OUT/results.jsonl, summary.json, summary.md."""
     from agentrl.eval.cli import eval_command
+
+    if agent:
+        env, overrides = _agent_overrides(agent, env, overrides)
 
     if not compare:
         _check_dataset(env, dataset)
@@ -242,6 +261,34 @@ def eval_cmd(
         _fail(f"import error: {e}")
     except (ValueError, FileNotFoundError, LookupError, ConfigError) as e:
         _fail(str(e))
+
+
+@app.command("serve")
+def serve_cmd(
+    model: Annotated[str, typer.Option(help="Model directory, checkpoint OUT/checkpoints/step_N, or training output dir.")],
+    port: Annotated[int, typer.Option(help="Port on 127.0.0.1 (0: a free one).")] = 8000,
+    api_key: Annotated[Optional[str], typer.Option(help="Key requests must carry (default: none needed).")] = None,
+    tool_parser: Annotated[str, typer.Option(help="The model's tool-call format.")] = "hermes",
+    max_tokens: Annotated[int, typer.Option(min=1, help="Most new tokens per call.")] = 1024,
+    max_context: Annotated[int, typer.Option(min=16, help="Most tokens of a prompt and its completion.")] = 4096,
+) -> None:
+    """Serve a model through the gateway's OpenAI-compatible /v1/chat/completions on 127.0.0.1
+    (model name "policy"), to try an agent before and after training (docs/agents.md)."""
+    import time
+
+    from agentrl.gateway.serve import start
+
+    try:
+        served = start(model, port=port, api_key=api_key, tool_parser=tool_parser,
+                       max_tokens=max_tokens, max_context=max_context)
+    except (FileNotFoundError, ValueError, OSError) as e:
+        _fail(f"serve: {e}")
+    console.print(f"serving {escape(model)} at {served.url} (model \"policy\"); Ctrl-C stops", markup=False)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        served.close()
 
 
 @app.command("serve-judge")

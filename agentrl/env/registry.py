@@ -221,6 +221,9 @@ def register_builtin_envs() -> None:
                  short_name="self_propose",
                  description="propose Python tasks and solve buffered ones (deduce, abduce, induce); "
                              "the sandbox verifies")
+    register_env("agentrl/Agent-v0", "agentrl.gateway.agents:AgentEnv", short_name="agent",
+                 description="your own agent (--agent MODULE:FUNCTION, an async function of an "
+                             "OpenAI client and a task) over --dataset tasks.jsonl, through the gateway")
     register_env("agentrl/VisualCount-v0", "agentrl_envs.visual_count:VisualCountEnv",
                  short_name="visual_count",
                  description="look at a drawn board of coloured shapes; count them or say where one "

@@ -306,9 +306,14 @@ def _local_runner(engine: Engine, renderer: ChatRenderer, make_env: Callable[[],
                   step_timeout_s: float | None, reset_timeout_s: float | None
                   ) -> Callable[[list[EpisodeSpec], SamplingParams, int | None], list[Trajectory]]:
     """`run_episodes` here, on `local_envs` with env steps on `pool`: `(specs, params, seed) ->
-    trajectories` in spec order."""
+    trajectories` in spec order. An env with the `run_agents` batch hook (the user's agent,
+    `agentrl.gateway.agents`) runs the batch itself, one trajectory per episode."""
 
     def run_here(specs: list[EpisodeSpec], p: SamplingParams, s: int | None) -> list[Trajectory]:
+        agents = getattr(getattr(local_envs[0], "unwrapped", local_envs[0]), "run_agents", None)
+        if agents is not None:
+            return agents(engine, renderer, specs, p, max_episode_tokens=max_episode_tokens, seed=s,
+                          timeout_s=step_timeout_s, one_per_run=True)
         return run_episodes(engine, renderer, local_envs, specs, p,
                             max_episode_tokens=max_episode_tokens, executor=pool, seed=s,
                             step_timeout_s=step_timeout_s, reset_timeout_s=reset_timeout_s,

@@ -31,10 +31,18 @@ def collect(engine: Any, renderer: ChatRenderer, envs: list[Any], seeds: list[in
     `batch_phases(seeds) -> [[i, ...], ...]` runs the groups in phases, in that order (each
     group reset with `options={"slot": k}`, k its place in its phase), and
     `finish_batch(trajectories)` is called with all the batch's trajectories once they are
-    done (to set rewards that depend on other episodes of the batch). Both run here only: with
-    Ray workers an env that defines them is refused (ValueError)."""
+    done (to set rewards that depend on other episodes of the batch); `run_agents(engine,
+    renderer, specs, params, ...)` runs the batch's episodes itself (the user's agent against
+    the gateway, `agentrl.gateway.agents`). They run here only: with Ray workers an env that
+    defines them is refused (ValueError)."""
     env0 = getattr(envs[0], "unwrapped", envs[0]) if envs else None
     phases, finish = getattr(env0, "batch_phases", None), getattr(env0, "finish_batch", None)
+    agents = getattr(env0, "run_agents", None)
+    if agents is not None and not hasattr(engine, "run"):  # the user's agent: through the gateway
+        specs = [EpisodeSpec({"seed": s}, group_id=group_base + j)
+                 for j, s in enumerate(seeds) for _ in range(group_size)]
+        return agents(engine, renderer, specs, params, max_episode_tokens=cfg.rollout.max_episode_tokens,
+                      seed=sample_seed, timeout_s=cfg.env.step_timeout_s)
     if hasattr(engine, "run"):  # a RolloutPool: Ray workers (or vLLM) hold the envs
         check_batch_hooks(engine, env0)
         specs = [EpisodeSpec({"seed": s}, group_id=group_base + j)
@@ -58,16 +66,18 @@ def collect(engine: Any, renderer: ChatRenderer, envs: list[Any], seeds: list[in
 
 
 def check_batch_hooks(engine: Any, env: Any) -> None:
-    """Refuse an env with batch hooks (`batch_phases`, `finish_batch`) when `engine` runs the
-    episodes elsewhere (a `RolloutPool` of Ray workers): the hooks need the envs here.
+    """Refuse an env with batch hooks (`batch_phases`, `finish_batch`, `run_agents`) when
+    `engine` runs the episodes elsewhere (a `RolloutPool` of Ray workers or vLLM): the hooks
+    need the envs and the engine here.
 
     Raises:
         ValueError: naming the env and the setting to change (`rollout.num_workers=0`).
     """
     env = getattr(env, "unwrapped", env)
-    if hasattr(engine, "run") and (hasattr(env, "batch_phases") or hasattr(env, "finish_batch")):
+    if hasattr(engine, "run") and any(hasattr(env, h) for h in ("batch_phases", "finish_batch", "run_agents")):
         raise ValueError(f"env {type(env).__name__} needs its batch hooks (batch_phases / "
-                         "finish_batch) in the driver process: use rollout.num_workers=0")
+                         "finish_batch / run_agents) in the driver process with the in-process "
+                         "engine: use rollout.num_workers=0 and rollout.engine=hf")
 
 
 def _run_phases(run: Callable[..., list[Trajectory]], envs: list[Any], seeds: list[int],

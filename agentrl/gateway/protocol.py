@@ -1,0 +1,221 @@
+"""The OpenAI chat-completions protocol as the gateway speaks it: the request checks
+(`parse_request`), the reply of one sampled completion (`make_choice`: stop strings, tool calls
+parsed with the model's tool format) and the response bodies (`completion_body`, `stream_chunks`,
+`error_body`).
+
+Request fields read: `model`, `messages` (roles system, developer, user, assistant, tool; text
+content, a string or text parts; an assistant's `tool_calls`), `tools` (function schemas),
+`tool_choice` ("none": calls are not parsed; "auto", "required" or a named function: parsed, not
+enforced: the sampler is not constrained), `temperature`, `top_p`, `max_tokens` /
+`max_completion_tokens`, `stop` (a string or up to 4), `n` (1..8), `stream`, `seed` (ignored:
+the session's seed decides). Other fields are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from agentrl_tools.parser import ToolCall, ToolCallParser
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+MAX_N = 8
+
+
+class GatewayError(Exception):
+    """A request the gateway refuses: HTTP `status`, OpenAI's error `type` and `code`."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 code: str | None = None, param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.code, self.param = status, message, type, code, param
+
+
+def bad(message: str, param: str | None = None) -> GatewayError:
+    """A 400 `invalid_request_error` naming the field."""
+    return GatewayError(400, message, param=param)
+
+
+def error_body(e: GatewayError) -> dict[str, Any]:
+    """OpenAI's error shape: `{"error": {"message", "type", "param", "code"}}`."""
+    return {"error": {"message": e.message, "type": e.type, "param": e.param, "code": e.code}}
+
+
+@dataclass
+class ChatRequest:
+    """A checked chat-completions request (fields as in the module docstring)."""
+
+    model: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    parse_calls: bool
+    temperature: float | None
+    top_p: float | None
+    max_tokens: int | None
+    stop: list[str]
+    n: int
+    stream: bool
+
+
+def _check_content(k: int, m: dict[str, Any]) -> None:
+    c = m.get("content")
+    if c is None or isinstance(c, str):
+        return
+    if not isinstance(c, list):
+        raise bad(f"messages[{k}].content must be a string, null or a list of text parts", "messages")
+    for p in c:
+        if not (isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)):
+            raise bad(f"messages[{k}].content: only text parts are served ({{'type': 'text', "
+                      f"'text': ...}}), got {str(p)[:80]}", "messages")
+
+
+def _check_messages(messages: Any) -> list[dict[str, Any]]:
+    if not isinstance(messages, list) or not messages:
+        raise bad("'messages' must be a non-empty list", "messages")
+    for k, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise bad(f"messages[{k}] must be an object with a role in {list(ROLES)}", "messages")
+        _check_content(k, m)
+        for c in m.get("tool_calls") or []:
+            f = c.get("function") if isinstance(c, dict) else None
+            if not (isinstance(f, dict) and isinstance(f.get("name"), str)
+                    and isinstance(f.get("arguments", ""), (str, dict))):
+                raise bad(f"messages[{k}].tool_calls: each call needs function.name and "
+                          "function.arguments", "messages")
+    return messages
+
+
+def _check_tools(tools: Any) -> list[dict[str, Any]] | None:
+    if tools is None:
+        return None
+    if not isinstance(tools, list) or not all(
+            isinstance(t, dict) and t.get("type", "function") == "function"
+            and isinstance(t.get("function"), dict) and isinstance(t["function"].get("name"), str)
+            for t in tools):
+        raise bad("'tools' must be a list of {'type': 'function', 'function': {'name': ...}}", "tools")
+    return tools or None
+
+
+def _number(body: dict[str, Any], key: str, lo: float, hi: float, lo_open: bool = False) -> float | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v > hi or v < lo or (lo_open and v == lo):
+        raise bad(f"'{key}' must be a number in {'(' if lo_open else '['}{lo}, {hi}]", key)
+    return float(v)
+
+
+def parse_request(body: Any) -> ChatRequest:
+    """Check a decoded request body.
+
+    Raises:
+        GatewayError: 400 naming the field that is missing or malformed.
+    """
+    if not isinstance(body, dict):
+        raise bad("the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad("'model' must be a string", "model")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
+                                   or max_tokens < 1):
+        raise bad("'max_tokens' must be an integer >= 1", "max_tokens")
+    n = body.get("n", 1) or 1
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
+        raise bad(f"'n' must be an integer in [1, {MAX_N}]", "n")
+    stop = body.get("stop") or []
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
+        raise bad("'stop' must be a non-empty string or a list of at most 4", "stop")
+    choice = body.get("tool_choice", "auto")
+    if not (choice in ("none", "auto", "required") or isinstance(choice, dict)):
+        raise bad("'tool_choice' must be 'none', 'auto', 'required' or a function", "tool_choice")
+    return ChatRequest(model=model, messages=_check_messages(body.get("messages")),
+                       tools=_check_tools(body.get("tools")), parse_calls=choice != "none",
+                       temperature=_number(body, "temperature", 0.0, 2.0),
+                       top_p=_number(body, "top_p", 0.0, 1.0, lo_open=True), max_tokens=max_tokens,
+                       stop=stop, n=n, stream=bool(body.get("stream", False)))
+
+
+# -- one completion -------------------------------------------------------------------------------
+def cut_at_stop(decode: Any, ids: list[int], text: str, stops: list[str]) -> tuple[int, str] | None:
+    """Where a completion ends at the first of the `stops` strings in its `text`: `(k, text
+    before the stop)`, k the fewest ids whose decoding holds it; None when no stop occurs.
+    `decode(ids) -> str`. The ids after k were sampled but are dropped, as an API that stops at
+    a string would never have sampled them."""
+    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    if not hits:
+        return None
+    at = min(hits)
+    stop = next(s for s in stops if text.find(s) == at)
+    for k in range(1, len(ids) + 1):
+        if stop in decode(ids[:k])[at:]:
+            return k, text[:at]
+    return len(ids), text[:at]
+
+
+_HERMES = re.compile(r"<tool_call>.*?(</tool_call>|$)", re.DOTALL)
+
+
+def split_calls(parser: ToolCallParser, text: str) -> tuple[str | None, list[ToolCall]]:
+    """The reply's content and its well-formed tool calls (`parser.parse`). Without a call the
+    content is the whole text; with calls, the text without the calls (the parser's own
+    `strip_calls` when it has one, else Hermes' `<tool_call>` blocks removed), None when empty.
+    Malformed calls stay in the content, as text."""
+    calls = [c for c in parser.parse(text) if isinstance(c, ToolCall)]
+    if not calls:
+        return text, []
+    strip = getattr(parser, "strip_calls", None)
+    content = strip(text) if callable(strip) else _HERMES.sub("", text)
+    content = content.strip()
+    return (content or None), calls
+
+
+def reply_message(content: str | None, calls: list[ToolCall]) -> dict[str, Any]:
+    """The assistant message of a reply, OpenAI's shape (tool-call ids are fresh)."""
+    msg: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        msg["tool_calls"] = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                              "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
+                             for c in calls]
+    return msg
+
+
+def finish_reason(engine_reason: str, message: dict[str, Any]) -> str:
+    """OpenAI's finish reason: "tool_calls" when the reply calls tools, "length" when cut by
+    max_tokens, else "stop"."""
+    if message.get("tool_calls"):
+        return "tool_calls"
+    return "length" if engine_reason == "length" else "stop"
+
+
+def completion_body(model: str, messages: list[dict[str, Any]], reasons: list[str],
+                    prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    """A `chat.completion` response with one choice per reply message."""
+    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+            "model": model,
+            "choices": [{"index": i, "message": m, "finish_reason": r, "logprobs": None}
+                        for i, (m, r) in enumerate(zip(messages, reasons))],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens}}
+
+
+def stream_chunks(body: dict[str, Any]) -> list[str]:
+    """A complete response as server-sent events of `chat.completion.chunk`s: per choice one
+    delta with the whole message, then one with its finish reason; then `[DONE]`. (The reply is
+    sampled whole first: streaming is accepted, not incremental.)"""
+    head = {"id": body["id"], "object": "chat.completion.chunk", "created": body["created"],
+            "model": body["model"]}
+    events = []
+    for c in body["choices"]:
+        m = c["message"]
+        delta: dict[str, Any] = {"role": "assistant", "content": m.get("content") or ""}
+        if m.get("tool_calls"):
+            delta["tool_calls"] = [{"index": k, **tc} for k, tc in enumerate(m["tool_calls"])]
+        events.append({**head, "choices": [{"index": c["index"], "delta": delta, "finish_reason": None}]})
+        events.append({**head, "choices": [{"index": c["index"], "delta": {}, "finish_reason": c["finish_reason"]}]})
+    return [f"data: {json.dumps(e, ensure_ascii=False)}\n\n" for e in events] + ["data: [DONE]\n\n"]

@@ -1,0 +1,92 @@
+"""`agentrl serve --model DIR`: the gateway's endpoint for a checkpoint outside training, so an
+agent can be tried and evaluated with its own harness before and after RL.
+
+The model is a Hugging Face directory, a checkpoint `OUT/checkpoints/step_N` or a training
+output dir (its newest checkpoint), loaded as `agentrl eval` does (`resolve_model`,
+`make_engine`: the hf engine, or vLLM with `rollout.engine=vllm`). The server listens on
+127.0.0.1 only; with `api_key` a request must carry it, without one any key (or none) is taken.
+Requests sample with their own `temperature` / `top_p` (default 1.0); nothing is recorded.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentrl.config import Config
+from agentrl.eval.cli import resolve_model
+from agentrl.gateway.agents import MODEL_NAME
+from agentrl.gateway.server import Gateway, Session
+from agentrl.rollout.chat import renderer_for
+from agentrl.rollout.engines.make import make_engine
+from agentrl_tools.parser import get_parser
+
+
+@dataclass
+class Served:
+    """A running `serve`: the gateway, its session, and the thread that samples."""
+
+    gateway: Gateway
+    session: Session
+    thread: threading.Thread
+    stop: threading.Event
+
+    @property
+    def url(self) -> str:
+        return self.gateway.url
+
+    def close(self) -> None:
+        """Stop sampling and the server."""
+        self.stop.set()
+        self.thread.join(timeout=10)
+        self.session.fail_waiting()
+        self.gateway.close()
+
+
+def start(model: str | Path, *, port: int = 0, api_key: str | None = None,
+          tool_parser: str = "hermes", max_tokens: int = 1024, max_context: int = 4096,
+          cfg: Config | None = None, engine: Any = None, tokenizer: Any = None) -> Served:
+    """Load `model` and serve it on `127.0.0.1:port` (0: a free port).
+
+    Args:
+        max_tokens: the most new tokens per call; max_context: the most tokens of a prompt and
+            its completion.
+        cfg: the settings of the engine (default: `Config()`, the hf engine in float32).
+        engine, tokenizer: an engine already built (tests, benchmarks): `model` only names it.
+
+    Raises:
+        FileNotFoundError: `model` is no model directory, checkpoint or run dir.
+        ValueError: an unknown tool parser.
+        OSError: the port is taken.
+    """
+    parser = get_parser(tool_parser)
+    if engine is None:
+        model_dir, _ = resolve_model(str(model))
+        engine, tokenizer = make_engine(cfg or Config(), str(model_dir))
+    renderer = renderer_for(tokenizer)
+    session = Session(engine, renderer, parser, model_names=[MODEL_NAME, Path(str(model)).name],
+                      max_episode_tokens=max_context, max_tokens=max_tokens, sampling=None,
+                      seed=None, batch_wait_s=0.002)
+    gw = Gateway(port)
+    if api_key:
+        gw.open_run(session, record=False, token=api_key)
+    else:
+        gw.open_to_all(session)
+    stop = threading.Event()
+    thread = threading.Thread(target=_drive, args=(session, stop), name="agentrl-serve", daemon=True)
+    thread.start()
+    return Served(gw, session, thread, stop)
+
+
+def _drive(session: Session, stop: threading.Event) -> None:
+    """Sample the session's requests until `stop`; an engine failure fails its requests (500)
+    and is printed, and the server goes on."""
+    while not stop.is_set():
+        try:
+            session.step()
+        except Exception:  # noqa: BLE001 - the requests got the error; serve the next ones
+            traceback.print_exc(file=sys.stderr)
