@@ -27,6 +27,7 @@ from typing import Any
 from agentrl.algos.shaping import build_batch, filter_groups, shape_batch
 from agentrl.config import Config
 from agentrl.env.base import env_state
+from agentrl.eval.attempts import step_attempt_metrics
 from agentrl.eval.episodes import episode_success, reward_component_means
 from agentrl.eval.harness import evaluate_heldout, training_metrics
 from agentrl.infra.signals import RunInterrupted, StopRequest
@@ -238,7 +239,7 @@ def train(cfg: Config, *, console: Any = None) -> dict[str, Any]:
                 trajs = drop_stale(lp, trajs, m)
                 m.update(rollout_metrics(trajs, episode_success, [
                     algo.mixture_metrics(trajs, episode_success),
-                    reward_component_means(trajs)]))
+                    reward_component_means(trajs), step_attempt_metrics(trajs)]))
                 trajs = update(lp, trajs, step, m)
                 sync(lp, source, step, m)
                 m["perf/step_s"] = m["perf/rollout_s"] + m["perf/update_s"] + m["perf/sync_s"]
