@@ -21,10 +21,12 @@ import dataclasses
 import re
 from typing import Any
 
+import numpy as np
+
 from agentrl.env.base import TextEnv
 from agentrl.sandbox import Limits, SandboxPool, SandboxResult
 from agentrl.sandbox.pool import default_pool
-from agentrl_envs import code_tasks
+from agentrl_envs import code_repair, code_tasks
 from agentrl_envs.code_datasets import (
     CodeTask,
     load_dataset,
@@ -289,6 +291,11 @@ class CodeSandboxEnv(TextEnv):
         """The current task's reference solution as an answer (for the supervised warm start),
         or None when the task has none."""
         return self.task.solution.rstrip("\n") if self.task is not None and self.task.solution else None
+
+    def repair_demo(self, rng: np.random.Generator) -> tuple[str, list[dict[str, Any]], str] | None:
+        """A reference repair of the current task for the warm start (`code_repair.repair_demo`:
+        a mutated reference, its real feedback, the fix), or None. Steps the episode."""
+        return code_repair.repair_demo(self, rng)
 
     def corpus_texts(self, n: int = 50) -> list[str]:
         """Texts the agent will read besides the task prompts (system prompt, feedback
