@@ -286,6 +286,8 @@ class SFTConfig(_Section):
     """Warm-start learning rate. When not set and the policy is the embedded vision-language model (`model.vision`, given or resolved): 5e-4 (`agentrl.run.VISION_DEFAULTS`; at 2e-3 it stayed image-blind on `visual_count`, docs/multimodal.md)."""
     batch_size: int = Field(default=32, ge=1)
     """Warm-start sequences per step."""
+    repair_fraction: float = Field(default=0.5, ge=0.0, le=1.0)
+    """Multi-turn runs only (`env.max_turns` > 1) on an env that offers reference repairs (code_sandbox): the share of warm-start examples that are repairs, i.e. a wrong attempt (the reference solution with one small mutation), the env's real feedback on it (a sandbox run, public tests only) and the fix as the target (`agentrl.sft.repair_example`, `envs/code_repair.py`), so that RL starts from a policy that sometimes repairs. Single-turn runs ignore it (their examples are unchanged)."""
     mix_envs: dict[str, float] = Field(default_factory=dict)
     """Other envs whose reference answers join the warm start in one mixed stage, each with its number of examples relative to the run's own env (`{self_propose: 1.0}`: as many self_propose examples as `env.name` ones, shuffled together), e.g. to learn a second env's answer formats without forgetting the first. Each is made by name on its training split with its default kwargs (`env.kwargs`, `env.dataset` and the wrappers are the run's env's only); the stop checks stay on `env.name`; the embedded model's tokenizer also trains on their texts."""
 

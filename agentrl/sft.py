@@ -36,11 +36,18 @@ from agentrl.rollout.envs import build_env, build_named_env
 from agentrl.types import Trajectory, collate
 
 
-def sft_examples(env: Any, renderer: ChatRenderer, n: int, *, seed: int) -> list[Trajectory]:
+def sft_examples(env: Any, renderer: ChatRenderer, n: int, *, seed: int,
+                 repair_fraction: float = 0.0) -> list[Trajectory]:
     """Reset `env` with seeds `seed .. seed+n-1` and build one supervised example per task:
     context = the opening messages + generation prompt (mask 0; with a vision renderer their
     images too, `Trajectory.vision`), target = the reference answer's ids + end-of-turn (mask 1).
     Tasks without a reference answer are skipped.
+
+    With `repair_fraction` > 0 and an env offering `repair_demo(rng)` (code_sandbox), task i is
+    a *repair* example with that probability (drawn from `numpy.random.default_rng(seed + i)`):
+    context = the opening, a wrong attempt, its closing glue and the env's real feedback as the
+    agent loop renders them (mask 0), target = the fix + end-of-turn (mask 1)
+    (`repair_example`). With 0 nothing is drawn: the examples are those of before.
 
     Raises:
         ValueError: if the env offers no reference answers at all.
@@ -52,11 +59,20 @@ def sft_examples(env: Any, renderer: ChatRenderer, n: int, *, seed: int) -> list
     if get is None:
         raise ValueError("sft: this env has no reference_answer(); set sft.steps=0")
     tok = renderer.tokenizer
+    demo = getattr(env.unwrapped, "repair_demo", None) if repair_fraction > 0 else None
     for i in range(n):
         obs, info = env.reset(seed=seed + i)
         ans = get()
         if not ans:
             continue
+        if demo is not None and not renderer.accepts_images:
+            rng = np.random.default_rng(seed + i)
+            if rng.random() < repair_fraction:
+                ex = repair_example(renderer, obs, info, demo(rng))
+                if ex is not None:
+                    out.append(ex)
+                    continue
+                obs, info = env.reset(seed=seed + i)  # no failing mutant: a plain example
         tr = Trajectory(task_id=str(info.get("task_id", "")))
         if renderer.accepts_images:  # a vision renderer: the images go with the example
             ctx, px = renderer.prompt_inputs(obs, tools=info.get("tools"))  # type: ignore[attr-defined]
@@ -73,9 +89,33 @@ def sft_examples(env: Any, renderer: ChatRenderer, n: int, *, seed: int) -> list
     return out
 
 
+def repair_example(renderer: ChatRenderer, obs: list[dict[str, Any]], info: dict[str, Any],
+                   demo: tuple[str, list[dict[str, Any]], str] | None) -> Trajectory | None:
+    """A supervised repair example from `demo = (wrong attempt, feedback messages, fix)` after
+    the opening `obs`, tokenized as the agent loop would have: prompt ids, the attempt's ids and
+    end-of-turn, `close_turn`'s glue, `delta_ids(feedback)` (all mask 0), then the fix and
+    end-of-turn (mask 1). None when `demo` is None."""
+    if demo is None:
+        return None
+    wrong, feedback, fix = demo
+    tok = renderer.tokenizer
+    tr = Trajectory(task_id=str(info.get("task_id", "")))
+    tr.append_context(renderer.prompt_ids(obs, tools=info.get("tools")))
+    attempt = tok.encode(wrong, add_special_tokens=False) + [renderer.end_of_turn_id]
+    tr.append_context(attempt + renderer.close_turn(attempt))
+    tr.append_context(renderer.delta_ids(feedback))
+    ids = tok.encode(fix, add_special_tokens=False) + [renderer.end_of_turn_id]
+    tr.append_sampled(ids, [0.0] * len(ids), text=fix)
+    tr.messages = [*obs, {"role": "assistant", "content": wrong}, *feedback,
+                   {"role": "assistant", "content": fix}]
+    return tr
+
+
 def warm_start_examples(cfg: Config, renderer: ChatRenderer, n: int, *,
                         seed: int) -> tuple[list[Trajectory], dict[str, int]]:
-    """The warm start's examples: `sft_examples` of `n` training tasks of `env.name`, plus, for
+    """The warm start's examples: `sft_examples` of `n` training tasks of `env.name` (a share
+    `sft.repair_fraction` of them repair examples when the env is multi-turn, `env.max_turns` >
+    1), plus, for
     each env of `sft.mix_envs`, those of `round(n * share)` of its training tasks (its own seeds,
     offset per env), in one list (`sft_train` shuffles them together: one mixed stage).
 
@@ -85,7 +125,8 @@ def warm_start_examples(cfg: Config, renderer: ChatRenderer, n: int, *,
     Raises:
         ValueError: an env offers no reference answers (`sft_examples`).
     """
-    out = sft_examples(build_env(cfg, "train"), renderer, n, seed=seed)
+    repair = cfg.sft.repair_fraction if (cfg.env.max_turns or 1) > 1 else 0.0
+    out = sft_examples(build_env(cfg, "train"), renderer, n, seed=seed, repair_fraction=repair)
     counts = {cfg.env.name: len(out)}
     for j, (name, share) in enumerate(cfg.sft.mix_envs.items(), start=1):
         ex = sft_examples(build_named_env(cfg, name, "train"), renderer, max(1, round(n * share)),

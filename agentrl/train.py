@@ -28,6 +28,7 @@ from typing import Any
 from agentrl.algos.shaping import build_batch, filter_groups, shape_batch
 from agentrl.config import Config
 from agentrl.env.base import env_state
+from agentrl.eval.attempts import step_attempt_metrics
 from agentrl.eval.episodes import episode_success, reward_component_means
 from agentrl.eval.harness import evaluate_heldout, training_metrics
 from agentrl.infra.runfolder import unlock_run
@@ -281,7 +282,7 @@ def _train(cfg: Config, reporter: Reporter, say: Callable[[str], None], console:
                 trajs = drop_stale(lp, trajs, m)
                 m.update(rollout_metrics(trajs, episode_success, [
                     algo.mixture_metrics(trajs, episode_success),
-                    reward_component_means(trajs)]))
+                    reward_component_means(trajs), step_attempt_metrics(trajs)]))
                 dead = check_reward_source(cfg, trajs, step, dead)
                 trajs = update(lp, trajs, step, m)
                 sync(lp, source, step, m)

@@ -3,8 +3,10 @@
 One episode is one task. The agent answers with code (a fenced ```python block or plain code);
 the env extracts it, runs the task's tests in `agentrl.sandbox` and rewards the result (1.0 when
 every test passes, else 0.0; or the fraction passed). On failure with turns left it replies with
-feedback (the failing assertion, the error type, the tail of the output) and the agent tries
-again, up to `max_turns`. A pass is `terminated`; `max_turns` failures are `truncated` (with
+feedback and the agent tries again, up to `max_turns`. The feedback comes from the task's
+*public* tests only (`code_tests_split`: the answer is run again on them alone; the failing
+public assertion, the error's last line, the tail of that run's output, and the count of all
+tests passed); the reward counts every test, hidden ones included. A pass is `terminated`; `max_turns` failures are `truncated` (with
 `max_turns=1`, the single graded attempt always `terminates`).
 Nothing the agent writes makes `step` raise: a missing code block, a non-str action or a failing
 sandbox is a recorded 0-reward step with the reason in `info["error"]`.
@@ -20,10 +22,12 @@ import logging
 import re
 from typing import Any
 
+import numpy as np
+
 from agentrl.env.base import TextEnv
 from agentrl.sandbox import Limits, SandboxPool, SandboxResult
 from agentrl.sandbox.pool import default_pool
-from agentrl_envs import code_tasks
+from agentrl_envs import code_repair, code_tasks
 from agentrl_envs.code_datasets import (
     CodeTask,
     load_dataset,
@@ -31,6 +35,7 @@ from agentrl_envs.code_datasets import (
     select_split,
     task_from_dict,
 )
+from agentrl_envs.code_tests_split import public_tests
 from agentrl_envs.trivial_probe import probe_tasks
 
 SYSTEM_PROMPT = "Answer with a Python function."
@@ -42,6 +47,8 @@ TRIVIAL_MODES = ("auto", "drop", "flag", "off")
 BACKENDS = ("auto", "bwrap", "docker", "subprocess")
 #: Verdicts the env adds to the sandbox's: nothing to run, or an action that is not text.
 ENV_VERDICTS = ("no_code", "bad_action")
+#: Verdicts where no test ran: their feedback quotes the verdict's reason as it is.
+NO_TEST_VERDICTS = ("no_code", "bad_action", "syntax_error", "sandbox_error")
 
 _FENCE_TAG = re.compile(r"[ \t]*([\w+-]*)")
 _PYTHON_TAGS = ("", "python", "py", "python3", "py3")
@@ -141,7 +148,7 @@ def failure_reason(verdict: str, error: str | None) -> str:
 
 
 def feedback_message(result: SandboxResult | None, verdict: str, reason: str,
-                     max_chars: int) -> str:
+                     max_chars: int, counts: tuple[int, int] | None = None) -> str:
     """The user message after a failed attempt.
 
     Format (each variable part cut to `max_chars` characters)::
@@ -151,14 +158,47 @@ def feedback_message(result: SandboxResult | None, verdict: str, reason: str,
         Output:                                    (when the run printed anything)
         <the last max_chars characters of stdout+stderr>
         Fix the function and answer with the complete code.
+
+    `counts`: the (passed, total) to quote instead of `result`'s (the multi-turn feedback
+    quotes the run of every test's counts beside the public run's reason and output).
     """
     lines = [f"Your code failed: {_clip(reason, max_chars)}"]
     if result is not None and verdict not in ("syntax_error", "sandbox_error") and result.total:
-        lines.append(f"Tests passed: {result.passed}/{result.total}.")
+        passed, total = counts or (result.passed, result.total)
+        lines.append(f"Tests passed: {passed}/{total}.")
     out = ((result.stdout if result else "") + (result.stderr if result else "")).strip()
     if out:
         tail = out if len(out) <= max_chars else "..." + out[-max(max_chars - 3, 0):]
         lines += ["Output:", tail]
+    lines.append("Fix the function and answer with the complete code.")
+    return "\n".join(lines)
+
+
+def public_feedback(full: SandboxResult, public: SandboxResult | None, verdict: str,
+                    max_chars: int) -> str:
+    """The feedback of a failed attempt whose tests ran, from the public run only.
+
+    `full` is the run of every test (the reward's; only its counts are quoted: `Tests passed:
+    <passed>/<total>`), `public` the run of the public tests (None when the task has none).
+    When a public test fails, the message is `feedback_message` of the public run with the
+    full run's counts (the failing public assertion, the public run's output tail); when
+    every public test passes (or there are none), it says that hidden tests fail, naming the
+    limit when one was hit (a time, memory or output limit: no test's text), and shows the
+    public run's output. Each variable part is cut to `max_chars` characters.
+    """
+    if public is not None and public.verdict != "pass":
+        return feedback_message(public, public.verdict, failure_reason(public.verdict, public.error),
+                                max_chars, counts=(full.passed, full.total))
+    what = "the public tests pass" if public is not None else "this task has no public tests"
+    limit = {"timeout": "time limit exceeded", "memory_limit": "memory limit exceeded",
+             "output_limit": "output limit exceeded"}.get(verdict)
+    lines = [f"Your code failed: {what}, but hidden tests fail"
+             + (f" ({limit})" if limit else "") + "."]
+    if full.total:
+        lines.append(f"Tests passed: {full.passed}/{full.total}.")
+    out = ((public.stdout + public.stderr) if public is not None else "").strip()
+    if out:
+        lines += ["Output:", out if len(out) <= max_chars else "..." + out[-max(max_chars - 3, 0):]]
     lines.append("Fix the function and answer with the complete code.")
     return "\n".join(lines)
 
@@ -290,6 +330,11 @@ class CodeSandboxEnv(TextEnv):
         or None when the task has none."""
         return self.task.solution.rstrip("\n") if self.task is not None and self.task.solution else None
 
+    def repair_demo(self, rng: np.random.Generator) -> tuple[str, list[dict[str, Any]], str] | None:
+        """A reference repair of the current task for the warm start (`code_repair.repair_demo`:
+        a mutated reference, its real feedback, the fix), or None. Steps the episode."""
+        return code_repair.repair_demo(self, rng)
+
     def corpus_texts(self, n: int = 50) -> list[str]:
         """Texts the agent will read besides the task prompts (system prompt, feedback
         messages), for training a tokenizer."""
@@ -378,7 +423,7 @@ class CodeSandboxEnv(TextEnv):
                                           "verdict": "bad_action", "success": False,
                                           "error": "the episode has ended; call reset()"}
         self.turn += 1
-        result, verdict, error = None, "no_code", None
+        result, verdict, error, code = None, "no_code", None, ""
         if not isinstance(action, str):
             verdict, error = "bad_action", f"action must be a str, got {type(action).__name__}"
         else:
@@ -407,12 +452,30 @@ class CodeSandboxEnv(TextEnv):
         terminated = success or (last and self.max_turns == 1)
         truncated = not terminated and last
         self._done = terminated or truncated
-        obs = [] if self._done else [{"role": "user", "content": feedback_message(
-            result, verdict, reason or "", self.feedback_chars)}]
+        obs = [] if self._done else [{"role": "user", "content": self._feedback(
+            task, code if result is not None else "", result, verdict, reason or "")}]
         return obs, float(reward), terminated, truncated, info
 
-    def _run(self, task: CodeTask, code: str) -> SandboxResult:
+    def _feedback(self, task: CodeTask, code: str, result: SandboxResult | None, verdict: str,
+                  reason: str) -> str:
+        """The feedback after a failed attempt with turns left, from the task's public tests
+        only (`code_tests_split`): verdicts where no test ran (no code, a syntax error, a
+        sandbox failure) are explained as they are; otherwise the answer is run again on the
+        public tests alone and the message quotes that run (its failing public assertion, its
+        output), never the hidden tests' source, values or output."""
+        if result is None or verdict in NO_TEST_VERDICTS:
+            return feedback_message(result, verdict, reason, self.feedback_chars)
+        split = public_tests(task)
+        public = None
+        if split.tests:
+            public = self._run(task, code, tests=split.tests, names=split.names)
+        return public_feedback(result, public, verdict, self.feedback_chars)
+
+    def _run(self, task: CodeTask, code: str, tests: list[str] | None = None,
+             names: list[str] | None = None) -> SandboxResult:
         job = sandbox_job(task, code, self.limits)
+        if tests is not None:  # the public tests only (feedback)
+            job["tests"], job["names"] = list(tests), names
         try:
             pool = self._pool or default_pool(self.backend)
             return pool.run_tests(**job)

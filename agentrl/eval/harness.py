@@ -34,6 +34,10 @@ from agentrl.rollout.engines.base import Engine, SamplingParams
 from agentrl.rollout.envs import build_env
 from agentrl.types import Trajectory, json_message
 
+REPAIR_KEYS = ("first_attempt_pass@1", "first_attempt_pass@1_se", "repair_rate", "repair_rate_se",
+               "attempts_mean")
+"""The repair metrics (`agentrl.eval.attempts`) a multi-turn evaluation logs under `eval/`."""
+
 
 def batch_seed(seed: int, batch_index: int) -> int:
     """The sampler seed of batch `batch_index` of a run with `seed` (a 32-bit int)."""
@@ -370,10 +374,12 @@ def write_outputs(out_dir: str | Path, rows: Sequence[dict[str, Any]], summary: 
 
 def training_metrics(summary: dict[str, Any]) -> dict[str, float]:
     """The flat metrics of an evaluation logged under `eval/`: `pass@k` and `pass@k_se` for
-    each k, `reward_mean`, `tokens_mean`, `turns_mean`, `errors`. None values become NaN."""
+    each k, `reward_mean`, `tokens_mean`, `turns_mean`, `errors`, and in a multi-turn
+    evaluation the repair metrics (`REPAIR_KEYS`). None values become NaN."""
     o = summary["overall"]
     keys = [m for k in summary["k"] for m in (f"pass@{k}", f"pass@{k}_se")]
     keys += ["reward_mean", "tokens_mean", "turns_mean", "errors"]
+    keys += [k for k in REPAIR_KEYS if k in o]  # multi-turn evaluations only
     return {k: float("nan") if o.get(k) is None else float(o[k]) for k in keys}
 
 
@@ -425,6 +431,9 @@ def evaluate_heldout(engine: Engine | None, renderer: ChatRenderer, envs: list[A
     if make_env is None:
         make_env = partial(build_env, cfg, "heldout")
     tasks, source = list_tasks(envs[0], cfg.train.eval_tasks, default_n=cfg.train.eval_tasks)
+    meta = {"env": cfg.env.name, "split": "heldout", "tasks_from": source}
+    if cfg.env.max_turns is not None:  # multi-turn: the summary adds the repair metrics
+        meta["max_turns"] = cfg.env.max_turns
     return run_eval(engine, renderer, make_env, tasks, envs=envs, executor=pool, rollout=rollout,
-                    out_dir=out_dir, meta={"env": cfg.env.name, "split": "heldout", "tasks_from": source},
+                    out_dir=out_dir, meta=meta,
                     reporter=reporter, stage=stage, **heldout_settings(cfg))

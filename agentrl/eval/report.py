@@ -23,6 +23,10 @@ Metric definitions (overall and per task):
   env raised in step), "reset_error", "step_timeout" or "reset_timeout" (a call past
   `env.step_timeout_s` / `env.reset_timeout_s`).
 - `verdicts`: the last turn's `info["verdict"]` (sandbox verdict) counted over episodes that have one.
+- multi-turn evaluations only (`meta["max_turns"]` > 1 or an episode of more than one turn):
+  `first_attempt_pass@1` (± `_se`), `repair_rate` (± `_se`), `attempts_mean`,
+  `first_attempt_failures`, `repaired` (`agentrl.eval.attempts`); `pass@k` is then pass within
+  the allowed attempts.
 - `errors`: episodes with at least one recorded error message (`info["error"]`: env
   exceptions, tool-call errors, and envs that explain a failed attempt, e.g. code_sandbox's
   failing assertion); `env_errors`: episodes the env broke (`end` is env_error, reset_error,
@@ -40,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from agentrl.eval.attempts import attempt_metrics, is_multi_attempt
 from agentrl.eval.metrics import pass_at_k_many
 
 ENV_ERROR_ENDS = ("env_error", "reset_error", "step_timeout", "reset_timeout")
@@ -132,6 +137,8 @@ def summarize(rows: Sequence[dict[str, Any]], k_list: Sequence[int],
         overall[f"pass@{k}_se"] = float(vals.std(ddof=1) / math.sqrt(vals.size)) if vals.size > 1 else None
         overall[f"excluded@{k}"] = excluded
     overall.update(_episode_stats(rows))
+    if is_multi_attempt(rows, (meta or {}).get("max_turns")):
+        overall.update(attempt_metrics(rows))
     examples = list(dict.fromkeys(e for r in rows for e in r.get("errors", [])))
     overall["error_examples"] = examples[:5]
     return {"meta": dict(meta or {}), "k": ks, "overall": overall, "tasks": tasks}

@@ -31,6 +31,10 @@ def format_eval(ev: dict[str, float], samples: int) -> str:
     for k in sorted({1, samples}):
         v, se = ev.get(f"pass@{k}", float("nan")), ev.get(f"pass@{k}_se", float("nan"))
         parts.append(f"pass@{k} {v:.3f}" + (f" ± {se:.3f}" if se == se else ""))
+    for key, label in (("first_attempt_pass@1", "first attempt"), ("repair_rate", "repair rate")):
+        if key in ev:  # a multi-turn evaluation
+            v, se = ev[key], ev.get(f"{key}_se", float("nan"))
+            parts.append(f"{label} {v:.3f}" + (f" ± {se:.3f}" if se == se else ""))
     return ", ".join(parts)
 
 
@@ -172,6 +176,8 @@ def report(lp: Any, before: dict[str, float], after: dict[str, float], final: Pa
                "checkpoint": str(final), **extra,
                "stage_seconds": {**({"sft": extra["sft_seconds"]} if extra.get("sft_seconds") else {}),
                                  **stage_seconds(out / "metrics.jsonl")}}
+    if cfg.env.max_turns is not None:  # multi-turn: the panel names the attempts
+        summary["max_turns"] = cfg.env.max_turns
     summary["cost_profile"] = {label: {"seconds": sec, "share": share}
                                for label, sec, share in cost_profile(summary["stage_seconds"])}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))

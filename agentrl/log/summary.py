@@ -119,7 +119,8 @@ def reward_repeats_pass1(*evals: dict[str, Any]) -> bool:
 
 def summary_panel(summary: dict[str, Any], out: str | Path) -> Any:
     """A rich renderable of a finished run: held-out pass@1 and pass@k before/after RL with ±
-    one standard error over tasks, the held-out reward (only when it is not the same number as
+    one standard error over tasks (a multi-turn run adds first-attempt pass@1, pass within
+    `max_turns` attempts, the repair rate and attempts per episode), the held-out reward (only when it is not the same number as
     pass@1), the training reward and pass rate of the first and last step, seconds per stage
     (`summary["stage_seconds"]`: each evaluation counted once), and where the checkpoint,
     metrics and TensorBoard files are."""
@@ -139,6 +140,14 @@ def summary_panel(summary: dict[str, Any], out: str | Path) -> Any:
                  and not k.endswith("_se") and k.split("@")[1].isdigit()})
     for k in ks or [1]:
         table.add_row(f"held-out pass@{k} ± s.e.", _with_se(before, f"pass@{k}"), _with_se(after, f"pass@{k}"))
+    if "repair_rate" in before or "repair_rate" in after:  # a multi-turn run (agentrl.eval.attempts)
+        n = summary.get("max_turns") or "N"
+        table.add_row("  first-attempt pass@1", _with_se(before, "first_attempt_pass@1"),
+                      _with_se(after, "first_attempt_pass@1"))
+        table.add_row(f"  pass within {n} attempts", _with_se(before, "pass@1"), _with_se(after, "pass@1"))
+        table.add_row("  repair rate", _with_se(before, "repair_rate"), _with_se(after, "repair_rate"))
+        table.add_row("  attempts per episode", _fmt(before.get("attempts_mean"), 2),
+                      _fmt(after.get("attempts_mean"), 2))
     if not (summary.get("heldout_reward_is_pass@1") or reward_repeats_pass1(before, after)):
         table.add_row("held-out reward", _fmt(before.get("reward_mean")), _fmt(after.get("reward_mean")))
     table.add_row("", "first step", "last step")

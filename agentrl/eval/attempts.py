@@ -1,0 +1,113 @@
+"""Metrics of multi-turn repair: did the first attempt pass, and was a failed first attempt
+fixed by a later one (code_sandbox with `max_turns` > 1: the env's feedback, the agent tries
+again). Pure functions of episode rows (`agentrl.eval.harness.episode_row`) or trajectories;
+no torch.
+
+Definitions, per episode (an attempt is an agent turn; its verdict is the env's
+`info["verdict"]`, else `info["success"]`):
+- first-attempt success: the first turn's verdict is `pass`;
+- a *first-attempt failure* is an episode whose first attempt failed; it is *repaired* when
+  the episode still succeeds (`success`, a later attempt passed).
+
+Over an evaluation (`attempt_metrics`), with tasks i = 1..m, n_i episodes each:
+- `first_attempt_pass@1`: mean over tasks of (first-attempt successes_i / n_i), and
+  `first_attempt_pass@1_se` = std(ddof=1) / sqrt(m) over tasks, as pass@1 (`agentrl.eval.report`);
+  the existing `pass@1` is then pass within `max_attempts` attempts;
+- `repair_rate` = sum_i y_i / sum_i x_i with x_i the first-attempt failures and y_i the repaired
+  episodes of task i (the share of failed first attempts fixed later, pooled over episodes),
+  and `repair_rate_se` its standard error over tasks as a ratio estimator (Cochran, Sampling
+  Techniques, 3rd ed. 1977, eq. 6.13, without the finite-population factor):
+  `sqrt(sum_i (y_i - R x_i)^2 / (m (m - 1))) / mean_i(x_i)`; None without a first-attempt
+  failure or with fewer than two tasks;
+- `attempts_mean`: attempts per episode; `first_attempt_failures`, `repaired`: the totals.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from agentrl.types import Trajectory
+
+
+def first_attempt_passed(verdicts: Sequence[Any], rewards: Sequence[Any] = ()) -> bool:
+    """Did the first attempt pass? Its verdict is `pass`; without a verdict, its reward >= 1."""
+    if verdicts and verdicts[0] is not None:
+        return verdicts[0] == "pass"
+    return bool(rewards) and rewards[0] is not None and float(rewards[0]) >= 1.0
+
+
+def ratio_se(x: Sequence[float], y: Sequence[float]) -> float | None:
+    """Standard error over clusters of R = sum(y) / sum(x) (module doc), None when sum(x) == 0
+    or there are fewer than two clusters."""
+    xa, ya = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    m = xa.size
+    if m < 2 or xa.sum() <= 0:
+        return None
+    r = ya.sum() / xa.sum()
+    return float(math.sqrt(((ya - r * xa) ** 2).sum() / (m * (m - 1))) / xa.mean())
+
+
+def attempt_metrics(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The repair metrics of evaluation rows (module doc). Each row needs `task_index`,
+    `success`, `turns`, `turn_verdicts` and `turn_rewards`.
+
+    Returns:
+        `first_attempt_pass@1`, `first_attempt_pass@1_se`, `repair_rate`, `repair_rate_se`,
+        `attempts_mean`, `first_attempt_failures`, `repaired` (None where undefined).
+    """
+    by_task: dict[int, list[tuple[bool, bool]]] = {}
+    for r in rows:
+        first = first_attempt_passed(r.get("turn_verdicts") or [], r.get("turn_rewards") or [])
+        by_task.setdefault(int(r["task_index"]), []).append((first, bool(r["success"])))
+    first_rate = np.array([np.mean([f for f, _ in g]) for g in by_task.values()], dtype=float)
+    x = [sum(not f for f, _ in g) for g in by_task.values()]
+    y = [sum((not f) and s for f, s in g) for g in by_task.values()]
+    m = first_rate.size
+    return {
+        "first_attempt_pass@1": float(first_rate.mean()) if m else None,
+        "first_attempt_pass@1_se": float(first_rate.std(ddof=1) / math.sqrt(m)) if m > 1 else None,
+        "repair_rate": float(sum(y) / sum(x)) if sum(x) else None,
+        "repair_rate_se": ratio_se(x, y),
+        "attempts_mean": float(np.mean([r["turns"] for r in rows])) if rows else None,
+        "first_attempt_failures": int(sum(x)),
+        "repaired": int(sum(y)),
+    }
+
+
+def is_multi_attempt(rows: Sequence[dict[str, Any]], max_attempts: int | None = None) -> bool:
+    """Whether an evaluation is multi-turn, so its summary carries the repair metrics: the env
+    allowed more than one attempt (`max_attempts`, from the run's `env.max_turns`) or an
+    episode took more than one."""
+    return (max_attempts or 1) > 1 or any(int(r.get("turns") or 0) > 1 for r in rows)
+
+
+def step_attempt_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """Per-step training metrics of a multi-turn batch ({} when every episode took one turn):
+    `rollout/reward_turn_<t>` (mean reward of turn t, 1-based, over the episodes that reached
+    it), `rollout/first_attempt_pass_rate`, `rollout/repair_rate` (repaired / first-attempt
+    failures; NaN without a failure). Attempts used per episode is `rollout/turns`."""
+    if not any(len(t.turns) > 1 for t in trajs):
+        return {}
+    m: dict[str, float] = {}
+    longest = max(len(t.turns) for t in trajs)
+    for i in range(longest):
+        rs = [t.turns[i].reward for t in trajs if len(t.turns) > i]
+        m[f"rollout/reward_turn_{i + 1}"] = float(np.mean(rs))
+    fails = repaired = firsts = 0
+    for t in trajs:
+        if not t.turns:
+            continue
+        first = first_attempt_passed([t.turns[0].info.get("verdict")], [t.turns[0].reward])
+        last = t.turns[-1].info
+        success = bool(last.get("success", last.get("verdict") == "pass"))
+        firsts += first
+        fails += not first
+        repaired += (not first) and success
+    with_turns = sum(bool(t.turns) for t in trajs)
+    m["rollout/first_attempt_pass_rate"] = firsts / with_turns if with_turns else float("nan")
+    m["rollout/repair_rate"] = repaired / fails if fails else float("nan")
+    return m

@@ -1,0 +1,145 @@
+"""The multi-turn code-repair job (`configs/code_repair.yaml`) on given seeds and settings:
+held-out first-attempt pass@1, pass within 3 attempts and the repair rate before and after RL
+(each with its standard error over tasks), wall time, and the cost profile of a step
+(generation, sandbox, update), beside the single-turn job's step profile when asked.
+
+    python benchmarks/code_repair.py                                  # seed 0, episode-reward GRPO
+    python benchmarks/code_repair.py --seeds 0 1 2 --arms episode gigpo
+    python benchmarks/code_repair.py --seeds 0 --single-turn          # + the 1-turn job's profile
+    python benchmarks/code_repair.py --seeds 0 --tag short train.steps=50   # extra overrides
+
+Arms: `episode` (plain GRPO on the episode reward), `gigpo` (`algo.turn_credit=gigpo`),
+`turn_adv` (`algo.turn_advantages=true`). Each run is `python -m agentrl.cli train --config
+configs/code_repair.yaml` in a subprocess, one at a time. Writes
+`benchmarks/results/code_repair[_TAG].json` and `.md` (the table) and prints the table; the
+run folders stay under `runs/code_repair/`. docs/learning.md quotes figures from these files only.
+
+Targets (issue 40): after RL, pass within 3 attempts minus first-attempt pass@1 >= +0.10 on the
+held-out set (256 tasks x 4 samples); repair rate after RL >= 1.5x before RL; first-attempt
+pass@1 no lower than the single-turn job's on the same seed by more than two standard errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+CONFIG = ROOT / "configs" / "code_repair.yaml"
+ARMS = {"episode": [], "gigpo": ["algo.turn_credit=gigpo"], "turn_adv": ["algo.turn_advantages=true"]}
+METRICS = ("first_attempt_pass@1", "pass@1", "repair_rate", "attempts_mean")
+PROFILE = ("generate", "env", "policy_update", "update", "step")
+
+
+def _commit() -> str:
+    r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return r.stdout.strip() or "unknown"
+
+
+def step_profile(metrics_path: Path) -> dict[str, float]:
+    """Mean seconds per training step of `perf/<stage>_s` for the `PROFILE` stages, and the
+    mean `rollout/turns`, over the run's step rows."""
+    rows = [json.loads(x) for x in metrics_path.read_text().splitlines() if x.strip()]
+    steps = [r for r in rows if "perf/step_s" in r]
+    out: dict[str, float] = {}
+    for key in PROFILE:
+        vals = [r[f"perf/{key}_s"] for r in steps if isinstance(r.get(f"perf/{key}_s"), (int, float))]
+        if vals:
+            out[f"{key}_s"] = sum(vals) / len(vals)
+    turns = [r["rollout/turns"] for r in steps if "rollout/turns" in r]
+    out["turns"] = sum(turns) / len(turns) if turns else float("nan")
+    out["steps"] = len(steps)
+    return out
+
+
+def run_one(seed: int, arm: str, out: Path, overrides: list[str], single_turn: bool = False) -> dict:
+    """One run in a subprocess; returns its figures (or raises with the log's tail)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    base = (["--env", "code_sandbox", "--algo", "grpo"] if single_turn
+            else ["--config", str(CONFIG), *ARMS[arm]])
+    cmd = [sys.executable, "-m", "agentrl.cli", "train", *base, "--out", str(out), "--overwrite",
+           "--quiet", f"seed={seed}", *overrides]
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    (out.parent / f"{out.name}.log").write_text(r.stdout + r.stderr)
+    if r.returncode != 0:
+        raise RuntimeError(f"{arm} seed {seed} failed (rc {r.returncode}):\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+    s = json.loads((out / "summary.json").read_text())
+    keep = [*METRICS, *(f"{m}_se" for m in METRICS)]
+    return {"seed": seed, "arm": "single_turn" if single_turn else arm, "wall_s": wall,
+            "sft_steps": s.get("sft_steps"), "sft_seconds": s.get("sft_seconds"),
+            "before": {m: s["eval_before"].get(m) for m in keep},
+            "after": {m: s["eval_after"].get(m) for m in keep},
+            "step_profile": step_profile(out / "metrics.jsonl"), "cmd": cmd[3:]}
+
+
+def _f(x: float | None, se: float | None = None) -> str:
+    if x is None or x != x:
+        return "–"
+    return f"{x:.3f}" + (f" ± {se:.3f}" if se is not None and se == se else "")
+
+
+def table(results: list[dict]) -> str:
+    """The Markdown table of the runs (one row per seed and arm)."""
+    head = ("| arm | seed | warm-start steps | first-attempt pass@1 before -> after | pass within 3 "
+            "before -> after | gap after | repair rate before -> after | ratio | wall | "
+            "s/step: generate / sandbox / update (turns) |")
+    lines = [head, "|" + " --- |" * 10]
+    for r in results:
+        b, a, p = r["before"], r["after"], r["step_profile"]
+        rb, ra = b.get("repair_rate"), a.get("repair_rate")
+        gap = (a["pass@1"] - a["first_attempt_pass@1"]) if a.get("first_attempt_pass@1") is not None else None
+        ratio = f"{ra / rb:.2f}x" if rb and ra is not None else "–"
+        lines.append(
+            f"| {r['arm']} | {r['seed']} | {r.get('sft_steps')} | "
+            f"{_f(b.get('first_attempt_pass@1'), b.get('first_attempt_pass@1_se'))} -> "
+            f"{_f(a.get('first_attempt_pass@1'), a.get('first_attempt_pass@1_se'))} | "
+            f"{_f(b.get('pass@1'), b.get('pass@1_se'))} -> {_f(a.get('pass@1'), a.get('pass@1_se'))} | "
+            f"{_f(gap)} | {_f(rb, b.get('repair_rate_se'))} -> {_f(ra, a.get('repair_rate_se'))} | {ratio} | "
+            f"{r['wall_s'] / 60:.1f} min | {p.get('generate_s', float('nan')):.2f} / "
+            f"{p.get('env_s', float('nan')):.2f} / {p.get('update_s', float('nan')):.2f} ({p['turns']:.2f}) |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--arms", nargs="+", default=["episode"], choices=sorted(ARMS))
+    ap.add_argument("--single-turn", action="store_true", help="also run the single-turn main job per seed")
+    ap.add_argument("--tag", default="")
+    ap.add_argument("overrides", nargs="*", help="key=value config overrides for every run")
+    args = ap.parse_args(argv)
+    name = "code_repair" + (f"_{args.tag}" if args.tag else "")
+    runs = ROOT / "runs" / name
+    results: list[dict] = []
+    t0 = time.time()
+    load0 = os.getloadavg()
+    for seed in args.seeds:
+        for arm in args.arms:
+            results.append(run_one(seed, arm, runs / f"{arm}_seed{seed}", args.overrides))
+            print(table(results[-1:]), flush=True)
+        if args.single_turn:
+            results.append(run_one(seed, "episode", runs / f"single_seed{seed}", args.overrides, True))
+    md = table(results)
+    meta = {"commit": _commit(), "date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.node(),
+            "cpus": os.cpu_count(), "loadavg_start": load0, "loadavg_end": os.getloadavg(),
+            "seconds": time.time() - t0, "overrides": args.overrides}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps({"meta": meta, "runs": results}, indent=1))
+    (RESULTS / f"{name}.md").write_text(f"commit `{meta['commit']}`, {meta['date']}, load "
+                                        f"{load0[0]:.1f} -> {meta['loadavg_end'][0]:.1f}\n\n{md}\n")
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

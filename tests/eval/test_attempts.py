@@ -1,0 +1,87 @@
+"""Repair metrics (agentrl/eval/attempts.py) against values computed by hand from a fixed
+table of episode outcomes; single-turn summaries carry none of them."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from agentrl.eval.attempts import attempt_metrics, ratio_se, step_attempt_metrics
+from agentrl.eval.harness import training_metrics
+from agentrl.eval.report import summarize
+from agentrl.types import Trajectory, Turn
+
+P, F = "pass", "fail"
+# task index -> the verdicts of each episode's attempts (max 3 attempts)
+TABLE = {
+    0: [[P], [F, P], [F, F, F], [F, P]],      # first pass 1/4; failed first 3, repaired 2
+    1: [[P], [P], [F, F, P], [F, F, F]],      # first pass 2/4; failed first 2, repaired 1
+    2: [[F, F, F]] * 4,                       # first pass 0/4; failed first 4, repaired 0
+}
+
+
+def rows() -> list[dict]:
+    out = []
+    for ti, eps in TABLE.items():
+        for j, vs in enumerate(eps):
+            out.append({"task_index": ti, "task_id": f"t{ti}", "sample": j, "success": vs[-1] == P,
+                        "reward": float(vs[-1] == P), "turns": len(vs), "tokens": 10 * len(vs),
+                        "total_tokens": 50, "finish_reasons": ["stop"] * len(vs), "end": "terminated",
+                        "verdict": vs[-1], "errors": [], "turn_verdicts": list(vs),
+                        "turn_rewards": [float(v == P) for v in vs]})
+    return out
+
+
+def test_attempt_metrics_by_hand():
+    m = attempt_metrics(rows())
+    # first-attempt pass@1: mean(1/4, 2/4, 0) = 0.25; se = std([.25, .5, 0], ddof=1) / sqrt(3)
+    assert m["first_attempt_pass@1"] == pytest.approx(0.25)
+    assert m["first_attempt_pass@1_se"] == pytest.approx(0.25 / math.sqrt(3))
+    # repair rate: (2 + 1 + 0) / (3 + 2 + 4) = 1/3; residuals y - x/3 = 1, 1/3, -4/3:
+    # se = sqrt((1 + 1/9 + 16/9) / (3 * 2)) / mean(x) = sqrt(26/54) / 3
+    assert m["repair_rate"] == pytest.approx(1 / 3)
+    assert m["repair_rate_se"] == pytest.approx(math.sqrt(26 / 54) / 3)
+    assert (m["first_attempt_failures"], m["repaired"]) == (9, 3)
+    assert m["attempts_mean"] == pytest.approx(28 / 12)
+
+
+def test_ratio_se_edges():
+    assert ratio_se([0, 0], [0, 0]) is None  # no first-attempt failure: no repair rate
+    assert ratio_se([3], [1]) is None  # one task: no spread
+    assert ratio_se([2, 2], [1, 1]) == 0.0  # the same share everywhere
+    m = attempt_metrics([r for r in rows() if r["task_index"] == 1 and r["turn_verdicts"][0] == P])
+    assert m["repair_rate"] is None and m["repair_rate_se"] is None
+    assert m["first_attempt_pass@1"] == 1.0
+
+
+def test_summary_carries_them_only_when_multi_turn():
+    s = summarize(rows(), [1, 4], {"max_turns": 3})
+    o = s["overall"]
+    assert o["pass@1"] == pytest.approx((0.75 + 0.75 + 0) / 3)  # pass within 3 attempts
+    assert o["repair_rate"] == pytest.approx(1 / 3)
+    flat = training_metrics(s)
+    assert flat["first_attempt_pass@1"] == pytest.approx(0.25) and flat["repair_rate"] == pytest.approx(1 / 3)
+    single = [{**r, "turns": 1, "turn_verdicts": r["turn_verdicts"][:1]} for r in rows()]
+    o1 = summarize(single, [1], {})["overall"]
+    assert "repair_rate" not in o1 and "first_attempt_pass@1" not in o1
+    assert "repair_rate" not in training_metrics(summarize(single, [1], {}))
+
+
+def test_step_attempt_metrics_by_hand():
+    def traj(vs):
+        tr = Trajectory()
+        for i, v in enumerate(vs):
+            r = 1.0 if v == P else 0.0
+            tr.turns.append(Turn(start=i, end=i + 1, reward=r, info={"verdict": v, "success": v == P}))
+        return tr
+
+    trajs = [traj(vs) for eps in TABLE.values() for vs in eps]
+    m = step_attempt_metrics(trajs)
+    # turn 1: 3 passes of 12; turn 2: 9 episodes reached it, 2 passed; turn 3: 7 reached, 1 passed
+    assert m["rollout/reward_turn_1"] == pytest.approx(3 / 12)
+    assert m["rollout/reward_turn_2"] == pytest.approx(2 / 9)
+    assert m["rollout/reward_turn_3"] == pytest.approx(1 / 7)
+    assert m["rollout/first_attempt_pass_rate"] == pytest.approx(3 / 12)
+    assert m["rollout/repair_rate"] == pytest.approx(3 / 9)
+    assert step_attempt_metrics([traj([P]), traj([F])]) == {}  # single-turn batch: nothing
