@@ -261,6 +261,8 @@ class CodeSandboxEnv(TextEnv):
             raise ValueError(f"backend: unknown {backend!r}; allowed: {', '.join(BACKENDS)}")
         if not 0.0 <= heldout_fraction < 1.0:
             raise ValueError(f"heldout_fraction: must be in [0, 1), got {heldout_fraction}")
+        if trivial_tasks is False:  # YAML reads a bare `off` (env.kwargs.trivial_tasks=off) as false
+            trivial_tasks = "off"
         if trivial_tasks not in TRIVIAL_MODES:
             raise ValueError(f"trivial_tasks: unknown mode {trivial_tasks!r}; allowed: {', '.join(TRIVIAL_MODES)}")
         if feedback_chars < 1:

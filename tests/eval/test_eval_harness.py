@@ -257,10 +257,14 @@ def test_eval_command_hf_dir_and_checkpoints(tiny_model_dir, tmp_path):
     from agentrl.config import load_config
 
     run = tmp_path / "run"
-    for step in (2, 10):
+    from agentrl.learner.checkpoints import seal
+
+    for step in (2, 10):  # sealed as training seals them (a manifest of digests: issue 42)
         ck = run / "checkpoints" / f"step_{step}"
-        shutil.copytree(tiny_model_dir, ck)
-        (ck / "agentrl_state.json").write_text(json.dumps({"step": step}))
+        tmp = run / "checkpoints" / f"step_{step}.tmp"
+        shutil.copytree(tiny_model_dir, tmp)
+        (tmp / "agentrl_state.json").write_text(json.dumps({"step": step}))
+        seal(tmp, ck)
     shutil.copytree(tiny_model_dir, run / "checkpoints" / "step_11.tmp")  # an interrupted save
     (run / "config.json").write_text(load_config(None, None, **{"env.name": "test_guess"}).model_dump_json())
     assert resolve_model(str(run)) == (run / "checkpoints" / "step_10", run / "config.json")
