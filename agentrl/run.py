@@ -45,7 +45,7 @@ from agentrl.rewards import RewardWrappers
 from agentrl.rollout.chat import ChatRenderer, renderer_for
 from agentrl.rollout.collect import check_batch_hooks
 from agentrl.rollout.engines.make import engine_memory_config, load_processor, make_engine
-from agentrl.rollout.envs import _env_accepts, build_env, build_named_env
+from agentrl.rollout.envs import PARSER_KWARGS, _env_accepts, build_env, build_named_env
 from agentrl.rollout.source import Leases, LockedEngine
 from agentrl.rollout.tool_format import resolve_tool_parser
 from agentrl.rollout.workers import RolloutPool
@@ -261,7 +261,7 @@ def build(cfg: Config, *, reporter: Any = None, warm_start: Callable[..., dict[s
                                          "each turn is sampled from the template's rendering and "
                                          "trained as its own sample"))
     check_tokenizer(cfg, algo, tok)  # e.g. a teacher's, compared by id
-    if "parser" not in cfg.env.kwargs and _env_accepts(cfg.env.name, "parser"):  # what build_env gives
+    if any(k not in cfg.env.kwargs and _env_accepts(cfg.env.name, k) for k in PARSER_KWARGS):  # build_env's
         say("[tools] tool-call format {}: {}".format(*resolve_tool_parser(cfg)))
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else renderer.end_of_turn_id
     sft_info: dict[str, Any] = {}

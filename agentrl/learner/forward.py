@@ -242,8 +242,10 @@ def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
 
 
 def slice_rows(batch: dict[str, Any], idx: torch.Tensor) -> dict[str, Any]:
-    """Rows `idx` of every (B, ...) tensor in the batch, trimmed to the longest row."""
-    width = int(batch["lengths"][idx].max())
+    """Rows `idx` of every (B, ...) tensor in the batch, trimmed to the longest row (at least one
+    position: rows that are all empty episodes, e.g. a group whose agent runs never sampled, keep
+    one padding position, attention and loss_mask 0, as they have in a wider micro-batch)."""
+    width = max(1, int(batch["lengths"][idx].max()))
     out: dict[str, Any] = {}
     for k, v in batch.items():
         if k == "vision":  # per-row list (`collate`)

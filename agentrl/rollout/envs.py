@@ -18,8 +18,12 @@ from agentrl.env.registry import import_env_modules, make_env, resolve_env_id
 from agentrl.rewards import RewardWrappers
 from agentrl.rollout.tool_format import resolve_tool_parser
 
-
 # -- from a config -------------------------------------------------------------------------------
+#: the env keywords that take the tool-call format `rollout.tool_parser` resolves to (tool envs
+#: `parser`, the `--agent` env `tool_parser`), unless env.kwargs names one
+PARSER_KWARGS = ("parser", "tool_parser")
+
+
 def _env_accepts(name: str, kwarg: str) -> bool:
     """Does the entry point of env `name` take the keyword `kwarg` (e.g. `split`)?"""
     spec = gym.spec(resolve_env_id(name))
@@ -52,8 +56,9 @@ def build_env(cfg: Config, split: str | None = None, rewards: Any = None) -> Any
         kw["dataset"] = cfg.env.dataset
     if split is not None and _env_accepts(cfg.env.name, "split"):
         kw["split"] = split
-    if "parser" not in kw and _env_accepts(cfg.env.name, "parser"):  # a tool env's call format
-        kw["parser"] = resolve_tool_parser(cfg)[0]
+    for key in PARSER_KWARGS:  # a tool env's (or the agent env's) tool-call format
+        if key not in kw and _env_accepts(cfg.env.name, key):
+            kw[key] = resolve_tool_parser(cfg)[0]
     try:
         env = make_env(cfg.env.name, max_turns=cfg.env.max_turns, env_kwargs=kw)
     except (TypeError, ValueError) as e:  # a keyword the env does not take, a value it refuses

@@ -116,3 +116,20 @@ def test_agent_trains_two_grpo_steps(tmp_path, monkeypatch, tiny_model_dir):
     metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [m for m in metrics if "loss/logp_mismatch_max" in m]
     assert len(steps) == 2 and all(m["loss/logp_mismatch_max"] < 1e-4 for m in steps)
+
+
+def test_the_agent_env_takes_the_runs_tool_format(tmp_path, monkeypatch):
+    """`rollout.tool_parser` (a name, or auto from the tokenizer) reaches the `--agent` env as
+    for a tool env; `env.kwargs.tool_parser` still wins (a new user found it ignored)."""
+    from agentrl.rollout.envs import build_env
+
+    (tmp_path / "fmt_agent.py").write_text("async def agent(client, task):\n    return 0.0\n")
+    (tmp_path / "tasks.jsonl").write_text("\n".join(json.dumps({"id": f"t{i}", "q": "?"}) for i in range(6)))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    base = ["env.name=agent", "env.kwargs.agent=fmt_agent:agent", f"env.dataset={tmp_path / 'tasks.jsonl'}"]
+    for extra, want in ((["rollout.tool_parser=mistral"], "mistral"),
+                        ([], "hermes"),  # auto on the embedded model: its Hermes tool tokens
+                        (["rollout.tool_parser=mistral", "env.kwargs.tool_parser=openai"], "openai")):
+        env = build_env(load_config(overrides=base + extra), split="train")
+        assert type(env.unwrapped.parser).__name__.lower().startswith(want[:5]), (extra, env.unwrapped.parser)
+        env.close()

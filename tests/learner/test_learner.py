@@ -605,3 +605,34 @@ def test_compile_note_says_what_compile_will_do(tiny_model_dir):
     bf16, _ = load_model(tiny_model_dir)
     note = Learner(bf16.to(torch.bfloat16), lr=1e-3, compile=True).compile_note()
     assert "no effect" in note and "float32" in note
+
+
+@pytest.mark.parametrize("prefix_share", [True, False])
+def test_a_micro_batch_of_only_empty_episodes_trains(tiny_model_dir, prefix_share):
+    """A group whose episodes sampled nothing (agent runs that never called the gateway, failed
+    resets) beside a group of equal rewards: every row is idle (advantage 0), the forward takes
+    the batch's first row for its metrics, an empty one (a width-0 slice crashed there). The
+    update runs and gives the weights of the same update without the empty rows."""
+    from agentrl.algos.shaping import build_batch
+
+    def trajs(with_empty):
+        out = [Trajectory(group_id=0), Trajectory(group_id=0)] if with_empty else []
+        g = torch.Generator().manual_seed(0)
+        for i in range(2):
+            t = Trajectory(group_id=1)
+            t.append_context(torch.randint(3, 50, (4,), generator=g).tolist())
+            t.append_sampled(torch.randint(3, 50, (5 + i,), generator=g).tolist(), [-3.0] * (5 + i),
+                             reward=1.0)
+            out.append(t)
+        return out
+
+    cfg, algo, weights = algo_config(name="grpo"), get_algorithm("grpo"), []
+    for with_empty in (True, False):
+        model, _ = load_model(tiny_model_dir)
+        learner = Learner(model, lr=1e-2, micro_batch_size=2, prefix_share=prefix_share)
+        batch = build_batch(trajs(with_empty), pad_id=0)
+        batch["advantages"], _ = algo.advantages(batch, cfg)
+        m = learner.update(batch, algo, cfg)
+        assert math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"])
+        weights.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*weights))
