@@ -224,6 +224,10 @@ def register_builtin_envs() -> None:
     register_env("agentrl/Agent-v0", "agentrl.gateway.agents:AgentEnv", short_name="agent",
                  description="your own agent (--agent MODULE:FUNCTION, an async function of an "
                              "OpenAI client and a task) over --dataset tasks.jsonl, through the gateway")
+    register_env("agentrl/MCPTools-v0", "agentrl_envs.mcp_tools:MCPToolsEnv", short_name="mcp_tools",
+                 max_turns=8,
+                 description="answer --dataset questions with the tools of MCP servers "
+                             "(env.kwargs.servers: stdio commands or loopback URLs)")
     register_env("agentrl/VisualCount-v0", "agentrl_envs.visual_count:VisualCountEnv",
                  short_name="visual_count",
                  description="look at a drawn board of coloured shapes; count them or say where one "
