@@ -265,6 +265,11 @@ class MCPToolsEnv(ToolEnv):
                          tool_call_penalty=tool_call_penalty, tool_error_penalty=tool_error_penalty,
                          tools_in_prompt=tools_in_prompt, max_output_chars=max_output_chars)
 
+    def reference_answer(self) -> str | None:
+        """The inner env's `Answer: <gold>` (the warm start's target: the answer format; which
+        tool calls lead to it is the server's business, unknown here)."""
+        return self.env.unwrapped.reference_answer()
+
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         restarts = 0
         for conn in self.connections:  # a server that died (or hung) last episode starts again

@@ -27,7 +27,6 @@ import json
 import os
 import shlex
 import sys
-import tempfile
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -148,6 +147,38 @@ def _loop() -> asyncio.AbstractEventLoop:
         return _LOOP
 
 
+class StderrTail:
+    """A stdio server's stderr: a pipe whose write end the server inherits, read by a daemon
+    thread that keeps the last `keep` characters (a server that logs every call cannot fill a
+    disk, and a crash's traceback is at hand for the error message)."""
+
+    def __init__(self, keep: int = 4000):
+        r, w = os.pipe()
+        self.file = os.fdopen(w, "w", encoding="utf-8", errors="replace")
+        self._keep, self._text, self._lock = keep, "", threading.Lock()
+        threading.Thread(target=self._read, args=(r,), daemon=True, name="mcp-stderr").start()
+
+    def _read(self, fd: int) -> None:
+        with os.fdopen(fd, "r", encoding="utf-8", errors="replace") as f:
+            while True:
+                chunk = f.read1(4096) if hasattr(f, "read1") else f.readline()
+                if not chunk:
+                    return
+                with self._lock:
+                    self._text = (self._text + chunk)[-self._keep:]
+
+    def text(self) -> str:
+        with self._lock:
+            return self._text
+
+    def close(self) -> None:
+        """Close our copy of the write end (the reader ends when the server's copy closes too)."""
+        try:
+            self.file.close()
+        except OSError:
+            pass
+
+
 def _result_text(result: Any) -> str:
     """A `CallToolResult`'s content as text: its text blocks joined by newlines, other blocks as
     `[<type> content]`; with no content, its structured content as JSON."""
@@ -208,7 +239,7 @@ class MCPConnection:
         self._close_locked()
         self._gen += 1
         ready: concurrent.futures.Future = concurrent.futures.Future()
-        self._errlog = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
+        self._errlog = StderrTail() if self.spec.url is None else None
         self._holder = asyncio.run_coroutine_threadsafe(self._hold(ready, self._gen), _loop())
         try:
             ready.result(self.connect_timeout_s)
@@ -229,7 +260,7 @@ class MCPConnection:
             return self.spec.url
         params = StdioServerParameters(command=self.spec.command[0], args=list(self.spec.command[1:]),
                                        env=dict(self.spec.env) or None, cwd=self.spec.cwd)
-        return stdio_client(params, errlog=self._errlog)
+        return stdio_client(params, errlog=self._errlog.file)
 
     async def _hold(self, ready: concurrent.futures.Future, gen: int) -> None:
         """Enter the client, list the tools, then hold the session open until `_stop`."""
@@ -291,17 +322,7 @@ class MCPConnection:
 
     def stderr_tail(self, n: int = 400) -> str:
         """`"; stderr: ..."` with the last `n` characters the server wrote on stderr, or ''."""
-        f = self._errlog
-        if f is None or self.spec.url is not None:
-            return ""
-        try:
-            f.flush()
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - 4 * n))
-            text = " ".join(f.read().split())[-n:]
-        except (OSError, ValueError):
-            return ""
+        text = " ".join(self._errlog.text().split())[-n:] if self._errlog is not None else ""
         return f"; stderr: ...{text}" if text else ""
 
     # -- calls -----------------------------------------------------------------------------------

@@ -70,9 +70,13 @@ def test_the_env_lists_calls_and_records_timeouts_and_errors(tasks):
     assert info["tool_error_kinds"]["bad_arguments"] == 1
     msgs, r, *_ , info = env.step(_call("add", {"a": 40, "b": 2}))  # still up after the timeout
     assert msgs[0]["content"] == "42" and info["tool_calls"] == 6 and info["tool_errors"] == 4
+    assert tool_env.reference_answer() == "Answer: 5"  # the warm start's target (start-up check below)
     _, r, term, _, info = env.step("The sum is 5.\nAnswer: 5.0")
     assert term and r == 1.0 and info["answer"] == "5.0" and info["gold"] == ["5"]
     env.close()
+    from agentrl.startup import env_has_reference_answers
+
+    assert env_has_reference_answers("mcp_tools") and env_has_reference_answers("reasoning_gym:chain_sum")
 
 
 def test_a_server_that_dies_mid_episode_is_a_tool_error_and_restarts(tasks):
@@ -80,6 +84,7 @@ def test_a_server_that_dies_mid_episode_is_a_tool_error_and_restarts(tasks):
     env.reset(options={"task_index": 1})
     msgs, r, term, _, info = env.step(_call("crash", {}))
     assert not term and "closed the connection during the call (it crashed or exited)" in msgs[0]["content"]
+    assert "crash: the server exits now; it is restarted at the next episode" in msgs[0]["content"]  # its stderr
     assert info["tool_error_kinds"] == {"tool_error": 1}
     msgs, *_ = env.step(_call("add", {"a": 1, "b": 1}))  # the rest of the episode: down, recorded
     assert msgs[0]["content"] == ("Error: MCP server 'mcp_server.py' is down; it is restarted at "
@@ -116,6 +121,19 @@ def test_a_hung_server_is_restarted_at_the_next_episode(tasks, monkeypatch):
     _, info = env.reset(options={"task_index": 0})  # answered the listing: not restarted again
     assert info["mcp_restarts"] == 0
     env.close()
+
+
+@pytest.mark.slow
+def test_two_servers_with_one_tool_name_need_a_prefix(tasks):
+    """(slow: two server starts, ~6 s)"""
+    with pytest.raises(ValueError, match="servers 'one' and 'two' both offer a tool 'add'; give one a 'prefix'"):
+        MCPToolsEnv(str(tasks), [{"command": STDIO, "name": "one"}, {"command": STDIO, "name": "two"}])
+    env = MCPToolsEnv(str(tasks), [{"command": STDIO, "name": "one"}, {"command": STDIO, "name": "two", "prefix": "b_"}])
+    assert [s["function"]["name"] for s in env.tool_schemas()] == [
+        "add", "slow", "fail", "hang", "crash", "b_add", "b_slow", "b_fail", "b_hang", "b_crash"]
+    env.reset(options={"task_index": 0})
+    msgs, *_ = env.step(_call("b_add", {"a": 1, "b": 2}))
+    assert msgs[0]["content"] == "3"
 
 
 def _free_port() -> int:
@@ -162,8 +180,6 @@ def test_bad_servers_and_tasks_are_refused_naming_them(tmp_path, tasks):
     with pytest.raises(ValueError, match=r"servers: MCP server 'nope' .* did not start"):
         MCPToolsEnv(str(tasks), [{"command": [sys.executable, "-c", "import sys; sys.exit(2)"], "name": "nope"}],
                     connect_timeout_s=20)
-    with pytest.raises(ValueError, match="servers 'one' and 'two' both offer a tool 'add'"):
-        MCPToolsEnv(str(tasks), [{"command": STDIO, "name": "one"}, {"command": STDIO + " ", "name": "two"}])
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "q", "answer": "a"}\n{"question": "q2"}\n')
     with pytest.raises(ValueError, match=r"bad.jsonl:2: needs 'answer'"):
