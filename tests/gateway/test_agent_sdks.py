@@ -44,7 +44,7 @@ def test_sdk_agent_calls_its_tool_through_the_gateway(module, package, tasks, ti
         a, b = (2, 3) if "2 + 3" in text else (10, 7)
         return '<tool_call>\n' + json.dumps({"name": "add", "arguments": {"a": a, "b": b}}) + '\n</tool_call>'
 
-    env = AgentEnv(f"{module}:solve", str(tasks))
+    env = AgentEnv(f"{module}:run", str(tasks))
     trs = env.run_agents(ScriptedEngine(tok, policy), ChatRenderer(tok),
                          [EpisodeSpec({"options": {"task_index": i}}, group_id=i) for i in range(2)],
                          SamplingParams(max_tokens=64), max_episode_tokens=4096, seed=0, timeout_s=60)
@@ -62,13 +62,13 @@ def test_sdk_agent_calls_its_tool_through_the_gateway(module, package, tasks, ti
 @pytest.mark.slow
 @pytest.mark.parametrize("module,package", SDKS)
 def test_sdk_agent_trains_one_grpo_step(module, package, tasks, tmp_path, tiny_model_dir):
-    """1 GRPO step of `--agent MODULE:solve` with the tiny model (slow: ~20 s each)."""
+    """1 GRPO step of `--agent MODULE:run` with the tiny model (slow: ~20 s each)."""
     pytest.importorskip(package)
     from agentrl.config import load_config
     from agentrl.train import train
 
     cfg = load_config(overrides=[
-        "env.name=agent", f"env.kwargs.agent={module}:solve", f"env.dataset={tasks}", "algo.name=grpo",
+        "env.name=agent", f"env.kwargs.agent={module}:run", f"env.dataset={tasks}", "algo.name=grpo",
         "train.steps=1", f"out={tmp_path / 'run'}", f"model.path={tiny_model_dir}", "sft.steps=0",
         "rollout.tasks_per_step=2", "algo.group_size=2", "rollout.max_tokens=16",
         "rollout.max_episode_tokens=4096", "train.eval_tasks=1", "train.eval_samples=1", "quiet=true"])
