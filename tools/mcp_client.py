@@ -357,6 +357,9 @@ class MCPConnection:
             raise ToolError(f"MCP server {self.spec.name!r} closed the connection during the call "
                             f"(it crashed or exited){self.stderr_tail(300)}; it is restarted at the "
                             "next episode") from None
+        except Exception as e:  # noqa: BLE001 - e.g. an HTTP server that went away: probed at reset
+            self._suspect = True
+            raise ToolError(f"MCP server {self.spec.name!r}: the call failed: {type(e).__name__}: {e}") from None
         if result.is_error:
             raise ToolError(_result_text(result) or f"tool {name!r} failed (no message)")
         return _result_text(result)

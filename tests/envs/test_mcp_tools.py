@@ -142,24 +142,53 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_a_streamable_http_server_on_loopback(tasks):
-    port = _free_port()
+def _http_server(port: int) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, str(SERVER), "--http", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while True:  # wait for the server to listen
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc
+        except OSError:
+            assert time.monotonic() < deadline and proc.poll() is None, "the HTTP MCP server did not start"
+            time.sleep(0.2)
+
+
+def test_a_streamable_http_server_on_loopback(tasks):
+    port = _free_port()
+    proc = _http_server(port)
     try:
         url = f"http://127.0.0.1:{port}/mcp"
-        deadline = time.monotonic() + 60
-        while True:  # wait for the server to listen
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline and proc.poll() is None, "the HTTP MCP server did not start"
-                time.sleep(0.2)
         env = make_env("mcp_tools", env_kwargs={"dataset": str(tasks), "servers": [{"url": url, "prefix": "m_"}]})
         env.reset(options={"task_index": 0})
         msgs, *_ = env.step(_call("m_add", {"a": 20, "b": 22}))
         assert msgs == [{"role": "tool", "content": "42", "name": "m_add"}]
+        env.close()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.mark.slow
+def test_an_http_server_that_goes_away_is_a_tool_error_and_reconnects(tasks):
+    """(slow: two HTTP server starts, ~10 s)"""
+    port = _free_port()
+    proc = _http_server(port)
+    try:
+        url = f"http://127.0.0.1:{port}/mcp"
+        env = make_env("mcp_tools", env_kwargs={"dataset": str(tasks), "servers": [{"url": url, "name": "web"}],
+                                                "timeout_s": 3.0})
+        env.reset(options={"task_index": 0})
+        proc.terminate()
+        proc.wait(10)
+        msgs, _, term, _, info = env.step(_call("add", {"a": 1, "b": 1}))
+        assert not term and msgs[0]["content"].startswith("Error: ") and info["tool_errors"] == 1
+        proc = _http_server(port)  # back on the same address: the next episode reconnects
+        _, info = env.reset(options={"task_index": 0})
+        assert info["mcp_restarts"] == 1
+        msgs, *_ = env.step(_call("add", {"a": 1, "b": 1}))
+        assert msgs[0]["content"] == "2"
         env.close()
     finally:
         proc.terminate()
