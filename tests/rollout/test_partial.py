@@ -113,6 +113,43 @@ def test_interrupted_twice_equals_switches_at_those_positions(tiny_model_dir, we
     assert sum(len(o.token_ids) > p2 for o in outs) >= 2  # rows went through both switches
 
 
+class Kill(Exception):
+    """The process dies inside an interrupted generation."""
+
+
+def test_killed_interrupted_generation_regenerates_from_its_seed(tiny_model_dir, weights, prompts):
+    """A generation killed after its first switch is regenerated from the checkpoint's weights
+    (A) and the same seed: with the switches at the same positions it gives the reference's
+    tokens, on a fresh engine and on the killed one (nothing of the killed call is kept)."""
+    prompt_list, stop = prompts
+    params = SamplingParams(max_tokens=16, stop_token_ids=stop, n=2, seed=5)
+    p1, p2 = 4, 9
+    killed = HFEngine(tiny_model_dir, torch_threads=1)
+    killed.update_weights(weights[0], 0)
+    switches = Switches(killed, weights, [p1])
+
+    def dies() -> bool:
+        if switches.calls == p1 + 2:
+            raise Kill()
+        return switches()
+
+    killed.weight_poll = dies
+    with pytest.raises(Kill):
+        killed.generate(prompt_list, params)
+    assert killed.policy_version == 1
+    model, _ = load_model(tiny_model_dir)
+    seeds = row_seeds(prompt_list, params.n, params.seed)
+    want = [reference(model, weights, [p1, p2], prompt_list[r // 2], seeds[r], params)[:2] for r in range(6)]
+    fresh = HFEngine(tiny_model_dir, torch_threads=1)
+    for engine in (fresh, killed):  # resumed: the checkpoint's weights, version 0
+        engine.update_weights(weights[0], 0)
+        engine.weight_poll = Switches(engine, weights, [p1, p2])
+        outs = engine.generate(prompt_list, params)
+        assert [o.token_ids for o in outs] == [ids for ids, _ in want]
+        for o, (_, lps) in zip(outs, want):
+            assert o.logprobs == pytest.approx(lps, abs=2e-4)
+
+
 def test_interruption_without_new_weights_changes_nothing(tiny_model_dir, prompts):
     """Stopping and re-prefilling with the same weights gives the uninterrupted tokens."""
     prompt_list, stop = prompts
@@ -216,3 +253,32 @@ def test_partial_config_needs_async_and_the_in_process_hf_engine():
             load_config(None, ["rollout.partial=true", "train.max_staleness=1", *extra])
     assert load_config(None, ["rollout.partial=true", "rollout.mode=async", "train.max_staleness=1"]).rollout.partial
     assert load_config(None, []).rollout.partial is False
+
+
+@pytest.mark.slow
+def test_async_partial_run_bounds_the_oldest_token(tmp_path):
+    """A real async run with partial rollouts (K=2, two batches in flight): every episode's
+    token versions are non-decreasing, its oldest token is at most K versions behind the
+    learner that trains on it and none is newer than the learner, the per-token metrics are
+    logged and nothing is dropped. (Where the pushes land depends on timing.)"""
+    import json
+
+    from agentrl.train import train
+
+    tiny = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.intermediate_size=64",
+            "sft.steps=0", "rollout.tasks_per_step=2", "algo.group_size=2", "train.eval_tasks=2",
+            "train.eval_samples=1", "rollout.max_tokens=24", "train.log_rollouts_every=1", "quiet=true",
+            "env.name=toy", "train.steps=5", "rollout.mode=async", "rollout.partial=true",
+            "train.max_staleness=2", "rollout.batches_in_flight=2", f"out={tmp_path / 'p'}"]
+    train(load_config(None, tiny))
+    rows = [json.loads(x) for x in (tmp_path / "p" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "rollout/staleness_tokens_max" in r]
+    assert len(steps) == 5
+    assert all(r["rollout/staleness_tokens_max"] <= 2 and r["rollout/dropped_stale"] == 0 for r in steps)
+    assert all(r["rollout/staleness_tokens_mean"] <= r["rollout/staleness_tokens_max"] for r in steps)
+    for step in range(1, 6):  # rollouts/step_<k>.jsonl: the batch the learner at version k - 1 trained on
+        for line in (tmp_path / "p" / "rollouts" / f"step_{step}.jsonl").read_text().splitlines():
+            tr = Trajectory.from_dict(json.loads(line))
+            vs = tr.sampled_versions()
+            assert vs == sorted(vs) and tr.policy_version <= vs[0]
+            assert step - 1 - 2 <= tr.oldest_version and vs[-1] <= step - 1
