@@ -231,7 +231,9 @@ def run_episodes(
     Returns:
         One `Trajectory` per spec, in order, with `policy_version` of the engine when the
         episodes started (with batches in flight a weight update may land between two turns:
-        later turns are then sampled by a newer version, never an older one).
+        later turns are then sampled by a newer version, never an older one), and the version
+        of each sampled token in `token_versions` (the engine's `Completion.versions`, else the
+        version it held before the call; with `rollout.partial` a turn may switch versions).
 
     Raises:
         ValueError: if `len(envs) < len(specs)`, `params.n != 1`, or a time limit is set
@@ -279,7 +281,9 @@ def turn_samples(trajs: Sequence[Trajectory]) -> list[Trajectory]:
                            info={**tr.info, "turn_index": k, "episode_turns": len(tr.turns),
                                  "episode_return": ret}, timings=dict(tr.timings))
             s.append_context(ctx)
+            kept = len(tr.token_versions) == len(tr.token_ids) and bool(tr.token_versions)
             s.append_sampled(tr.token_ids[t.start:t.end], tr.sampler_logprobs[t.start:t.end],
+                             tr.token_versions[t.start:t.end] if kept else None,
                              reward=ret, text=t.text, finish_reason=t.finish_reason, info=dict(t.info))
             out.append(s)
     return out
@@ -436,6 +440,7 @@ class _Run:
         cap = min(self.params.max_tokens, max(room.values()))
         p = replace(self.params, max_tokens=cap, seed=seed, seed_offsets=offsets)
         t0 = time.perf_counter()
+        version = int(self.engine.policy_version)  # of tokens whose engine gives no versions
         if self.renderer.accepts_images:  # the engine gets each episode's images so far
             if not getattr(self.engine, "accepts_images", False):
                 raise ValueError(f"engine {type(self.engine).__name__} takes no images; a vision "
@@ -448,11 +453,12 @@ class _Run:
         actions = []
         for i, out in zip(live, outs):
             ids, lps, finish = out.token_ids, out.logprobs, out.finish_reason
+            vers = getattr(out, "versions", None) or [version] * len(ids)
             if len(ids) > room[i]:  # a row with less room than the batch cap
-                ids, lps, finish = ids[: room[i]], lps[: room[i]], "length"
+                ids, lps, vers, finish = ids[: room[i]], lps[: room[i]], vers[: room[i]], "length"
             text = self.renderer.decode_action(ids)
             tr = self.trajs[i]
-            tr.append_sampled(ids, lps, text=text, finish_reason=finish)
+            tr.append_sampled(ids, lps, vers, text=text, finish_reason=finish)
             tr.messages.append({"role": "assistant", "content": text})
             tr.timings["generate"] += gen_s / len(live)
             actions.append(text)
