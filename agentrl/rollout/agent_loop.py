@@ -322,9 +322,10 @@ class _Run:
                 on_turn(len(live))
             live = self.step_all(live, actions)
             turn += 1
+        drift_cache: dict = {}  # renderings shared by a group's episodes
         for i, tr in enumerate(self.trajs):
             tr.info["num_turns"] = len(tr.turns)
-            check_episode(self.renderer, tr, self.tools.get(i))  # info["template_drift"]
+            check_episode(self.renderer, tr, self.tools.get(i), drift_cache)  # info["template_drift"]
             tr.validate()
         return self.trajs
 

@@ -31,14 +31,17 @@ renderer does. With `rollout.history=template` the contexts are the template's o
 not checked (their placeholders are widened per image).
 
 Cost: one template rendering per turn plus one per episode, and tokenizer encodes of the
-compared regions: about a millisecond per turn for the family templates (docs/models.md), next
-to a generate call of tens of milliseconds per turn even for the embedded tiny model; so every
-episode is checked.
+compared regions, about a millisecond per turn for the family templates (docs/models.md); the
+renderings that depend on the opening messages only (the opening; the region after a one-turn
+episode's turn) are cached per `run_episodes` call, so the G episodes of a group render them
+once. Every episode is checked.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from agentrl.rollout.chat import ChatRenderer, Message, encode_neutralized
 from agentrl.types import Trajectory
@@ -46,6 +49,20 @@ from agentrl.types import Trajectory
 PLACE = "\ue001"
 """The placeholder rendered as a sampled turn's content (a private-use character; `neutralize`
 uses \\ue000 and \\ue100-\\uf8ff)."""
+
+
+T = TypeVar("T")
+
+
+def _memo(cache: dict | None, key: tuple, fn: Callable[[], T]) -> T:
+    """`fn()`, kept in `cache` under `key` (JSON of the messages: the G episodes of a group
+    share their opening, so its renderings are computed once per group)."""
+    if cache is None:
+        return fn()
+    k = json.dumps(key, sort_keys=True, default=str)
+    if k not in cache:
+        cache[k] = fn()
+    return cache[k]
 
 
 class _NotRendered(ValueError):
@@ -129,7 +146,8 @@ def _boundary(r: ChatRenderer, ctx: list[int], text: str, start: int, k: int) ->
     return _report(k, "generation prompt / sampled text", start - len(tail) + d, joint, split, d, tok)
 
 
-def episode_drift(r: ChatRenderer, tr: Trajectory, tools: list | None = None) -> dict[str, Any] | None:
+def episode_drift(r: ChatRenderer, tr: Trajectory, tools: list | None = None,
+                  cache: dict | None = None) -> dict[str, Any] | None:
     """The first place where `tr`'s ids differ from the template's rendering of its messages
     (see the module docstring for the regions compared), or None when they agree.
 
@@ -137,6 +155,7 @@ def episode_drift(r: ChatRenderer, tr: Trajectory, tools: list | None = None) ->
         r: the renderer the episode was rendered with.
         tr: a finished episode with at least one turn.
         tools: the tool schemas its opening prompt was rendered with.
+        cache: renderings by messages, shared by the episodes of one batch (None: none).
 
     Returns:
         None, or `{"turn", "where", "position", "expected", "got", "expected_text",
@@ -150,7 +169,7 @@ def episode_drift(r: ChatRenderer, tr: Trajectory, tools: list | None = None) ->
     msgs, ids, turns = tr.messages, tr.token_ids, tr.turns
     at = assistant_indices(msgs, turns)
     try:
-        expected = r.prompt_ids(msgs[: at[0]], tools)
+        expected = _memo(cache, ("open", msgs[: at[0]], tools), lambda: r.prompt_ids(msgs[: at[0]], tools))
     except ValueError as e:
         return {"turn": 0, "where": "template refuses the messages", "position": 0, "error": str(e)[:300]}
     if tr.turn_prompts:  # history=template: each context is the template's own rendering
@@ -167,7 +186,7 @@ def episode_drift(r: ChatRenderer, tr: Trajectory, tools: list | None = None) ->
         found = _boundary(r, ids[: t.start], t.text, t.start, k)
         if found:
             return found
-        found, obs = _after_turn(r, tr, at, k, rendered, tools)
+        found, obs = _after_turn(r, tr, at, k, rendered, tools, cache)
         if found:
             return found
         rendered += [msgs[at[k]], *obs]
@@ -175,7 +194,7 @@ def episode_drift(r: ChatRenderer, tr: Trajectory, tools: list | None = None) ->
 
 
 def _after_turn(r: ChatRenderer, tr: Trajectory, at: list[int], k: int, rendered: list[Message],
-                tools: list | None) -> tuple[dict[str, Any] | None, list[Message]]:
+                tools: list | None, cache: dict | None) -> tuple[dict[str, Any] | None, list[Message]]:
     """The region after turn k against the template's rendering; and turn k's observations as
     rendered (for the next regions' history)."""
     msgs, ids, t = tr.messages, tr.token_ids, tr.turns[k]
@@ -185,8 +204,9 @@ def _after_turn(r: ChatRenderer, tr: Trajectory, at: list[int], k: int, rendered
     start = t.end - 1 if stop else t.end
     obs = list(msgs[at[k] + 1: len(msgs) if last else at[k + 1]])
     try:
-        expected, obs = _region_ids(r, [*rendered, {"role": "assistant", "content": PLACE}], obs,
-                                    bool(obs), tools)
+        history = [*rendered, {"role": "assistant", "content": PLACE}]
+        expected, obs = _memo(cache, ("after", history, obs, tools),
+                              lambda: _region_ids(r, history, obs, bool(obs), tools))
     except Exception as e:  # noqa: BLE001 - jinja errors, raise_exception in templates
         return {"turn": k, "where": "template refuses the messages", "position": int(start),
                 "error": f"{type(e).__name__}: {e}"[:300]}, obs
@@ -198,14 +218,15 @@ def _after_turn(r: ChatRenderer, tr: Trajectory, at: list[int], k: int, rendered
     return _report(k, "after turn", start + d, expected, got, d, r.tokenizer), obs
 
 
-def check_episode(r: ChatRenderer, tr: Trajectory, tools: list | None = None) -> None:
+def check_episode(r: ChatRenderer, tr: Trajectory, tools: list | None = None,
+                  cache: dict | None = None) -> None:
     """Record `episode_drift` in `tr.info["template_drift"]` (False when the ids agree, else the
     first difference); an episode without turns, or of a vision renderer, is not checked (no
     key). A check that fails records `info["template_drift_error"]` instead (never raises)."""
     if not tr.turns or r.accepts_images:
         return
     try:
-        tr.info["template_drift"] = episode_drift(r, tr, tools) or False
+        tr.info["template_drift"] = episode_drift(r, tr, tools, cache) or False
     except Exception as e:  # noqa: BLE001 - a check must never end a run (contract 7)
         tr.info["template_drift_error"] = f"{type(e).__name__}: {e}"[:300]
 
