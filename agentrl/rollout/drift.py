@@ -230,3 +230,20 @@ def check_episode(r: ChatRenderer, tr: Trajectory, tools: list | None = None,
     except Exception as e:  # noqa: BLE001 - a check must never end a run (contract 7)
         tr.info["template_drift_error"] = f"{type(e).__name__}: {e}"[:300]
 
+
+
+def drift_line(trajs: list[Trajectory]) -> str | None:
+    """The `[template]` line the training loop prints the first time a step has episodes whose
+    ids differ from the template's rendering (None when none does): how many, and where the
+    first one differs."""
+    bad = [t.info["template_drift"] for t in trajs if t.info.get("template_drift")]
+    if not bad:
+        return None
+    checked = sum("template_drift" in t.info for t in trajs)
+    d = bad[0]
+    where = (f"{d['where']}, turn {d['turn']}, position {d['position']}: template "
+             f"{d.get('expected_text', '')!r} vs episode {d.get('got_text', d.get('error', ''))!r}")
+    return (f"[template] {len(bad)} of {checked} episodes' ids differ from the chat template's rendering "
+            f"of their messages (rollout/template_drift; the policy still trains on exactly what it "
+            f"sampled); first: {where}; each episode's info['template_drift'] is in OUT/rollouts "
+            "(docs/models.md; said once)")

@@ -14,7 +14,7 @@ from test_families import run_scripted
 from agentrl.log.steps import rollout_metrics
 from agentrl.models.families import FAMILIES, build_family_tokenizer
 from agentrl.rollout.chat import ChatRenderer
-from agentrl.rollout.drift import episode_drift
+from agentrl.rollout.drift import drift_line, episode_drift
 
 NAMES = list(FAMILIES)
 
@@ -100,3 +100,16 @@ def test_episodes_without_turns_are_not_checked_and_the_check_is_cheap(toks):
     for _ in range(5):
         assert episode_drift(r, tr) is None
     assert (time.perf_counter() - t0) / 5 < 0.05
+
+
+def test_the_training_loop_says_where_the_first_drift_is(toks):
+    """`drift_line`: the count over the checked episodes and the first difference, said once
+    per run by the training loop; None when no episode drifts."""
+    tok = toks["qwen2_5"]
+    ok = run_scripted(tok, ChatRenderer(tok), answers=["hello", "fine", "done"])
+    assert drift_line([ok]) is None
+    bad = run_scripted(tok, ChatRenderer(tok), answers=["\nhello", "fine", "done"])
+    line = drift_line([ok, bad])
+    p = bad.turns[0].start - 1
+    assert line.startswith("[template] 1 of 2 episodes' ids differ from the chat template's rendering")
+    assert f"first: generation prompt / sampled text, turn 0, position {p}: template 'assistant\\n\\nhello'" in line
