@@ -122,8 +122,8 @@ def _first_diff(a: list[int], b: list[int]) -> int:
 
 def _report(turn: int, where: str, pos: int, expected: list[int], got: list[int], d: int, tok: Any
             ) -> dict[str, Any]:
-    def show(ids: list[int]) -> str:
-        return tok.decode(ids[max(d - 2, 0): d + 4], skip_special_tokens=False)
+    def show(ids: list[int]) -> list[str]:
+        return [tok.decode([i], skip_special_tokens=False) for i in ids[max(d - 2, 0): d + 4]]
 
     return {"turn": turn, "where": where, "position": int(pos), "expected": expected[d: d + 4],
             "got": got[d: d + 4], "expected_text": show(expected), "got_text": show(got)}
@@ -163,8 +163,8 @@ def episode_drift(r: ChatRenderer, tr: Trajectory, tools: list | None = None,
         (`opening`, `after turn`, `generation prompt / sampled text`, `template refuses the
         messages`, the latter with `error` instead of ids), the first differing position in
         `tr.token_ids` (with `rollout.history=template`: in the turn's sample, its prompt then
-        its ids), up to 4 ids from there, expected vs got, and their text with up to 2 ids of
-        context before.
+        its ids), up to 4 ids from there, expected vs got, and the tokens' texts, one string
+        per id, with up to 2 ids of context before.
     """
     msgs, ids, turns = tr.messages, tr.token_ids, tr.turns
     at = assistant_indices(msgs, turns)

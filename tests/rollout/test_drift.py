@@ -64,7 +64,8 @@ def test_template_altered_after_sampling_is_drift_at_the_changed_token():
     assert tr.token_ids[t0.end - 1: t0.end + 2] == [r.end_of_turn_id, *tok.encode("\n<|im_start|>")]
     assert tok.decode(tr.token_ids[d["position"]]) == "user"
     assert d["got"][0] == tr.token_ids[d["position"]]
-    assert tok.decode(d["expected"]).startswith("tool") and "user" in d["got_text"]
+    assert tok.decode(d["expected"]).startswith("tool")
+    assert d["got_text"][:3] == ["\n", "<|im_start|>", "user"] and d["expected_text"][:2] == ["\n", "<|im_start|>"]
 
 
 def test_generation_prompt_merging_with_the_sampled_text_is_drift(toks):
@@ -112,4 +113,26 @@ def test_the_training_loop_says_where_the_first_drift_is(toks):
     line = drift_line([ok, bad])
     p = bad.turns[0].start - 1
     assert line.startswith("[template] 1 of 2 episodes' ids differ from the chat template's rendering")
-    assert f"first: generation prompt / sampled text, turn 0, position {p}: template 'assistant\\n\\nhello'" in line
+    assert (f"first: generation prompt / sampled text, turn 0, position {p}: template ['assistant', '\\n\\n', "
+            "'hel', 'lo'] vs episode ['assistant', '\\n', '\\n', 'hel', 'lo']") in line
+
+
+def test_show_prints_the_episode_s_drift(tmp_path, toks):
+    """`agentrl show` of a saved episode that drifted names the place (from its info)."""
+    import io
+    import json
+
+    from rich.console import Console
+
+    from agentrl.log.show import show_episode
+
+    tok = toks["qwen2_5"]
+    bad = run_scripted(tok, ChatRenderer(tok), answers=["\nhello", "fine", "done"])
+    tok.save_pretrained(tmp_path / "base_model")
+    (tmp_path / "rollouts").mkdir()
+    (tmp_path / "rollouts" / "step_1.jsonl").write_text(json.dumps(bad.to_dict()) + "\n")
+    buf = io.StringIO()
+    show_episode(tmp_path, 1, 0, Console(file=buf, width=300, color_system=None), plain=True)
+    p = bad.turns[0].start - 1
+    assert (f"template drift: generation prompt / sampled text, turn 0, position {p}: template "
+            "['assistant', '\\n\\n', 'hel', 'lo'] vs episode ['assistant', '\\n', '\\n', 'hel', 'lo']") in buf.getvalue()
