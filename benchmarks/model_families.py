@@ -114,6 +114,7 @@ def run(families: list[str], rounds: int) -> dict:
 
     for f in FAMILIES.values():  # import every architecture's modules before timing the builds
         _model_class(f.arch)
+    commit = _git_commit()  # the code measured: read before the children start
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -133,7 +134,7 @@ def run(families: list[str], rounds: int) -> dict:
                              "weights_mib": rows[0]["weights_mib"], "drift": rows[0]["drift"]}
             print(name, json.dumps({k: round(v, 3) if isinstance(v, float) else v
                                     for k, v in results[name].items()}), flush=True)
-    return {"commit": _git_commit(), "command": COMMAND, "rounds": rounds, "cpus": os.cpu_count(),
+    return {"commit": commit, "command": COMMAND, "rounds": rounds, "cpus": os.cpu_count(),
             "load_avg_1m": os.getloadavg()[0], "torch": torch.__version__,
             "transformers": transformers.__version__, "families": results}
 

@@ -102,3 +102,22 @@ def test_a_directory_without_tokenizer_or_template_is_a_one_line_error(tmp_path,
     res = CliRunner().invoke(app, ["doctor", "--model", str(tmp_path / "plain")])
     assert res.exit_code == 2 and "the tokenizer has no chat template" in res.output
     assert len(res.output.strip().splitlines()) == 1
+
+
+def test_the_start_up_table_is_the_benchmark_s_output():
+    """docs/models.md's start-up table is `benchmarks/model_families.py`'s table of the committed
+    benchmarks/results/model_families.json (every family, its commit named beside it)."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("model_families_bench", root / "benchmarks" / "model_families.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    res = json.loads((root / "benchmarks" / "results" / "model_families.json").read_text())
+    assert sorted(res["families"]) == sorted(FAMILIES) and res["command"] == "python benchmarks/model_families.py"
+    for r in res["families"].values():
+        assert r["startup_s"] == pytest.approx(r["engine_s"] + r["renderer_s"] + r["first_generate_s"], rel=0.5)
+        assert r["peak_rss_mib"] >= r["rss_after_imports_mib"] and r["drift"] is False
+    doc = (root / "docs" / "models.md").read_text()
+    assert bench.table(res) in doc and f"at commit `{res['commit']}`" in doc
