@@ -10,7 +10,8 @@ with the template and compares, region by region, with the tokenizer only (no mo
   messages (`prompt_ids`).
 - **after turn k**: the ids from turn k's end of turn to the start of turn k+1 (end of turn,
   glue, the observations, the next generation prompt; to the end of the episode for the last
-  turn) against the template's rendering of the episode's messages up to there, read after
+  turn; a turn that stopped at another stop id, e.g. eos, counts as closed by the end of turn,
+  as `ChatRenderer.close_turn` treats it) against the template's rendering of the episode's messages up to there, read after
   turn k's content. Turn k's content is rendered as a placeholder character, so how the
   template rewrites *content* (Qwen3 and R1-distill drop `<think>` blocks of earlier turns,
   Mistral trims it) is not drift: with `rollout.history=exact` the policy keeps what it
