@@ -121,3 +121,18 @@ def test_the_start_up_table_is_the_benchmark_s_output():
         assert r["peak_rss_mib"] >= r["rss_after_imports_mib"] and r["drift"] is False
     doc = (root / "docs" / "models.md").read_text()
     assert bench.table(res) in doc and f"at commit `{res['commit']}`" in doc
+
+
+def test_a_template_without_an_end_of_turn_token_fails_with_exit_1(tmp_path):
+    """A template that closes turns with plain text only: the renderer refuses it (no control
+    token after an assistant message); the report says so and exits 1, the rest still shown."""
+    tok = build_family_tokenizer(FAMILIES["phi3"])
+    tok.chat_template = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+    tok.save_pretrained(tmp_path)
+    res = CliRunner().invoke(app, ["doctor", "--model", str(tmp_path)])
+    assert res.exit_code == 1
+    lines = res.output.splitlines()
+    assert lines[1] == ("chat template: FAIL: chat template: cannot locate the assistant's end-of-turn token "
+                        "(no control token follows an assistant message)")
+    assert lines[2].startswith("tool format (rollout.tool_parser=auto): hermes (no tool-call format recognised")
+    assert lines[3] == f"vocabulary: tokenizer {len(tok)}: no config.json or weights to compare with"
