@@ -268,7 +268,7 @@ def serve_cmd(
     model: Annotated[str, typer.Option(help="Model directory, checkpoint OUT/checkpoints/step_N, or training output dir.")],
     port: Annotated[int, typer.Option(help="Port on 127.0.0.1 (0: a free one).")] = 8000,
     api_key: Annotated[Optional[str], typer.Option(help="Key requests must carry (default: none needed).")] = None,
-    tool_parser: Annotated[str, typer.Option(help="The model's tool-call format.")] = "hermes",
+    tool_parser: Annotated[str, typer.Option(help="The model's tool-call format: auto (read from the model's tokenizer, as rollout.tool_parser=auto) or hermes, llama3_json, mistral, openai.")] = "auto",
     max_tokens: Annotated[int, typer.Option(min=1, help="Most new tokens per call.")] = 1024,
     max_context: Annotated[int, typer.Option(min=16, help="Most tokens of a prompt and its completion.")] = 4096,
 ) -> None:
@@ -283,7 +283,8 @@ def serve_cmd(
                        max_tokens=max_tokens, max_context=max_context)
     except (FileNotFoundError, ValueError, OSError) as e:
         _fail(f"serve: {e}")
-    console.print(f"serving {escape(model)} at {served.url} (model \"policy\"); Ctrl-C stops", markup=False)
+    console.print(f"serving {escape(model)} at {served.url} (model \"policy\", tool-call format "
+                  f"{served.tool_parser}: {served.tool_parser_why}); Ctrl-C stops", markup=False)
     try:
         while True:
             time.sleep(3600)
