@@ -25,7 +25,8 @@ from agentrl.config import (  # the overrides as load_config reads them
 )
 from agentrl.env.content import message_images
 from agentrl.env.registry import resolve_env_id
-from agentrl.learner.local import latest_checkpoint, resolve_device
+from agentrl.infra.devices import resolve_device
+from agentrl.learner.local import latest_checkpoint
 from agentrl.log.metrics import check_wandb_login
 from agentrl.models.tiny import load_model
 from agentrl.models.vlm import is_vlm_dir
