@@ -83,14 +83,15 @@ def seed_everything(seed: int) -> None:
 
 
 # -- set-up -------------------------------------------------------------------------------------
-def set_up(cfg: Config) -> tuple[Config, Any, Path]:
+def set_up(cfg: Config) -> tuple[Config, Any, Path, list[str]]:
     """Threads, seeds and the algorithm of the run; takes OUT's lock (`agentrl.infra.runfolder`,
     held until `agentrl.infra.runfolder.unlock_run(out)` or the process ends; released when this
     raises); writes OUT/config.json.
 
     Returns:
         `(cfg with the run's resolved defaults (`agentrl.run`: the env's, the
-        policy's), the algorithm (`agentrl.algos.get_algorithm`), OUT)`.
+        policy's), the algorithm (`agentrl.algos.get_algorithm`), OUT, the env's start-up
+        notes (`agentrl.startup.preflight`))`.
 
     Raises:
         ValueError: an unknown env.
@@ -116,7 +117,7 @@ def set_up(cfg: Config) -> tuple[Config, Any, Path]:
     out = Path(cfg.resume or cfg.out)
     if out.exists() and not out.is_dir():  # before the env checks: the cheapest refusal first
         raise OutError(f"out: {out} is a file, not a folder")
-    preflight(cfg)  # before check_out: an --overwrite that fails here has deleted nothing
+    notes = preflight(cfg)  # before check_out: an --overwrite that fails here has deleted nothing
     _lock(out)  # held until `release` (or the process ends): no second run checks and writes it
     try:
         if cfg.resume:  # the run's own folder; a stray --out / --overwrite is not recorded in it
@@ -138,7 +139,7 @@ def set_up(cfg: Config) -> tuple[Config, Any, Path]:
     except BaseException:
         unlock_run(out)
         raise
-    return cfg, algo, out
+    return cfg, algo, out, notes
 
 
 def _lock(out: Path) -> None:
@@ -244,8 +245,8 @@ def build(cfg: Config, *, reporter: Any = None, warm_start: Callable[..., dict[s
         return Run(cfg, tok=tok, renderer=policy_renderer(cfg, tok), engine=engine)
     reporter = reporter or Reporter(enabled=False)
     say = reporter.line
-    cfg, algo, out = set_up(cfg)
-    say(f"[run] {cfg.algo.name} on {cfg.env.name}: {cfg.train.steps} steps -> {out}")
+    cfg, algo, out, notes = set_up(cfg)
+    say(f"[run] {cfg.algo.name} on {cfg.env.name}: {cfg.train.steps} steps -> {out}" + "".join(f"; {n}" for n in notes))
     ck = resume_checkpoint(cfg, out, say)
     if ck is not None and json.loads((ck / "agentrl_state.json").read_text())["step"] >= cfg.train.steps \
             and (out / "summary.json").exists():

@@ -101,12 +101,18 @@ def check_learner_device(cfg: Config) -> None:
                           "or train.device=cpu for ranks on the CPU")
 
 
-def preflight(cfg: Config) -> None:
+def preflight(cfg: Config) -> list[str]:
     """Checks of the settings that would otherwise fail only after OUT was (re)written: the env
     is built once (with its wrappers), reset once and closed, `model.path` is a model
     directory, vLLM imports when `rollout.engine=vllm`, a vision policy runs only where images
     do (`check_vision_training`), a text policy only where no image is
     (`check_policy_sees_images`), and W&B finds an API key (`log.wandb`, `check_wandb_login`).
+    A new run with a warm start (`sft.steps > 0`) has the env check its reference solutions
+    (`reference_failures()`, code_sandbox on a dataset file: run against their tests).
+
+    Returns:
+        the env's start-up notes (`startup_notes()`, e.g. code_sandbox's `trivial: 5 of 500
+        train tasks dropped`), for the run's `[run]` line; [] for an env without them.
 
     Raises:
         ConfigError: naming the key (`env.kwargs`, `env.wrappers`, `env.wrapper_kwargs`,
@@ -136,8 +142,19 @@ def preflight(cfg: Config) -> None:
     try:
         check_splits(cfg, env)
         check_policy_sees_images(cfg, env)
+        return env_notes(cfg, getattr(env, "unwrapped", env))
     finally:
         env.close()
+
+
+def env_notes(cfg: Config, env: Any) -> list[str]:
+    """`env.startup_notes()` (none without it), after the reference check of a new run's warm
+    start (`env.reference_failures("train")`, when the env has it and `sft.steps > 0`)."""
+    check = getattr(env, "reference_failures", None)
+    if callable(check) and cfg.sft.steps > 0 and not cfg.resume:
+        check("train")
+    notes = getattr(env, "startup_notes", None)
+    return [str(n) for n in notes()] if callable(notes) else []
 
 
 def check_splits(cfg: Config, env: Any) -> None:
