@@ -26,6 +26,7 @@ from agentrl.config import (  # the overrides as load_config reads them
 from agentrl.env.content import message_images
 from agentrl.env.registry import resolve_env_id
 from agentrl.infra.devices import resolve_device
+from agentrl.learner.checkpoints import RUN_CONFIG
 from agentrl.learner.local import latest_checkpoint
 from agentrl.log.metrics import check_wandb_login
 from agentrl.models.tiny import load_model
@@ -228,6 +229,54 @@ def check_resume_keeps_the_run(cfg: Config, out: Path) -> None:
     if cfg.train.steps < done:  # would rewrite config.json's train.steps below the run's own
         raise ResumeError(f"--resume {out}: the run is at step {done}, past train.steps={cfg.train.steps}; "
                           f"give --steps {done} or more (or leave --steps out)")
+
+
+RESUME_UNCOMPARED = ("resume", "out", "overwrite", "quiet")
+"""Settings of a command line, not of the run: not compared by `check_resume_edits`."""
+
+
+def dotted(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """The leaves of nested dict `tree` by dotted key (`{"train": {"lr": 1}}` -> `{"train.lr": 1}`;
+    lists and empty dicts are leaves)."""
+    if not isinstance(tree, dict) or (not tree and prefix):
+        return {prefix: tree}
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        out.update(dotted(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def check_resume_edits(out: Path, saved: dict[str, Any], asked: dict[str, Any]) -> None:
+    """`--resume OUT` continues with the settings of the run's newest intact checkpoint (its
+    `RUN_CONFIG`, the run's config.json when it was saved): a setting of OUT/config.json
+    (`saved`, as read) that differs from the checkpoint's was edited after the run wrote it,
+    and is refused unless this command line gives that key (`asked`: the nested settings of its
+    `-c` file, `key=value` overrides and options). An edit of config.json took half effect
+    before (the group size applied, the learning rate not: the optimizer's state holds it).
+    A checkpoint without `RUN_CONFIG` (written before it existed) is not compared.
+
+    Raises:
+        ResumeError: naming every edited key with both values, in one line.
+    """
+    ck = latest_checkpoint(out)
+    if ck is None or not (ck / RUN_CONFIG).is_file():
+        return
+    try:
+        was = dotted(json.loads((ck / RUN_CONFIG).read_text()))
+    except (OSError, ValueError):
+        return  # the manifest vouched for it; an unreadable one is left to the load
+    now, given = dotted(saved), dotted(asked)
+
+    def covered(key: str) -> bool:
+        return any(key == g or key.startswith(g + ".") or g.startswith(key + ".") for g in given)
+
+    edited = sorted(k for k in set(was) | set(now)
+                    if k.split(".")[0] not in RESUME_UNCOMPARED and was.get(k) != now.get(k) and not covered(k))
+    if edited:
+        diff = ", ".join(f"{k}={json.dumps(now.get(k))} (checkpoint: {json.dumps(was.get(k))})" for k in edited)
+        raise ResumeError(f"--resume {out}: config.json was edited after {ck.name} was saved: {diff}; a resumed "
+                          "run keeps its checkpoint's settings: undo the edit, or give the setting on the "
+                          "command line (key=value), or start a new run with --out")
 
 
 UNISOLATED = {"backend": "subprocess"}

@@ -34,7 +34,7 @@ from agentrl.eval.harness import evaluate_heldout, training_metrics
 from agentrl.eval.tasks import eval_task_count
 from agentrl.infra.runfolder import unlock_run
 from agentrl.infra.signals import RunInterrupted, StopRequest
-from agentrl.learner.checkpoints import REWARD_STATE, pack_state, prune
+from agentrl.learner.checkpoints import REWARD_STATE, RUN_CONFIG, pack_state, prune
 from agentrl.learner.local import NonFiniteGradientError, latest_checkpoint
 from agentrl.log.metrics import MetricsLog
 from agentrl.log.progress import Reporter
@@ -226,7 +226,8 @@ def check_reward_source(cfg: Config, trajs: list[Any], step: int, streak: int) -
 
 
 def checkpoint(lp: Loop, step: int) -> Path:
-    """Save the learner, the reward wrappers' state (`reward_state`, as `REWARD_STATE`) and the
+    """Save the learner, the run's config (`RUN_CONFIG`), the reward wrappers' state
+    (`reward_state`, as `REWARD_STATE`) and the
     train envs' `agentrl.env.base.env_state` (as `env_state` in `agentrl_state.json`, when they have
     one) after `step` steps to OUT/checkpoints/step_<step>, then delete all but the newest
     `train.keep_checkpoints`."""
@@ -236,8 +237,10 @@ def checkpoint(lp: Loop, step: int) -> Path:
     if state is not None:
         extra["env_state"] = state
     rs = reward_state(lp)
-    lp.learner.save(path, lp.tok, extra,
-                    files={REWARD_STATE: pack_state(rs)} if rs is not None else None)
+    files = {RUN_CONFIG: lp.cfg.model_dump_json(indent=1).encode()}  # what --resume compares config.json with
+    if rs is not None:
+        files[REWARD_STATE] = pack_state(rs)
+    lp.learner.save(path, lp.tok, extra, files=files)
     prune(lp.out, lp.cfg.train.keep_checkpoints)
     return path
 

@@ -270,3 +270,38 @@ def test_model_vision_with_a_text_model_path_is_refused_at_start_up(tiny_model_d
     assert r.exit_code == 2 and "Traceback" not in r.output, r.output
     assert f"model.vision=true with model.path={tiny_model_dir}, a text-only model" in flat, flat
     assert not out.exists()
+
+
+def test_resume_refuses_a_hand_edited_config_json(finished_run, tmp_path):
+    """A new user edited OUT/config.json (group size and learning rate) and resumed: the group
+    size took effect, the learning rate did not (the optimizer's state holds it), and nothing
+    said so. Now the resumed run keeps its checkpoint's settings (`run_config.json`, sealed in
+    the manifest): an edit of config.json is refused in one line naming each key with both
+    values, unless the command line gives that key; the run folder is left as it was."""
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    ck = json.loads((out / "checkpoints" / "step_1" / "run_config.json").read_text())
+    assert ck == json.loads((out / "config.json").read_text())
+    original = (out / "config.json").read_text()
+    edited = json.loads(original)
+    edited["algo"]["group_size"], edited["train"]["lr"] = 4, 0.001
+    (out / "config.json").write_text(json.dumps(edited, indent=1))
+
+    def resume(*args):
+        r = CliRunner().invoke(app, ["train", "--resume", str(out), *args])
+        return r.exit_code, " ".join(r.output.split())
+
+    code, text = resume()
+    assert code == 2 and "config.json was edited after step_1 was saved: algo.group_size=4 (checkpoint: 2), " \
+        f"train.lr=0.001 (checkpoint: {ck['train']['lr']})" in text, text
+    assert "undo the edit" in text and "Traceback" not in text
+    code, text = resume("algo.group_size=4")  # given on the command line: only the lr is refused
+    assert code == 2 and "train.lr=0.001" in text and "group_size" not in text, text
+    assert json.loads((out / "config.json").read_text()) == edited  # nothing written
+    (out / "config.json").write_text(original)
+    code, text = resume()  # as the run wrote it: resumes (the run had finished: nothing to do)
+    assert code == 0 and "nothing to do" in text, text
