@@ -231,6 +231,10 @@ def check_resume_keeps_the_run(cfg: Config, out: Path) -> None:
                           f"give --steps {done} or more (or leave --steps out)")
 
 
+RESUME_FROM_STATE = ("train.lr", "train.weight_decay")
+"""Settings a resumed run takes from its checkpoint's optimizer state (AdamW's param groups and
+the scheduler's base rates): another value on the command line would be ignored, so it is
+refused (`check_resume_edits`)."""
 RESUME_UNCOMPARED = ("resume", "out", "overwrite", "quiet")
 """Settings of a command line, not of the run: not compared by `check_resume_edits`."""
 
@@ -253,7 +257,9 @@ def check_resume_edits(out: Path, saved: dict[str, Any], asked: dict[str, Any]) 
     and is refused unless this command line gives that key (`asked`: the nested settings of its
     `-c` file, `key=value` overrides and options). An edit of config.json took half effect
     before (the group size applied, the learning rate not: the optimizer's state holds it).
-    A checkpoint without `RUN_CONFIG` (written before it existed) is not compared.
+    A setting of `RESUME_FROM_STATE` given another value on the command line is refused too
+    (the restored optimizer would ignore it). A checkpoint without `RUN_CONFIG` (written before
+    it existed) is not compared.
 
     Raises:
         ResumeError: naming every edited key with both values, in one line.
@@ -270,6 +276,11 @@ def check_resume_edits(out: Path, saved: dict[str, Any], asked: dict[str, Any]) 
     def covered(key: str) -> bool:
         return any(key == g or key.startswith(g + ".") or g.startswith(key + ".") for g in given)
 
+    for key in RESUME_FROM_STATE:
+        if key in given and key in was and not _same_number(given[key], was[key]):
+            raise ResumeError(f"--resume {out}: {key}={given[key]}: a resumed run keeps its checkpoint's "
+                              f"{key}={json.dumps(was[key])} (the restored optimizer holds it); start a new "
+                              "run with --out for another")
     edited = sorted(k for k in set(was) | set(now)
                     if k.split(".")[0] not in RESUME_UNCOMPARED and was.get(k) != now.get(k) and not covered(k))
     if edited:
@@ -277,6 +288,13 @@ def check_resume_edits(out: Path, saved: dict[str, Any], asked: dict[str, Any]) 
         raise ResumeError(f"--resume {out}: config.json was edited after {ck.name} was saved: {diff}; a resumed "
                           "run keeps its checkpoint's settings: undo the edit, or give the setting on the "
                           "command line (key=value), or start a new run with --out")
+
+
+def _same_number(a: Any, b: Any) -> bool:
+    try:
+        return float(a) == float(b)
+    except (TypeError, ValueError):
+        return a == b
 
 
 UNISOLATED = {"backend": "subprocess"}

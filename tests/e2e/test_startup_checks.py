@@ -301,6 +301,8 @@ def test_resume_refuses_a_hand_edited_config_json(finished_run, tmp_path):
     assert "undo the edit" in text and "Traceback" not in text
     code, text = resume("algo.group_size=4")  # given on the command line: only the lr is refused
     assert code == 2 and "train.lr=0.001" in text and "group_size" not in text, text
+    code, text = resume("algo.group_size=4", "train.lr=0.001")  # the optimizer's state holds the lr
+    assert code == 2 and f"a resumed run keeps its checkpoint's train.lr={ck['train']['lr']}" in text, text
     assert json.loads((out / "config.json").read_text()) == edited  # nothing written
     (out / "config.json").write_text(original)
     code, text = resume()  # as the run wrote it: resumes (the run had finished: nothing to do)
