@@ -307,3 +307,40 @@ def test_resume_refuses_a_hand_edited_config_json(finished_run, tmp_path):
     (out / "config.json").write_text(original)
     code, text = resume()  # as the run wrote it: resumes (the run had finished: nothing to do)
     assert code == 0 and "nothing to do" in text, text
+
+
+def _task(i: int) -> dict:
+    if i == 0:  # `return True` passes it: left out of training by the trivial-task guard
+        return {"task_id": "custom/t0", "prompt": "Write always(x) returning True.", "entry_point": "always",
+                "tests": ["assert always(1) == True", "assert always(5) == True"],
+                "solution": "def always(x):\n    return True\n"}
+    return {"task_id": f"custom/t{i}", "prompt": f"Write f{i}(x) returning 2 * x + {i}.", "entry_point": f"f{i}",
+            "tests": [f"assert f{i}(1) == {2 + i}", f"assert f{i}(3) == {6 + i}"],
+            "solution": f"def f{i}(x):\n    return 2 * x + {i}\n"}
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap missing")
+def test_start_up_and_eval_lines_count_the_tasks_there_are(tmp_path, tiny_model_dir, monkeypatch):
+    """A run on an 8-task file (held out at 0.4: custom/t1, t2, t6) with the default
+    `train.eval_tasks` (256): the `[eval]` lines count the 3 held-out tasks evaluated (they
+    said 256), and the `[run]` line counts what the trivial-task guard dropped."""
+    import io
+
+    from rich.console import Console
+
+    monkeypatch.setenv("AGENTRL_CACHE_DIR", str(tmp_path / "cache"))
+    data = tmp_path / "eight.jsonl"
+    data.write_text("\n".join(json.dumps(_task(i)) for i in range(8)) + "\n")
+    cfg = load_config(None, ["env.name=code_sandbox", f"env.dataset={data}", "env.kwargs.heldout_fraction=0.4",
+                             "sft.steps=0", "rollout.tasks_per_step=2", "algo.group_size=2", "train.steps=1",
+                             "train.eval_samples=1", "rollout.max_tokens=8", "log.tensorboard=false",
+                             f"model.path={tiny_model_dir}", f"out={tmp_path / 'run'}"])
+    assert cfg.train.eval_tasks == 256
+    buf = io.StringIO()
+    train_mod.train(cfg, console=Console(file=buf, width=400, color_system=None))
+    text = buf.getvalue()
+    run_line = next(ln for ln in text.splitlines() if ln.startswith("[run] "))
+    assert run_line.endswith("; trivial: 1 of 5 train tasks dropped, 0 of 3 heldout tasks flagged"), run_line
+    assert "[eval] held-out: 3 tasks x 1 samples" in text, text
+    assert "[eval] held-out (T=1.0, 3 tasks x 1, ± standard error)" in text, text
+    assert "256 tasks" not in text
