@@ -10,7 +10,8 @@ reference does not pass is left out of the warm start and counted.
 Verdicts are cached on disk (`cache_dir()`, one small JSON file per task, keyed on a SHA-256 of
 everything that decides the verdict: the reference, the task's tests, setup, prefix, entry
 point and limits), so a dataset is checked once per machine; a run whose verdict is
-`sandbox_error` (the sandbox's failure, not the reference's) is not cached. The static check
+`sandbox_error` (the sandbox's failure, not the reference's) or `timeout` (load-dependent) is
+not cached. The static check
 (`code_datasets.reference_problems`: compiles, defines the entry point) still runs first, at
 the CLI's load of `--dataset`.
 """
@@ -29,6 +30,9 @@ from agentrl.sandbox import Limits, SandboxPool
 from agentrl_envs.code_datasets import CodeTask
 
 CHECK_VERSION = 1
+UNCACHED = ("sandbox_error", "timeout")
+"""Verdicts not cached: the sandbox's own failure, and a time limit hit (on a loaded machine a
+slow reference may pass next time; a cached timeout would leave it out for good)."""
 
 
 def cache_dir() -> Path:
@@ -96,6 +100,6 @@ def check_references(tasks: Sequence[CodeTask], pool: SandboxPool,
     for (task, _, path), r in zip(todo, results, strict=True):
         if r.verdict != "pass":
             bad[task.task_id] = r.verdict
-        if r.verdict != "sandbox_error":
+        if r.verdict not in UNCACHED:
             _store(path, task.task_id, r.verdict)
     return bad

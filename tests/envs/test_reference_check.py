@@ -124,3 +124,22 @@ def test_eval_reports_the_trivially_passable_tasks(tmp_path, monkeypatch):
     line = next(ln for ln in (tmp_path / "console.txt").read_text().splitlines() if ln.startswith("[eval] "))
     assert line.endswith("; trivial: 2 of 4 tasks flagged"), line
     assert "trivial: 2 of 4 tasks flagged" in (tmp_path / "ev" / "summary.md").read_text()
+
+
+@needs
+def test_a_timeout_is_not_cached(pool, tmp_path, monkeypatch):
+    """A reference cut by its time limit (load-dependent) is left out of this warm start but
+    run again next time; a failing one is cached."""
+    from agentrl.sandbox import Limits
+    from agentrl_envs.code_datasets import task_from_dict
+    from agentrl_envs.code_sandbox import extract_code, sandbox_job
+    from agentrl_envs.reference_check import check_references
+
+    monkeypatch.setenv("AGENTRL_CACHE_DIR", str(tmp_path / "cache"))
+    slow = task_from_dict({**GOOD, "task_id": "custom/slow", "time_limit": 1,
+                           "solution": "import time\ndef mul(a, b):\n    time.sleep(5)\n    return a * b\n"})
+    broken = task_from_dict(BROKEN)
+    for runs in (2, 1):  # the second time: the timeout again, the failure from the cache
+        counting = CountingPool(pool)
+        got = check_references([slow, broken], counting, sandbox_job, extract_code, Limits())
+        assert got == {"custom/slow": "timeout", "custom/broken_add": "fail"} and counting.runs == runs
