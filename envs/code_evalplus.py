@@ -63,7 +63,10 @@ def _encode(x: Any) -> Any:
     if isinstance(x, tuple):
         return {"__tuple__": [_encode(i) for i in x]}
     if isinstance(x, (set, frozenset)):
-        return {"__set__": [_encode(i) for i in x]}
+        # sorted by their JSON text: a set's iteration order depends on the process's hash seed,
+        # and the test text (a cache key of the trivial probe and the reference check) must not
+        items = [_encode(i) for i in x]
+        return {"__set__": sorted(items, key=lambda e: json.dumps(e, sort_keys=True))}
     if isinstance(x, complex):
         return {"__complex__": [x.real, x.imag]}
     if isinstance(x, list):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import time
 from collections import Counter
 from pathlib import Path
@@ -242,3 +243,20 @@ def test_every_reference_solution_passes_and_a_wrong_one_fails():
         failures += [(tid, "wrong solution passed", None) for tid, r in wrong if r.verdict == "pass"]
     print("\n".join(report))
     assert failures == []
+
+
+def test_set_inputs_encode_the_same_in_every_process():
+    """A set input's order in the diff tests' text is fixed (sorted by JSON text), not the
+    process's hash order: the text keys the trivial-probe and reference-check caches (Mbpp/115
+    missed them in every new process). Two interpreters with different hash seeds agree."""
+    import subprocess
+    import sys
+
+    code = ("import json; from agentrl_envs.code_evalplus import _encode; "
+            "print(json.dumps(_encode([{'kiwi', 'apple', 'fig', 'plum', 'lime', 'pear', 'date', 'yuzu'}, "
+            "frozenset({('b', 1), ('a', 2)})])))")
+    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout for seed in (1, 2, 3)}
+    assert len(outs) == 1
+    decoded = json.loads(outs.pop())
+    assert decoded[0]["__set__"] == ["apple", "date", "fig", "kiwi", "lime", "pear", "plum", "yuzu"]
