@@ -28,6 +28,7 @@ averages.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -195,9 +196,12 @@ def main() -> None:
     params = SamplingParams(temperature=1.0, max_tokens=args.max_tokens, stop_token_ids=list(renderer.stop_ids))
     env = AgentEnv("bench_agent:agent", str(tmp / "tasks.jsonl"))
     gateway_once(env, engine, renderer, 2, params)  # warm-up (server start, first calls)
+    fast = {m: importlib.util.find_spec(m) is not None for m in ("httptools", "uvloop")}
     out: dict[str, Any] = {**provenance(), "model": "embedded default (hidden 128, 4 layers, vocab 1024)",
+                           "server": f"uvicorn {'httptools' if fast['httptools'] else 'h11'}, "
+                                     f"{'uvloop' if fast['uvloop'] else 'asyncio'} loop",
                            "max_tokens": args.max_tokens, "calls_per_run": CALLS}
-    print(f"load average at start: {out['loadavg']}")
+    print(f"load average at start: {out['loadavg']}; server: {out['server']}")
     envs = {"": env, "http_": AgentEnv("bench_agent:agent_http", str(tmp / "tasks.jsonl"))}
     for runs in (1, args.runs):
         for label, e in envs.items():

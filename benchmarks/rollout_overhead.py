@@ -19,7 +19,8 @@ worker, and the time of a weight sync.
    its engine's generate calls; "raw" replays each worker's calls on that worker's engine (the
    workers in parallel). overhead = the driver's wall time of `pool.run` (Ray calls, shipping
    the trajectories back included) / the slowest worker's replay - 1; in CPU time, the workers'
-   process CPU during `pool.run` plus the driver's / the workers' CPU in the replay - 1.
+   process CPU during `pool.run` plus the driver's / the workers' CPU in the replay - 1; and
+   that CPU outside the generate calls (Ray's threads in the worker included) / the replay's.
 5. Weight sync: `engine.update_weights` in process, and with workers a `RolloutPool` push (one
    `ray.put`, N parallel loads).
 Writes benchmarks/results/rollout_overhead.json (`rollout_overhead_vllm.json` with vLLM), with
@@ -87,10 +88,10 @@ class Recorder:
 
     def generate(self, prompts, params):
         self.calls.append(([list(p) for p in prompts], params))
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0 = time.perf_counter(), time.thread_time()  # torch runs on this thread (1 thread)
         out = self.engine.generate(prompts, params)
         self.gen_s += time.perf_counter() - t0
-        self.gen_cpu += time.process_time() - c0
+        self.gen_cpu += time.thread_time() - c0
         return out
 
     def update_weights(self, state_dict, version):
@@ -115,13 +116,14 @@ class BenchWorker(RolloutWorker):
 
     def run(self, *args: Any, **kwargs: Any):
         self.engine.calls.clear()
+        self.engine.gen_cpu = 0.0
         return super().run(*args, **kwargs)
 
     def cpu(self) -> float:
         return time.process_time()
 
     def replay_last(self) -> dict[str, float]:
-        return replay(self.engine.engine, self.engine.calls)
+        return {**replay(self.engine.engine, self.engine.calls), "gen_cpu": self.engine.gen_cpu}
 
 
 def build_engine(kind: str, model_dir: str, threads: int) -> Any:
@@ -180,7 +182,7 @@ def ray_path(args: argparse.Namespace, model_dir: str, specs: list, params: Samp
                        worker_cls=BenchWorker)
     up_s = time.perf_counter() - t0
     pool.run(specs, params, seed=0)  # warm-up
-    cpu, wall, tokens = [], [], 0
+    cpu, wall, own, tokens = [], [], [], 0
     for r in range(args.repeats):
         w0 = ray.get([w.cpu.remote() for w in pool.workers])
         t0, c0 = time.perf_counter(), time.process_time()
@@ -192,10 +194,12 @@ def ray_path(args: argparse.Namespace, model_dir: str, specs: list, params: Samp
         if sum(x["tokens"] for x in raws) < tokens:
             raise SystemExit("the workers' replay generated fewer tokens than their loop")
         cpu.append(c_run / sum(x["cpu"] for x in raws) - 1)
+        own.append((c_run - sum(x["gen_cpu"] for x in raws)) / sum(x["cpu"] for x in raws))
         wall.append(t_run / max(x["wall"] for x in raws) - 1)
     sd = {k: v * 1.0 for k, v in load_model_sd(model_dir).items()}
     syncs = [pool.update_weights(sd, v) for v in range(2, 2 + args.repeats)]
     out = {"workers": args.workers, "start_s": round(up_s, 1), "overhead_cpu": spread(cpu),
+           "own_work_cpu": spread(own),
            "overhead_wall": spread(wall), "sampled_tokens": tokens,
            "sync_ms_best": round(1000 * min(syncs), 1), "sync_put_ms": round(1000 * pool.stats["put_s"], 1),
            "sync_load_ms_max": round(1000 * pool.stats["load_s_max"], 1)}
@@ -266,7 +270,8 @@ def main() -> None:
         rp = res["ray"] = ray_path(args, model_dir, specs, params)
         print(f"ray + {args.workers} worker(s) up: {rp['start_s']:.1f} s")
         print(f"Ray-worker path     : {pct(rp['overhead_wall'])} wall time, {pct(rp['overhead_cpu'])} "
-              f"CPU time (workers + driver) vs the same calls on the workers' engines (target <= 5 %)")
+              f"CPU time (workers + driver) vs the same calls on the workers' engines (target <= 5 %); "
+              f"CPU outside generate {pct(rp['own_work_cpu'])} of the replay's")
         print(f"weight sync, {args.workers} Ray worker(s): best {rp['sync_ms_best']:.1f} ms (put "
               f"{rp['sync_put_ms']:.1f} ms, slowest load {rp['sync_load_ms_max']:.1f} ms)")
     res["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
