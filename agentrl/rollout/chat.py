@@ -10,7 +10,8 @@ that rewrite history (Qwen3, R1-distill) or move the system prompt (Mistral) are
 `rollout.history=template` the agent loop renders each turn's prompt from the messages instead.
 Special-token strings in env text are encoded as text (`neutralize`). docs/models.md.
 
-Renders are memoised (`RENDER_CACHE_SIZE` entries per renderer and kind): the ids of an opening
+Renders are memoised (`RENDER_CACHE_SIZE` entries per renderer and kind, keys of at most
+`RENDER_KEY_CHARS` characters): the ids of an opening
 prompt or an observation delta are a function of the messages (and tools) alone, so a group's
 episodes reset on the same task, and an observation an env sends again ("Now the last digit.",
 the same test failure), are rendered once. Only messages made of plain dicts, lists, tuples,
@@ -42,9 +43,13 @@ _USER: Message = {"role": "user", "content": "u"}
 _SYSTEM: Message = {"role": "system", "content": "s"}
 _THINK = "<think>\nx\n</think>\n\na"  # an assistant turn as a thinking model samples it
 
-RENDER_CACHE_SIZE = 2048
+RENDER_CACHE_SIZE = 1024
 """Most memoised renders a `ChatRenderer` keeps per kind (prompts, deltas); past it the memo is
 emptied and refilled."""
+RENDER_KEY_CHARS = 8192
+"""Messages whose key (`render_key`) is longer than this are not memoised (long histories, as
+`rollout.history=template` renders each turn, and large tool outputs rarely repeat): the memo
+holds at most about `2 * RENDER_CACHE_SIZE * RENDER_KEY_CHARS` characters of keys."""
 
 _PLAIN = (str, int, float, bool, type(None))
 
@@ -168,9 +173,12 @@ def _plain(x: Any) -> bool:
 
 
 def render_key(*parts: Any) -> str | None:
-    """A memo key of `parts` (messages, tools): their `repr` when they are plain (`_plain`),
-    else None (not memoised)."""
-    return repr(parts) if _plain(parts) else None
+    """A memo key of `parts` (messages, tools): their `repr` when they are plain (`_plain`) and
+    it has at most `RENDER_KEY_CHARS` characters, else None (not memoised)."""
+    if not _plain(parts):
+        return None
+    key = repr(parts)
+    return key if len(key) <= RENDER_KEY_CHARS else None
 
 
 class ChatRenderer:

@@ -62,6 +62,7 @@ def test_keys_keep_types_and_order():
         pass
 
     assert render_key([D(m)]) is None
+    assert render_key([{"role": "user", "content": "x" * chat.RENDER_KEY_CHARS}]) is None  # too long
     assert render_key([{"role": "user", "content": [{"type": "image", "image": object()}]}]) is None
 
 
