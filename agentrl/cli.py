@@ -387,14 +387,36 @@ def show(
 
 
 @app.command()
-def doctor() -> None:
+def doctor(
+    model: Annotated[Optional[str], typer.Option(help="A model directory: report its chat template's properties (end of turn, history rewriting, tool format, turn-boundary merges, system role, vocabulary) instead of the machine's.")] = None,
+) -> None:
     """What this machine has for agentrl: sandbox backend and isolation, torch/CUDA devices, Ray,
     vLLM, plotting/TensorBoard, installed extras, with the fix for each missing part. Exit code 1
-    when a part a default run needs is missing."""
+    when a part a default run needs is missing. With --model DIR: what agentrl makes of that
+    model's tokenizer and chat template (docs/models.md); exit 1 when it cannot use the template."""
+    if model is not None:
+        _doctor_model(model)
+        return
     checks = run_checks()
     for line in render(checks):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     if any(c.status == "fail" for c in checks):
+        raise typer.Exit(1)
+
+
+def _doctor_model(path: str) -> None:
+    import transformers
+
+    from agentrl.rollout.model_doctor import DoctorError, format_report, inspect_model
+
+    transformers.utils.logging.set_verbosity_error()
+    try:
+        rep = inspect_model(path)
+    except DoctorError as e:
+        _fail(str(e))
+    for line in format_report(rep):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    if "renderer_error" in rep:
         raise typer.Exit(1)
 
 
