@@ -27,14 +27,15 @@ def pct(s: dict[str, Any]) -> str:
 
 
 def provenance() -> dict[str, Any]:
-    """The commit (and whether the tree had uncommitted changes), the command line, the cores
-    and the 1/5/15-minute load averages now."""
+    """The commit (and whether tracked files other than benchmarks/results/ had uncommitted
+    changes), the command line, the cores and the 1/5/15-minute load averages now."""
     def git(*args: str) -> str:
         r = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
         return r.stdout.strip()
 
     return {"commit": git("rev-parse", "--short", "HEAD"),
-            "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                              ":(exclude)benchmarks/results")),
             "command": "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT),
                                                                      *sys.argv[1:]]),
             "cpus": os.cpu_count(), "loadavg": [round(x, 2) for x in os.getloadavg()]}
