@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from agentrl.algos.configs import ALGO_CONFIGS, AlgoBase
-from agentrl.config import Config, ConfigError, load_config
+from agentrl.config import Config, ConfigError, _set_dotted, load_config
 from agentrl.env.registry import (
     DESCRIPTIONS,
     SHORT_NAMES,
@@ -101,19 +101,29 @@ def train(
         _fail(f"--resume: {resume} is not a run directory (no config.json)")
     saved = Path(resume) / "config.json" if resume else None
     base = json.loads(saved.read_text()) if saved is not None and saved.exists() else None
+    flags = {"env.name": env, "algo.name": algo, "train.steps": steps, "out": out, "seed": seed,
+             "resume": resume, "env.dataset": dataset, "model.path": model,
+             "env.wrappers": list(wrap) if wrap else None, "quiet": quiet or None,
+             "rollout.ray_address": ray_address, "overwrite": overwrite or None}
     try:  # resume: the run's saved config, then this command's options on top
-        cfg = load_config(config, overrides, base=base, flag_names=TRAIN_FLAGS, **{
-            "env.name": env, "algo.name": algo, "train.steps": steps, "out": out, "seed": seed,
-            "resume": resume, "env.dataset": dataset, "model.path": model,
-            "env.wrappers": list(wrap) if wrap else None, "quiet": quiet or None,
-            "rollout.ray_address": ray_address, "overwrite": overwrite or None})
+        cfg = load_config(config, overrides, base=base, flag_names=TRAIN_FLAGS, **flags)
     except ConfigError as e:
         _fail(str(e))
     if resume:  # an unisolated sandbox only when this command line asks (never config.json alone)
-        from agentrl.startup import ResumeError, asked_settings, check_resume_isolation
+        from agentrl.startup import (
+            ResumeError,
+            asked_settings,
+            check_resume_edits,
+            check_resume_isolation,
+        )
 
         try:
-            check_resume_isolation(cfg, asked_settings(config, overrides))
+            asked = asked_settings(config, overrides)
+            check_resume_isolation(cfg, asked)
+            for key, value in flags.items():  # the options given: this command line's too
+                if value is not None:
+                    _set_dotted(asked, key, value)
+            check_resume_edits(Path(resume), base or {}, asked)  # config.json edited by hand: refused
         except (ResumeError, ConfigError) as e:
             _fail(str(e))
     if imports:  # added to the imports of the config (a resumed run's included)
@@ -268,7 +278,7 @@ def serve_cmd(
     model: Annotated[str, typer.Option(help="Model directory, checkpoint OUT/checkpoints/step_N, or training output dir.")],
     port: Annotated[int, typer.Option(help="Port on 127.0.0.1 (0: a free one).")] = 8000,
     api_key: Annotated[Optional[str], typer.Option(help="Key requests must carry (default: none needed).")] = None,
-    tool_parser: Annotated[str, typer.Option(help="The model's tool-call format.")] = "hermes",
+    tool_parser: Annotated[str, typer.Option(help="The model's tool-call format: auto (read from the model's tokenizer, as rollout.tool_parser=auto) or hermes, llama3_json, mistral, openai.")] = "auto",
     max_tokens: Annotated[int, typer.Option(min=1, help="Most new tokens per call.")] = 1024,
     max_context: Annotated[int, typer.Option(min=16, help="Most tokens of a prompt and its completion.")] = 4096,
 ) -> None:
@@ -283,7 +293,8 @@ def serve_cmd(
                        max_tokens=max_tokens, max_context=max_context)
     except (FileNotFoundError, ValueError, OSError) as e:
         _fail(f"serve: {e}")
-    console.print(f"serving {escape(model)} at {served.url} (model \"policy\"); Ctrl-C stops", markup=False)
+    console.print(f"serving {escape(model)} at {served.url} (model \"policy\", tool-call format "
+                  f"{served.tool_parser}: {served.tool_parser_why}); Ctrl-C stops", markup=False)
     try:
         while True:
             time.sleep(3600)

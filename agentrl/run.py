@@ -83,14 +83,15 @@ def seed_everything(seed: int) -> None:
 
 
 # -- set-up -------------------------------------------------------------------------------------
-def set_up(cfg: Config) -> tuple[Config, Any, Path]:
+def set_up(cfg: Config, notes: list[str] | None = None) -> tuple[Config, Any, Path]:
     """Threads, seeds and the algorithm of the run; takes OUT's lock (`agentrl.infra.runfolder`,
     held until `agentrl.infra.runfolder.unlock_run(out)` or the process ends; released when this
     raises); writes OUT/config.json.
 
     Returns:
         `(cfg with the run's resolved defaults (`agentrl.run`: the env's, the
-        policy's), the algorithm (`agentrl.algos.get_algorithm`), OUT)`.
+        policy's), the algorithm (`agentrl.algos.get_algorithm`), OUT)`; `notes` (a list,
+        when given) receives the env's start-up notes (`agentrl.startup.preflight`).
 
     Raises:
         ValueError: an unknown env.
@@ -116,7 +117,9 @@ def set_up(cfg: Config) -> tuple[Config, Any, Path]:
     out = Path(cfg.resume or cfg.out)
     if out.exists() and not out.is_dir():  # before the env checks: the cheapest refusal first
         raise OutError(f"out: {out} is a file, not a folder")
-    preflight(cfg)  # before check_out: an --overwrite that fails here has deleted nothing
+    found = preflight(cfg)  # before check_out: an --overwrite that fails here has deleted nothing
+    if notes is not None:
+        notes.extend(found)
     _lock(out)  # held until `release` (or the process ends): no second run checks and writes it
     try:
         if cfg.resume:  # the run's own folder; a stray --out / --overwrite is not recorded in it
@@ -244,8 +247,9 @@ def build(cfg: Config, *, reporter: Any = None, warm_start: Callable[..., dict[s
         return Run(cfg, tok=tok, renderer=policy_renderer(cfg, tok), engine=engine)
     reporter = reporter or Reporter(enabled=False)
     say = reporter.line
-    cfg, algo, out = set_up(cfg)
-    say(f"[run] {cfg.algo.name} on {cfg.env.name}: {cfg.train.steps} steps -> {out}")
+    notes: list[str] = []
+    cfg, algo, out = set_up(cfg, notes)
+    say(f"[run] {cfg.algo.name} on {cfg.env.name}: {cfg.train.steps} steps -> {out}" + "".join(f"; {n}" for n in notes))
     ck = resume_checkpoint(cfg, out, say)
     if ck is not None and json.loads((ck / "agentrl_state.json").read_text())["step"] >= cfg.train.steps \
             and (out / "summary.json").exists():

@@ -22,8 +22,8 @@ import torch
 from agentrl.config import Config
 from agentrl.eval.episodes import EVAL_SEED, episode_success, extrinsic_return
 from agentrl.eval.metrics import pass_at_k_many
+from agentrl.infra.devices import resolve_device
 from agentrl.learner.forward import precision_autocast, to_device, token_logprobs
-from agentrl.learner.local import resolve_device
 from agentrl.learner.lora import plain_copy
 from agentrl.learner.optim import NonFiniteLossError
 from agentrl.log.progress import Reporter

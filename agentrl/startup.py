@@ -25,7 +25,9 @@ from agentrl.config import (  # the overrides as load_config reads them
 )
 from agentrl.env.content import message_images
 from agentrl.env.registry import resolve_env_id
-from agentrl.learner.local import latest_checkpoint, resolve_device
+from agentrl.infra.devices import resolve_device
+from agentrl.learner.checkpoints import RUN_CONFIG
+from agentrl.learner.local import latest_checkpoint
 from agentrl.log.metrics import check_wandb_login
 from agentrl.models.tiny import load_model
 from agentrl.models.vlm import is_vlm_dir
@@ -100,12 +102,18 @@ def check_learner_device(cfg: Config) -> None:
                           "or train.device=cpu for ranks on the CPU")
 
 
-def preflight(cfg: Config) -> None:
+def preflight(cfg: Config) -> list[str]:
     """Checks of the settings that would otherwise fail only after OUT was (re)written: the env
     is built once (with its wrappers), reset once and closed, `model.path` is a model
     directory, vLLM imports when `rollout.engine=vllm`, a vision policy runs only where images
     do (`check_vision_training`), a text policy only where no image is
     (`check_policy_sees_images`), and W&B finds an API key (`log.wandb`, `check_wandb_login`).
+    A new run with a warm start (`sft.steps > 0`) has the env check its reference solutions
+    (`reference_failures()`, code_sandbox on a dataset file: run against their tests).
+
+    Returns:
+        the env's start-up notes (`startup_notes()`, e.g. code_sandbox's `trivial: 5 of 500
+        train tasks dropped`), for the run's `[run]` line; [] for an env without them.
 
     Raises:
         ConfigError: naming the key (`env.kwargs`, `env.wrappers`, `env.wrapper_kwargs`,
@@ -135,8 +143,19 @@ def preflight(cfg: Config) -> None:
     try:
         check_splits(cfg, env)
         check_policy_sees_images(cfg, env)
+        return env_notes(cfg, getattr(env, "unwrapped", env))
     finally:
         env.close()
+
+
+def env_notes(cfg: Config, env: Any) -> list[str]:
+    """`env.startup_notes()` (none without it), after the reference check of a new run's warm
+    start (`env.reference_failures("train")`, when the env has it and `sft.steps > 0`)."""
+    check = getattr(env, "reference_failures", None)
+    if callable(check) and cfg.sft.steps > 0 and not cfg.resume:
+        check("train")
+    notes = getattr(env, "startup_notes", None)
+    return [str(n) for n in notes()] if callable(notes) else []
 
 
 def check_splits(cfg: Config, env: Any) -> None:
@@ -210,6 +229,72 @@ def check_resume_keeps_the_run(cfg: Config, out: Path) -> None:
     if cfg.train.steps < done:  # would rewrite config.json's train.steps below the run's own
         raise ResumeError(f"--resume {out}: the run is at step {done}, past train.steps={cfg.train.steps}; "
                           f"give --steps {done} or more (or leave --steps out)")
+
+
+RESUME_FROM_STATE = ("train.lr", "train.weight_decay")
+"""Settings a resumed run takes from its checkpoint's optimizer state (AdamW's param groups and
+the scheduler's base rates): another value on the command line would be ignored, so it is
+refused (`check_resume_edits`)."""
+RESUME_UNCOMPARED = ("resume", "out", "overwrite", "quiet")
+"""Settings of a command line, not of the run: not compared by `check_resume_edits`."""
+
+
+def dotted(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """The leaves of nested dict `tree` by dotted key (`{"train": {"lr": 1}}` -> `{"train.lr": 1}`;
+    lists and empty dicts are leaves)."""
+    if not isinstance(tree, dict) or (not tree and prefix):
+        return {prefix: tree}
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        out.update(dotted(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def check_resume_edits(out: Path, saved: dict[str, Any], asked: dict[str, Any]) -> None:
+    """`--resume OUT` continues with the settings of the run's newest intact checkpoint (its
+    `RUN_CONFIG`, the run's config.json when it was saved): a setting of OUT/config.json
+    (`saved`, as read) that differs from the checkpoint's was edited after the run wrote it,
+    and is refused unless this command line gives that key (`asked`: the nested settings of its
+    `-c` file, `key=value` overrides and options). An edit of config.json took half effect
+    before (the group size applied, the learning rate not: the optimizer's state holds it).
+    A setting of `RESUME_FROM_STATE` given another value on the command line is refused too
+    (the restored optimizer would ignore it). A checkpoint without `RUN_CONFIG` (written before
+    it existed) is not compared.
+
+    Raises:
+        ResumeError: naming every edited key with both values, in one line.
+    """
+    ck = latest_checkpoint(out)
+    if ck is None or not (ck / RUN_CONFIG).is_file():
+        return
+    try:
+        was = dotted(json.loads((ck / RUN_CONFIG).read_text()))
+    except (OSError, ValueError):
+        return  # the manifest vouched for it; an unreadable one is left to the load
+    now, given = dotted(saved), dotted(asked)
+
+    def covered(key: str) -> bool:
+        return any(key == g or key.startswith(g + ".") or g.startswith(key + ".") for g in given)
+
+    for key in RESUME_FROM_STATE:
+        if key in given and key in was and not _same_number(given[key], was[key]):
+            raise ResumeError(f"--resume {out}: {key}={given[key]}: a resumed run keeps its checkpoint's "
+                              f"{key}={json.dumps(was[key])} (the restored optimizer holds it); start a new "
+                              "run with --out for another")
+    edited = sorted(k for k in set(was) | set(now)
+                    if k.split(".")[0] not in RESUME_UNCOMPARED and was.get(k) != now.get(k) and not covered(k))
+    if edited:
+        diff = ", ".join(f"{k}={json.dumps(now.get(k))} (checkpoint: {json.dumps(was.get(k))})" for k in edited)
+        raise ResumeError(f"--resume {out}: config.json was edited after {ck.name} was saved: {diff}; a resumed "
+                          "run keeps its checkpoint's settings: undo the edit, or give the setting on the "
+                          "command line (key=value), or start a new run with --out")
+
+
+def _same_number(a: Any, b: Any) -> bool:
+    try:
+        return float(a) == float(b)
+    except (TypeError, ValueError):
+        return a == b
 
 
 UNISOLATED = {"backend": "subprocess"}

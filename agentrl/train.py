@@ -31,9 +31,10 @@ from agentrl.env.base import env_state
 from agentrl.eval.attempts import step_attempt_metrics
 from agentrl.eval.episodes import episode_success, reward_component_means
 from agentrl.eval.harness import evaluate_heldout, training_metrics
+from agentrl.eval.tasks import eval_task_count
 from agentrl.infra.runfolder import unlock_run
 from agentrl.infra.signals import RunInterrupted, StopRequest
-from agentrl.learner.checkpoints import REWARD_STATE, pack_state, prune
+from agentrl.learner.checkpoints import REWARD_STATE, RUN_CONFIG, pack_state, prune
 from agentrl.learner.local import NonFiniteGradientError, latest_checkpoint
 from agentrl.log.metrics import MetricsLog
 from agentrl.log.progress import Reporter
@@ -112,6 +113,13 @@ def evaluate(lp: Loop, tag: str) -> dict[str, float]:
     return r
 
 
+def heldout_tasks(lp: Loop) -> int:
+    """The held-out tasks the run's evaluations run (`agentrl.eval.tasks.eval_task_count`): the
+    first `train.eval_tasks`, or all of a smaller held-out list."""
+    n = lp.cfg.train.eval_tasks
+    return eval_task_count(lp.eval_envs[0], n) if lp.eval_envs else n
+
+
 def evaluate_before(lp: Loop, resumed: bool) -> dict[str, float]:
     """The held-out evaluation before RL (kept in OUT/eval_before.json; a resumed run reads it),
     logged at step 0 of OUT/metrics.jsonl (`eval/...`), so curves start from it."""
@@ -119,7 +127,7 @@ def evaluate_before(lp: Loop, resumed: bool) -> dict[str, float]:
     before = json.loads((out / "eval_before.json").read_text()) if resumed and \
         (out / "eval_before.json").exists() else None
     if before is None:
-        lp.say(f"[eval] held-out: {cfg.train.eval_tasks} tasks x {cfg.train.eval_samples} samples ...")
+        lp.say(f"[eval] held-out: {heldout_tasks(lp)} tasks x {cfg.train.eval_samples} samples ...")
         before = evaluate(lp, "before")
         (out / "eval_before.json").write_text(json.dumps(before))
         lp.log.log(0, {f"eval/{k}": v for k, v in before.items()})
@@ -219,7 +227,8 @@ def check_reward_source(cfg: Config, trajs: list[Any], step: int, streak: int) -
 
 
 def checkpoint(lp: Loop, step: int) -> Path:
-    """Save the learner, the reward wrappers' state (`reward_state`, as `REWARD_STATE`) and the
+    """Save the learner, the run's config (`RUN_CONFIG`), the reward wrappers' state
+    (`reward_state`, as `REWARD_STATE`) and the
     train envs' `agentrl.env.base.env_state` (as `env_state` in `agentrl_state.json`, when they have
     one) after `step` steps to OUT/checkpoints/step_<step>, then delete all but the newest
     `train.keep_checkpoints`."""
@@ -229,8 +238,10 @@ def checkpoint(lp: Loop, step: int) -> Path:
     if state is not None:
         extra["env_state"] = state
     rs = reward_state(lp)
-    lp.learner.save(path, lp.tok, extra,
-                    files={REWARD_STATE: pack_state(rs)} if rs is not None else None)
+    files = {RUN_CONFIG: lp.cfg.model_dump_json(indent=1).encode()}  # what --resume compares config.json with
+    if rs is not None:
+        files[REWARD_STATE] = pack_state(rs)
+    lp.learner.save(path, lp.tok, extra, files=files)
     prune(lp.out, lp.cfg.train.keep_checkpoints)
     return path
 
@@ -322,7 +333,7 @@ def _train(cfg: Config, reporter: Reporter, say: Callable[[str], None], console:
         after = evaluate(lp, "after")
         lp.log.log(cfg.train.steps, {f"eval/{k}": v for k, v in after.items()})
         shut_down(lp)
-        return report(lp, before, after, final, extra, console)
+        return report(lp, before, after, final, extra, console, n_tasks=heldout_tasks(lp))
     finally:
         reporter.stop()
         if hasattr(lp.learner, "shutdown"):

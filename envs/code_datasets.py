@@ -46,6 +46,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentrl_envs.code_evalplus import (
+    HUMANEVAL_PLUS_MODES,
+    MBPP_PLUS_DECODERS,
+    MBPP_PLUS_MODES,
+    diff_tests,
+)
 from agentrl_envs.splits import duplicates_line, heldout_mask, normalise_text
 from agentrl_envs.splits import split_fraction as split_fraction  # re-exported (code_tasks, web_qa)
 
@@ -237,165 +243,6 @@ def select_split(tasks: list[CodeTask], split: str, heldout_fraction: float = 0.
 
 
 # ---------------------------------------------------------------------------------------------
-# EvalPlus: input decoding and diff tests
-# ---------------------------------------------------------------------------------------------
-
-def _tup(x: Any) -> tuple:
-    return tuple(x)
-
-
-def _all_tuples(x: Any) -> Any:
-    return tuple(_all_tuples(i) for i in x) if isinstance(x, list) else x
-
-
-# MBPP+ task number -> how its JSON inputs become Python values (EvalPlus v0.1.0,
-# `evalplus/data/mbpp.py::mbpp_deserialize_inputs`). Each function maps one argument list.
-_MBPP_PLUS_DECODERS: dict[int, Any] = {}
-for _n in (2, 116, 132, 143, 222, 261, 273, 394, 399, 421, 424, 429, 470, 560, 579, 596, 616,
-           630, 726, 740, 744, 809):
-    _MBPP_PLUS_DECODERS[_n] = lambda inp: [_tup(a) for a in inp]
-for _n in (63, 64, 70, 94, 120, 237, 272, 299, 400, 409, 417, 438, 473, 614, 780):
-    _MBPP_PLUS_DECODERS[_n] = lambda inp: [[_tup(x) for x in a] for a in inp]
-for _n in (75, 413, 444, 753):
-    _MBPP_PLUS_DECODERS[_n] = lambda inp: [[_tup(x) for x in inp[0]], inp[1]]
-for _n in (106, 750):
-    _MBPP_PLUS_DECODERS[_n] = lambda inp: [inp[0], _tup(inp[1])]
-for _n in (250, 405, 446, 617, 720, 763, 808):
-    _MBPP_PLUS_DECODERS[_n] = lambda inp: [_tup(inp[0]), inp[1]]
-for _n in (259, 401, 445):
-    _MBPP_PLUS_DECODERS[_n] = lambda inp: [tuple(_tup(x) for x in a) for a in inp]
-for _n in (580, 615, 791):
-    _MBPP_PLUS_DECODERS[_n] = _all_tuples
-# EvalPlus turns an empty item into `{}` (a dict) here, not `set()`; kept for fidelity.
-_MBPP_PLUS_DECODERS[115] = lambda inp: [[set(i) if isinstance(i, list) and i else {} for i in inp[0]]]
-_MBPP_PLUS_DECODERS[124] = lambda inp: [float(inp[0]), complex(inp[1])]
-_MBPP_PLUS_DECODERS[252] = lambda inp: [complex(inp[0])]
-_MBPP_PLUS_DECODERS[278] = lambda inp: [tuple(_tup(i) if isinstance(i, list) else i for i in inp[0])]
-_MBPP_PLUS_DECODERS[307] = lambda inp: [_tup(inp[0]), inp[1], inp[2]]
-_MBPP_PLUS_DECODERS[722] = lambda inp: [{k: _tup(v) for k, v in inp[0].items()}, *inp[1:]]
-
-# Comparison modes of EvalPlus's special oracles, by entry point.
-_MBPP_PLUS_MODES = {
-    **dict.fromkeys(("similar_elements", "find_char_long", "common_in_nested_lists",
-                     "extract_singly", "larg_nnum", "intersection_array", "find_dissimilar",
-                     "Diff"), "set"),
-    **dict.fromkeys(("check_str", "text_match_three", "text_starta_endb"), "not_none"),
-    "are_equivalent": "or_true",
-    "sum_div": "or_zero",
-}
-_HUMANEVAL_PLUS_MODES = {"find_zero": "poly_root"}
-
-
-def _encode(x: Any) -> Any:
-    """Python value -> JSON value with tuples/sets/complex tagged (decoded by `_DIFF_HELPERS`)."""
-    if isinstance(x, tuple):
-        return {"__tuple__": [_encode(i) for i in x]}
-    if isinstance(x, (set, frozenset)):
-        return {"__set__": [_encode(i) for i in x]}
-    if isinstance(x, complex):
-        return {"__complex__": [x.real, x.imag]}
-    if isinstance(x, list):
-        return [_encode(i) for i in x]
-    if isinstance(x, dict):
-        return {k: _encode(v) for k, v in x.items()}
-    return x
-
-
-# Source of one diff test. Everything lives inside one function that is deleted afterwards, so
-# the test adds no names to the solution namespace and does not depend on names the solution
-# may have shadowed (the canonical solution runs in its own namespace).
-_DIFF_TEMPLATE = '''
-def __agentrl_diff():
-    import copy, json, math
-
-    def dec(o):
-        if isinstance(o, list):
-            return [dec(i) for i in o]
-        if isinstance(o, dict):
-            if len(o) == 1:
-                k, v = next(iter(o.items()))
-                if k == "__tuple__":
-                    return tuple(dec(i) for i in v)
-                if k == "__set__":
-                    return set(dec(i) for i in v)
-                if k == "__complex__":
-                    return complex(v[0], v[1])
-            return {{k: dec(v) for k, v in o.items()}}
-        return o
-
-    def is_floats(x):
-        if isinstance(x, float):
-            return True
-        if isinstance(x, (list, tuple)) and x:
-            return all(isinstance(i, float) for i in x)
-        return False
-
-    def close(a, b, atol, rtol=1e-7):
-        if isinstance(b, (list, tuple)):
-            return isinstance(a, (list, tuple)) and len(a) == len(b) and all(
-                close(x, y, atol, rtol) for x, y in zip(a, b))
-        if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-            if math.isnan(a) or math.isnan(b):
-                return math.isnan(a) and math.isnan(b)
-            return a == b or abs(a - b) <= atol + rtol * abs(b)
-        return a == b
-
-    def same(out, exp, inp):
-        mode, atol = {mode!r}, {atol!r}
-        if mode == "or_true":
-            return out == exp or out is True
-        if mode == "set":
-            return set(out) == set(exp)
-        if mode == "not_none":
-            exp = exp is not None
-            return out == exp if isinstance(out, bool) else exp == (out is not None)
-        if mode == "or_zero":
-            return out == exp or out == 0
-        if mode == "poly_root":
-            xs = inp[0]
-            return abs(sum(c * math.pow(out, i) for i, c in enumerate(xs))) <= atol
-        exact = out == exp
-        if atol == 0 and is_floats(exp):
-            atol = 1e-6
-        if not exact and atol != 0:
-            return close(out, exp, atol)
-        return bool(exact)
-
-    ns = {{"__name__": "__agentrl_reference__"}}
-    exec({reference!r}, ns)
-    ref = ns[{entry!r}]
-    cand = globals()[{entry!r}]
-    for i, inp in enumerate(dec(json.loads({inputs!r}))):
-        exp = ref(*copy.deepcopy(inp))
-        out = cand(*copy.deepcopy(inp))
-        if not same(out, exp, inp):
-            raise AssertionError("{entry}(*{kind}_input[%d]) returned %.120r, expected %.120r"
-                                 % ({offset} + i, out, exp))
-
-__agentrl_diff()
-del __agentrl_diff
-'''
-
-
-def _chunks(n: int, max_chunks: int) -> list[tuple[int, int]]:
-    """Split range(n) into at most `max_chunks` contiguous, nearly equal (start, stop) parts."""
-    k = min(n, max_chunks)
-    bounds = [round(i * n / k) for i in range(k + 1)] if k else []
-    return [(bounds[i], bounds[i + 1]) for i in range(k)]
-
-
-def _diff_tests(entry: str, reference: str, kind: str, inputs: list[Any], atol: float,
-                mode: str, max_chunks: int) -> tuple[list[str], list[str]]:
-    tests, names = [], []
-    for a, b in _chunks(len(inputs), max_chunks):
-        data = json.dumps(_encode(inputs[a:b]))
-        tests.append(_DIFF_TEMPLATE.format(mode=mode, atol=float(atol), reference=reference,
-                                           entry=entry, inputs=data, kind=kind, offset=a))
-        names.append(f"{kind}[{a}:{b}]")
-    return tests, names
-
-
-# ---------------------------------------------------------------------------------------------
 # One record -> CodeTask
 # ---------------------------------------------------------------------------------------------
 
@@ -455,9 +302,9 @@ def _from_humaneval(d: dict[str, Any], max_chunks: int) -> CodeTask:
 def _from_humaneval_plus(d: dict[str, Any], max_chunks: int) -> CodeTask:
     t = _from_humaneval(d, max_chunks)
     entry = t.entry_point
-    mode = _HUMANEVAL_PLUS_MODES.get(entry, "exact")
+    mode = HUMANEVAL_PLUS_MODES.get(entry, "exact")
     for kind in ("base", "plus"):
-        tests, names = _diff_tests(entry, t.solution, kind, d[f"{kind}_input"], d.get("atol", 0),
+        tests, names = diff_tests(entry, t.solution, kind, d[f"{kind}_input"], d.get("atol", 0),
                                    mode, max_chunks)
         t.tests += tests
         t.test_names = (t.test_names or []) + names
@@ -491,17 +338,17 @@ def _from_mbpp_plus(d: dict[str, Any], max_chunks: int) -> CodeTask:
     shown = asserts[0] if asserts else ""  # the prompt shows the first assert (as EvalPlus)
     if "math." in d["assertion"] and not any("math" in s for s in setup_stmts):
         setup_stmts.insert(0, "import math")  # Mbpp/120, 442, 574 use math without importing it
-    mode = _MBPP_PLUS_MODES.get(entry, "exact")
+    mode = MBPP_PLUS_MODES.get(entry, "exact")
     if mode in ("or_true", "or_zero"):
         # Mbpp/164 and Mbpp/295: the asserts contradict the canonical solution; EvalPlus grades
         # these two with a lenient oracle on the inputs only, and so do we.
         asserts = []
     num = int(task_id.rsplit("/", 1)[-1]) if task_id.rsplit("/", 1)[-1].isdigit() else -1
-    decode = _MBPP_PLUS_DECODERS.get(num, lambda inp: inp)
+    decode = MBPP_PLUS_DECODERS.get(num, lambda inp: inp)
     tests, names = list(asserts), [f"assert {i + 1}" for i in range(len(asserts))]
     for kind in ("base", "plus"):
         inputs = [decode(inp) for inp in d[f"{kind}_input"]]
-        more, more_names = _diff_tests(entry, ref, kind, inputs, d.get("atol", 0), mode, max_chunks)
+        more, more_names = diff_tests(entry, ref, kind, inputs, d.get("atol", 0), mode, max_chunks)
         tests += more
         names += more_names
     return CodeTask(task_id=task_id, prompt=_mbpp_prompt(d["prompt"], shown),

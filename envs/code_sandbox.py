@@ -36,6 +36,7 @@ from agentrl_envs.code_datasets import (
     task_from_dict,
 )
 from agentrl_envs.code_tests_split import public_tests
+from agentrl_envs.reference_check import check_references
 from agentrl_envs.trivial_probe import probe_tasks
 
 SYSTEM_PROMPT = "Answer with a Python function."
@@ -238,6 +239,11 @@ class CodeSandboxEnv(TextEnv):
             tasks (5 of the 500 train tasks pass one, e.g. `s_tail k=6` the first argument;
             probing them costs ~45 s on 2 cores at a first start, so the main job is left
             as it is: `flag`/`drop` on request).
+        check_references: files only: run each reference solution against its tests in the
+            sandbox before the warm start uses it (`reference_check`, parallel, cached on
+            disk); `reference_answer()` is None for a task whose reference fails, so the warm
+            start leaves it out (counted in `startup_notes`). The built-in tasks are not run
+            (generated with their references; `benchmarks/builtin_reference_check.py`).
 
     Raises:
         ValueError: a bad argument, naming it and the allowed values.
@@ -252,7 +258,8 @@ class CodeSandboxEnv(TextEnv):
                  system_prompt: str | None = None, backend: str = "auto",
                  pool: SandboxPool | None = None, heldout_fraction: float = 0.2,
                  num_tasks: int = 500, families: list[str] | None = None,
-                 levels: list[int] | None = None, trivial_tasks: str = "auto"):
+                 levels: list[int] | None = None, trivial_tasks: str = "auto",
+                 check_references: bool = True):
         if reward not in REWARDS:
             raise ValueError(f"reward: unknown mode {reward!r}; allowed: {', '.join(REWARDS)}")
         if int(max_turns) < 1:
@@ -293,6 +300,11 @@ class CodeSandboxEnv(TextEnv):
         self.trivial_mode = ("drop" if dataset else "off") if trivial_tasks == "auto" else trivial_tasks
         #: per split: {task_id: the trivial solutions that pass it} (probed splits only)
         self.trivial: dict[str, dict[str, list[str]]] = {}
+        #: per split: the tasks probed (before "drop" left some out)
+        self.probed: dict[str, int] = {}
+        self.check_refs = bool(check_references) and dataset is not None
+        #: per split: {task_id: verdict} of the references that fail their tests (checked splits)
+        self.reference_failed: dict[str, dict[str, str]] = {}
         self.task: CodeTask | None = None
         self.turn = 0
         self._done = False
@@ -317,7 +329,7 @@ class CodeSandboxEnv(TextEnv):
         mode the train split leaves out those that one passes (other splits are only flagged)."""
         tasks = self._tasks[split]
         found = probe_tasks(tasks, self._pool or default_pool(self.backend), sandbox_job)
-        self.trivial[split] = found
+        self.trivial[split], self.probed[split] = found, len(tasks)
         drop = self.trivial_mode == "drop" and split == "train"
         if drop:
             self._tasks[split] = [t for t in tasks if t.task_id not in found]
@@ -327,10 +339,48 @@ class CodeSandboxEnv(TextEnv):
                         split, len(found), len(tasks), "left out of training" if drop else "flagged",
                         shown, ", ..." if len(found) > 5 else "")
 
+    def reference_failures(self, split: str | None = None) -> dict[str, str]:
+        """{task_id: verdict} of `split`'s tasks (default: the env's split) whose reference
+        solution fails its tests (`reference_check.check_references`: run once per env, in
+        parallel, cached on disk); {} for the built-in tasks or with `check_references=False`."""
+        split = normalize_split(split or self.split)
+        if not self.check_refs:
+            return {}
+        if split not in self.reference_failed:
+            self.reference_failed[split] = check_references(
+                self.tasks(split), self._pool or default_pool(self.backend), sandbox_job, extract_code,
+                self.limits)
+        return self.reference_failed[split]
+
     def reference_answer(self) -> str | None:
         """The current task's reference solution as an answer (for the supervised warm start),
-        or None when the task has none."""
-        return self.task.solution.rstrip("\n") if self.task is not None and self.task.solution else None
+        or None when the task has none or (dataset files) its reference fails its tests
+        (`reference_failures`)."""
+        if self.task is None or not self.task.solution:
+            return None
+        if self.check_refs and self.task.task_id in self.reference_failures():
+            return None
+        return self.task.solution.rstrip("\n")
+
+    def startup_notes(self) -> list[str]:
+        """What the run's start-up line says of this env's task lists (the splits looked at so
+        far): how many tasks a trivial solution passes, per split (`trivial: 5 of 500 train
+        tasks dropped, 1 of 100 heldout tasks flagged`), and how many references fail their tests (`references: 1 of 40 train
+        tasks fail their tests, left out of the warm start`)."""
+        def tasks_of(split: str) -> str:
+            return "tasks" if split == "all" else f"{split} tasks"
+
+        notes, parts = [], []
+        for split, found in self.trivial.items():
+            what = "dropped" if self.trivial_mode == "drop" and split == "train" else "flagged"
+            parts.append(f"{len(found)} of {self.probed[split]} {tasks_of(split)} {what}")
+        if parts:
+            notes.append("trivial: " + ", ".join(parts))
+        for split, bad in self.reference_failed.items():
+            n = sum(1 for t in self.tasks(split) if t.solution)
+            notes.append(f"references: {len(bad)} of {n} {tasks_of(split)} fail their tests, "
+                         "left out of the warm start")
+        return notes
 
     def repair_demo(self, rng: np.random.Generator) -> tuple[str, list[dict[str, Any]], str] | None:
         """A reference repair of the current task for the warm start (`code_repair.repair_demo`:

@@ -78,19 +78,28 @@ def attempt_metrics(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def has_attempts(rows: Sequence[dict[str, Any]]) -> bool:
+    """Whether the env grades its turns as attempts: some turn carries a verdict
+    (`info["verdict"]`, e.g. code_sandbox's `pass`/`fail`). A tool env's turns (web_qa's
+    searches, then one answer) are steps of one attempt, not attempts."""
+    return any(v is not None for r in rows for v in r.get("turn_verdicts") or [])
+
+
 def is_multi_attempt(rows: Sequence[dict[str, Any]], max_attempts: int | None = None) -> bool:
-    """Whether an evaluation is multi-turn, so its summary carries the repair metrics: the env
-    allowed more than one attempt (`max_attempts`, from the run's `env.max_turns`) or an
-    episode took more than one."""
-    return (max_attempts or 1) > 1 or any(int(r.get("turns") or 0) > 1 for r in rows)
+    """Whether an evaluation is multi-attempt, so its summary carries the repair metrics: the
+    env grades attempts (`has_attempts`) and allowed more than one (`max_attempts`, from the
+    run's `env.max_turns`) or an episode took more than one."""
+    return has_attempts(rows) and ((max_attempts or 1) > 1 or any(int(r.get("turns") or 0) > 1 for r in rows))
 
 
 def step_attempt_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     """Per-step training metrics of a multi-turn batch ({} when every episode took one turn):
     `rollout/reward_turn_<t>` (mean reward of turn t, 1-based, over the episodes that reached
     it), `rollout/first_attempt_pass_rate`, `rollout/repair_rate` (repaired / first-attempt
-    failures; NaN without a failure). Attempts used per episode is `rollout/turns`."""
-    if not any(len(t.turns) > 1 for t in trajs):
+    failures; NaN without a failure). Attempts used per episode is `rollout/turns`. Only envs
+    that grade their turns as attempts (a turn's `info["verdict"]`, `has_attempts`)."""
+    if not any(len(t.turns) > 1 for t in trajs) or not any(
+            tn.info.get("verdict") is not None for t in trajs for tn in t.turns):
         return {}
     m: dict[str, float] = {}
     longest = max(len(t.turns) for t in trajs)

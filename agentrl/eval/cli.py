@@ -318,9 +318,11 @@ def eval_command(
     pool = engine if hasattr(engine, "run") else None  # a RolloutPool
     meta = {"env": cfg.env.name, "model": label, "dataset": cfg.env.dataset, "split": split_arg,
             "tasks_from": task_source, "max_turns": cfg.env.max_turns,
-            "env_kwargs": dict(cfg.env.kwargs) or None, "wrappers": list(cfg.env.wrappers) or None}
+            "env_kwargs": dict(cfg.env.kwargs) or None, "wrappers": list(cfg.env.wrappers) or None,
+            "task_notes": task_notes(probe)}
     console.print(f"[eval] {cfg.env.name}: {len(tasks)} tasks ({task_source}) x {samples} samples, "
-                  f"k={ks}, T={temp}, model {label} -> {out_dir}", markup=False, highlight=False)
+                  f"k={ks}, T={temp}, model {label} -> {out_dir}"
+                  + (f"; {meta['task_notes']}" if meta["task_notes"] else ""), markup=False, highlight=False)
     meta.update({"engine": "scripted" if scripted else cfg.rollout.engine,
                  "workers": cfg.rollout.num_workers if pool is not None else 0})
     try:
@@ -333,6 +335,15 @@ def eval_command(
     finally:
         if pool is not None:
             pool.shutdown()
+
+
+def task_notes(env: Any) -> str | None:
+    """The evaluated env's notes on its task list (`startup_notes()`, e.g. code_sandbox's
+    reward-hacking guard: `trivial: 3 of 378 all tasks flagged`), joined with `; `, for the
+    `[eval]` line and `meta["task_notes"]` (summary.json, summary.md); None without any."""
+    notes = getattr(getattr(env, "unwrapped", env), "startup_notes", None)
+    text = "; ".join(str(n) for n in notes()) if callable(notes) else ""
+    return text or None
 
 
 def _compare(dirs: Sequence[str], console: Any) -> dict[str, Any]:

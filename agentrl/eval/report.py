@@ -23,7 +23,8 @@ Metric definitions (overall and per task):
   env raised in step), "reset_error", "step_timeout" or "reset_timeout" (a call past
   `env.step_timeout_s` / `env.reset_timeout_s`).
 - `verdicts`: the last turn's `info["verdict"]` (sandbox verdict) counted over episodes that have one.
-- multi-turn evaluations only (`meta["max_turns"]` > 1 or an episode of more than one turn):
+- multi-attempt evaluations only (an env that grades its turns, a verdict per turn, and
+  `meta["max_turns"]` > 1 or an episode of more than one turn; not a tool env's steps):
   `first_attempt_pass@1` (± `_se`), `repair_rate` (± `_se`), `attempts_mean`,
   `first_attempt_failures`, `repaired` (`agentrl.eval.attempts`); `pass@k` is then pass within
   the allowed attempts.

@@ -56,3 +56,10 @@ def list_tasks(env: Any, max_tasks: int | None = None, *, default_n: int = 64
             n = min(n, max_tasks) if max_tasks else n
             return [{"options": {"task_index": i}} for i in range(n)], "env.tasks()"
     return seed_tasks(max_tasks or default_n), "seeds EVAL_SEED+i"
+
+
+def eval_task_count(env: Any, n: int) -> int:
+    """How many tasks an evaluation of at most `n` tasks runs on `env` (`list_tasks(env, n)`):
+    `n` for seeded tasks, else the smaller of `n` and the env's list (a dataset with fewer
+    held-out tasks than `train.eval_tasks` evaluates them all, and says so)."""
+    return len(list_tasks(env, n, default_n=n)[0])

@@ -135,7 +135,8 @@ class AgentEnv(TextEnv):
         agent: `MODULE:FUNCTION` of `async def FUNCTION(client, task) -> float | dict`.
         dataset: a JSONL file of task records (`--dataset`).
         split: "train" or "heldout": with `heldout` unset, every fifth task (index 4, 9, ...) is
-            held out when there are 5 or more, else both splits are all the tasks.
+            held out when there are 5 or more, else both splits are all the tasks (a warning
+            in the start-up line, `startup_notes`).
         heldout: a JSONL file of held-out tasks (then `dataset` is all training tasks).
         tool_parser: the model's tool-call format (`agentrl_tools.parser.get_parser`).
 
@@ -158,10 +159,23 @@ class AgentEnv(TextEnv):
             split_tasks = load_tasks(heldout) if split == "heldout" else tasks
         elif len(tasks) >= 5:
             split_tasks = [t for i, t in enumerate(tasks) if (i % 5 == 4) == (split == "heldout")]
-        else:
+        else:  # too few to hold any out: the held-out tasks are the training tasks (said at start-up)
             split_tasks = tasks
+        self.heldout_is_train = heldout is None and len(tasks) < 5
+        self.dataset = dataset
         self._tasks = split_tasks
         self.task: dict[str, Any] | None = None
+
+    def startup_notes(self) -> list[str]:
+        """The warning of the run's `[run]` line and `agentrl eval`'s line when the held-out
+        tasks are the training tasks (fewer than 5 tasks and no `heldout` file): its held-out
+        figures then measure the tasks it trained on."""
+        if not self.heldout_is_train:
+            return []
+        n = len(self._tasks)
+        return [f"warning: held-out == train: the {n} task{'s' * (n != 1)} of {self.dataset} are both the "
+                "training and the held-out tasks (every fifth task is held out from 5 tasks on); "
+                "give 5 or more tasks, or env.kwargs.heldout=FILE"]
 
     def tasks(self) -> list[dict[str, Any]]:
         """The task records of this split (evaluation resets task i with `options.task_index`)."""

@@ -133,6 +133,7 @@ class Prepared:
     context_ids: list[int]
     prompt_ids: list[int]
     messages: list[Message]
+    forced: str = ""  # text the reply was prefilled with (its ids end context_ids): tool_choice
 
 
 class PromptTooLong(ValueError):

@@ -1,8 +1,8 @@
 """Devices of the rollout side and the GPU memory split between vLLM and a learner on one GPU.
 
-`resolve_device` turns `auto|cpu|cuda` into a torch device (the same rule as the learner's
-`agentrl.learner.local.resolve_device`, here so that the rollout side, which never imports the
-learner, has it too).
+`resolve_device` turns `auto|cpu|cuda` into a torch device: the one rule of the learner
+(`agentrl.learner.local` re-exports it), the rollout side and the reward models, here because
+the rollout side never imports the learner.
 
 `engine_share` is the memory split when vLLM and the learner share one GPU: vLLM claims a
 fraction of the GPU's memory at start-up (`gpu_memory_utilization`, 0.9 by default), and the
@@ -32,7 +32,7 @@ MIN_KV_CACHE_BYTES = 1 * GiB
 or serves a handful of sequences)."""
 
 
-def resolve_device(name: str | torch.device | None, *, key: str) -> torch.device:
+def resolve_device(name: str | torch.device | None, *, key: str = "train.device") -> torch.device:
     """`auto` (CUDA when available, else CPU), `cpu`, `cuda` or `cuda:N` as a torch device.
 
     Raises:

@@ -45,6 +45,9 @@ SHARDED = "dcp"
 """The learner ranks' `torch.distributed.checkpoint` folder (`agentrl.learner.rank`)."""
 REWARD_STATE = "reward_state.safetensors"
 """The reward wrappers' state in a checkpoint (`agentrl.rewards.RewardWrappers.state_dict`)."""
+RUN_CONFIG = "run_config.json"
+"""The run's config when the checkpoint was saved (OUT/config.json then): `--resume` compares
+OUT/config.json with it (`agentrl.startup.check_resume_edits`)."""
 
 RUN_ARTEFACTS = ("config.json", "metrics.jsonl", "sft_metrics.jsonl", "summary.json", "eval_before.json",
                  "checkpoints", "rollouts", "eval", "tb", "base_model", "sft_model", "rollout_model",

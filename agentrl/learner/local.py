@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from agentrl.infra.devices import resolve_device
 from agentrl.learner import checkpoints
 from agentrl.learner.checkpoints import (
     ALGO_STATE,
@@ -72,32 +73,6 @@ from agentrl.models.static_forward import static_forward_supported
 
 PRECISIONS = ("fp32", "bf16")
 """`Learner(precision=)` / `train.precision` values."""
-
-
-def resolve_device(name: str | torch.device | None, *, key: str = "train.device") -> torch.device:
-    """The learner's device for `auto` (CUDA when available, else CPU), `cpu`, `cuda` or
-    `cuda:N`.
-
-    Raises:
-        ValueError: naming `key`, for CUDA asked for where none is available, or an unknown name.
-    """
-    if isinstance(name, torch.device):
-        name = str(name)
-    name = (name or "auto").lower()
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"{key}={name}: not a device; allowed: auto, cpu, cuda") from None
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"{key}={name}: allowed: auto, cpu, cuda")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"{key}={name}: no CUDA device is available (torch.cuda.is_available() "
-                         f"is False); use {key}=auto or {key}=cpu")
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ValueError(f"{key}={name}: only {torch.cuda.device_count()} CUDA device(s)")
-    return dev
 
 
 def _frozen(model: torch.nn.Module) -> torch.nn.Module:

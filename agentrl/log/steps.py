@@ -165,13 +165,15 @@ def log_step(lp: Any, step: int, m: dict[str, float], trajs: list[Trajectory]) -
 
 
 def report(lp: Any, before: dict[str, float], after: dict[str, float], final: Path,
-           extra: dict[str, Any], console: Any) -> dict[str, Any]:
+           extra: dict[str, Any], console: Any, n_tasks: int | None = None) -> dict[str, Any]:
     """The run's summary (written to OUT/summary.json) and its closing lines (`lp`: the run's
-    `agentrl.rollout.stages.Loop`). The held-out evaluations' `reward_mean` is left out of the
+    `agentrl.rollout.stages.Loop`; `n_tasks`: the held-out tasks evaluated, default
+    `train.eval_tasks`). The held-out evaluations' `reward_mean` is left out of the
     summary when it equals their pass@1 (`heldout_reward_is_pass@1`; OUT/eval/*/summary.json
     keep every metric); `stage_seconds` holds `sft` (the warm start's `sft_seconds`) and
     `stage_seconds(OUT/metrics.jsonl)`."""
     cfg, out, say = lp.cfg, lp.out, lp.say
+    n_tasks = cfg.train.eval_tasks if n_tasks is None else n_tasks
     b, a = before["pass@1"], after["pass@1"]
     same = reward_repeats_pass1(before, after)  # code_sandbox: reward = solved = pass@1
     ev_b, ev_a = ({k: v for k, v in e.items() if not (same and k == "reward_mean")} for e in (before, after))
@@ -187,7 +189,7 @@ def report(lp: Any, before: dict[str, float], after: dict[str, float], final: Pa
                                for label, sec, share in cost_profile(summary["stage_seconds"])}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     ratio = f"{a / b:.2f}x" if b > 0 else "n/a"
-    say(f"[eval] held-out (T={cfg.rollout.temperature}, {cfg.train.eval_tasks} tasks x "
+    say(f"[eval] held-out (T={cfg.rollout.temperature}, {n_tasks} tasks x "
         f"{cfg.train.eval_samples}, ± standard error): before RL {format_eval(before, cfg.train.eval_samples)}"
         f" -> after RL {format_eval(after, cfg.train.eval_samples)}")
     say(f"[eval] held-out pass@1: before RL {b:.3f} -> after RL {a:.3f} ({ratio}, {a - b:+.3f} absolute); "

@@ -270,3 +270,77 @@ def test_model_vision_with_a_text_model_path_is_refused_at_start_up(tiny_model_d
     assert r.exit_code == 2 and "Traceback" not in r.output, r.output
     assert f"model.vision=true with model.path={tiny_model_dir}, a text-only model" in flat, flat
     assert not out.exists()
+
+
+def test_resume_refuses_a_hand_edited_config_json(finished_run, tmp_path):
+    """A new user edited OUT/config.json (group size and learning rate) and resumed: the group
+    size took effect, the learning rate did not (the optimizer's state holds it), and nothing
+    said so. Now the resumed run keeps its checkpoint's settings (`run_config.json`, sealed in
+    the manifest): an edit of config.json is refused in one line naming each key with both
+    values, unless the command line gives that key; the run folder is left as it was."""
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    ck = json.loads((out / "checkpoints" / "step_1" / "run_config.json").read_text())
+    assert ck == json.loads((out / "config.json").read_text())
+    original = (out / "config.json").read_text()
+    edited = json.loads(original)
+    edited["algo"]["group_size"], edited["train"]["lr"] = 4, 0.001
+    (out / "config.json").write_text(json.dumps(edited, indent=1))
+
+    def resume(*args):
+        r = CliRunner().invoke(app, ["train", "--resume", str(out), *args])
+        return r.exit_code, " ".join(r.output.split())
+
+    code, text = resume()
+    assert code == 2 and "config.json was edited after step_1 was saved: algo.group_size=4 (checkpoint: 2), " \
+        f"train.lr=0.001 (checkpoint: {ck['train']['lr']})" in text, text
+    assert "undo the edit" in text and "Traceback" not in text
+    code, text = resume("algo.group_size=4")  # given on the command line: only the lr is refused
+    assert code == 2 and "train.lr=0.001" in text and "group_size" not in text, text
+    code, text = resume("algo.group_size=4", "train.lr=0.001")  # the optimizer's state holds the lr
+    assert code == 2 and f"a resumed run keeps its checkpoint's train.lr={ck['train']['lr']}" in text, text
+    assert json.loads((out / "config.json").read_text()) == edited  # nothing written
+    (out / "config.json").write_text(original)
+    code, text = resume()  # as the run wrote it: resumes (the run had finished: nothing to do)
+    assert code == 0 and "nothing to do" in text, text
+
+
+def _task(i: int) -> dict:
+    if i == 0:  # `return True` passes it: left out of training by the trivial-task guard
+        return {"task_id": "custom/t0", "prompt": "Write always(x) returning True.", "entry_point": "always",
+                "tests": ["assert always(1) == True", "assert always(5) == True"],
+                "solution": "def always(x):\n    return True\n"}
+    return {"task_id": f"custom/t{i}", "prompt": f"Write f{i}(x) returning 2 * x + {i}.", "entry_point": f"f{i}",
+            "tests": [f"assert f{i}(1) == {2 + i}", f"assert f{i}(3) == {6 + i}"],
+            "solution": f"def f{i}(x):\n    return 2 * x + {i}\n"}
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap missing")
+def test_start_up_and_eval_lines_count_the_tasks_there_are(tmp_path, tiny_model_dir, monkeypatch):
+    """A run on an 8-task file (held out at 0.4: custom/t1, t2, t6) with the default
+    `train.eval_tasks` (256): the `[eval]` lines count the 3 held-out tasks evaluated (they
+    said 256), and the `[run]` line counts what the trivial-task guard dropped."""
+    import io
+
+    from rich.console import Console
+
+    monkeypatch.setenv("AGENTRL_CACHE_DIR", str(tmp_path / "cache"))
+    data = tmp_path / "eight.jsonl"
+    data.write_text("\n".join(json.dumps(_task(i)) for i in range(8)) + "\n")
+    cfg = load_config(None, ["env.name=code_sandbox", f"env.dataset={data}", "env.kwargs.heldout_fraction=0.4",
+                             "sft.steps=0", "rollout.tasks_per_step=2", "algo.group_size=2", "train.steps=1",
+                             "train.eval_samples=1", "rollout.max_tokens=8", "log.tensorboard=false",
+                             f"model.path={tiny_model_dir}", f"out={tmp_path / 'run'}"])
+    assert cfg.train.eval_tasks == 256
+    buf = io.StringIO()
+    train_mod.train(cfg, console=Console(file=buf, width=400, color_system=None))
+    text = buf.getvalue()
+    run_line = next(ln for ln in text.splitlines() if ln.startswith("[run] "))
+    assert run_line.endswith("; trivial: 1 of 5 train tasks dropped, 0 of 3 heldout tasks flagged"), run_line
+    assert "[eval] held-out: 3 tasks x 1 samples" in text, text
+    assert "[eval] held-out (T=1.0, 3 tasks x 1, ± standard error)" in text, text
+    assert "256 tasks" not in text

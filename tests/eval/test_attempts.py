@@ -85,3 +85,21 @@ def test_step_attempt_metrics_by_hand():
     assert m["rollout/first_attempt_pass_rate"] == pytest.approx(3 / 12)
     assert m["rollout/repair_rate"] == pytest.approx(3 / 9)
     assert step_attempt_metrics([traj([P]), traj([F])]) == {}  # single-turn batch: nothing
+
+
+def test_a_tool_env_has_no_attempts():
+    """web_qa-like episodes: several turns (tool calls, then one answer), no verdict on any
+    turn: no first-attempt or repair figure, in the summary, the training metrics or the
+    per-step metrics (they would call a search a failed first attempt)."""
+    tool_rows = [{**r, "turn_verdicts": [None] * r["turns"]} for r in rows()]
+    o = summarize(tool_rows, [1], {"max_turns": 3})["overall"]
+    assert "first_attempt_pass@1" not in o and "repair_rate" not in o and "attempts_mean" not in o
+    assert "repair_rate" not in training_metrics(summarize(tool_rows, [1], {"max_turns": 3}))
+
+    def tool_traj(n):
+        tr = Trajectory()
+        for i in range(n):
+            tr.turns.append(Turn(start=i, end=i + 1, reward=float(i == n - 1), info={"em": 1.0}))
+        return tr
+
+    assert step_attempt_metrics([tool_traj(3), tool_traj(2)]) == {}

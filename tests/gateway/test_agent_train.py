@@ -133,3 +133,36 @@ def test_the_agent_env_takes_the_runs_tool_format(tmp_path, monkeypatch):
         env = build_env(load_config(overrides=base + extra), split="train")
         assert type(env.unwrapped.parser).__name__.lower().startswith(want[:5]), (extra, env.unwrapped.parser)
         env.close()
+
+
+def test_too_few_agent_tasks_warn_that_held_out_is_train(tmp_path, monkeypatch):
+    """`--agent` with fewer than 5 tasks (and no env.kwargs.heldout file): the held-out split
+    is the training tasks, and the run's start-up notes (its `[run]` line; `agentrl eval`'s
+    line) say so; 5 tasks hold one out and say nothing (a new user saw held-out figures of the
+    tasks they trained on, without a word)."""
+    from agentrl.eval.cli import task_notes
+    from agentrl.rollout.envs import build_env
+    from agentrl.startup import preflight
+
+    (tmp_path / "few_agent.py").write_text("async def agent(client, task):\n    return 0.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for n in (2, 5):
+        path = tmp_path / f"tasks{n}.jsonl"
+        path.write_text("\n".join(json.dumps({"id": f"t{i}"}) for i in range(n)))
+        cfg = load_config(overrides=["env.name=agent", "env.kwargs.agent=few_agent:agent", f"env.dataset={path}",
+                                     "sft.steps=0"])
+        train, held = (build_env(cfg, split=s).unwrapped for s in ("train", "heldout"))
+        notes = preflight(cfg)
+        if n == 2:
+            assert train.tasks() == held.tasks() == [{"id": "t0"}, {"id": "t1"}]
+            assert notes == [f"warning: held-out == train: the 2 tasks of {path} are both the training and "
+                             "the held-out tasks (every fifth task is held out from 5 tasks on); give 5 or "
+                             "more tasks, or env.kwargs.heldout=FILE"]
+            assert task_notes(held) == notes[0]
+        else:
+            assert held.tasks() == [{"id": "t4"}] and len(train.tasks()) == 4
+            assert notes == [] and task_notes(held) is None
+    path.write_text("\n".join(json.dumps({"id": f"t{i}"}) for i in range(2)))  # a held-out file: no warning
+    cfg = load_config(overrides=["env.name=agent", "env.kwargs.agent=few_agent:agent", f"env.dataset={path}",
+                                 f"env.kwargs.heldout={path}", "sft.steps=0"])
+    assert preflight(cfg) == []

@@ -13,8 +13,9 @@ from test_learner import _group_batch
 
 from agentrl.algos import get_algorithm
 from agentrl.config import algo_config, load_config
+from agentrl.infra.devices import resolve_device
 from agentrl.learner.forward import checkpointing_enabled, disable_dropout, token_logprobs
-from agentrl.learner.local import Learner, resolve_device
+from agentrl.learner.local import Learner
 from agentrl.learner.optim import NonFiniteGradientError
 from agentrl.models.tiny import load_model
 
@@ -45,6 +46,23 @@ def test_resolve_device_names_the_key():
     if not CUDA:
         with pytest.raises(ValueError, match=r"train.device=cuda: no CUDA device"):
             resolve_device("cuda")
+    assert resolve_device(torch.device("cpu")) == torch.device("cpu")
+
+
+def test_resolve_device_has_one_definition():
+    """One rule for every device key (learner, rollout, reward models): a single definition,
+    in agentrl/infra/devices.py (the learner and the rollout side import it)."""
+    import ast
+    from pathlib import Path
+
+    import agentrl.learner.local as local
+
+    root = Path(__file__).resolve().parents[2] / "agentrl"
+    defs = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
+                  for n in ast.walk(ast.parse(p.read_text()))
+                  if isinstance(n, ast.FunctionDef) and n.name == "resolve_device")
+    assert defs == ["infra/devices.py"]
+    assert local.resolve_device is resolve_device
 
 
 @pytest.mark.skipif(CUDA, reason="checks the failure without a CUDA device")
