@@ -299,6 +299,7 @@ class _Job:
             self.value, self.error, self.timed_out = value, error, timed_out
             self.t_end = time.perf_counter()
             self.done.set()
+        self.run.finish()  # the driving thread rechecks at once (not at its next 50 ms tick)
 
     def abandon(self, reason: str) -> None:
         """End the run now as timed out: its coroutine is cancelled (a thread that blocks is

@@ -81,7 +81,7 @@ def start(model: str | Path, *, port: int = 0, api_key: str | None = None,
     renderer = renderer_for(tokenizer)
     session = Session(engine, renderer, parser, model_names=[MODEL_NAME, Path(str(model)).name],
                       max_episode_tokens=max_context, max_tokens=max_tokens, sampling=None,
-                      seed=None, batch_wait_s=0.002)
+                      seed=None, batch_wait_s=0.002, start_wait_s=0.0)
     gw = Gateway(port)
     if api_key:
         gw.open_run(session, record=False, token=api_key)

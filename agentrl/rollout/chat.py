@@ -9,6 +9,14 @@ Deltas are cut after the assistant's end of turn wherever the template puts it, 
 that rewrite history (Qwen3, R1-distill) or move the system prompt (Mistral) are accepted; with
 `rollout.history=template` the agent loop renders each turn's prompt from the messages instead.
 Special-token strings in env text are encoded as text (`neutralize`). docs/models.md.
+
+Renders are memoised (`RENDER_CACHE_SIZE` entries per renderer and kind, keys of at most
+`RENDER_KEY_CHARS` characters): the ids of an opening
+prompt or an observation delta are a function of the messages (and tools) alone, so a group's
+episodes reset on the same task, and an observation an env sends again ("Now the last digit.",
+the same test failure), are rendered once. Only messages made of plain dicts, lists, tuples,
+strings, numbers, booleans and None are memoised, keyed by their `repr` (which keeps key order
+and types); anything else (image parts) is rendered every time.
 """
 
 from __future__ import annotations
@@ -34,6 +42,16 @@ Message = dict[str, Any]
 _USER: Message = {"role": "user", "content": "u"}
 _SYSTEM: Message = {"role": "system", "content": "s"}
 _THINK = "<think>\nx\n</think>\n\na"  # an assistant turn as a thinking model samples it
+
+RENDER_CACHE_SIZE = 1024
+"""Most memoised renders a `ChatRenderer` keeps per kind (prompts, deltas); past it the memo is
+emptied and refilled."""
+RENDER_KEY_CHARS = 8192
+"""Messages whose key (`render_key`) is longer than this are not memoised (long histories, as
+`rollout.history=template` renders each turn, and large tool outputs rarely repeat): the memo
+holds at most about `2 * RENDER_CACHE_SIZE * RENDER_KEY_CHARS` characters of keys."""
+
+_PLAIN = (str, int, float, bool, type(None))
 
 HISTORY_MODES = ("exact", "template")
 """`rollout.history`: `exact` (the context is the sampled ids plus observation deltas) or
@@ -141,6 +159,28 @@ def _common_suffix(a: list[int], b: list[int]) -> list[int]:
     return a[len(a) - k:]
 
 
+def _plain(x: Any) -> bool:
+    """True when `x` is made only of dicts (str keys), lists, tuples and `_PLAIN` scalars, so
+    that its `repr` identifies it (key order and types included)."""
+    t = type(x)
+    if t in _PLAIN:
+        return True
+    if t is dict:
+        return all(type(k) is str and _plain(v) for k, v in x.items())
+    if t is list or t is tuple:
+        return all(_plain(v) for v in x)
+    return False
+
+
+def render_key(*parts: Any) -> str | None:
+    """A memo key of `parts` (messages, tools): their `repr` when they are plain (`_plain`) and
+    it has at most `RENDER_KEY_CHARS` characters, else None (not memoised)."""
+    if not _plain(parts):
+        return None
+    key = repr(parts)
+    return key if len(key) <= RENDER_KEY_CHARS else None
+
+
 class ChatRenderer:
     """Incremental renderer for one tokenizer's chat template.
 
@@ -176,6 +216,7 @@ class ChatRenderer:
         self.tokenizer = tokenizer
         self.history = history
         self.template_kwargs = dict(template_kwargs or {})
+        self._memo: dict[str, dict[str, tuple[int, ...]]] = {"prompt": {}, "delta": {}}
         specials = special_strings(tokenizer)
         self._pattern = re.compile("|".join(re.escape(c) for c in specials)) if specials else None
         vocab = tokenizer.get_vocab()
@@ -263,13 +304,32 @@ class ChatRenderer:
                 raise RenderError(f"chat template cannot render the observation: {e2}") from e2
         return ids
 
+    def _memoised(self, kind: str, key: str | None, render: Any) -> list[int]:
+        """`render()`, or the ids it gave for `key` before (module doc); a fresh list either way."""
+        memo = self._memo[kind]
+        if key is not None:
+            hit = memo.get(key)
+            if hit is not None:
+                return list(hit)
+        ids = render()
+        if key is not None:
+            if len(memo) >= RENDER_CACHE_SIZE:
+                memo.clear()
+            memo[key] = tuple(ids)
+        return ids
+
     def prompt_ids(self, messages: list[Message], tools: list[dict] | None = None) -> list[int]:
         """Ids of the opening messages followed by the assistant generation prompt (control
-        strings in their text encoded as text: `neutralize`, `encode_neutralized`).
+        strings in their text encoded as text: `neutralize`, `encode_neutralized`). Memoised
+        (module doc).
 
         Raises:
             RenderError: the template refuses the messages (e.g. roles out of order).
         """
+        key = None if self.accepts_images else render_key(list(messages), tools)
+        return self._memoised("prompt", key, lambda: self._prompt_ids(messages, tools))
+
+    def _prompt_ids(self, messages: list[Message], tools: list[dict] | None) -> list[int]:
         try:
             return self._ids(list(messages), True, tools)
         except RenderError:
@@ -291,6 +351,10 @@ class ChatRenderer:
             RenderError: the template cannot render the observation even so (recorded as the
                 episode's env error by the agent loop).
         """
+        key = None if self.accepts_images else render_key(list(new_messages))
+        return self._memoised("delta", key, lambda: self._delta_ids(new_messages))
+
+    def _delta_ids(self, new_messages: list[Message]) -> list[int]:
         ids = self._render_observation(new_messages)
         if not self._renders_contents(ids, new_messages):
             as_user = [{**m, "role": "user"} for m in new_messages]

@@ -304,6 +304,8 @@ class RolloutPool:
         runtime_env: Ray runtime env of the worker actors (e.g. `{"env_vars": {...}}`).
         restart_timeout_s: how long `run` waits for a dead worker's restart before it gives
             that worker up and re-issues its shard to another one.
+        worker_cls: the worker class (default `RolloutWorker`; a subclass adds instrumentation,
+            e.g. `benchmarks/rollout_overhead.py`'s recorder of generate calls).
 
     Attributes:
         version: policy version of the last `update_weights` (0 before any).
@@ -318,7 +320,8 @@ class RolloutPool:
     def __init__(self, cfg: Config, model_path: str | Path, *, num_workers: int | None = None,
                  env_factory: Callable[[str], Any] | None = None,
                  runtime_env: dict[str, Any] | None = None,
-                 restart_timeout_s: float = 300.0) -> None:
+                 restart_timeout_s: float = 300.0, worker_cls: type | None = None) -> None:
+        worker_cls = RolloutWorker if worker_cls is None else worker_cls
         self.cfg = cfg
         self.restart_timeout_s = restart_timeout_s
         self.num_workers = cfg.rollout.num_workers if num_workers is None else num_workers
@@ -333,12 +336,12 @@ class RolloutPool:
         self.workers: list[Any] = []
         self.alive: list[bool] = []
         if self.num_workers == 0:
-            self._local = RolloutWorker(cfg, model_path, env_factory=env_factory)
+            self._local = worker_cls(cfg, model_path, env_factory=env_factory)
             return
         import ray
 
         ensure_ray(cfg.rollout.ray_address)
-        actor = ray.remote(RolloutWorker).options(
+        actor = ray.remote(worker_cls).options(
             max_concurrency=worker_concurrency(cfg),  # batches in flight (async mode)
             num_cpus=cfg.rollout.worker_cpus,
             num_gpus=cfg.rollout.worker_gpus,
