@@ -201,7 +201,7 @@ class SandboxPool:
 
 #: A wall-clock timeout is starved (`starved_timeout`) when the run had less than this share of
 #: the CPU seconds it could have used before the deadline.
-STARVED_CPU_SHARE = 0.25
+STARVED_CPU_SHARE = 0.1
 
 
 def starved_timeout(raw: dict, limits: dict) -> bool:

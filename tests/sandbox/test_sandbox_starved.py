@@ -85,15 +85,15 @@ def test_sleepers_time_out_twice_cpu_limited_loops_once():
 
 
 def test_starved_timeout_hand_values():
-    lim = {"wall_s": 2.0, "cpu_s": 5.0}  # room: min(2, 5) = 2 s, starved below 0.25 * 2 = 0.5 s
-    assert STARVED_CPU_SHARE == 0.25
+    lim = {"wall_s": 2.0, "cpu_s": 5.0}  # room: min(2, 5) = 2 s, starved below 0.1 * 2 = 0.2 s
+    assert STARVED_CPU_SHARE == 0.1
     assert starved_timeout({"timeout": True, "cpu_s": 0.1}, lim)
-    assert not starved_timeout({"timeout": True, "cpu_s": 0.5}, lim)
+    assert not starved_timeout({"timeout": True, "cpu_s": 0.2}, lim)
     assert not starved_timeout({"timeout": False, "cpu_s": 0.0}, lim)  # no wall-clock timeout
     assert starved_timeout({"timeout": True, "cpu_s": 0.0, "exit_code": None}, lim)  # unanswered
-    lim = {"wall_s": 10.0, "cpu_s": 1.0}  # room 1 s: starved below 0.25 s
-    assert starved_timeout({"timeout": True, "cpu_s": 0.2}, lim)
-    assert not starved_timeout({"timeout": True, "cpu_s": 0.3}, lim)
+    lim = {"wall_s": 10.0, "cpu_s": 1.0}  # room 1 s: starved below 0.1 s
+    assert starved_timeout({"timeout": True, "cpu_s": 0.05}, lim)
+    assert not starved_timeout({"timeout": True, "cpu_s": 0.15}, lim)
 
 
 def test_fresh_tokens_renews_split_secrets_only():
