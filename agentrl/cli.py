@@ -268,7 +268,7 @@ def serve_cmd(
     model: Annotated[str, typer.Option(help="Model directory, checkpoint OUT/checkpoints/step_N, or training output dir.")],
     port: Annotated[int, typer.Option(help="Port on 127.0.0.1 (0: a free one).")] = 8000,
     api_key: Annotated[Optional[str], typer.Option(help="Key requests must carry (default: none needed).")] = None,
-    tool_parser: Annotated[str, typer.Option(help="The model's tool-call format.")] = "hermes",
+    tool_parser: Annotated[str, typer.Option(help="The model's tool-call format: auto (read from the model's tokenizer, as rollout.tool_parser=auto) or hermes, llama3_json, mistral, openai.")] = "auto",
     max_tokens: Annotated[int, typer.Option(min=1, help="Most new tokens per call.")] = 1024,
     max_context: Annotated[int, typer.Option(min=16, help="Most tokens of a prompt and its completion.")] = 4096,
 ) -> None:
@@ -283,7 +283,8 @@ def serve_cmd(
                        max_tokens=max_tokens, max_context=max_context)
     except (FileNotFoundError, ValueError, OSError) as e:
         _fail(f"serve: {e}")
-    console.print(f"serving {escape(model)} at {served.url} (model \"policy\"); Ctrl-C stops", markup=False)
+    console.print(f"serving {escape(model)} at {served.url} (model \"policy\", tool-call format "
+                  f"{served.tool_parser}: {served.tool_parser_why}); Ctrl-C stops", markup=False)
     try:
         while True:
             time.sleep(3600)
@@ -387,14 +388,36 @@ def show(
 
 
 @app.command()
-def doctor() -> None:
+def doctor(
+    model: Annotated[Optional[str], typer.Option(help="A model directory: report its chat template's properties (end of turn, history rewriting, tool format, turn-boundary merges, system role, vocabulary) instead of the machine's.")] = None,
+) -> None:
     """What this machine has for agentrl: sandbox backend and isolation, torch/CUDA devices, Ray,
     vLLM, plotting/TensorBoard, installed extras, with the fix for each missing part. Exit code 1
-    when a part a default run needs is missing."""
+    when a part a default run needs is missing. With --model DIR: what agentrl makes of that
+    model's tokenizer and chat template (docs/models.md); exit 1 when it cannot use the template."""
+    if model is not None:
+        _doctor_model(model)
+        return
     checks = run_checks()
     for line in render(checks):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     if any(c.status == "fail" for c in checks):
+        raise typer.Exit(1)
+
+
+def _doctor_model(path: str) -> None:
+    import transformers
+
+    from agentrl.rollout.model_doctor import DoctorError, format_report, inspect_model
+
+    transformers.utils.logging.set_verbosity_error()
+    try:
+        rep = inspect_model(path)
+    except DoctorError as e:
+        _fail(str(e))
+    for line in format_report(rep):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    if "renderer_error" in rep:
         raise typer.Exit(1)
 
 

@@ -48,6 +48,7 @@ from agentrl.log.steps import (
 )
 from agentrl.rewards.state import restore_reward_state, reward_state
 from agentrl.rollout.agent_loop import turn_samples
+from agentrl.rollout.drift import drift_line
 from agentrl.rollout.engines.base import SamplingParams
 from agentrl.rollout.stages import (
     Loop,
@@ -271,6 +272,7 @@ def _train(cfg: Config, reporter: Reporter, say: Callable[[str], None], console:
         t_loop = time.perf_counter()
         stop = StopRequest()
         dead = 0  # steps in a row whose rewards were all non-finite
+        drift_said = False  # the [template] drift line is said once per run
         try:  # on any exception (Ctrl-C too) the actor threads are stopped before it propagates
             stop.install()
             for step in range(lp.start_step, cfg.train.steps):
@@ -284,6 +286,9 @@ def _train(cfg: Config, reporter: Reporter, say: Callable[[str], None], console:
                     algo.mixture_metrics(trajs, episode_success),
                     reward_component_means(trajs), step_attempt_metrics(trajs)]))
                 dead = check_reward_source(cfg, trajs, step, dead)
+                if not drift_said and (said := drift_line(trajs)):
+                    lp.say(said)
+                    drift_said = True
                 trajs = update(lp, trajs, step, m)
                 sync(lp, source, step, m)
                 m["perf/step_s"] = m["perf/rollout_s"] + m["perf/update_s"] + m["perf/sync_s"]

@@ -84,6 +84,11 @@ class Trajectory:
         turn_prompts: with `rollout.history=template`, the prompt ids each turn was sampled from
             (the chat template's rendering of the messages before it); empty with `exact`,
             where every turn was sampled from `token_ids` up to its start.
+        token_versions: per token, the policy version that sampled it (-1 on context tokens);
+            kept by `append_context` / `append_sampled` while it has one entry per token, and
+            empty for a trajectory built another way (every sampled token then counts as
+            `policy_version`). With partial rollouts (`rollout.partial`) a turn's tokens may
+            come from several versions, non-decreasing along the episode.
     """
 
     token_ids: list[int] = field(default_factory=list)
@@ -100,22 +105,31 @@ class Trajectory:
     timings: dict[str, float] = field(default_factory=dict)
     vision: dict[str, Any] | None = None
     turn_prompts: list[list[int]] = field(default_factory=list)
+    token_versions: list[int] = field(default_factory=list)
 
     # -- building -------------------------------------------------------------------------
     def append_context(self, ids: list[int]) -> None:
         """Append tokens the policy did not sample (prompt, observation, template glue)."""
+        if len(self.token_versions) == len(self.token_ids):
+            self.token_versions.extend([-1] * len(ids))
         self.token_ids.extend(ids)
         self.loss_mask.extend([0] * len(ids))
         self.sampler_logprobs.extend([0.0] * len(ids))
 
-    def append_sampled(self, ids: list[int], logprobs: list[float], **turn_kw: Any) -> Turn:
-        """Append one sampled turn (tokens + sampler logprobs) and return its `Turn`.
+    def append_sampled(self, ids: list[int], logprobs: list[float], versions: list[int] | None = None,
+                       **turn_kw: Any) -> Turn:
+        """Append one sampled turn (tokens + sampler logprobs, and the policy version of each
+        token: None means `policy_version` for all) and return its `Turn`.
 
         Raises:
-            ValueError: if `ids` and `logprobs` differ in length.
+            ValueError: if `ids` and `logprobs` (or `versions`) differ in length.
         """
         if len(ids) != len(logprobs):
             raise ValueError(f"{len(ids)} sampled ids but {len(logprobs)} logprobs")
+        if versions is not None and len(versions) != len(ids):
+            raise ValueError(f"{len(ids)} sampled ids but {len(versions)} versions")
+        if len(self.token_versions) == len(self.token_ids):
+            self.token_versions.extend([self.policy_version] * len(ids) if versions is None else versions)
         turn = Turn(start=len(self.token_ids), end=len(self.token_ids) + len(ids), **turn_kw)
         self.token_ids.extend(ids)
         self.loss_mask.extend([1] * len(ids))
@@ -170,6 +184,19 @@ class Trajectory:
         """Number of tokens the policy sampled (== sum of loss_mask)."""
         return int(sum(self.loss_mask))
 
+    def sampled_versions(self) -> list[int]:
+        """The policy version of each sampled token (`loss_mask` 1), in order: from
+        `token_versions`, or `policy_version` for each when it is not kept."""
+        if self.token_versions and len(self.token_versions) == len(self.token_ids):
+            return [v for v, m in zip(self.token_versions, self.loss_mask) if m]
+        return [self.policy_version] * self.num_sampled
+
+    @property
+    def oldest_version(self) -> int:
+        """The oldest policy version that sampled a token of the episode (`policy_version`
+        when it sampled none): what `train.max_staleness` bounds."""
+        return min(self.sampled_versions(), default=self.policy_version)
+
     def token_rewards(self) -> list[float]:
         """Per-token rewards: each turn's reward on that turn's last sampled token, else 0.
 
@@ -200,6 +227,9 @@ class Trajectory:
                 f"token_ids ({n}), loss_mask ({len(self.loss_mask)}) and sampler_logprobs "
                 f"({len(self.sampler_logprobs)}) must have the same length"
             )
+        if self.token_versions and len(self.token_versions) != n:
+            raise ValueError(f"token_ids ({n}) and token_versions ({len(self.token_versions)}) must "
+                             "have the same length (or token_versions be empty)")
         if self.turns and any(t.end > t.start for t in self.turns) and self.num_sampled == 0:
             raise ValueError("trajectory has agent turns but loss_mask sums to 0")
 

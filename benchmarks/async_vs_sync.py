@@ -11,9 +11,19 @@ step 1 to the end of the last step (`perf/loop_s`).
 
 Modes: `sync`; `async` with one batch in flight (the single-actor design: only the learner's
 update is hidden); `async` with 2 batches in flight and `train.max_staleness=2` (while batch s's
-episodes wait on the env, batch s+1's generate; K=2 lets both sample while the learner trains).
+episodes wait on the env, batch s+1's generate; K=2 lets both sample while the learner trains);
+`async-2p`: the same with partial rollouts (`rollout.partial=true`: a push lands inside the
+running generation).
+
+Time to accuracy (`--tta`, issue 43; AReaL and verl report this rather than samples/s): every
+mode also evaluates on the held-out split every `--eval-every` steps (`--eval-tasks` tasks x 1
+sample), and for each mode the script reports the training wall time (`perf/loop_s`, the
+evaluations' own seconds taken out) at which its held-out `--tta-metric` first reaches the sync
+run's final value, and that time over sync's. The metric defaults to `reward_mean`: this env's
+reward is the fraction of 'a' characters, so pass@1 (a return of 1) is 0 for every run.
 
     python benchmarks/async_vs_sync.py [--steps 12] [--latency 0.5] [--turns 3] [--tokens 48] [--rounds 1]
+    python benchmarks/async_vs_sync.py --tta --modes sync,async-2,async-2p --steps 30
 """
 
 from __future__ import annotations
@@ -34,7 +44,33 @@ MODES = {  # name -> overrides
     "async-1": ["rollout.mode=async", "train.max_staleness=2", "rollout.batches_in_flight=1"],
     "async-2": ["rollout.mode=async", "train.max_staleness=2", "rollout.batches_in_flight=2"],
     "async-3": ["rollout.mode=async", "train.max_staleness=3", "rollout.batches_in_flight=3"],
+    "async-2p": ["rollout.mode=async", "train.max_staleness=2", "rollout.batches_in_flight=2",
+                 "rollout.partial=true"],
 }
+
+
+def accuracy_curve(rows: list[dict], after: dict, metric: str) -> list[tuple[float, float]]:
+    """(training seconds, held-out `metric`) after each evaluation of a run: the evaluation
+    before RL at 0 s, then `perf/loop_s` at each evaluated step minus the seconds of the
+    evaluations before it, then the final evaluation (`after`) at the last step's time."""
+    out, evals = [], 0.0
+    for r in rows:
+        if "perf/loop_s" not in r:
+            if r.get("step") == 0 and f"eval/{metric}" in r:
+                out.append((0.0, r[f"eval/{metric}"]))
+            continue
+        t = r["perf/loop_s"] - evals
+        if f"eval/{metric}" in r:
+            out.append((t, r[f"eval/{metric}"]))
+            evals += r.get("eval/seconds", 0.0)
+        last = t
+    out.append((last, after[metric]))
+    return out
+
+
+def time_to(curve: list[tuple[float, float]], target: float) -> float | None:
+    """The first training time at which `curve` reaches `target` (None: never)."""
+    return next((t for t, v in curve if v >= target - 1e-12), None)
 
 
 def run(mode: str, out: Path, model: str | None, args: argparse.Namespace) -> dict:
@@ -46,6 +82,9 @@ def run(mode: str, out: Path, model: str | None, args: argparse.Namespace) -> di
           "rollout.tasks_per_step=4", "algo.group_size=4", f"rollout.max_tokens={args.tokens}",
           "train.eval_tasks=2", "train.eval_samples=1", "train.log_rollouts_every=0", "quiet=true",
           "rollout.env_threads=16", "log.tensorboard=false", *MODES[mode]]
+    if args.tta:
+        ov[ov.index("train.eval_tasks=2")] = f"train.eval_tasks={args.eval_tasks}"
+        ov.append(f"train.eval_every={args.eval_every}")
     if model is not None:
         ov.append(f"model.path={model}")
     summary = train(load_config(None, ov))
@@ -62,7 +101,11 @@ def run(mode: str, out: Path, model: str | None, args: argparse.Namespace) -> di
             "staleness_max": max(r["rollout/staleness_max"] for r in steps),
             "in_flight": sum(r.get("async/batches_in_flight", 0) for r in steps) / n,
             "reward": sum(r["rollout/reward_mean"] for r in steps) / n,
-            "turns": steps[-1]["rollout/turns"]}
+            "turns": steps[-1]["rollout/turns"],
+            "staleness_tokens_mean": sum(r.get("rollout/staleness_tokens_mean", 0) for r in steps) / n,
+            "curve": accuracy_curve(rows, {**summary["eval_after"], "reward_mean": summary["eval_after"].get(
+                "reward_mean", summary["eval_after"].get("pass@1"))}, args.tta_metric)
+            if args.tta else None}
 
 
 def main() -> None:
@@ -75,6 +118,10 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=1,
                    help="run every mode this many times, the order reversed every other round; "
                         "the median samples/s per mode is reported (load on shared cores drifts)")
+    p.add_argument("--tta", action="store_true", help="also report time to accuracy (see module doc)")
+    p.add_argument("--eval-every", type=int, default=3)
+    p.add_argument("--eval-tasks", type=int, default=16)
+    p.add_argument("--tta-metric", default="reward_mean", help="held-out metric: reward_mean or pass@1")
     args = p.parse_args()
     import torch
 
@@ -110,8 +157,24 @@ def main() -> None:
         for m in modes[1:]:
             print(f"{m}/sync samples-per-second ratio: "
                   f"{by[m]['samples_per_s'] / by['sync']['samples_per_s']:.2f}x")
+    if args.tta and "sync" in by:
+        report_tta(by, modes, args.tta_metric)
     print(f"load average at end: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} "
           f"{os.getloadavg()[2]:.2f}")
+
+
+def report_tta(by: dict[str, dict], modes: list[str], metric: str) -> None:
+    """Print each mode's held-out curve and its time to sync's final held-out `metric`."""
+    target = by["sync"]["curve"][-1][1]
+    t_sync = time_to(by["sync"]["curve"], target)
+    print(f"time to accuracy: held-out {metric} >= {target:.4f} (sync's final)")
+    for m in modes:
+        r = by[m]
+        t = time_to(r["curve"], target)
+        pts = " ".join(f"{ti:.0f}s:{v:.3f}" for ti, v in r["curve"])
+        ratio = f"{t / t_sync:.2f}x sync" if t is not None and t_sync else "not reached"
+        print(f"  {m:8s} {'-' if t is None else f'{t:.1f} s':>8s} ({ratio}); final {r['curve'][-1][1]:.4f}; "
+              f"token staleness mean {r['staleness_tokens_mean']:.2f}; curve {pts}")
 
 
 if __name__ == "__main__":

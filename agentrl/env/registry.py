@@ -117,10 +117,23 @@ def _lookup(name: str) -> str | None:
     return None
 
 
+REASONING_GYM_PREFIX = "reasoning_gym:"
+"""`--env reasoning_gym:NAME`: reasoning-gym's dataset NAME (`agentrl_envs.reasoning_gym_env`)."""
+
+
+def register_reasoning_gym(task: str) -> str:
+    """Register reasoning-gym's dataset `task` as `reasoning_gym/<task>-v0` (its name checked
+    when the env is made) and return that id."""
+    return register_env(f"reasoning_gym/{task}-v0", "agentrl_envs.reasoning_gym_env:ReasoningGymEnv",
+                        short_name=f"{REASONING_GYM_PREFIX}{task}", kwargs={"task": task},
+                        description=f"reasoning-gym's {task} (its generator, its scorer)")
+
+
 def resolve_env_id(name: str) -> str:
     """Map a CLI `--env` value to a Gymnasium id.
 
     Accepts, in this order:
+    - `reasoning_gym:NAME`: reasoning-gym's dataset NAME (`register_reasoning_gym`);
     - a short name (`code_sandbox`) or a registered id (`agentrl/CodeSandbox-v0`), including
       those registered by modules imported with `--import` (`env.imports`);
     - `module:NAME` where NAME is a short name or id that importing `module` registers
@@ -139,6 +152,8 @@ def resolve_env_id(name: str) -> str:
     found = _lookup(name)
     if found:
         return found
+    if name.startswith(REASONING_GYM_PREFIX):  # before `module:NAME`: the library's own module
+        return register_reasoning_gym(name[len(REASONING_GYM_PREFIX):])
     if ":" in name:
         module, _, attr = name.partition(":")
         mod = importlib.import_module(module)
@@ -224,6 +239,10 @@ def register_builtin_envs() -> None:
     register_env("agentrl/Agent-v0", "agentrl.gateway.agents:AgentEnv", short_name="agent",
                  description="your own agent (--agent MODULE:FUNCTION, an async function of an "
                              "OpenAI client and a task) over --dataset tasks.jsonl, through the gateway")
+    register_env("agentrl/MCPTools-v0", "agentrl_envs.mcp_tools:MCPToolsEnv", short_name="mcp_tools",
+                 max_turns=8,
+                 description="answer --dataset questions with the tools of MCP servers "
+                             "(env.kwargs.servers: stdio commands or loopback URLs)")
     register_env("agentrl/VisualCount-v0", "agentrl_envs.visual_count:VisualCountEnv",
                  short_name="visual_count",
                  description="look at a drawn board of coloured shapes; count them or say where one "

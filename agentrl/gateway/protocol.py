@@ -5,8 +5,10 @@ parsed with the model's tool format) and the response bodies (`completion_body`,
 
 Request fields read: `model`, `messages` (roles system, developer, user, assistant, tool; text
 content, a string or text parts; an assistant's `tool_calls`), `tools` (function schemas),
-`tool_choice` ("none": calls are not parsed; "auto", "required" or a named function: parsed, not
-enforced: the sampler is not constrained), `temperature`, `top_p`, `max_tokens` /
+`tool_choice` ("none": calls are not parsed; "auto": parsed; "required" or a named function
+`{"type": "function", "function": {"name": ...}}`: honoured by prefilling the reply with the
+opening of a call in the model's tool format, `forced_prefix`, so the sampler writes the rest of
+the call; it needs `tools`, and a named function must be one of them, else 400), `temperature`, `top_p`, `max_tokens` /
 `max_completion_tokens`, `stop` (a string or up to 4), `n` (1..8), `stream`, `seed` (ignored:
 the session's seed decides). Other fields are ignored.
 """
@@ -59,6 +61,8 @@ class ChatRequest:
     stop: list[str]
     n: int
     stream: bool
+    require_call: bool = False
+    call_name: str | None = None
 
 
 def _check_content(k: int, m: dict[str, Any]) -> None:
@@ -131,14 +135,57 @@ def parse_request(body: Any) -> ChatRequest:
     stop = [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
         raise bad("'stop' must be a non-empty string or a list of at most 4", "stop")
-    choice = body.get("tool_choice", "auto")
-    if not (choice in ("none", "auto", "required") or isinstance(choice, dict)):
+    tools = _check_tools(body.get("tools"))
+    choice, call_name = body.get("tool_choice", "auto"), None
+    if isinstance(choice, dict):
+        f = choice.get("function")
+        if choice.get("type", "function") != "function" or not isinstance(f, dict) or \
+                not isinstance(f.get("name"), str):
+            raise bad("'tool_choice' as an object must be {'type': 'function', 'function': "
+                      "{'name': ...}}", "tool_choice")
+        call_name = f["name"]
+    elif choice not in ("none", "auto", "required"):
         raise bad("'tool_choice' must be 'none', 'auto', 'required' or a function", "tool_choice")
+    if (choice == "required" or call_name is not None) and not tools:
+        raise bad("'tool_choice' requires a tool call but the request has no 'tools'", "tool_choice")
+    if call_name is not None and call_name not in [t["function"]["name"] for t in tools or []]:
+        raise bad(f"'tool_choice' names the function {call_name!r}, which is not in 'tools'", "tool_choice")
     return ChatRequest(model=model, messages=_check_messages(body.get("messages")),
-                       tools=_check_tools(body.get("tools")), parse_calls=choice != "none",
+                       tools=tools, parse_calls=choice != "none",
                        temperature=_number(body, "temperature", 0.0, 2.0),
                        top_p=_number(body, "top_p", 0.0, 1.0, lo_open=True), max_tokens=max_tokens,
-                       stop=stop, n=n, stream=bool(body.get("stream", False)))
+                       stop=stop, n=n, stream=bool(body.get("stream", False)),
+                       require_call=choice == "required" or call_name is not None, call_name=call_name)
+
+
+_NAME, _ARG = "__agentrl_name__", "__agentrl_arg__"
+
+
+def forced_prefix(parser: ToolCallParser, name: str | None) -> str:
+    """The opening of a tool call in `parser`'s format that a reply is prefilled with to honour
+    `tool_choice`: up to the function name (`name` None: "required", any tool), or up to the
+    arguments of function `name` (Hermes: `<tool_call>\n{"name": "` and
+    `<tool_call>\n{"name": "add", "arguments": `). Read off `parser.format_call` of a call
+    with placeholder name and arguments.
+
+    Raises:
+        GatewayError: 400 when the format's calls do not show where the name or the arguments
+            start (a parser without `format_call`, or an unusual layout).
+    """
+    try:
+        text = parser.format_call(ToolCall(name or _NAME, {_ARG: 0}))
+    except Exception as e:  # noqa: BLE001 - a parser that cannot write calls
+        raise bad(f"'tool_choice' cannot be honoured with this tool format ({type(e).__name__}: {e}); "
+                  "use 'auto'", "tool_choice") from None
+    if name is None:
+        cut = text.find(_NAME)
+    else:
+        at = text.find(_ARG)
+        cut = text.rfind("{", 0, at) if at >= 0 else -1
+    if cut <= 0:
+        raise bad("'tool_choice' cannot be honoured with this tool format (no place to prefill a "
+                  "call); use 'auto'", "tool_choice")
+    return text[:cut]
 
 
 # -- one completion -------------------------------------------------------------------------------

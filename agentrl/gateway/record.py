@@ -133,6 +133,7 @@ class Prepared:
     context_ids: list[int]
     prompt_ids: list[int]
     messages: list[Message]
+    forced: str = ""  # text the reply was prefilled with (its ids end context_ids): tool_choice
 
 
 class PromptTooLong(ValueError):
@@ -226,7 +227,8 @@ class RunRecord:
                             policy_version=min(n.version for n in chain), info=dict(info or {}))
             for n in chain:
                 tr.append_context(n.context_ids)
-                tr.append_sampled(n.sampled, n.logprobs, text=n.text, finish_reason=n.finish_reason,
+                tr.append_sampled(n.sampled, n.logprobs, [n.version] * len(n.sampled), text=n.text,
+                                  finish_reason=n.finish_reason,
                                   info={"call": self.nodes.index(n)})
             assert tr.token_ids == leaf.full_ids, "gateway: a chain's ids differ from its calls' ids"
             tr.turns[-1].reward = float(reward)

@@ -23,6 +23,7 @@ from agentrl.gateway.agents import MODEL_NAME
 from agentrl.gateway.server import Gateway, Session
 from agentrl.rollout.chat import renderer_for
 from agentrl.rollout.engines.make import make_engine
+from agentrl.rollout.tool_format import detect_tool_parser
 from agentrl_tools.parser import get_parser
 
 
@@ -34,6 +35,8 @@ class Served:
     session: Session
     thread: threading.Thread
     stop: threading.Event
+    tool_parser: str = "hermes"
+    tool_parser_why: str = ""
 
     @property
     def url(self) -> str:
@@ -48,11 +51,14 @@ class Served:
 
 
 def start(model: str | Path, *, port: int = 0, api_key: str | None = None,
-          tool_parser: str = "hermes", max_tokens: int = 1024, max_context: int = 4096,
+          tool_parser: str = "auto", max_tokens: int = 1024, max_context: int = 4096,
           cfg: Config | None = None, engine: Any = None, tokenizer: Any = None) -> Served:
     """Load `model` and serve it on `127.0.0.1:port` (0: a free port).
 
     Args:
+        tool_parser: the model's tool-call format: a name in `agentrl_tools.parser.PARSERS`, or
+            `auto` (default): read from the model's tokenizer (`detect_tool_parser`, as
+            `rollout.tool_parser=auto` does in training).
         max_tokens: the most new tokens per call; max_context: the most tokens of a prompt and
             its completion.
         cfg: the settings of the engine (default: `Config()`, the hf engine in float32).
@@ -63,10 +69,15 @@ def start(model: str | Path, *, port: int = 0, api_key: str | None = None,
         ValueError: an unknown tool parser.
         OSError: the port is taken.
     """
-    parser = get_parser(tool_parser)
+    if tool_parser != "auto":
+        get_parser(tool_parser)  # an unknown name fails before the model loads
     if engine is None:
         model_dir, _ = resolve_model(str(model))
         engine, tokenizer = make_engine(cfg or Config(), str(model_dir))
+    why = "--tool-parser"
+    if tool_parser == "auto":
+        tool_parser, why = detect_tool_parser(tokenizer)
+    parser = get_parser(tool_parser)
     renderer = renderer_for(tokenizer)
     session = Session(engine, renderer, parser, model_names=[MODEL_NAME, Path(str(model)).name],
                       max_episode_tokens=max_context, max_tokens=max_tokens, sampling=None,
@@ -79,7 +90,7 @@ def start(model: str | Path, *, port: int = 0, api_key: str | None = None,
     stop = threading.Event()
     thread = threading.Thread(target=_drive, args=(session, stop), name="agentrl-serve", daemon=True)
     thread.start()
-    return Served(gw, session, thread, stop)
+    return Served(gw, session, thread, stop, tool_parser, why)
 
 
 def _drive(session: Session, stop: threading.Event) -> None:

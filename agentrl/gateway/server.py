@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import uvicorn
@@ -45,6 +45,7 @@ from agentrl.gateway.protocol import (
     cut_at_stop,
     error_body,
     finish_reason,
+    forced_prefix,
     parse_request,
     reply_message,
     split_calls,
@@ -148,14 +149,28 @@ class Session:
         return await loop.run_in_executor(None, self._finish, run, req, prep, outs, version)
 
     def _prepare(self, run: RunState, req: ChatRequest) -> Any:
+        """The call's prompt (`RunRecord.prepare`); for `tool_choice` "required" or a named
+        function, with the opening of a call (`forced_prefix`) appended as context ids, not
+        sampled (loss mask 0), so that the sampler writes the rest of the call."""
         record = run.record or RunRecord(self.renderer, self.max_episode_tokens - 1)
         try:
-            return record.prepare(req.messages, req.tools)
+            prep = record.prepare(req.messages, req.tools)
         except PromptTooLong as e:
             raise GatewayError(400, str(e), code="context_length_exceeded", param="messages") from None
         except Exception as e:  # noqa: BLE001 - the chat template refused the messages
             raise bad(f"the chat template cannot render the messages: {type(e).__name__}: {e}",
                       "messages") from None
+        if req.require_call:
+            forced = forced_prefix(self.parser, req.call_name)
+            ids = self.renderer.tokenizer.encode(forced, add_special_tokens=False)
+            prep = replace(prep, context_ids=prep.context_ids + ids, prompt_ids=prep.prompt_ids + ids,
+                           forced=forced)
+            if len(prep.prompt_ids) > record.max_prompt_tokens:
+                raise GatewayError(400, f"the prompt has {len(prep.prompt_ids)} tokens with the "
+                                   f"prefilled tool call; the most this run allows is "
+                                   f"{record.max_prompt_tokens} (rollout.max_episode_tokens - 1)",
+                                   code="context_length_exceeded", param="messages")
+        return prep
 
     def _submit(self, run: RunState, prompt: list[int], req: ChatRequest) -> _Req:
         if self.sampling is not None:
@@ -182,6 +197,7 @@ class Session:
             if cut is not None:
                 k, text = cut
                 ids, lps, reason = ids[:k], lps[:k], "stop"
+            text = prep.forced + text  # the prefilled opening of a call (tool_choice), if any
             content, calls = (split_calls(self.parser, text) if req.tools and req.parse_calls
                               else (text, []))
             msg = reply_message(content, calls)

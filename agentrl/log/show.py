@@ -195,6 +195,11 @@ def show_episode(out_dir: str | Path, step: int | None = None, index: int = 0,
               "sampled tokens (loss_mask=1) highlighted, context (loss_mask=0) dim")
     console.print(head, style="bold", markup=False, highlight=False)
     console.print(training_note(traj, group), markup=False, highlight=False)
+    drift = traj.info.get("template_drift")
+    if drift:  # agentrl.rollout.drift: where the ids first differ from the template's rendering
+        console.print(f"template drift: {drift.get('where')}, turn {drift.get('turn')}, position "
+                      f"{drift.get('position')}: template {drift.get('expected_text', '')!r} vs episode "
+                      f"{drift.get('got_text', drift.get('error', ''))!r}", markup=False, highlight=False)
     console.print(f"roles: {roles}", markup=False, highlight=False)
     console.print(f"{legend}; {traj.num_sampled} of {len(traj.token_ids)} tokens have loss_mask 1",
                   markup=False, highlight=False)

@@ -44,7 +44,9 @@ def rollout_metrics(trajs: list[Trajectory], success: Callable[[Trajectory], boo
     before dynamic sampling drops groups): `rollout/reward_mean` and `rollout/reward_std` over
     the non-NaN episode returns (NaN when there are none), `rollout/pass_rate` (`success(traj)`:
     did it solve its task, `agentrl.eval.episodes.episode_success`), `env/errors`,
-    `env/timeouts`, ..., then the dicts of `more` (e.g. the algorithm's and the reward
+    `env/timeouts`, ..., `rollout/template_drift` (the share of episodes checked by
+    `agentrl.rollout.drift` whose ids differ from the chat template's rendering; absent when
+    none was checked), then the dicts of `more` (e.g. the algorithm's and the reward
     components'), then `group_key_metrics`."""
     m: dict[str, float] = {}
     rets = np.array([t.episode_return for t in trajs], dtype=float)
@@ -61,6 +63,9 @@ def rollout_metrics(trajs: list[Trajectory], success: Callable[[Trajectory], boo
     m["sandbox/unisolated"] = float(sum(bool((turn.info or {}).get("unisolated"))
                                         for t in trajs for turn in t.turns))
     m["rollout/nan_rewards"] = float(np.isnan(rets).sum())
+    drift = [t.info["template_drift"] for t in trajs if "template_drift" in t.info]
+    if drift:  # share of checked episodes whose ids differ from the template (rollout/drift.py)
+        m["rollout/template_drift"] = float(np.mean([bool(d) for d in drift]))
     for extra in more:
         m.update(extra)
     m.update(group_key_metrics(trajs, success))

@@ -25,6 +25,7 @@ from typing import Any
 from agentrl.env.content import content_error, message_images
 from agentrl.models.vlm import ImageProcessorError
 from agentrl.rollout.chat import ChatRenderer, RenderError
+from agentrl.rollout.drift import check_episode
 from agentrl.rollout.engines.base import Engine, SamplingParams, prompt_key
 from agentrl.types import Trajectory
 
@@ -231,7 +232,9 @@ def run_episodes(
     Returns:
         One `Trajectory` per spec, in order, with `policy_version` of the engine when the
         episodes started (with batches in flight a weight update may land between two turns:
-        later turns are then sampled by a newer version, never an older one).
+        later turns are then sampled by a newer version, never an older one), and the version
+        of each sampled token in `token_versions` (the engine's `Completion.versions`, else the
+        version it held before the call; with `rollout.partial` a turn may switch versions).
 
     Raises:
         ValueError: if `len(envs) < len(specs)`, `params.n != 1`, or a time limit is set
@@ -279,7 +282,9 @@ def turn_samples(trajs: Sequence[Trajectory]) -> list[Trajectory]:
                            info={**tr.info, "turn_index": k, "episode_turns": len(tr.turns),
                                  "episode_return": ret}, timings=dict(tr.timings))
             s.append_context(ctx)
+            kept = len(tr.token_versions) == len(tr.token_ids) and bool(tr.token_versions)
             s.append_sampled(tr.token_ids[t.start:t.end], tr.sampler_logprobs[t.start:t.end],
+                             tr.token_versions[t.start:t.end] if kept else None,
                              reward=ret, text=t.text, finish_reason=t.finish_reason, info=dict(t.info))
             out.append(s)
     return out
@@ -321,8 +326,10 @@ class _Run:
                 on_turn(len(live))
             live = self.step_all(live, actions)
             turn += 1
-        for tr in self.trajs:
+        drift_cache: dict = {}  # renderings shared by a group's episodes
+        for i, tr in enumerate(self.trajs):
             tr.info["num_turns"] = len(tr.turns)
+            check_episode(self.renderer, tr, self.tools.get(i), drift_cache)  # info["template_drift"]
             tr.validate()
         return self.trajs
 
@@ -436,6 +443,7 @@ class _Run:
         cap = min(self.params.max_tokens, max(room.values()))
         p = replace(self.params, max_tokens=cap, seed=seed, seed_offsets=offsets)
         t0 = time.perf_counter()
+        version = int(self.engine.policy_version)  # of tokens whose engine gives no versions
         if self.renderer.accepts_images:  # the engine gets each episode's images so far
             if not getattr(self.engine, "accepts_images", False):
                 raise ValueError(f"engine {type(self.engine).__name__} takes no images; a vision "
@@ -448,11 +456,12 @@ class _Run:
         actions = []
         for i, out in zip(live, outs):
             ids, lps, finish = out.token_ids, out.logprobs, out.finish_reason
+            vers = getattr(out, "versions", None) or [version] * len(ids)
             if len(ids) > room[i]:  # a row with less room than the batch cap
-                ids, lps, finish = ids[: room[i]], lps[: room[i]], "length"
+                ids, lps, vers, finish = ids[: room[i]], lps[: room[i]], vers[: room[i]], "length"
             text = self.renderer.decode_action(ids)
             tr = self.trajs[i]
-            tr.append_sampled(ids, lps, text=text, finish_reason=finish)
+            tr.append_sampled(ids, lps, vers, text=text, finish_reason=finish)
             tr.messages.append({"role": "assistant", "content": text})
             tr.timings["generate"] += gen_s / len(live)
             actions.append(text)

@@ -158,6 +158,7 @@ class ChatRenderer:
             system prompt) differently from how it was sampled once more messages follow
             (Qwen3 and R1-distill drop `<think>` blocks, Mistral moves the system prompt to the
             last user message); `history_note` says how.
+        control_ids: ids of the tokenizer's special and added tokens (never merged with text).
         accepts_images: False: this renderer renders text only; an observation with image
             parts is refused by the agent loop (`check_images_allowed`).
 
@@ -180,6 +181,7 @@ class ChatRenderer:
         vocab = tokenizer.get_vocab()
         added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
         control_ids = {vocab[c] for c in specials if c in vocab} | set(added)
+        self.control_ids = frozenset(int(i) for i in control_ids)
         one = [_USER, _assistant("a")]
         suffix = _common_suffix(self._ids(one, False), self._ids([_USER, _assistant("b")], False))
         eot = next((t for t in suffix if t in control_ids), None)
@@ -197,11 +199,22 @@ class ChatRenderer:
         self.rewrites_history = bool(self.history_note)
 
     # -- rendering -----------------------------------------------------------------------
-    def _ids(self, messages: list[Message], gen: bool, tools: list[dict] | None = None) -> list[int]:
+    def render_text(self, messages: list[Message], gen: bool, tools: list[dict] | None = None
+                    ) -> tuple[str, list[str]]:
+        """The chat template's text of `messages` (with the generation prompt when `gen`) after
+        `neutralize`, and the special strings it replaced; `encode_neutralized` gives its ids.
+
+        Raises:
+            Exception: whatever the template raises (jinja errors, `raise_exception`).
+        """
         safe, found = neutralize(list(messages), self._pattern)
         text = self.tokenizer.apply_chat_template(safe, tools=list(tools) if tools else None,
                                                   tokenize=False, add_generation_prompt=gen,
                                                   **self.template_kwargs)
+        return text, found
+
+    def _ids(self, messages: list[Message], gen: bool, tools: list[dict] | None = None) -> list[int]:
+        text, found = self.render_text(messages, gen, tools)
         return encode_neutralized(self.tokenizer, text, found)
 
     def _after_turn(self, new_messages: list[Message]) -> list[int]:

@@ -26,6 +26,14 @@ Exactly-once: actor threads claim batch indices in order, each once; finished ba
 in-order reorder buffer and the learner takes `s, s+1, ...` each exactly once, in order; a
 batch is never re-sampled or skipped (a rollout worker restart re-issues its in-flight episodes
 inside the batch, see `agentrl.rollout.workers`).
+
+Partial rollouts (`rollout.partial=true`, in-process HF engine): the engine also polls for pushed
+weights at every token boundary (`AsyncSource.poll_weights` as `HFEngine.weight_poll`), so a
+push lands inside a running `generate` call: its unfinished rows stop after the token just
+sampled, the new weights are loaded, and they resume from the same prefix, re-prefilled (AReaL,
+SkyRL, PipelineRL style). Each token records the version that sampled it
+(`Trajectory.token_versions`), the learner measures staleness per token and
+`train.max_staleness` bounds a trajectory's oldest token (`Trajectory.oldest_version`).
 """
 
 from __future__ import annotations
@@ -224,6 +232,30 @@ class AsyncSource:
                 with self._cond:
                     self._version = max(self._version, v)
                     self._cond.notify_all()
+
+    def poll_weights(self) -> bool:
+        """Partial rollouts (`rollout.partial`): the engine's `weight_poll`, called by the
+        generating actor thread at each token boundary (holding the engine's lock). Applies the
+        newest pushed weights now, if any, and returns whether it did; False at once when
+        nothing is pending or another thread is applying weights (that thread waits for the
+        engine's lock, which this one holds: blocking here would deadlock)."""
+        if self._pending is None or self._stop:  # the common case: one unlocked read per token
+            return False
+        if not self._apply_lock.acquire(blocking=False):
+            return False
+        try:
+            with self._cond:
+                pending, self._pending = self._pending, None
+            if pending is None:
+                return False
+            sd, v = pending
+            self.apply_weights(sd, v)
+            with self._cond:
+                self._version = max(self._version, v)
+                self._cond.notify_all()
+            return True
+        finally:
+            self._apply_lock.release()
 
     def _claim(self) -> int | None:
         """The next batch index, once backpressure allows; None when stopping."""

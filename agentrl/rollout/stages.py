@@ -1,8 +1,9 @@
 """The collection side of the training loop (`agentrl.train.train`): what its stages share
 (`Loop`), the batch of a step (`run_batch`: task seeds drawn from (seed, step), each task run
 `group_size` times), refills for dynamic sampling (`refill`), where batches come from
-(`make_source`: sampled on demand, or by actor threads ahead of the learner), the staleness
-filter (`drop_stale`) and the weight push (`sync`).
+(`make_source`: sampled on demand, or by actor threads ahead of the learner, with
+`rollout.partial` pushes landing inside generations), the staleness filter (`drop_stale`, per
+token) and the weight push (`sync`).
 
 An algorithm may mix in a second sampler (distill's GKD mixture: `Loop.mixture_engine` plays
 some of each step's tasks); the loop reaches the algorithm only through its declared needs and hooks (`agentrl.algos.base.Algorithm`).
@@ -174,10 +175,34 @@ def make_source(lp: Loop, start: int) -> Any:
     batch = lambda step: run_batch(lp, step)  # noqa: E731
     apply = lambda sd, v: apply_weights(lp, sd, v)  # noqa: E731
     if cfg.rollout.mode == "async":
-        return AsyncSource(batch, apply, start=start, version=lp.version,
-                           max_staleness=cfg.train.max_staleness, queue_size=cfg.rollout.queue_size,
-                           batches_in_flight=cfg.rollout.batches_in_flight, end=source_end(cfg, start))
+        src = AsyncSource(batch, apply, start=start, version=lp.version,
+                          max_staleness=cfg.train.max_staleness, queue_size=cfg.rollout.queue_size,
+                          batches_in_flight=cfg.rollout.batches_in_flight, end=source_end(cfg, start))
+        if cfg.rollout.partial:  # pushes land at the engine's next token boundary
+            inner(lp.engine).weight_poll = partial(poll_weights, lp, src)
+        return src
     return SyncSource(batch, apply)
+
+
+def poll_weights(lp: Loop, source: AsyncSource) -> bool:
+    """The engine's `weight_poll` with `rollout.partial`: apply the newest pushed weights now
+    (`AsyncSource.poll_weights`); True when the engine's version changed (a push older than
+    the weights it holds, e.g. after an evaluation loaded the newest, changes nothing)."""
+    before = held_version(lp)
+    return source.poll_weights() and held_version(lp) != before
+
+
+def inner(engine: Any) -> Any:
+    """The engine behind a `LockedEngine` (or `engine` itself).
+
+    Raises:
+        ValueError: it has no `weight_poll` (partial rollouts need the in-process text HF engine).
+    """
+    e = getattr(engine, "engine", engine)
+    if not hasattr(e, "weight_poll"):
+        raise ValueError(f"rollout.partial=true needs the in-process HF engine on a text model; "
+                         f"{type(e).__name__} does not interrupt generations (set rollout.partial=false)")
+    return e
 
 
 def restart_source(lp: Loop, source: Any, start: int) -> Any:
@@ -186,18 +211,25 @@ def restart_source(lp: Loop, source: Any, start: int) -> Any:
     older version) and start a new source at `start`: what `--resume` builds from that
     checkpoint."""
     source.close()
+    if lp.cfg.rollout.partial:
+        inner(lp.engine).weight_poll = None
     apply_weights(lp, lp.learner.state_dict_for_engines(), lp.version)
     return make_source(lp, start)
 
 
 def drop_stale(lp: Loop, trajs: list[Trajectory], m: dict[str, float]) -> list[Trajectory]:
-    """The trajectories fresh enough to train on (at most `train.max_staleness` versions behind
-    the learner), over every fresh episode sampled for the step; records in `m` the batch's
-    `perf/env_s` and `perf/generate_s` (summed over episodes), `rollout/staleness_max`, the
-    staleness histogram `async/staleness_<k>` and `rollout/dropped_stale`."""
+    """The trajectories fresh enough to train on (their oldest token at most
+    `train.max_staleness` versions behind the learner), over every fresh episode sampled for the
+    step; records in `m` the batch's `perf/env_s` and `perf/generate_s` (summed over episodes),
+    `rollout/staleness_max` and the histogram `async/staleness_<k>` (per episode, of its oldest
+    token), `rollout/staleness_tokens_mean` / `_max` (per sampled token) and
+    `rollout/dropped_stale`."""
     m["perf/env_s"] = float(sum(t.timings.get("env", 0.0) for t in trajs))
     m["perf/generate_s"] = float(sum(t.timings.get("generate", 0.0) for t in trajs))
-    stale = [lp.version - t.policy_version for t in trajs]
+    per_token = [lp.version - v for t in trajs for v in t.sampled_versions()]
+    m["rollout/staleness_tokens_mean"] = float(np.mean(per_token)) if per_token else 0.0
+    m["rollout/staleness_tokens_max"] = float(max(per_token, default=0))
+    stale = [lp.version - t.oldest_version for t in trajs]
     m["rollout/staleness_max"] = float(max(stale))
     for k in range(max(stale) + 1):  # staleness histogram (versions behind the learner)
         m[f"async/staleness_{k}"] = float(stale.count(k))

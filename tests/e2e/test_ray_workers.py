@@ -308,6 +308,8 @@ def test_two_workers_match_in_process(pool2, renderer, tiny_model_dir):
         by_group.setdefault(t.group_id, set()).add(t.info["rollout_worker"])
     assert all(len(w) == 1 for w in by_group.values())  # groups stay together
     assert {t.info["rollout_worker"] for t in got} == {0, 1}  # both workers worked
+    # the template drift check runs on the workers and comes back with each episode
+    assert [t.info["template_drift"] for t in got] == [t.info["template_drift"] for t in want]
 
     sampled = pool2.run(specs, params_of(renderer, 1.0), seed=3)
     want_sampled = in_process(tiny_model_dir, specs, 1.0, 3, state_dict=sd)

@@ -266,3 +266,65 @@ def test_async_resume_equals_the_uninterrupted_run(opts, tiny_model_dir, tmp_pat
         assert _rollout_ids(B, s) == _rollout_ids(A, s)
     assert _versions(A, 4) == [3] * 4  # the drained pipeline restarts from the checkpoint's weights
     assert _max_diff(_weights(B / "checkpoints/step_6"), _weights(A / "checkpoints/step_6")) == 0.0
+
+
+def _token_versions(out: Path, step: int) -> list[list[int]]:
+    lines = (out / "rollouts" / f"step_{step}.jsonl").read_text().splitlines()
+    return [[v for v, m in zip(d["token_versions"], d["loss_mask"]) if m] for d in map(json.loads, lines)]
+
+
+def test_partial_resume_after_a_kill_inside_an_interrupted_generation(tiny_model_dir, tmp_path, monkeypatch):
+    """rollout.partial=true, one batch in flight, K=1: a run killed inside step 5's generation,
+    just after the learner's push was applied there (an interrupted generation), resumes from
+    its step-3 checkpoint and regenerates steps 4-6 with the uninterrupted run's tokens, per-token
+    versions and final weights. Where a push lands depends on timing; here every batch but the
+    first of a source waits at its first token boundary for the learner's push (a fault that
+    fixes the timing: the switch is at position 1 in both runs), as it would land with a slow
+    generation."""
+    import threading
+
+    args = ARGS + ["rollout.mode=async", "rollout.partial=true", "train.max_staleness=1",
+                   "rollout.batches_in_flight=1", "train.lr=0.01", "train.save_every=3", "train.eval_every=0",
+                   f"model.path={tiny_model_dir}"]
+    local = threading.local()
+    real_collect, real_poll = stages_mod.collect, stages_mod.poll_weights
+    kill = {"on": False}
+
+    def marking_collect(*a, **kw):
+        local.batch, local.waited = kw["group_base"] // 2, False
+        return real_collect(*a, **kw)
+
+    def timed_poll(lp, src):
+        b = getattr(local, "batch", None)
+        if b is None or b == lp.source_start or local.waited:
+            return real_poll(lp, src)
+        local.waited = True
+        deadline = time.monotonic() + 60
+        while src._pending is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        applied = real_poll(lp, src)
+        if kill["on"] and b == 4 and applied:
+            raise Crash("killed inside an interrupted generation")
+        return applied
+
+    monkeypatch.setattr(stages_mod, "collect", marking_collect)
+    monkeypatch.setattr(stages_mod, "poll_weights", timed_poll)
+    A, B = tmp_path / "A", tmp_path / "B"
+    train_mod.train(load_config(None, args + [f"out={A}"]))
+    kill["on"] = True
+    cfg = load_config(None, args + [f"out={B}"])
+    with pytest.raises(RuntimeError, match="rollout actor failed") as e:
+        train_mod.train(cfg)
+    assert isinstance(e.value.__cause__, Crash)
+    assert latest_checkpoint(B) == B / "checkpoints/step_3"
+    kill["on"] = False
+    shutil.rmtree(B / "rollouts")
+    train_mod.train(cfg.model_copy(update={"resume": str(B)}))
+    for s in (4, 5, 6):
+        assert _token_versions(B, s) == _token_versions(A, s)
+        assert _rollout_ids(B, s) == _rollout_ids(A, s)
+    # step 4 (batch 3) starts the drained source: version 3 only; steps 5 and 6 switch after token 0
+    assert all(set(v) == {3} for v in _token_versions(A, 4))
+    assert all(v[0] == s - 2 and set(v[1:]) <= {s - 1} for s in (5, 6) for v in _token_versions(A, s))
+    assert sum(len(v) > 1 for v in _token_versions(A, 5)) >= 2  # interrupted rows did resume
+    assert _max_diff(_weights(B / "checkpoints/step_6"), _weights(A / "checkpoints/step_6")) == 0.0

@@ -25,7 +25,7 @@ DOC = (ROOT / "docs" / "agents.md").read_text()
 
 def _example(tmp: Path) -> Path:
     [code] = [b for b in re.findall(r"```python\n(.*?)```", DOC, flags=re.S) if "async def solve" in b]
-    [tasks] = [b for b in re.findall(r"```jsonl\n(.*?)```", DOC, flags=re.S) if '"question"' in b]
+    [tasks] = [b for b in re.findall(r"```jsonl\n(.*?)```", DOC, flags=re.S) if '"id": "t0"' in b]
     (tmp / "calc_agent.py").write_text(code)
     (tmp / "tasks.jsonl").write_text(tasks)
     return tmp / "tasks.jsonl"

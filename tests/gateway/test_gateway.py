@@ -17,6 +17,7 @@ from agentrl.rollout.engines.base import SamplingParams
 from agentrl.rollout.engines.scripted import ScriptedEngine
 
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
 
 AGENTS = '''
 import asyncio, json, httpx
@@ -91,6 +92,29 @@ async def tokens(client, task):
 
 def sync_agent(client, task):
     return 1.0
+
+async def forced(client, task):
+    """tool_choice: a named function (the reply is prefilled up to its arguments), then
+    "required" (prefilled up to the name), then the refusals."""
+    import openai
+    msgs = [{"role": "user", "content": task["q"]}]
+    named = {"type": "function", "function": {"name": "add"}}
+    r = await client.chat.completions.create(model="policy", messages=msgs, tools=TOOLS, tool_choice=named)
+    m = r.choices[0].message
+    assert r.choices[0].finish_reason == "tool_calls", r
+    [call] = m.tool_calls
+    assert call.function.name == "add" and json.loads(call.function.arguments) == {"a": 2, "b": 3}
+    msgs.append(m.model_dump(exclude_none=True))
+    msgs.append({"role": "tool", "tool_call_id": call.id, "content": "5"})
+    r = await client.chat.completions.create(model="policy", messages=msgs, tools=TOOLS, tool_choice="required")
+    [call] = r.choices[0].message.tool_calls
+    assert call.function.name == "add" and json.loads(call.function.arguments) == {"a": 1, "b": 1}
+    return 1.0
+
+async def forced_bad(client, task):
+    await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}],
+                                         tools=TOOLS, tool_choice={"type": "function", "function": {"name": "mul"}})
+    return 1.0
 '''
 
 
@@ -135,6 +159,63 @@ def test_tool_call_round_trip_is_one_trajectory(agents, tiny_tokenizer):
     # the opening prompt is the template's rendering of the first request with the tools
     tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
     assert tr.token_ids[:t1.start] == r.prompt_ids([{"role": "user", "content": "2+3?"}], tools=tools)
+
+
+def test_tool_choice_required_and_named_are_honoured_by_prefill(agents, tiny_tokenizer):
+    tok = tiny_tokenizer
+    named = '<tool_call>\n{"name": "add", "arguments": '
+    anyone = '<tool_call>\n{"name": "'
+    fed = []
+
+    def policy(prompt_ids):  # writes the rest of the call it was prefilled with
+        fed.append(list(prompt_ids))
+        text = tok.decode(prompt_ids, skip_special_tokens=False)
+        if text.endswith(named.rstrip()) or text.endswith(named):
+            return '{"a": 2, "b": 3}}\n</tool_call>'
+        assert text.endswith(anyone), text[-80:]
+        return 'add", "arguments": {"a": 1, "b": 1}}\n</tool_call>'
+
+    [tr] = _run(agents, tok, "forced", engine=ScriptedEngine(tok, policy))
+    assert "error" not in tr.info, tr.info
+    assert tr.episode_return == 1.0 and len(fed) == 2 and len(tr.turns) == 2
+    for t, prefix, prompt in zip(tr.turns, (named, anyone), fed):
+        pre = tok.encode(prefix, add_special_tokens=False)
+        assert prompt[-len(pre):] == pre and tr.token_ids[:t.start] == prompt  # fed as context
+        assert tr.loss_mask[t.start - len(pre):t.start] == [0] * len(pre)  # never trained on
+        assert all(tr.loss_mask[t.start:t.end])
+    assert [m["role"] for m in tr.messages] == ["user", "assistant", "tool", "assistant"]
+    assert [m["tool_calls"][0]["function"]["name"] for m in tr.messages[1::2]] == ["add", "add"]
+    [bad] = _run(agents, tok, "forced_bad", engine=ScriptedEngine(tok, policy))  # a clear 400, the run fails
+    assert bad.info["gateway_refusals"] == ["400 invalid_request_error: 'tool_choice' names the function "
+                                            "'mul', which is not in 'tools'"] and len(fed) == 2
+
+
+@pytest.mark.parametrize("body,message", [
+    ({"tool_choice": "required"}, "'tool_choice' requires a tool call but the request has no 'tools'"),
+    ({"tool_choice": {"type": "function", "function": {"name": "add"}}},
+     "'tool_choice' requires a tool call but the request has no 'tools'"),
+    ({"tool_choice": {"function": "add"}, "tools": TOOLS},
+     "'tool_choice' as an object must be {'type': 'function', 'function': {'name': ...}}"),
+    ({"tool_choice": "any", "tools": TOOLS}, "'tool_choice' must be 'none', 'auto', 'required' or a function"),
+])
+def test_tool_choice_refusals(body, message):
+    from agentrl.gateway.protocol import GatewayError, parse_request
+
+    with pytest.raises(GatewayError) as e:
+        parse_request({"model": "policy", "messages": [{"role": "user", "content": "hi"}], **body})
+    assert e.value.status == 400 and e.value.message == message and e.value.param == "tool_choice"
+
+
+def test_forced_prefix_of_every_tool_format():
+    from agentrl.gateway.protocol import forced_prefix
+    from agentrl_tools.parser import PARSERS, ToolCall, get_parser
+
+    for name in PARSERS:  # the prefix is the call's own opening, up to the name / the arguments
+        p = get_parser(name)
+        call = p.format_call(ToolCall("add", {"a": 1}))
+        assert call.startswith(forced_prefix(p, "add")) and call.startswith(forced_prefix(p, None))
+        assert forced_prefix(p, "add").rstrip().endswith((':', ': "')) and forced_prefix(p, None).endswith('"')
+    assert forced_prefix(get_parser("hermes"), "add") == '<tool_call>\n{"name": "add", "arguments": '
 
 
 def test_context_rewrite_is_two_samples_sharing_the_reward(agents, tiny_tokenizer):
@@ -249,3 +330,37 @@ def test_doc_agents_md_lists_every_bad_input():
                    "request_too_large", "not JSON", "never calls the gateway", "401"):
         assert phrase in doc, phrase
     assert textwrap.dedent(doc)
+
+
+def test_serve_reads_the_tool_format_from_the_tokenizer(tiny_tokenizer):
+    """`agentrl serve` defaults to `--tool-parser auto` (the tokenizer's format, as in training)."""
+    import inspect
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from agentrl.cli import serve_cmd
+    from agentrl.gateway.serve import start
+    from agentrl.rollout.engines.scripted import ScriptedEngine
+
+    t = Tokenizer(models.WordLevel({"<unk>": 0, "ok": 1, "a": 2, "b": 3}, unk_token="<unk>"))  # Llama-3.1-like
+    t.pre_tokenizer = pre_tokenizers.Whitespace()
+    llama = PreTrainedTokenizerFast(tokenizer_object=t, unk_token="<unk>")
+    llama.add_special_tokens({"additional_special_tokens": [
+        "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|python_tag|>"]})
+    llama.eos_token = "<|eot_id|>"
+    llama.chat_template = ("{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n"
+                           "{{ m.content }}<|eot_id|>{% endfor %}")
+    default = inspect.signature(serve_cmd).parameters["tool_parser"].default
+    assert default == "auto" and inspect.signature(start).parameters["tool_parser"].default == "auto"
+    for tok, kw, want in ((llama, {}, ("llama3_json", "<|python_tag|> in the token")),
+                          (tiny_tokenizer, {}, ("hermes", "<tool_call> in the token and chat template")),
+                          (llama, {"tool_parser": "openai"}, ("openai", "--tool-parser"))):
+        served = start("m", engine=ScriptedEngine(tok, lambda ids: "ok"), tokenizer=tok, **kw)
+        try:
+            assert (served.tool_parser, served.tool_parser_why) == want
+            assert served.session.parser.name == want[0]
+        finally:
+            served.close()
+    with pytest.raises(ValueError, match="pythonic"):
+        start("m", engine=ScriptedEngine(llama, lambda ids: "ok"), tokenizer=llama, tool_parser="pythonic")

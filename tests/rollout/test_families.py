@@ -239,6 +239,10 @@ def test_two_grpo_steps_in_process_per_family(name, history, tmp_path):
             u = t["turns"][0]
             assert u["start"] > 0 and t["loss_mask"] == [0] * u["start"] + [1] * (u["end"] - u["start"])
         assert sum(t["loss_mask"]) == sum(u["end"] - u["start"] for u in t["turns"])
+        assert "template_drift" in t["info"] and "template_drift_error" not in t["info"]  # every episode checked
+    if history == "exact":  # the metric is the share of the step's episodes that drift
+        drifts = [bool(t["info"]["template_drift"]) for t in trajs]
+        assert rows[0]["rollout/template_drift"] == sum(drifts) / len(drifts)
     before = load_file(f"{model}/model.safetensors")
     after_dir = sorted((out / "checkpoints").glob("step_*"))[-1] if (out / "checkpoints").exists() else None
     assert after_dir is not None

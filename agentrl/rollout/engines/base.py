@@ -48,11 +48,15 @@ class SamplingParams:
 @dataclass
 class Completion:
     """One sampled completion: `token_ids` (stop token included), `logprobs` (same length,
-    natural log, under `logits / temperature`), `finish_reason` ("stop" | "length")."""
+    natural log, under `logits / temperature`), `finish_reason` ("stop" | "length"), and
+    `versions`: the policy version that sampled each token (same length), or None when the
+    engine does not say (the caller then takes the version it held before the call). Equality
+    compares the sample (ids, logprobs, finish reason), not the versions."""
 
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str
+    versions: list[int] | None = field(default=None, compare=False)
 
 
 class Engine(Protocol):

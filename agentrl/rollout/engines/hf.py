@@ -37,11 +37,22 @@ worker it runs on; the same call gives the same completions. The exception is fl
 rounding: a different batch size may pick different matmul kernels, which can flip a near-tie
 between two tokens, as in every batched engine. With `seed=None` the row seeds are drawn from
 torch's global generator (not reproducible).
+
+Partial rollouts (`rollout.partial`, `weight_poll`): when set, `weight_poll()` is called at every
+token boundary (after a decode step's tokens are recorded, before the next step); when it loaded
+new weights (it returns True) the chunk stops there, and its unfinished rows resume from their
+prompt plus the tokens sampled so far, re-prefilled with the new weights, drawing their
+uniforms from step `t + 1` on (`row_uniforms` is counter-based). So an interrupted row gives
+exactly the tokens and logprobs of one decode whose weights switched at those positions (up to
+the float32 rounding of a prefill against cached decode steps), nothing sampled twice or lost,
+and each token's version is in `Completion.versions`.
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -162,6 +173,9 @@ class HFEngine:
 
     Attributes:
         policy_version: version of the loaded weights (0 until `update_weights`).
+        weight_poll: None, or a function called at every token boundary of `generate` (in the
+            generating thread) that may load new weights with `update_weights` and returns
+            whether it did; the in-flight rows then resume with them (module doc).
 
     Raises:
         ValueError: a model with tensors on the meta device (`check_materialised`), bad
@@ -203,6 +217,7 @@ class HFEngine:
         self.static_decode = static_decode
         self.compile = compile
         self._decoder_weights: DecoderWeights | None = None
+        self.weight_poll: Callable[[], bool] | None = None
 
     @property
     def model(self) -> PreTrainedModel:
@@ -348,10 +363,55 @@ class HFEngine:
         params: SamplingParams,
         seeds: torch.Tensor,
     ) -> list[Completion]:
-        """Prefill the distinct `prompts` once, then sample one completion per row, row k
-        continuing `prompts[src[k]]` with seed `seeds[k]` ((rows,) int64); returns the
-        completions in row order."""
+        """Sample one completion per row, row k continuing `prompts[src[k]]` with seed
+        `seeds[k]` ((rows,) int64); returns the completions in row order, each token's policy
+        version in `versions`. When `weight_poll` loads new weights at a token boundary, the
+        unfinished rows resume from their prefix with them (module doc)."""
+        toks: list[list[int]] = [[] for _ in src]
+        lps: list[list[float]] = [[] for _ in src]
+        vers: list[list[int]] = [[] for _ in src]
+        reasons = ["length"] * len(src)
+        rows, step0 = list(range(len(src))), 0  # rows of this round -> rows of the chunk
+        cur_prompts, cur_src, cur_seeds = prompts, src, seeds
+        while True:
+            version = self.policy_version
+            sub = replace(params, max_tokens=params.max_tokens - step0)
+            out_t, out_lp, out_len, stopped, cut = self._decode(cur_prompts, cur_src, sub, cur_seeds, step0)
+            again = []
+            for k, (t_k, lp_k, n, stop) in enumerate(zip(out_t.tolist(), out_lp.tolist(), out_len.tolist(),
+                                                         stopped.tolist())):
+                r = rows[k]
+                toks[r] += t_k[:n]
+                lps[r] += lp_k[:n]
+                vers[r] += [version] * n
+                if stop:
+                    reasons[r] = "stop"
+                elif cut is not None:
+                    again.append(r)
+            if not again:
+                break
+            step0 += cast(int, cut)  # resume the interrupted rows from their prefix
+            distinct: dict[tuple[int, ...], int] = {}
+            cur_src = [distinct.setdefault((*prompts[src[r]], *toks[r]), len(distinct)) for r in again]
+            cur_prompts = [list(p) for p in distinct]
+            cur_seeds = seeds[torch.tensor(again, device=self.device)]
+            rows = again
+        return [Completion(token_ids=toks[r], logprobs=lps[r], finish_reason=reasons[r], versions=vers[r])
+                for r in range(len(src))]
+
+    def _decode(self, prompts: list[list[int]], src: list[int], params: SamplingParams, seeds: torch.Tensor,
+                step0: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int | None]:
+        """Prefill the distinct `prompts` once, then sample up to `params.max_tokens` tokens per
+        row, row k continuing `prompts[src[k]]` with seed `seeds[k]` ((rows,) int64) and the
+        uniforms of decode steps `step0, step0 + 1, ...`.
+
+        Returns:
+            (rows, max_new) sampled ids and sampler logprobs, (rows,) lengths, (rows,) bool
+            stopped by a stop token, and `cut`: None, or the tokens every unfinished row holds
+            when `weight_poll` loaded new weights (those rows' lengths are `cut`).
+        """
         dev, max_new = self.device, params.max_tokens
+        poll, cut = self.weight_poll, None
         width, logits, mask, next_pos, cache, dec = self._prefill(prompts, src, max_new)
         n_rows = len(src)
         out_tokens = torch.zeros((n_rows, max_new), dtype=torch.long, device=dev)
@@ -374,7 +434,7 @@ class HFEngine:
             if params.temperature == 0:
                 return None
             if t % UNIFORM_BLOCK == 0:
-                steps = torch.arange(t, min(t + UNIFORM_BLOCK, max_new), device=dev)
+                steps = torch.arange(step0 + t, step0 + min(t + UNIFORM_BLOCK, max_new), device=dev)
                 block = row_uniforms(seeds[None, :], steps[:, None])  # (steps, n_rows)
             # A fresh tensor (stride 1, offset 0) either way: a compiled step guards on the
             # strides and storage offset of its inputs, a one-row batch's too.
@@ -393,6 +453,9 @@ class HFEngine:
             left = record_stops(tokens, stop_ids, alive, rows, out_len, stopped, t)
             n_alive = n_alive if left is None else left
             if n_alive == 0 or t == max_new - 1:
+                break
+            if poll is not None and poll():  # new weights: the unfinished rows resume with them
+                cut = t + 1
                 break
             # (Compiled: never down to one row, where torch.compile would build another graph.)
             if len(rows) - n_alive >= max(1, int(COMPACT_FRACTION * len(rows))) and not (
@@ -413,8 +476,10 @@ class HFEngine:
                 sampled = sample_next(logits, params.temperature, params.top_p, draws(t + 1))
             next_pos = next_pos + 1
 
+        if cut is not None:
+            out_len = torch.where(stopped, out_len, cut)
         check_finite_logprobs(out_logprobs, out_len, "HFEngine")
-        return _completions(out_tokens, out_logprobs, out_len, stopped)
+        return out_tokens, out_logprobs, out_len, stopped, cut
 
     def _prefill(self, prompts: list[list[int]], src: list[int], max_new: int
                  ) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, Any, StaticDecoder | None]:
@@ -448,16 +513,3 @@ class HFEngine:
             logits, mask, next_pos = logits[expand], mask[expand], next_pos[expand]
         return width, logits, mask, next_pos, cache, dec
 
-
-def _completions(out_tokens: torch.Tensor, out_logprobs: torch.Tensor, out_len: torch.Tensor,
-                 stopped: torch.Tensor) -> list[Completion]:
-    """One `Completion` per row of the (rows, max_new) sampled tokens and logprobs, cut at the
-    row's length; finish reason "stop" where a stop token ended it, else "length"."""
-    tok_lists = out_tokens.tolist()
-    lp_lists = out_logprobs.tolist()
-    lens = out_len.tolist()
-    reasons = ["stop" if s else "length" for s in stopped.tolist()]
-    return [
-        Completion(token_ids=tok_lists[r][: lens[r]], logprobs=lp_lists[r][: lens[r]], finish_reason=reasons[r])
-        for r in range(len(lens))
-    ]

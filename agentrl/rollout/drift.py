@@ -1,0 +1,250 @@
+"""Per-episode template drift: do an episode's trained ids equal the chat template's rendering
+of its messages? (Contract 1; `rollout/template_drift`; docs/models.md.)
+
+The agent loop never re-renders history: an episode's ids are the opening prompt, then each
+sampled turn as sampled, then each observation as the template's delta cut from a canned
+conversation (`ChatRenderer.delta_ids`). This module renders the episode's *actual* messages
+with the template and compares, region by region, with the tokenizer only (no model):
+
+- **opening**: the ids before the first turn against the template's rendering of the opening
+  messages (`prompt_ids`).
+- **after turn k**: the ids from turn k's end of turn to the start of turn k+1 (end of turn,
+  glue, the observations, the next generation prompt; to the end of the episode for the last
+  turn; a turn that stopped at another stop id, e.g. eos, counts as closed by the end of turn,
+  as `ChatRenderer.close_turn` treats it) against the template's rendering of the episode's messages up to there, read after
+  turn k's content. Turn k's content is rendered as a placeholder character, so how the
+  template rewrites *content* (Qwen3 and R1-distill drop `<think>` blocks of earlier turns,
+  Mistral trims it) is not drift: with `rollout.history=exact` the policy keeps what it
+  sampled, by policy. For a template that rewrites history (`ChatRenderer.rewrites_history`)
+  the system message and the tools are also left out of these renderings (Mistral moves both
+  to the last user message; the agent loop keeps them where they were, by policy).
+- **generation prompt / sampled text**: the text after the last control token of a turn's
+  context, followed by the turn's text, encoded as one string, against the context's ids
+  followed by the encoding of the turn's text alone. A tokenizer that merges across this
+  boundary (e.g. a generation prompt ending in "\\n" and a turn starting with "\\n", which
+  the template's rendering tokenizes as one "\\n\\n" token) shows here. The sampled ids
+  themselves are not compared with the encoding of their text: a model may sample a split
+  the tokenizer would not make (it trains on what it sampled), which is not the template's.
+
+Text from envs is encoded with special strings split on both sides (`neutralize`), as the
+renderer does. With `rollout.history=template` the contexts are the template's own renderings
+(`Trajectory.turn_prompts`): only the boundary check applies. A vision renderer's episodes are
+not checked (their placeholders are widened per image).
+
+Cost: one template rendering per turn plus one per episode, and tokenizer encodes of the
+compared regions, about a millisecond per turn for the family templates (docs/models.md); the
+renderings that depend on the opening messages only (the opening; the region after a one-turn
+episode's turn) are cached per `run_episodes` call, so the G episodes of a group render them
+once. Every episode is checked.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from agentrl.rollout.chat import ChatRenderer, Message, encode_neutralized
+from agentrl.types import Trajectory
+
+PLACE = "\ue001"
+"""The placeholder rendered as a sampled turn's content (a private-use character; `neutralize`
+uses \\ue000 and \\ue100-\\uf8ff)."""
+
+
+T = TypeVar("T")
+
+
+def _memo(cache: dict | None, key: tuple, fn: Callable[[], T]) -> T:
+    """`fn()`, kept in `cache` under `key` (JSON of the messages: the G episodes of a group
+    share their opening, so its renderings are computed once per group)."""
+    if cache is None:
+        return fn()
+    k = json.dumps(key, sort_keys=True, default=str)
+    if k not in cache:
+        cache[k] = fn()
+    return cache[k]
+
+
+class _NotRendered(ValueError):
+    """The template did not render the placeholder exactly once."""
+
+
+def assistant_indices(messages: list[Message], turns: list[Any]) -> list[int]:
+    """Index in `messages` of each sampled turn's assistant message, matched from the end (an
+    env's opening may hold few-shot assistant messages before them).
+
+    Raises:
+        ValueError: a turn's text has no assistant message.
+    """
+    out: list[int] = []
+    j = len(messages)
+    for t in reversed(turns):
+        j -= 1
+        while j >= 0 and not (messages[j].get("role") == "assistant" and messages[j].get("content") == t.text):
+            j -= 1
+        if j < 0:
+            raise ValueError("a sampled turn has no assistant message with its text")
+        out.append(j)
+    return out[::-1]
+
+
+def _after_place(r: ChatRenderer, msgs: list[Message], gen: bool, tools: list | None) -> list[int]:
+    text, found = r.render_text(msgs, gen, tools)
+    if text.count(PLACE) != 1:
+        raise _NotRendered("the template did not render the turn's content")
+    return encode_neutralized(r.tokenizer, text.split(PLACE, 1)[1], found)
+
+
+def _region_ids(r: ChatRenderer, history: list[Message], obs: list[Message], gen: bool,
+                tools: list | None) -> tuple[list[int], list[Message]]:
+    """The template's ids after the placeholder turn ending `history`, with `obs` after it, and
+    `obs` as rendered: observations the template refuses or drops render as `user` messages,
+    as the renderer renders them (`ChatRenderer.delta_ids`)."""
+    if r.rewrites_history:
+        history = [m for m in history if m.get("role") != "system"]
+        tools = None
+    try:
+        ids = _after_place(r, history + obs, gen, tools)
+        if not obs or r._renders_contents(ids, obs):
+            return ids, obs
+    except _NotRendered:
+        raise
+    except Exception:  # noqa: BLE001 - a role the template refuses: as the renderer does
+        pass
+    as_user = [{**m, "role": "user"} for m in obs]
+    return _after_place(r, history + as_user, gen, tools), as_user
+
+
+def _first_diff(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+def _report(turn: int, where: str, pos: int, expected: list[int], got: list[int], d: int, tok: Any
+            ) -> dict[str, Any]:
+    def show(ids: list[int]) -> list[str]:
+        return [tok.decode([i], skip_special_tokens=False) for i in ids[max(d - 2, 0): d + 4]]
+
+    return {"turn": turn, "where": where, "position": int(pos), "expected": expected[d: d + 4],
+            "got": got[d: d + 4], "expected_text": show(expected), "got_text": show(got)}
+
+
+def _boundary(r: ChatRenderer, ctx: list[int], text: str, start: int, k: int) -> dict[str, Any] | None:
+    """Turn k's generation prompt (the context after its last control token) and its text,
+    encoded as one string, against the context's ids + the text's own encoding; `start` is
+    the turn's first position."""
+    last = max((i for i, t in enumerate(ctx) if t in r.control_ids), default=-1)
+    tail = ctx[last + 1:]
+    if not tail or not text:
+        return None
+    tok = r.tokenizer
+    joint = list(tok.encode(tok.decode(tail, skip_special_tokens=False) + text, add_special_tokens=False))
+    split = tail + list(tok.encode(text, add_special_tokens=False))
+    if joint == split:
+        return None
+    d = _first_diff(joint, split)
+    return _report(k, "generation prompt / sampled text", start - len(tail) + d, joint, split, d, tok)
+
+
+def episode_drift(r: ChatRenderer, tr: Trajectory, tools: list | None = None,
+                  cache: dict | None = None) -> dict[str, Any] | None:
+    """The first place where `tr`'s ids differ from the template's rendering of its messages
+    (see the module docstring for the regions compared), or None when they agree.
+
+    Args:
+        r: the renderer the episode was rendered with.
+        tr: a finished episode with at least one turn.
+        tools: the tool schemas its opening prompt was rendered with.
+        cache: renderings by messages, shared by the episodes of one batch (None: none).
+
+    Returns:
+        None, or `{"turn", "where", "position", "expected", "got", "expected_text",
+        "got_text"}`: the turn index (the region after it; 0 for the opening), the region
+        (`opening`, `after turn`, `generation prompt / sampled text`, `template refuses the
+        messages`, the latter with `error` instead of ids), the first differing position in
+        `tr.token_ids` (with `rollout.history=template`: in the turn's sample, its prompt then
+        its ids), up to 4 ids from there, expected vs got, and the tokens' texts, one string
+        per id, with up to 2 ids of context before.
+    """
+    msgs, ids, turns = tr.messages, tr.token_ids, tr.turns
+    at = assistant_indices(msgs, turns)
+    try:
+        expected = _memo(cache, ("open", msgs[: at[0]], tools), lambda: r.prompt_ids(msgs[: at[0]], tools))
+    except ValueError as e:
+        return {"turn": 0, "where": "template refuses the messages", "position": 0, "error": str(e)[:300]}
+    if tr.turn_prompts:  # history=template: each context is the template's own rendering
+        if expected != tr.turn_prompts[0]:
+            d = _first_diff(expected, tr.turn_prompts[0])
+            return _report(0, "opening", d, expected, tr.turn_prompts[0], d, r.tokenizer)
+        return next((f for k, t in enumerate(turns)
+                     if (f := _boundary(r, tr.turn_prompts[k], t.text, len(tr.turn_prompts[k]), k))), None)
+    if expected != ids[: turns[0].start]:
+        d = _first_diff(expected, ids[: turns[0].start])
+        return _report(0, "opening", d, expected, ids[: turns[0].start], d, r.tokenizer)
+    rendered = list(msgs[: at[0]])  # the messages as the template renders them (observation roles)
+    for k, t in enumerate(turns):
+        found = _boundary(r, ids[: t.start], t.text, t.start, k)
+        if found:
+            return found
+        found, obs = _after_turn(r, tr, at, k, rendered, tools, cache)
+        if found:
+            return found
+        rendered += [msgs[at[k]], *obs]
+    return None
+
+
+def _after_turn(r: ChatRenderer, tr: Trajectory, at: list[int], k: int, rendered: list[Message],
+                tools: list | None, cache: dict | None) -> tuple[dict[str, Any] | None, list[Message]]:
+    """The region after turn k against the template's rendering; and turn k's observations as
+    rendered (for the next regions' history)."""
+    msgs, ids, t = tr.messages, tr.token_ids, tr.turns[k]
+    last = k == len(tr.turns) - 1
+    stop = t.end > t.start and ids[t.end - 1] in r.stop_ids
+    got = ([r.end_of_turn_id] if stop else []) + ids[t.end: len(ids) if last else tr.turns[k + 1].start]
+    start = t.end - 1 if stop else t.end
+    obs = list(msgs[at[k] + 1: len(msgs) if last else at[k + 1]])
+    try:
+        history = [*rendered, {"role": "assistant", "content": PLACE}]
+        expected, obs = _memo(cache, ("after", history, obs, tools),
+                              lambda: _region_ids(r, history, obs, bool(obs), tools))
+    except Exception as e:  # noqa: BLE001 - jinja errors, raise_exception in templates
+        return {"turn": k, "where": "template refuses the messages", "position": int(start),
+                "error": f"{type(e).__name__}: {e}"[:300]}, obs
+    if last:  # the template closes the last turn with glue the episode never needed
+        expected = expected[: len(got)]
+    if expected == got:
+        return None, obs
+    d = _first_diff(expected, got)
+    return _report(k, "after turn", start + d, expected, got, d, r.tokenizer), obs
+
+
+def check_episode(r: ChatRenderer, tr: Trajectory, tools: list | None = None,
+                  cache: dict | None = None) -> None:
+    """Record `episode_drift` in `tr.info["template_drift"]` (False when the ids agree, else the
+    first difference); an episode without turns, or of a vision renderer, is not checked (no
+    key). A check that fails records `info["template_drift_error"]` instead (never raises)."""
+    if not tr.turns or r.accepts_images:
+        return
+    try:
+        tr.info["template_drift"] = episode_drift(r, tr, tools, cache) or False
+    except Exception as e:  # noqa: BLE001 - a check must never end a run (contract 7)
+        tr.info["template_drift_error"] = f"{type(e).__name__}: {e}"[:300]
+
+
+
+def drift_line(trajs: list[Trajectory]) -> str | None:
+    """The `[template]` line the training loop prints the first time a step has episodes whose
+    ids differ from the template's rendering (None when none does): how many, and where the
+    first one differs."""
+    bad = [t.info["template_drift"] for t in trajs if t.info.get("template_drift")]
+    if not bad:
+        return None
+    checked = sum("template_drift" in t.info for t in trajs)
+    d = bad[0]
+    where = (f"{d['where']}, turn {d['turn']}, position {d['position']}: template "
+             f"{d.get('expected_text', '')!r} vs episode {d.get('got_text', d.get('error', ''))!r}")
+    return (f"[template] {len(bad)} of {checked} episodes' ids differ from the chat template's rendering "
+            f"of their messages (rollout/template_drift; the policy still trains on exactly what it "
+            f"sampled); first: {where}; each episode's info['template_drift'] is in OUT/rollouts "
+            "(docs/models.md; said once)")
