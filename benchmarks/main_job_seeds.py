@@ -8,11 +8,17 @@ stamped with the commit and the date; README.md quotes nothing else about the ma
     python benchmarks/main_job_seeds.py --write-readme        # ... and rewrite the README block
     python benchmarks/main_job_seeds.py --seeds 0 --tag lr1e-3 train.lr=1e-3   # an ablation arm
     python benchmarks/main_job_seeds.py --readme-only         # rewrite the block from the last results
+    python benchmarks/main_job_seeds.py --check               # seed 0 against the README's row (CI)
 
 Each run is `python -m agentrl.cli train` in a subprocess, as a user runs it (its own torch
 threads, sandbox pool and Ray-free in-process engine); `--jobs 2` runs two at once (their wall
 times are then not the 2-core figure and the block says so). Extra `key=value` arguments are
 config overrides applied to every seed (for the ablation table of docs/learning.md).
+
+`--check` runs the default job on seed 0 and exits 1 when its held-out pass@1 before or after
+RL differs from the README block's seed-0 row by more than `TOLERANCE` (printing both and the
+commit the block names): `.ci/run` runs it, so the block always describes the code (a change
+that moves the figures regenerates the block with `--write-readme` in the same commit).
 
 Targets of the main job (issue: "the main job must learn, reproducibly"): on every seed held-out
 pass@1 rises by >= 1.5x and >= +0.10, the median ratio is >= 2x, pass@k does not fall, and each
@@ -24,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -34,6 +41,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 BEGIN, END = "<!-- main_job_seeds:begin -->", "<!-- main_job_seeds:end -->"
+#: `--check`: the most a held-out pass@1 (before or after RL) may differ from the README's row
+TOLERANCE = 0.01
 
 
 def run_seed(seed: int, out: Path, overrides: list[str]) -> dict:
@@ -106,6 +115,58 @@ def write_readme(block: str) -> None:
     path.write_text(text[:a] + block + text[b:])
 
 
+def readme_row(text: str, seed: int = 0) -> dict:
+    """`seed`'s row of the figures block in README text `text`: {"seed", "before", "after"
+    (held-out pass@1), "commit" (the one the block says it was measured on)}.
+
+    Raises:
+        ValueError: no block, no `on commit` stamp, no row for `seed`, or a cell that is not
+            `<pass@1> ± <se>`; the message names what is missing.
+    """
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"README.md has no {BEGIN} ... {END} block")
+    block = text[text.index(BEGIN):text.index(END)]
+    stamp = re.search(r"on commit `([0-9a-f]{7,40}(?:\+dirty)?)`", block)
+    if stamp is None:
+        raise ValueError("README.md's figures block names no commit (`on commit `...``)")
+    for line in block.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 3 and cells[0] == str(seed):
+            try:
+                before, after = (float(c.split("±")[0]) for c in cells[1:3])
+            except ValueError:
+                raise ValueError(f"README.md's figures block: seed {seed}'s row {line.strip()!r} "
+                                 "has no pass@1 before/after in its 2nd and 3rd cells") from None
+            return {"seed": seed, "before": before, "after": after, "commit": stamp.group(1)}
+    raise ValueError(f"README.md's figures block has no row for seed {seed}")
+
+
+def check_figures(row: dict, before: float, after: float, tol: float = TOLERANCE) -> tuple[bool, str]:
+    """Compare measured held-out pass@1 `before` / `after` RL with the README's `row`
+    (`readme_row`): (every difference <= `tol`, a report of both values and the commit)."""
+    diffs = (abs(before - row["before"]), abs(after - row["after"]))
+    ok = all(d <= tol + 1e-12 for d in diffs)
+    lines = [f"README (measured on {row['commit']}), seed {row['seed']}: pass@1 before "
+             f"{row['before']:.3f}, after {row['after']:.3f}",
+             f"this code ({commit()}), seed {row['seed']}: pass@1 before {before:.3f}, "
+             f"after {after:.3f} (differences {diffs[0]:.3f}, {diffs[1]:.3f}; tolerance {tol:g})",
+             "ok: the README's figures describe this code" if ok else
+             "FAIL: the README's figures no longer describe this code; if the change is meant to "
+             "move them, regenerate the block: python benchmarks/main_job_seeds.py --write-readme"]
+    return ok, "\n".join(lines)
+
+
+def run_check(out: Path) -> int:
+    """`--check`: the default job on seed 0 against the README's row; 0 when it matches."""
+    row = readme_row((ROOT / "README.md").read_text(), 0)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    r = run_seed(0, out, [])
+    ok, report = check_figures(row, r["before"]["pass@1"], r["after"]["pass@1"])
+    print(f"main job seed 0: {r['wall_s'] / 60:.1f} min, {r['sft_steps']} warm-start steps")
+    print(report)
+    return 0 if ok else 1
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -115,8 +176,15 @@ def main() -> None:
     ap.add_argument("--write-readme", action="store_true", help="rewrite README.md's figures block")
     ap.add_argument("--readme-only", action="store_true",
                     help="rewrite README.md's block from benchmarks/results/main_job_seeds.json (tag default), run nothing")
+    ap.add_argument("--check", action="store_true",
+                    help=f"run the default job on seed 0 and exit 1 when held-out pass@1 before or after "
+                         f"RL differs from the README's seed-0 row by more than {TOLERANCE}")
     ap.add_argument("overrides", nargs="*", help="config overrides key=value for every seed")
     args = ap.parse_args()
+    if args.check:
+        if args.overrides or args.write_readme or args.readme_only:
+            raise SystemExit("--check runs the default job as it is: no overrides, no README writes")
+        raise SystemExit(run_check(Path(args.out) / "check" / "seed0"))
     if args.readme_only:
         res = json.loads((RESULTS / "main_job_seeds.json").read_text())["default"]
         if res["overrides"] or [r["seed"] for r in res["rows"]] != [0, 1, 2]:

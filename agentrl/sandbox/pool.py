@@ -6,6 +6,7 @@ import atexit
 import logging
 import os
 import queue
+import secrets
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -64,11 +65,14 @@ class SandboxPool:
     """``workers`` warm sandboxes (default: one per core) used by any number of threads.
 
     Each call takes an idle worker, runs one job in a fresh child inside it, and gives the
-    worker back; calls block while all workers are busy.  Thread-safe.
+    worker back; calls block while all workers are busy.  Thread-safe.  ``retry_starved``
+    (default True): a run that the wall-clock limit stopped while it had less CPU than it
+    could have used (``starved_timeout``) runs once more, so that a verdict does not depend
+    on the machine's load (docs/sandbox.md, "Verdicts and load").
     """
 
     def __init__(self, workers: int | None = None, backend: str = "auto",
-                 limits: Limits | None = None, tmpfs_mb: int = 128):
+                 limits: Limits | None = None, tmpfs_mb: int = 128, retry_starved: bool = True):
         self.backend = resolve_backend(backend)
         if self.backend == "subprocess":
             warn_unisolated()
@@ -84,6 +88,9 @@ class SandboxPool:
         self._executor: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._closed = False
+        self.retry_starved = retry_starved
+        #: runs made again after a starved wall-clock timeout (`starved_timeout`)
+        self.starved_retries = 0
 
     @property
     def size(self) -> int:
@@ -100,30 +107,49 @@ class SandboxPool:
         return sum(max(0, w.starts - 1) for w in self._workers)
 
     def _run(self, job: dict, names: list[str] | None) -> SandboxResult:
+        """Run `job` on an idle worker and judge it. A wall-clock timeout of a starved run
+        (`starved_timeout`: it had less CPU than it could have used, so the machine's load
+        stopped it, not its code) is run once more with the same limits (fresh per-run
+        tokens) and the second run's verdict stands (`SandboxResult.retried`); with
+        `retry_starved=False` the first verdict stands."""
         if self._closed:
             raise RuntimeError("SandboxPool is closed")
-        timeout = job["limits"]["wall_s"] + GRACE_S
         worker = self._idle.get()
         try:
-            last_error = ""
-            for attempt in range(2):  # a dead server is restarted and the job retried once
-                if self._closed:
-                    return _sandbox_error("SandboxPool was closed during the run", self.backend,
-                                          len(job["tests"]))
-                try:
-                    raw = worker.run(job, timeout)
-                except TimeoutError:
-                    raw = _unanswered(timeout)
-                except BackendError as e:
-                    last_error = str(e)
-                    log.warning("sandbox worker failed (attempt %d): %s", attempt + 1, e)
-                    continue
-                res = judge(job, raw, names, self.backend)
-                res.unisolated = self.backend == "subprocess"
-                return res
-            return _sandbox_error(last_error, self.backend, len(job["tests"]))
+            raw = self._attempt(worker, job)
+            retried = False
+            if self.retry_starved and isinstance(raw, dict) and starved_timeout(raw, job["limits"]):
+                log.info("sandbox run stopped by the wall-clock limit with %.2f s of CPU: run again",
+                         raw.get("cpu_s", 0.0))
+                job = fresh_tokens(job)
+                raw, retried = self._attempt(worker, job), True
+                with self._lock:
+                    self.starved_retries += 1
+            if isinstance(raw, str):
+                return _sandbox_error(raw, self.backend, len(job["tests"]))
+            res = judge(job, raw, names, self.backend)
+            res.unisolated = self.backend == "subprocess"
+            res.retried = retried
+            return res
         finally:
             self._idle.put(worker)
+
+    def _attempt(self, worker: Worker, job: dict) -> dict | str:
+        """The raw result of `job` on `worker` (a dead server is restarted and the job retried
+        once), or the error text when the sandbox could not run it."""
+        timeout = job["limits"]["wall_s"] + GRACE_S
+        last_error = ""
+        for attempt in range(2):
+            if self._closed:
+                return "SandboxPool was closed during the run"
+            try:
+                return worker.run(job, timeout)
+            except TimeoutError:
+                return _unanswered(timeout)
+            except BackendError as e:
+                last_error = str(e)
+                log.warning("sandbox worker failed (attempt %d): %s", attempt + 1, e)
+        return last_error
 
     def run_tests(self, code: str, tests: list[str], *, setup: str = "",
                   names: list[str] | None = None, limits: Limits | None = None,
@@ -171,6 +197,34 @@ class SandboxPool:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+#: A wall-clock timeout is starved (`starved_timeout`) when the run had less than this share of
+#: the CPU seconds it could have used before the deadline.
+STARVED_CPU_SHARE = 0.1
+
+
+def starved_timeout(raw: dict, limits: dict) -> bool:
+    """Did the wall-clock limit stop a run that the machine's load starved of CPU?
+
+    True when `raw` (the server's result, or `_unanswered`'s) is a wall-clock timeout and its
+    processes used less than `STARVED_CPU_SHARE` of min(`wall_s`, `cpu_s`) CPU seconds. A
+    CPU-bound loop on a free core uses about `wall_s` (or is stopped by its CPU limit first),
+    so it is not retried; a run that waited for a core (load), or one that sleeps or blocks
+    (a second run stops it the same way), is. Units: seconds.
+    """
+    if not raw.get("timeout"):
+        return False
+    room = min(float(limits["wall_s"]), float(limits["cpu_s"]))
+    return float(raw.get("cpu_s") or 0.0) < STARVED_CPU_SHARE * room
+
+
+def fresh_tokens(job: dict) -> dict:
+    """`job` for a second run: a copy with new per-run secret tokens when it runs split (a
+    one-process job's tokens are plain markers and stay)."""
+    if not job.get("split"):
+        return job
+    return {**job, "tokens": [secrets.token_hex(16) for _ in job["tokens"]]}
 
 
 def _unanswered(timeout: float) -> dict:

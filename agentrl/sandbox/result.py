@@ -70,6 +70,8 @@ class SandboxResult:
     backend: which backend ran it.  error: short reason when the verdict is not ``pass``.
     unisolated: True when the code ran without isolation (the explicitly named ``subprocess``
       backend): it could read and write the trainer's files and reach the network.
+    retried: True when this is the verdict of a second run: the first was stopped by the
+      wall-clock limit while starved of CPU (``agentrl.sandbox.pool.starved_timeout``).
     """
 
     verdict: str
@@ -83,6 +85,7 @@ class SandboxResult:
     backend: str = ""
     error: str | None = None
     unisolated: bool = False
+    retried: bool = False
 
     @property
     def pass_fraction(self) -> float:
