@@ -123,21 +123,28 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict] = []
     t0 = time.time()
     load0 = os.getloadavg()
+    commit, date = _commit(), time.strftime("%Y-%m-%d %H:%M")
+
+    def save() -> str:  # after every run: a stopped benchmark keeps the runs it finished
+        md = table(results)
+        meta = {"commit": commit, "date": date, "machine": platform.node(), "cpus": os.cpu_count(),
+                "loadavg_start": load0, "loadavg_end": os.getloadavg(), "seconds": time.time() - t0,
+                "overrides": args.overrides}
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / f"{name}.json").write_text(json.dumps({"meta": meta, "runs": results}, indent=1))
+        (RESULTS / f"{name}.md").write_text(f"commit `{commit}`, {date}, load "
+                                            f"{load0[0]:.1f} -> {meta['loadavg_end'][0]:.1f}\n\n{md}\n")
+        return md
+
     for seed in args.seeds:
         for arm in args.arms:
             results.append(run_one(seed, arm, runs / f"{arm}_seed{seed}", args.overrides))
+            save()
             print(table(results[-1:]), flush=True)
         if args.single_turn:
             results.append(run_one(seed, "episode", runs / f"single_seed{seed}", args.overrides, True))
-    md = table(results)
-    meta = {"commit": _commit(), "date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.node(),
-            "cpus": os.cpu_count(), "loadavg_start": load0, "loadavg_end": os.getloadavg(),
-            "seconds": time.time() - t0, "overrides": args.overrides}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps({"meta": meta, "runs": results}, indent=1))
-    (RESULTS / f"{name}.md").write_text(f"commit `{meta['commit']}`, {meta['date']}, load "
-                                        f"{load0[0]:.1f} -> {meta['loadavg_end'][0]:.1f}\n\n{md}\n")
-    print(md)
+            save()
+    print(save())
     return 0
 
 
