@@ -49,6 +49,7 @@ outside `VLLM_TESTED` at start-up, naming the version found.
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 from typing import Any
@@ -294,6 +295,15 @@ class VLLMEngine:
             kw.setdefault("limit_mm_per_prompt", {"image": MAX_IMAGES_PER_PROMPT, "video": 0})
             self.image_token_id = int(hf_config.image_token_id)
             self.banned_ids = vision_token_ids(hf_config)  # never sampled, as VisionHFEngine
+        # An in-process vLLM engine that was dropped but not yet collected tears down vLLM's
+        # process-global distributed state when its finalizer runs; collected during this
+        # engine's life, it would take this engine's groups with it ("pipeline model parallel
+        # group is not initialized" at the next generate). vLLM gc.freeze()s what exists after
+        # an engine starts, so such an engine waits in the permanent generation until anyone's
+        # gc.unfreeze() (another engine's shutdown). Unfreeze and collect it now, before ours
+        # exist (vLLM freezes again once this engine is up).
+        gc.unfreeze()
+        gc.collect()
         self.llm = LLM(model=str(model), dtype=dtype, seed=seed, enforce_eager=enforce_eager,
                        logprobs_mode="processed_logprobs", skip_tokenizer_init=False,
                        worker_extension_cls=f"{__name__}.WeightSync", **kw)
@@ -425,6 +435,14 @@ class VLLMEngine:
         self.last_update_s = time.perf_counter() - t0
 
     # -- memory sharing with a learner on the same GPU -------------------------------------------
+    def close(self) -> None:
+        """Shut the vLLM engine down now (its engine core, and in this process vLLM's global
+        distributed state) instead of whenever the garbage collector finds it. Idempotent; the
+        engine cannot generate afterwards."""
+        llm = self.__dict__.pop("llm", None)
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+
     def sleep(self, level: int = 1) -> None:
         """Free the engine's GPU memory for the learner: level 1 offloads the weights to CPU
         and drops the KV cache; level 2 drops both (after `wake_up`, `generate` raises until
