@@ -104,13 +104,22 @@ def system_role(r: ChatRenderer) -> str:
 
 def _embedding_rows(path: Path) -> dict[str, int]:
     """Rows of the input embedding and of an untied output head, from the safetensors headers
-    (`{}` without safetensors files)."""
-    from safetensors import safe_open
+    (`{}` without safetensors files).
+
+    Raises:
+        ValueError: a safetensors file whose header does not parse (truncated, not safetensors),
+            naming the file.
+    """
+    from safetensors import SafetensorError, safe_open
 
     files = sorted(path.glob("*.safetensors"))
     rows: dict[str, int] = {}
     for f in files:
-        with safe_open(str(f), framework="pt") as st:
+        try:
+            st_ctx = safe_open(str(f), framework="pt")
+        except (SafetensorError, OSError) as e:
+            raise ValueError(f"{f.name} is not a readable safetensors file ({e})") from e
+        with st_ctx as st:
             for key in st.keys():
                 if key.endswith(("embed_tokens.weight", "wte.weight", "word_embeddings.weight")):
                     rows["embedding"] = int(st.get_slice(key).get_shape()[0])
@@ -122,7 +131,8 @@ def _embedding_rows(path: Path) -> dict[str, int]:
 def vocabulary(tok: Any, path: Path) -> dict[str, Any]:
     """`tokenizer` (len), `config` (config.json's vocab_size, or the text config's), embedding
     and lm_head rows when present, and `verdict`: `ok`, `padded: N rows beyond the tokenizer
-    (sliced off the logits)`, or `MISMATCH: ...` (ids the model has no row for)."""
+    (sliced off the logits)`, `MISMATCH: ...` (ids the model has no row for) or `UNREADABLE: ...`
+    (a safetensors file whose header does not parse: the run could not load the weights)."""
     out: dict[str, Any] = {"tokenizer": len(tok)}
     cfg_file = path / "config.json"
     if cfg_file.exists():
@@ -130,7 +140,11 @@ def vocabulary(tok: Any, path: Path) -> dict[str, Any]:
         size = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
         if size is not None:
             out["config"] = int(size)
-    out.update(_embedding_rows(path))
+    try:
+        out.update(_embedding_rows(path))
+    except ValueError as e:
+        out["verdict"] = f"UNREADABLE: {e}"
+        return out
     sizes = [out[k] for k in ("config", "embedding", "lm_head") if k in out]
     if not sizes:
         out["verdict"] = "no config.json or weights to compare with"
