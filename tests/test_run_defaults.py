@@ -6,10 +6,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 import yaml
 
-from agentrl.config import Config, load_config
-from agentrl.run import VISION_DEFAULTS, env_observes_images, resolve_run_defaults
+from agentrl.config import Config, ConfigError, load_config
+from agentrl.run import VISION_DEFAULTS, build, env_observes_images, resolve_run_defaults
 
 
 def _resolved(*overrides: str) -> Config:
@@ -79,3 +80,16 @@ def test_eval_of_the_default_model_on_an_image_env_builds_the_vlm(tmp_path):
                                 "model.intermediate_size=64", "model.vocab_size=320",
                                 "model.vision_width=16", "model.vision_depth=1"])
     assert is_vlm_dir(tmp_path / "e" / "base_vlm") and s["overall"]["episodes"] == 1
+
+
+def test_partial_rollouts_on_an_image_env_are_refused_at_start_up(tmp_path):
+    """`--env visual_count rollout.mode=async rollout.partial=true`: the resolved VLM policy
+    cannot interrupt a generation, so start-up refuses it naming the key, before anything is
+    built or written (it failed with a traceback after the 300-step warm start before)."""
+
+    cfg = load_config(None, ["env.name=visual_count", "rollout.mode=async", "rollout.partial=true",
+                             f"out={tmp_path / 'run'}"])
+    with pytest.raises(ConfigError, match=r"rollout\.partial=false") as e:
+        build(cfg)
+    assert str(e.value).startswith("config error: a vision-language policy trains without")
+    assert not (tmp_path / "run").exists()
