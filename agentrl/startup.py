@@ -29,7 +29,7 @@ from agentrl.infra.devices import resolve_device
 from agentrl.learner.checkpoints import RUN_CONFIG
 from agentrl.learner.local import latest_checkpoint
 from agentrl.log.metrics import check_wandb_login
-from agentrl.models.tiny import load_model
+from agentrl.models.tiny import check_weights_readable, load_model
 from agentrl.models.vlm import is_vlm_dir
 from agentrl.rollout.agent_loop import call_with_timeout
 from agentrl.rollout.envs import build_env
@@ -125,6 +125,11 @@ def preflight(cfg: Config) -> list[str]:
     if path and not (Path(path) / "config.json").is_file():
         raise ConfigError(f"config error: model.path: {path} holds no config.json (not a Hugging "
                           "Face model directory)")
+    if path:
+        try:
+            check_weights_readable(path)
+        except ValueError as e:
+            raise ConfigError(f"config error: model.path: {e}") from None
     if path and cfg.model.vision and not is_vlm_dir(path):
         raise ConfigError(f"config error: model.vision=true with model.path={path}, a text-only model "
                           "(no image processor and vision tower): model.vision builds the embedded "

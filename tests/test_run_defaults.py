@@ -3,6 +3,7 @@ VLM and its warm-start learning rate; what the user set is kept; the text main j
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -93,3 +94,22 @@ def test_partial_rollouts_on_an_image_env_are_refused_at_start_up(tmp_path):
         build(cfg)
     assert str(e.value).startswith("config error: a vision-language policy trains without")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_truncated_model_path_weights_file_is_a_config_error_before_out_is_written(tmp_path):
+    """`model.path` whose model.safetensors was cut short (an interrupted copy): start-up names
+    the file (it was a SafetensorError traceback after OUT/config.json was written), and
+    `load_model` (train, eval, `agentrl serve`) raises the same one-line ValueError."""
+    from agentrl.models.families import build_family
+    from agentrl.models.tiny import load_model
+
+    d = tmp_path / "qwen3"
+    build_family("qwen3", d, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+    w = d / "model.safetensors"
+    w.write_bytes(w.read_bytes()[:50])
+    cfg = load_config(None, ["env.name=toy", f"model.path={d}", "sft.steps=0", f"out={tmp_path / 'run'}"])
+    with pytest.raises(ConfigError, match=f"^config error: model.path: {re.escape(str(w))} is not a readable safetensors file"):
+        build(cfg)
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(ValueError, match=f"^{re.escape(str(w))} is not a readable safetensors file"):
+        load_model(d)

@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from agentrl.models.tiny import check_weights_readable
 from agentrl.rollout.chat import ChatRenderer, Message
 from agentrl.rollout.drift import episode_drift
 from agentrl.rollout.tool_format import detect_tool_parser
@@ -110,16 +111,13 @@ def _embedding_rows(path: Path) -> dict[str, int]:
         ValueError: a safetensors file whose header does not parse (truncated, not safetensors),
             naming the file.
     """
-    from safetensors import SafetensorError, safe_open
+    from safetensors import safe_open
 
+    check_weights_readable(path)
     files = sorted(path.glob("*.safetensors"))
     rows: dict[str, int] = {}
     for f in files:
-        try:
-            st_ctx = safe_open(str(f), framework="pt")
-        except (SafetensorError, OSError) as e:
-            raise ValueError(f"{f.name} is not a readable safetensors file ({e})") from e
-        with st_ctx as st:
+        with safe_open(str(f), framework="pt") as st:
             for key in st.keys():
                 if key.endswith(("embed_tokens.weight", "wte.weight", "word_embeddings.weight")):
                     rows["embedding"] = int(st.get_slice(key).get_shape()[0])

@@ -151,6 +151,6 @@ def test_a_corrupt_weights_file_is_a_report_line_not_a_traceback(tmp_path, dirs)
     res = CliRunner().invoke(app, ["doctor", "--model", str(d)])
     assert res.exit_code == 1, res.output
     last = res.output.strip().splitlines()[-1]
-    assert last.startswith("vocabulary: tokenizer 640, config 640: UNREADABLE: model.safetensors is not a "
+    assert last.startswith(f"vocabulary: tokenizer 640, config 640: UNREADABLE: {w} is not a "
                            "readable safetensors file ("), last
     assert res.output.splitlines()[1].startswith("end of turn: <|im_end|>")
