@@ -404,7 +404,8 @@ def doctor(
     """What this machine has for agentrl: sandbox backend and isolation, torch/CUDA devices, Ray,
     vLLM, plotting/TensorBoard, installed extras, with the fix for each missing part. Exit code 1
     when a part a default run needs is missing. With --model DIR: what agentrl makes of that
-    model's tokenizer and chat template (docs/models.md); exit 1 when it cannot use the template."""
+    model's tokenizer and chat template (docs/models.md); exit 1 when it cannot use the template
+    or cannot read the weights' safetensors headers."""
     if model is not None:
         _doctor_model(model)
         return
@@ -427,7 +428,7 @@ def _doctor_model(path: str) -> None:
         _fail(str(e))
     for line in format_report(rep):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
-    if "renderer_error" in rep:
+    if "renderer_error" in rep or rep["vocabulary"]["verdict"].startswith("UNREADABLE"):
         raise typer.Exit(1)
 
 

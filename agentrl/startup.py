@@ -29,7 +29,7 @@ from agentrl.infra.devices import resolve_device
 from agentrl.learner.checkpoints import RUN_CONFIG
 from agentrl.learner.local import latest_checkpoint
 from agentrl.log.metrics import check_wandb_login
-from agentrl.models.tiny import load_model
+from agentrl.models.tiny import check_weights_readable, load_model
 from agentrl.models.vlm import is_vlm_dir
 from agentrl.rollout.agent_loop import call_with_timeout
 from agentrl.rollout.envs import build_env
@@ -125,6 +125,11 @@ def preflight(cfg: Config) -> list[str]:
     if path and not (Path(path) / "config.json").is_file():
         raise ConfigError(f"config error: model.path: {path} holds no config.json (not a Hugging "
                           "Face model directory)")
+    if path:
+        try:
+            check_weights_readable(path)
+        except ValueError as e:
+            raise ConfigError(f"config error: model.path: {e}") from None
     if path and cfg.model.vision and not is_vlm_dir(path):
         raise ConfigError(f"config error: model.vision=true with model.path={path}, a text-only model "
                           "(no image processor and vision tower): model.vision builds the embedded "
@@ -368,8 +373,9 @@ def env_has_reference_answers(name: str) -> bool:
 
 def check_vision_training(cfg: Config) -> None:
     """With a vision-language policy (`model.vision`, or a `model.path` holding one), refuse at
-    start-up what does not run with images yet: LoRA, PPO's value head, a reference worker and
-    learner ranks (docs/multimodal.md). Ray rollout workers (`rollout.num_workers > 0`) and the
+    start-up what does not run with images yet: LoRA, PPO's value head, a reference worker,
+    learner ranks and partial rollouts (`rollout.partial`: the vision engine does not interrupt
+    a generation; without this check the run failed after its warm start; docs/multimodal.md). Ray rollout workers (`rollout.num_workers > 0`) and the
     vLLM engine (`rollout.engine=vllm`: token prompts plus images) do.
 
     Raises:
@@ -380,11 +386,12 @@ def check_vision_training(cfg: Config) -> None:
     bad = [(cfg.model.lora_r > 0, "model.lora_r=0"),
            (cfg.algo.name == "ppo", "an algorithm without a value head (grpo, rloo, ...)"),
            (cfg.placement.reference == "worker", "placement.reference other than worker"),
-           (cfg.train.learner_workers > 0, "train.learner_workers=0")]
+           (cfg.train.learner_workers > 0, "train.learner_workers=0"),
+           (cfg.rollout.partial, "rollout.partial=false")]
     need = [fix for hit, fix in bad if hit]
     if need:
         raise ValueError("a vision-language policy trains without LoRA, a value head, a reference "
-                         "worker or learner ranks for now; "
+                         "worker, learner ranks or partial rollouts for now; "
                          f"set {', '.join(need)} (docs/multimodal.md)")
 
 

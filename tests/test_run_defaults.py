@@ -3,13 +3,15 @@ VLM and its warm-start learning rate; what the user set is kept; the text main j
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
+import pytest
 import yaml
 
-from agentrl.config import Config, load_config
-from agentrl.run import VISION_DEFAULTS, env_observes_images, resolve_run_defaults
+from agentrl.config import Config, ConfigError, load_config
+from agentrl.run import VISION_DEFAULTS, build, env_observes_images, resolve_run_defaults
 
 
 def _resolved(*overrides: str) -> Config:
@@ -79,3 +81,35 @@ def test_eval_of_the_default_model_on_an_image_env_builds_the_vlm(tmp_path):
                                 "model.intermediate_size=64", "model.vocab_size=320",
                                 "model.vision_width=16", "model.vision_depth=1"])
     assert is_vlm_dir(tmp_path / "e" / "base_vlm") and s["overall"]["episodes"] == 1
+
+
+def test_partial_rollouts_on_an_image_env_are_refused_at_start_up(tmp_path):
+    """`--env visual_count rollout.mode=async rollout.partial=true`: the resolved VLM policy
+    cannot interrupt a generation, so start-up refuses it naming the key, before anything is
+    built or written (it failed with a traceback after the 300-step warm start before)."""
+
+    cfg = load_config(None, ["env.name=visual_count", "rollout.mode=async", "rollout.partial=true",
+                             f"out={tmp_path / 'run'}"])
+    with pytest.raises(ConfigError, match=r"rollout\.partial=false") as e:
+        build(cfg)
+    assert str(e.value).startswith("config error: a vision-language policy trains without")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_truncated_model_path_weights_file_is_a_config_error_before_out_is_written(tmp_path):
+    """`model.path` whose model.safetensors was cut short (an interrupted copy): start-up names
+    the file (it was a SafetensorError traceback after OUT/config.json was written), and
+    `load_model` (train, eval, `agentrl serve`) raises the same one-line ValueError."""
+    from agentrl.models.families import build_family
+    from agentrl.models.tiny import load_model
+
+    d = tmp_path / "qwen3"
+    build_family("qwen3", d, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+    w = d / "model.safetensors"
+    w.write_bytes(w.read_bytes()[:50])
+    cfg = load_config(None, ["env.name=toy", f"model.path={d}", "sft.steps=0", f"out={tmp_path / 'run'}"])
+    with pytest.raises(ConfigError, match=f"^config error: model.path: {re.escape(str(w))} is not a readable safetensors file"):
+        build(cfg)
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(ValueError, match=f"^{re.escape(str(w))} is not a readable safetensors file"):
+        load_model(d)

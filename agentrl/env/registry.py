@@ -180,7 +180,8 @@ def resolve_env_id(name: str) -> str:
     raise ValueError(f"env: unknown environment {name!r}; registered: {', '.join(known)}. An env "
                      "registered in your own module: add --import MODULE (e.g. --import my_envs for "
                      "./my_envs.py), or give 'module:Class'; an installed package: declare an entry "
-                     f"point in the group '{ENTRY_POINT_GROUP}'")
+                     f"point in the group '{ENTRY_POINT_GROUP}'; reasoning-gym's datasets: "
+                     f"'{REASONING_GYM_PREFIX}NAME' (e.g. {REASONING_GYM_PREFIX}basic_arithmetic)")
 
 
 def make_env(name: str, *, max_turns: int | None = None, env_kwargs: dict[str, Any] | None = None,

@@ -296,6 +296,25 @@ def build_tiny_model(
     return str(out)
 
 
+def check_weights_readable(path: str | Path) -> None:
+    """Parse the header of every `*.safetensors` file in directory `path` (the header only, not
+    the tensors: cheap for any size), so that a truncated or foreign file is one clear error
+    instead of a `SafetensorError` traceback from inside transformers.
+
+    Raises:
+        ValueError: naming the file and the parser's message.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    for f in sorted(Path(path).glob("*.safetensors")):
+        try:
+            with safe_open(str(f), framework="pt"):
+                pass
+        except (SafetensorError, OSError) as e:
+            raise ValueError(f"{f} is not a readable safetensors file ({e}): a truncated or "
+                             "interrupted copy?") from None
+
+
 def load_model(
     path: str | Path, *, dtype: torch.dtype | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -311,13 +330,16 @@ def load_model(
 
     Raises:
         FileNotFoundError: if `path` is not a directory.
-        OSError / ValueError: from transformers, if the directory is not a causal-LM model.
+        OSError / ValueError: from transformers, if the directory is not a causal-LM model;
+            ValueError naming a weights file whose safetensors header does not parse
+            (`check_weights_readable`).
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not Path(path).is_dir():
         raise FileNotFoundError(f"model directory not found: {path}")
+    check_weights_readable(path)
     dtype = torch.float32 if dtype is None else dtype
     tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     if tokenizer.pad_token is None:

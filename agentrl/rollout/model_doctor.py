@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from agentrl.models.tiny import check_weights_readable
 from agentrl.rollout.chat import ChatRenderer, Message
 from agentrl.rollout.drift import episode_drift
 from agentrl.rollout.tool_format import detect_tool_parser
@@ -104,9 +105,15 @@ def system_role(r: ChatRenderer) -> str:
 
 def _embedding_rows(path: Path) -> dict[str, int]:
     """Rows of the input embedding and of an untied output head, from the safetensors headers
-    (`{}` without safetensors files)."""
+    (`{}` without safetensors files).
+
+    Raises:
+        ValueError: a safetensors file whose header does not parse (truncated, not safetensors),
+            naming the file.
+    """
     from safetensors import safe_open
 
+    check_weights_readable(path)
     files = sorted(path.glob("*.safetensors"))
     rows: dict[str, int] = {}
     for f in files:
@@ -122,7 +129,8 @@ def _embedding_rows(path: Path) -> dict[str, int]:
 def vocabulary(tok: Any, path: Path) -> dict[str, Any]:
     """`tokenizer` (len), `config` (config.json's vocab_size, or the text config's), embedding
     and lm_head rows when present, and `verdict`: `ok`, `padded: N rows beyond the tokenizer
-    (sliced off the logits)`, or `MISMATCH: ...` (ids the model has no row for)."""
+    (sliced off the logits)`, `MISMATCH: ...` (ids the model has no row for) or `UNREADABLE: ...`
+    (a safetensors file whose header does not parse: the run could not load the weights)."""
     out: dict[str, Any] = {"tokenizer": len(tok)}
     cfg_file = path / "config.json"
     if cfg_file.exists():
@@ -130,7 +138,11 @@ def vocabulary(tok: Any, path: Path) -> dict[str, Any]:
         size = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
         if size is not None:
             out["config"] = int(size)
-    out.update(_embedding_rows(path))
+    try:
+        out.update(_embedding_rows(path))
+    except ValueError as e:
+        out["verdict"] = f"UNREADABLE: {e}"
+        return out
     sizes = [out[k] for k in ("config", "embedding", "lm_head") if k in out]
     if not sizes:
         out["verdict"] = "no config.json or weights to compare with"

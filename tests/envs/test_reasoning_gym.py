@@ -83,3 +83,10 @@ def test_two_grpo_steps_on_the_tiny_model(tmp_path, tiny_model_dir):
     metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert len([m for m in metrics if "loss/logp_mismatch_max" in m]) == 2
     assert (tmp_path / "run" / "checkpoints" / "step_2").is_dir()
+
+
+def test_the_bare_name_points_to_the_prefix():
+    """`--env reasoning_gym` (no dataset): the unknown-env error says how to name one."""
+    with pytest.raises(ValueError, match=r"reasoning-gym's datasets: 'reasoning_gym:NAME' "
+                                         r"\(e\.g\. reasoning_gym:basic_arithmetic\)$"):
+        resolve_env_id("reasoning_gym")

@@ -136,3 +136,21 @@ def test_a_template_without_an_end_of_turn_token_fails_with_exit_1(tmp_path):
                         "(no control token follows an assistant message)")
     assert lines[2].startswith("tool format (rollout.tool_parser=auto): hermes (no tool-call format recognised")
     assert lines[3] == f"vocabulary: tokenizer {len(tok)}: no config.json or weights to compare with"
+
+
+def test_a_corrupt_weights_file_is_a_report_line_not_a_traceback(tmp_path, dirs):
+    """A truncated model.safetensors (an interrupted copy): the report still prints, its
+    vocabulary line says which file cannot be read, and the exit code is 1 (the run could not
+    load the weights)."""
+    import shutil
+
+    d = tmp_path / "qwen3"
+    shutil.copytree(dirs["qwen3"], d)
+    w = d / "model.safetensors"
+    w.write_bytes(w.read_bytes()[:50])
+    res = CliRunner().invoke(app, ["doctor", "--model", str(d)])
+    assert res.exit_code == 1, res.output
+    last = res.output.strip().splitlines()[-1]
+    assert last.startswith(f"vocabulary: tokenizer 640, config 640: UNREADABLE: {w} is not a "
+                           "readable safetensors file ("), last
+    assert res.output.splitlines()[1].startswith("end of turn: <|im_end|>")
