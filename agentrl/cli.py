@@ -419,7 +419,12 @@ def doctor(
 def _doctor_model(path: str) -> None:
     import transformers
 
-    from agentrl.rollout.model_doctor import DoctorError, format_report, inspect_model
+    from agentrl.rollout.model_doctor import (
+        FATAL_VERDICTS,
+        DoctorError,
+        format_report,
+        inspect_model,
+    )
 
     transformers.utils.logging.set_verbosity_error()
     try:
@@ -428,7 +433,7 @@ def _doctor_model(path: str) -> None:
         _fail(str(e))
     for line in format_report(rep):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
-    if "renderer_error" in rep or rep["vocabulary"]["verdict"].startswith("UNREADABLE"):
+    if "renderer_error" in rep or rep["vocabulary"]["verdict"].startswith(FATAL_VERDICTS):
         raise typer.Exit(1)
 
 

@@ -113,3 +113,26 @@ def test_a_truncated_model_path_weights_file_is_a_config_error_before_out_is_wri
     assert not (tmp_path / "run").exists()
     with pytest.raises(ValueError, match=f"^{re.escape(str(w))} is not a readable safetensors file"):
         load_model(d)
+
+
+def test_weights_that_do_not_fit_config_vocab_size_are_a_config_error_before_out_is_written(tmp_path):
+    """config.json's vocab_size 8 below the embedding's rows (an embedding resized without
+    saving config.json): start-up names both sizes (it was a transformers "size mismatch"
+    traceback after OUT/config.json was written), and `load_model` raises the same line."""
+    import json
+
+    from agentrl.models.families import build_family
+    from agentrl.models.tiny import load_model
+
+    d = tmp_path / "qwen3"
+    build_family("qwen3", d, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+    c = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**c, "vocab_size": c["vocab_size"] - 8}))
+    want = (f"{d / 'config.json'} says vocab_size {c['vocab_size'] - 8} but the weights' embedding has "
+            f"{c['vocab_size']} rows")
+    cfg = load_config(None, ["env.name=toy", f"model.path={d}", "sft.steps=0", f"out={tmp_path / 'run'}"])
+    with pytest.raises(ConfigError, match=f"^config error: model.path: {re.escape(want)}"):
+        build(cfg)
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(ValueError, match=f"^{re.escape(want)}"):
+        load_model(d)

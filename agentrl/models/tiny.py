@@ -10,6 +10,7 @@ functions, so importing this module is cheap and has no side effects.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -296,23 +297,65 @@ def build_tiny_model(
     return str(out)
 
 
-def check_weights_readable(path: str | Path) -> None:
-    """Parse the header of every `*.safetensors` file in directory `path` (the header only, not
-    the tensors: cheap for any size), so that a truncated or foreign file is one clear error
-    instead of a `SafetensorError` traceback from inside transformers.
+def weight_rows(path: str | Path) -> dict[str, int]:
+    """Rows of the input embedding (`embedding`) and of an untied output head (`lm_head`) of
+    the model directory `path`, from its safetensors headers (`{}` without safetensors files).
 
     Raises:
-        ValueError: naming the file and the parser's message.
+        ValueError: a safetensors file whose header does not parse, naming the file.
     """
     from safetensors import SafetensorError, safe_open
 
+    rows: dict[str, int] = {}
     for f in sorted(Path(path).glob("*.safetensors")):
         try:
-            with safe_open(str(f), framework="pt"):
-                pass
+            with safe_open(str(f), framework="pt") as st:
+                for key in st.keys():
+                    if key.endswith(("embed_tokens.weight", "wte.weight", "word_embeddings.weight")):
+                        rows["embedding"] = int(st.get_slice(key).get_shape()[0])
+                    elif key.endswith("lm_head.weight"):
+                        rows["lm_head"] = int(st.get_slice(key).get_shape()[0])
         except (SafetensorError, OSError) as e:
             raise ValueError(f"{f} is not a readable safetensors file ({e}): a truncated or "
                              "interrupted copy?") from None
+    return rows
+
+
+def config_vocab_size(path: str | Path) -> int | None:
+    """`vocab_size` of `path`/config.json (or of its `text_config`); None without either."""
+    f = Path(path) / "config.json"
+    if not f.is_file():
+        return None
+    cfg = json.loads(f.read_text())
+    size = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
+    return None if size is None else int(size)
+
+
+def check_weights_readable(path: str | Path) -> None:
+    """Parse the header of every `*.safetensors` file in directory `path` (the header only, not
+    the tensors: cheap for any size) and compare the embedding and output-head rows with
+    config.json's `vocab_size`, so that a truncated or foreign file, or weights saved after a
+    resize without updating config.json, is one clear error instead of a `SafetensorError` or a
+    "size mismatch" `RuntimeError` traceback from inside transformers.
+
+    Raises:
+        ValueError: naming the file and the parser's message, or the config's vocab_size and
+            the tensor's rows.
+    """
+    problem = rows_mismatch(path, weight_rows(path), config_vocab_size(path))
+    if problem:
+        raise ValueError(problem)
+
+
+def rows_mismatch(path: str | Path, rows: dict[str, int], vocab_size: int | None) -> str | None:
+    """What is wrong when a weight's rows (`weight_rows`) differ from config.json's
+    `vocab_size` (transformers refuses to load such weights), or None."""
+    for name, n in rows.items():
+        if vocab_size is not None and n != vocab_size:
+            return (f"{Path(path) / 'config.json'} says vocab_size {vocab_size} but the weights' "
+                    f"{name} has {n} rows: the weights do not fit the config (an embedding resized "
+                    "without saving config.json?); fix vocab_size or the weights")
+    return None
 
 
 def load_model(

@@ -13,11 +13,10 @@ first user turn, dropped or refused; and the tokenizer's size against the config
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from agentrl.models.tiny import check_weights_readable
+from agentrl.models.tiny import config_vocab_size, rows_mismatch, weight_rows
 from agentrl.rollout.chat import ChatRenderer, Message
 from agentrl.rollout.drift import episode_drift
 from agentrl.rollout.tool_format import detect_tool_parser
@@ -103,49 +102,34 @@ def system_role(r: ChatRenderer) -> str:
     return "folded into the user turn" if folded == text else "rendered"
 
 
-def _embedding_rows(path: Path) -> dict[str, int]:
-    """Rows of the input embedding and of an untied output head, from the safetensors headers
-    (`{}` without safetensors files).
-
-    Raises:
-        ValueError: a safetensors file whose header does not parse (truncated, not safetensors),
-            naming the file.
-    """
-    from safetensors import safe_open
-
-    check_weights_readable(path)
-    files = sorted(path.glob("*.safetensors"))
-    rows: dict[str, int] = {}
-    for f in files:
-        with safe_open(str(f), framework="pt") as st:
-            for key in st.keys():
-                if key.endswith(("embed_tokens.weight", "wte.weight", "word_embeddings.weight")):
-                    rows["embedding"] = int(st.get_slice(key).get_shape()[0])
-                elif key.endswith("lm_head.weight"):
-                    rows["lm_head"] = int(st.get_slice(key).get_shape()[0])
-    return rows
-
-
 def vocabulary(tok: Any, path: Path) -> dict[str, Any]:
     """`tokenizer` (len), `config` (config.json's vocab_size, or the text config's), embedding
     and lm_head rows when present, and `verdict`: `ok`, `padded: N rows beyond the tokenizer
-    (sliced off the logits)`, `MISMATCH: ...` (ids the model has no row for) or `UNREADABLE: ...`
-    (a safetensors file whose header does not parse: the run could not load the weights)."""
+    (sliced off the logits)`, `MISMATCH: ...` (ids the model has no row for, or weights whose
+    rows differ from config.json's vocab_size: transformers cannot load them), `UNREADABLE: ...`
+    (a safetensors file whose header does not parse) or `MISSING: ...` (no config.json: no
+    model to load). The last three stop a run; `agentrl doctor` exits 1 on them."""
     out: dict[str, Any] = {"tokenizer": len(tok)}
-    cfg_file = path / "config.json"
-    if cfg_file.exists():
-        cfg = json.loads(cfg_file.read_text())
-        size = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
-        if size is not None:
-            out["config"] = int(size)
+    if not (path / "config.json").is_file():
+        out["verdict"] = (f"MISSING: {path} has no config.json (agentrl train/serve/eval cannot load "
+                          "a model from it; only the tokenizer was checked)")
+        return out
+    size = config_vocab_size(path)
+    if size is not None:
+        out["config"] = size
     try:
-        out.update(_embedding_rows(path))
+        rows = weight_rows(path)
     except ValueError as e:
         out["verdict"] = f"UNREADABLE: {e}"
         return out
+    out.update(rows)
+    problem = rows_mismatch(path, rows, size)
+    if problem:
+        out["verdict"] = f"MISMATCH: {problem}"
+        return out
     sizes = [out[k] for k in ("config", "embedding", "lm_head") if k in out]
     if not sizes:
-        out["verdict"] = "no config.json or weights to compare with"
+        out["verdict"] = "no vocab_size or weights to compare with"
     elif min(sizes) < len(tok):
         out["verdict"] = f"MISMATCH: the tokenizer has {len(tok)} tokens, the model {min(sizes)} rows"
     elif max(sizes) > len(tok):
@@ -153,6 +137,10 @@ def vocabulary(tok: Any, path: Path) -> dict[str, Any]:
     else:
         out["verdict"] = "ok"
     return out
+
+
+#: `vocabulary` verdicts with which a run cannot start (`agentrl doctor` exits 1)
+FATAL_VERDICTS = ("MISMATCH", "UNREADABLE", "MISSING")
 
 
 def inspect_model(path: str | Path, template_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -83,8 +83,42 @@ def test_padded_embedding_rows_are_reported(tmp_path):
     assert v["verdict"] == "padded: 64 rows beyond the tokenizer (sliced off the logits)"
     c = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**c, "vocab_size": len(tok) - 8}))
+    # config.json no longer fits the weights (transformers refuses to load them): MISMATCH
+    # names both sizes, and doctor exits 1 (it said the tokenizer was the problem, and exit 0)
+    assert inspect_model(tmp_path)["vocabulary"]["verdict"] == (
+        f"MISMATCH: {tmp_path / 'config.json'} says vocab_size {len(tok) - 8} but the weights' "
+        f"embedding has {len(tok) + 64} rows: the weights do not fit the config (an embedding "
+        "resized without saving config.json?); fix vocab_size or the weights")
+    res = CliRunner().invoke(app, ["doctor", "--model", str(tmp_path)])
+    assert res.exit_code == 1 and "MISMATCH" in res.output.splitlines()[-1], res.output
+
+
+def test_fewer_rows_than_the_tokenizer_has_ids_is_a_mismatch_and_exit_1(tmp_path):
+    """Config and weights agree, but the tokenizer has 8 ids beyond the embedding: a sampled or
+    rendered id past the table would crash the run: MISMATCH, exit 1."""
+    from transformers import Qwen2ForCausalLM
+
+    tok = build_family_tokenizer(FAMILIES["qwen2_5"])
+    cfg = family_config(FAMILIES["qwen2_5"], tok, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+    cfg.vocab_size = len(tok) - 8
+    Qwen2ForCausalLM(cfg).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
     assert inspect_model(tmp_path)["vocabulary"]["verdict"] == (
         f"MISMATCH: the tokenizer has {len(tok)} tokens, the model {len(tok) - 8} rows")
+    res = CliRunner().invoke(app, ["doctor", "--model", str(tmp_path)])
+    assert res.exit_code == 1, res.output
+
+
+def test_a_directory_without_config_json_is_missing_and_exit_1(tmp_path):
+    """A tokenizer alone (no config.json): the template report prints, the vocabulary line says
+    config.json is missing, exit 1 (it said `ok`-like and exit 0 while train refuses it)."""
+    tok = build_family_tokenizer(FAMILIES["llama3_1"])
+    tok.save_pretrained(tmp_path)
+    res = CliRunner().invoke(app, ["doctor", "--model", str(tmp_path)])
+    assert res.exit_code == 1, res.output
+    assert res.output.splitlines()[-1] == (
+        f"vocabulary: tokenizer {len(tok)}: MISSING: {tmp_path} has no config.json (agentrl "
+        "train/serve/eval cannot load a model from it; only the tokenizer was checked)")
 
 
 def test_a_directory_without_tokenizer_or_template_is_a_one_line_error(tmp_path, dirs):
@@ -135,7 +169,8 @@ def test_a_template_without_an_end_of_turn_token_fails_with_exit_1(tmp_path):
     assert lines[1] == ("chat template: FAIL: chat template: cannot locate the assistant's end-of-turn token "
                         "(no control token follows an assistant message)")
     assert lines[2].startswith("tool format (rollout.tool_parser=auto): hermes (no tool-call format recognised")
-    assert lines[3] == f"vocabulary: tokenizer {len(tok)}: no config.json or weights to compare with"
+    assert lines[3] == (f"vocabulary: tokenizer {len(tok)}: MISSING: {tmp_path} has no config.json (agentrl "
+                        "train/serve/eval cannot load a model from it; only the tokenizer was checked)")
 
 
 def test_a_corrupt_weights_file_is_a_report_line_not_a_traceback(tmp_path, dirs):
