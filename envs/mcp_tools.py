@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.env.base import TextEnv
+from agentrl.env.splits import MIN_TASKS_TO_HOLD_OUT, heldout_is_train_note
 from agentrl_envs.tool_env import ToolEnv
 from agentrl_envs.web_qa import extract_answer, normalize_answer
 from agentrl_tools.mcp_client import connection_tools, parse_servers, shared_connection
@@ -205,7 +206,7 @@ def split_tasks(tasks: list[dict[str, Any]], split: str, heldout: str | None) ->
         return list(tasks)
     if heldout is not None:
         return load_qa_tasks(heldout) if split == "heldout" else list(tasks)
-    if len(tasks) < 5:
+    if len(tasks) < MIN_TASKS_TO_HOLD_OUT:
         return list(tasks)
     return [t for i, t in enumerate(tasks) if (i % 5 == 4) == (split == "heldout")]
 
@@ -244,7 +245,11 @@ class MCPToolsEnv(ToolEnv):
                  connect_timeout_s: float = 30.0, system_prompt: str = SYSTEM_PROMPT):
         if dataset is None:
             raise ValueError("env mcp_tools: give the task file (--dataset tasks.jsonl)")
-        tasks = split_tasks(load_qa_tasks(dataset), split, heldout)
+        every = load_qa_tasks(dataset)
+        tasks = split_tasks(every, split, heldout)
+        self.dataset = dataset
+        self.n_tasks = len(every)
+        self.heldout_is_train = heldout is None and len(every) < MIN_TASKS_TO_HOLD_OUT
         if not tasks:
             raise ValueError(f"env mcp_tools: split {split!r} of {dataset} has no tasks")
         specs = parse_servers(servers)
@@ -264,6 +269,11 @@ class MCPToolsEnv(ToolEnv):
                          max_tool_calls=max_tool_calls, timeout_s=timeout_s,
                          tool_call_penalty=tool_call_penalty, tool_error_penalty=tool_error_penalty,
                          tools_in_prompt=tools_in_prompt, max_output_chars=max_output_chars)
+
+    def startup_notes(self) -> list[str]:
+        """The `[run]` line's (and `agentrl eval`'s) warning when the held-out tasks are the
+        training tasks (fewer than 5 tasks and no `heldout` file)."""
+        return [heldout_is_train_note(self.n_tasks, self.dataset)] if self.heldout_is_train else []
 
     def reference_answer(self) -> str | None:
         """The inner env's `Answer: <gold>` (the warm start's target: the answer format; which

@@ -36,6 +36,7 @@ import httpx
 import openai
 
 from agentrl.env.base import TextEnv
+from agentrl.env.splits import heldout_is_train_note
 from agentrl.gateway.server import RunState, Session, shared_gateway
 from agentrl.rollout.engines.base import SamplingParams
 from agentrl.types import Trajectory
@@ -172,10 +173,7 @@ class AgentEnv(TextEnv):
         figures then measure the tasks it trained on."""
         if not self.heldout_is_train:
             return []
-        n = len(self._tasks)
-        return [f"warning: held-out == train: the {n} task{'s' * (n != 1)} of {self.dataset} are both the "
-                "training and the held-out tasks (every fifth task is held out from 5 tasks on); "
-                "give 5 or more tasks, or env.kwargs.heldout=FILE"]
+        return [heldout_is_train_note(len(self._tasks), self.dataset)]
 
     def tasks(self) -> list[dict[str, Any]]:
         """The task records of this split (evaluation resets task i with `options.task_index`)."""

@@ -160,6 +160,17 @@ def source_end(cfg: Config, start: int) -> int:
     return min(cfg.train.steps, (start // every + 1) * every) if every else cfg.train.steps
 
 
+def actor_threads(cfg: Any) -> int:
+    """Actor threads of an async run: `rollout.batches_in_flight`, at most
+    `train.max_staleness + 1` (batch `s` waits for version `s - max_staleness`, so with version
+    `v` only batches `v .. v + max_staleness` can sample at once: more threads would only wait
+    at the gate, each holding its own env set). With the defaults (`max_staleness=0`,
+    `batches_in_flight=2`): 1, and the batches are the sync loop's either way
+    (`agentrl.rollout.source`); the run used to warn about the idle thread on every async run
+    with the defaults."""
+    return max(1, min(int(cfg.rollout.batches_in_flight), int(cfg.train.max_staleness) + 1))
+
+
 def make_source(lp: Loop, start: int) -> Any:
     """Where batches `start, start+1, ...` come from: sampled on demand (sync), or by actor
     threads that sample ahead with bounded staleness (async), up to the next checkpoint step
@@ -168,16 +179,12 @@ def make_source(lp: Loop, start: int) -> Any:
     resumed async run samples what the uninterrupted one did (docs/observability.md)."""
     cfg = lp.cfg
     lp.source_start = start
-    if start == lp.start_step and cfg.rollout.mode == "async" and cfg.train.max_staleness == 0 \
-            and cfg.rollout.batches_in_flight > 1:
-        lp.say("[warning] train.max_staleness=0: one batch samples at a time (each needs the previous "
-               "update), so rollout.batches_in_flight > 1 only adds idle actor threads and env sets")
     batch = lambda step: run_batch(lp, step)  # noqa: E731
     apply = lambda sd, v: apply_weights(lp, sd, v)  # noqa: E731
     if cfg.rollout.mode == "async":
         src = AsyncSource(batch, apply, start=start, version=lp.version,
                           max_staleness=cfg.train.max_staleness, queue_size=cfg.rollout.queue_size,
-                          batches_in_flight=cfg.rollout.batches_in_flight, end=source_end(cfg, start))
+                          batches_in_flight=actor_threads(cfg), end=source_end(cfg, start))
         if cfg.rollout.partial:  # pushes land at the engine's next token boundary
             inner(lp.engine).weight_poll = partial(poll_weights, lp, src)
         return src

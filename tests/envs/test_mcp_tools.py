@@ -124,6 +124,21 @@ def test_a_hung_server_is_restarted_at_the_next_episode(tasks, monkeypatch):
 
 
 @pytest.mark.slow
+def test_fewer_than_5_tasks_say_held_out_is_train_at_start_up(tasks, tmp_path):
+    """2 tasks and no heldout file: both splits are the 2 tasks, and `startup_notes` (the
+    `[run]` line, `agentrl eval`) says so, as the agent env does; from 5 tasks on, every fifth
+    is held out and nothing is said (it evaluated the training tasks silently)."""
+    env = MCPToolsEnv(str(tasks), [{"command": STDIO, "name": "calc"}])
+    assert env.startup_notes() == [
+        f"warning: held-out == train: the 2 tasks of {tasks} are both the training and the held-out "
+        "tasks (every fifth task is held out from 5 tasks on); give 5 or more tasks, or "
+        "env.kwargs.heldout=FILE"]
+    five = tmp_path / "five.jsonl"
+    five.write_text("".join(json.dumps({"question": f"q{i}", "answer": i}) + "\n" for i in range(5)))
+    assert MCPToolsEnv(str(five), [{"command": STDIO, "name": "calc"}]).startup_notes() == []
+    assert MCPToolsEnv(str(tasks), [{"command": STDIO, "name": "calc"}], heldout=str(five)).startup_notes() == []
+
+
 def test_two_servers_with_one_tool_name_need_a_prefix(tasks):
     """(slow: two server starts, ~6 s)"""
     with pytest.raises(ValueError, match="servers 'one' and 'two' both offer a tool 'add'; give one a 'prefix'"):

@@ -346,3 +346,18 @@ def test_async_two_batches_in_flight_run(tmp_path):
     assert all(0 <= r["async/batches_in_flight"] <= 2 for r in steps)
     assert [r["perf/loop_s"] for r in steps] == sorted(r["perf/loop_s"] for r in steps)
     assert threading.active_count() < 50
+
+
+def test_actor_threads_are_capped_at_max_staleness_plus_one():
+    """With version v only batches v .. v + K can pass the staleness gate, so more than K + 1
+    actor threads would only wait (and hold env sets): the defaults (K=0, 2 in flight) give 1
+    thread, and no warning on every async run."""
+    from agentrl.config import Config
+    from agentrl.rollout.stages import actor_threads
+
+    def threads(bif: int | None, k: int) -> int:
+        ro = {"mode": "async", **({} if bif is None else {"batches_in_flight": bif})}
+        return actor_threads(Config.model_validate({"rollout": ro, "train": {"max_staleness": k}}))
+
+    assert [threads(None, 0), threads(2, 1), threads(3, 1), threads(1, 5), threads(4, 2), threads(2, 4)] == \
+        [1, 2, 2, 1, 3, 2]
