@@ -35,7 +35,8 @@ def load_record(path: Path) -> dict[str, Any] | None:
 
 def store_record(path: Path, record: dict[str, Any]) -> None:
     """Write `record` (JSON-serialisable) to `path` atomically, creating its folder; an
-    `OSError` (a read-only or full cache) leaves the cache as it was and is not raised.
+    `OSError` (a read-only or full cache) leaves the cache as it was and is not raised. A write
+    that fails leaves no temporary file behind.
 
     Raises:
         TypeError: `record` holds a value JSON cannot encode (a bug of the caller).
@@ -43,8 +44,14 @@ def store_record(path: Path, record: dict[str, Any]) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    except OSError:  # a read-only cache is only slower
+        return
+    try:
         with os.fdopen(fd, "w") as f:
             json.dump(record, f)
         os.replace(tmp, path)
-    except OSError:  # a read-only cache is only slower
+    except OSError:  # a full cache, or a folder where the file should be: only slower
         pass
+    finally:
+        if os.path.exists(tmp):  # the write or the replace failed (a replaced file is gone)
+            os.unlink(tmp)

@@ -63,3 +63,55 @@ def test_the_envs_read_their_own_field_and_miss_on_a_bad_one(tmp_path):
     assert reference_check._load(p) is None and trivial_probe._load(p) is None
     p.write_text('{"verdict": "pass"')
     assert reference_check._load(p) is None and trivial_probe._load(p) is None
+
+
+def test_a_failed_write_leaves_no_temporary_file_and_the_old_record(tmp_path):
+    """A value JSON cannot encode raises (the caller's bug) and a folder where the file should be
+    is not an error; neither leaves a `.tmp-*` file nor touches the record already there."""
+    p = tmp_path / "k.json"
+    store_record(p, {"verdict": "pass"})
+    try:
+        store_record(p, {"verdict": object()})
+    except TypeError:
+        pass
+    else:
+        raise AssertionError("a value JSON cannot encode must raise TypeError")
+    assert load_record(p) == {"verdict": "pass"}
+    (tmp_path / "d.json").mkdir()  # os.replace of a file onto a folder fails
+    store_record(tmp_path / "d.json", {"verdict": "fail"})
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["d.json", "k.json"]
+
+
+def test_writers_racing_on_one_key_never_show_a_reader_half_a_record(tmp_path):
+    """4 threads replace one key 50 times each with records of different sizes (1 B to 120 KB of
+    text) while a reader reads it: every read is one of the written records, whole (never a
+    miss after the first write, never a mix), and no temporary file is left (a plain
+    `write_text` instead fails this test)."""
+    import threading
+
+    p = tmp_path / "k.json"
+    records = [{"w": w, "blob": "x" * (w * 40_000 + 1)} for w in range(4)]
+    store_record(p, records[0])
+    stop, seen, bad = threading.Event(), [], []
+
+    def read():
+        while not stop.is_set():
+            r = load_record(p)
+            (seen if r in records else bad).append(r if r is None else r["w"])
+
+    def write(w):
+        for _ in range(50):
+            store_record(p, records[w])
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    writers = [threading.Thread(target=write, args=(w,)) for w in range(4)]
+    for t in writers:
+        t.start()
+    for t in writers:
+        t.join()
+    stop.set()
+    reader.join()
+    assert not bad and seen
+    assert load_record(p) in records
+    assert [x.name for x in tmp_path.iterdir()] == ["k.json"]
