@@ -166,10 +166,18 @@ def log_step(lp: Any, step: int, m: dict[str, float], trajs: list[Trajectory]) -
 
 def before_temperature(out: Path, default: float) -> float:
     """The sampling temperature of the before-RL evaluation recorded in OUT/eval_before.json
-    (a resumed run may evaluate after RL at another `rollout.temperature`); `default` when the
-    file or its `temperature` is absent (files written before it was recorded)."""
-    f = out / "eval_before.json"
-    return float(json.loads(f.read_text()).get("temperature", default)) if f.exists() else default
+    (a resumed run may evaluate after RL at another `rollout.temperature`); for a file written
+    before it was recorded, the one in OUT/eval/before/summary.json (`meta.temperature`,
+    `agentrl.eval.harness.run_eval`); `default` when neither has it."""
+    for f, read in ((out / "eval_before.json", lambda d: d.get("temperature")),
+                    (out / "eval" / "before" / "summary.json", lambda d: (d.get("meta") or {}).get("temperature"))):
+        try:
+            t = read(json.loads(f.read_text()))
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(t, (int, float)):
+            return float(t)
+    return default
 
 
 def report(lp: Any, before: dict[str, float], after: dict[str, float], final: Path,

@@ -348,3 +348,10 @@ def test_a_resume_at_another_temperature_labels_each_evaluation_with_its_own(tin
     assert res.exit_code == 0, res.output
     assert "[eval] held-out (before RL at T=1.0, after RL at T=0.7, 1 tasks x 1" in res.output, res.output
     assert "temperature" not in json.loads((out / "summary.json").read_text())["eval_before"]
+    # a run whose eval_before.json was written before it recorded T: OUT/eval/before/summary.json's
+    old = json.loads((out / "eval_before.json").read_text())
+    del old["temperature"]
+    (out / "eval_before.json").write_text(json.dumps(old))
+    res = CliRunner().invoke(app, ["train", "--resume", str(out), "train.steps=3", "rollout.temperature=0.5"])
+    assert res.exit_code == 0, res.output
+    assert "[eval] held-out (before RL at T=1.0, after RL at T=0.5, 1 tasks x 1" in res.output, res.output
