@@ -119,6 +119,17 @@ def test_a_model_path_with_fewer_embedding_rows_than_tokenizer_ids_is_refused_be
                             f"embedding rows (ids >= 600 have none); agentrl doctor --model {d}")
     assert not (tmp_path / "run").exists()
     preflight(load_config(None, ["env.name=toy", f"model.path={tmp_path / 'padded'}", "sft.steps=0"]))
+    # `agentrl serve` / `agentrl eval` load it with load_model: the same refusal (serve started and
+    # would crash at the first <tool_call>), the padded model loads
+    import torch
+
+    from agentrl.models.tiny import load_model
+
+    with pytest.raises(ValueError, match=f"^{re.escape(str(d))}: the tokenizer has 640 tokens but the model "
+                                         "600 embedding rows: ids 600-639 "):
+        load_model(d)
+    padded, _ = load_model(tmp_path / "padded")
+    padded(torch.tensor([[len(tok) - 1]]))  # the tokenizer's last id has a row
 
 
 def test_a_truncated_model_path_weights_file_is_a_config_error_before_out_is_written(tmp_path):

@@ -358,6 +358,21 @@ def rows_mismatch(path: str | Path, rows: dict[str, int], vocab_size: int | None
     return None
 
 
+def tokenizer_overflow(path: str | Path, tokenizer: Any) -> str | None:
+    """What is wrong when `tokenizer` (of model directory `path`) has ids the model has no
+    embedding row for (config.json's `vocab_size` or the weights' rows below `len(tokenizer)`):
+    the first such token (qwen's `<tool_call>`, ...) is an `IndexError` inside the embedding.
+    None otherwise; rows beyond the tokenizer are padding (many Hugging Face models), fine."""
+    sizes = [n for n in (config_vocab_size(path), *weight_rows(path).values()) if n is not None]
+    n = len(tokenizer)
+    if not sizes or min(sizes) >= n:
+        return None
+    rows = min(sizes)
+    past = ", ".join(map(str, tokenizer.convert_ids_to_tokens(list(range(rows, min(n, rows + 3))))))
+    return (f"{path}: the tokenizer has {n} tokens but the model {rows} embedding rows: ids {rows}-{n - 1} "
+            f"({past}{', ...' if n - rows > 3 else ''}) have none; agentrl doctor --model {path}")
+
+
 def load_model(
     path: str | Path, *, dtype: torch.dtype | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -375,7 +390,8 @@ def load_model(
         FileNotFoundError: if `path` is not a directory.
         OSError / ValueError: from transformers, if the directory is not a causal-LM model;
             ValueError naming a weights file whose safetensors header does not parse
-            (`check_weights_readable`).
+            (`check_weights_readable`), or a tokenizer with ids past the embedding rows
+            (`tokenizer_overflow`: `agentrl serve`/`eval` would crash on the first such token).
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -385,6 +401,9 @@ def load_model(
     check_weights_readable(path)
     dtype = torch.float32 if dtype is None else dtype
     tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    problem = tokenizer_overflow(path, tokenizer)
+    if problem:
+        raise ValueError(problem)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token if tokenizer.eos_token is not None else tokenizer.unk_token
     tokenizer.padding_side = "left"
