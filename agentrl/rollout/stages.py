@@ -203,11 +203,12 @@ def inner(engine: Any) -> Any:
     """The engine behind a `LockedEngine` (or `engine` itself).
 
     Raises:
-        ValueError: it has no `weight_poll` (partial rollouts need the in-process text HF engine).
+        ValueError: it has no `weight_poll` (partial rollouts need an in-process text engine: HF
+            or vLLM).
     """
     e = getattr(engine, "engine", engine)
     if not hasattr(e, "weight_poll"):
-        raise ValueError(f"rollout.partial=true needs the in-process HF engine on a text model; "
+        raise ValueError(f"rollout.partial=true needs an in-process HF or vLLM engine on a text model; "
                          f"{type(e).__name__} does not interrupt generations (set rollout.partial=false)")
     return e
 
