@@ -355,6 +355,12 @@ class RolloutPool:
         self.alive = [True] * self.num_workers
         ray.get([w.ready.remote() for w in self.workers])
 
+    @property
+    def local_engine(self) -> Any:
+        """The engine of the in-process worker (`num_workers=0`, e.g. vLLM in this process), or
+        None with Ray workers (partial rollouts set its `weight_poll`)."""
+        return None if self._local is None else self._local.engine
+
     # -- the two calls of the training loop ------------------------------------------------------
     def run(self, specs: Sequence[EpisodeSpec], params: SamplingParams, seed: int | None = None,
             *, split: str = "train") -> list[Trajectory]:
