@@ -210,7 +210,7 @@ def test_async_training_with_partial_rollouts_on_vllm(engine, tmp_path):
     vLLM engine at a time."""
     import json
 
-    from agentrl.config import ConfigError, load_config
+    from agentrl.config import load_config
     from agentrl.train import train
 
     engine.close()
@@ -222,12 +222,7 @@ def test_async_training_with_partial_rollouts_on_vllm(engine, tmp_path):
             "quiet=true", "rollout.engine=vllm", "rollout.torch_threads=1", "train.torch_threads=1",
             "log.tensorboard=false", "rollout.mode=async", "train.max_staleness=2",
             "rollout.batches_in_flight=2", f"out={tmp_path / 'run'}"]
-    try:
-        cfg = load_config(None, [*args, "rollout.partial=true"])
-    except ConfigError:  # until agentrl/config.py accepts rollout.engine=vllm with partial
-        cfg = load_config(None, args)
-        object.__setattr__(cfg.rollout, "partial", True)
-    train(cfg)
+    train(load_config(None, [*args, "rollout.partial=true"]))
     metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert any("rollout/staleness_tokens_max" in m for m in metrics)
     n = 0
