@@ -167,7 +167,7 @@ def test_a_raising_or_hanging_agent_on_a_worker_ends_only_its_run(ray_cluster, a
                                                                   monkeypatch, tiny_model_dir):
     """One worker, three runs of one batch: the agent that raises and the one that hangs past
     `env.step_timeout_s` are recorded errors of their own runs (reward 0); the third trains as
-    usual. vLLM and Ray workers with the vLLM engine stay refused for `--agent`."""
+    usual. Ray workers with the vLLM engine are refused for `--agent`."""
     from agentrl.rollout.envs import build_env
     from agentrl.rollout.workers import RolloutPool
 
@@ -202,15 +202,18 @@ def test_a_raising_or_hanging_agent_on_a_worker_ends_only_its_run(ray_cluster, a
         pool.shutdown()
 
 
-def test_agents_are_refused_on_vllm():
-    """`--agent` with vLLM (in-process: a pool of 0 workers; or Ray workers with the vLLM engine)
-    is refused naming rollout.engine=hf; Ray workers with hf pass."""
+def test_agents_run_on_ray_hf_workers_and_in_process_vllm_only():
+    """`--agent` on a `RolloutPool`: Ray workers with hf and in-process vLLM (0 workers) pass;
+    Ray workers with vLLM (untested) and a 0-worker hf pool are refused naming the settings."""
     from agentrl.gateway.agents import AgentEnv
 
     env = SimpleNamespace(unwrapped=SimpleNamespace(run_agents=AgentEnv.run_agents))
-    for n, engine in ((0, "vllm"), (2, "vllm"), (0, "hf")):
-        pool = SimpleNamespace(run=None, num_workers=n, cfg=SimpleNamespace(rollout=SimpleNamespace(engine=engine)))
-        with pytest.raises(ValueError, match="rollout.engine=hf"):
-            check_batch_hooks(pool, env)
-    check_batch_hooks(SimpleNamespace(run=None, num_workers=1,
-                                      cfg=SimpleNamespace(rollout=SimpleNamespace(engine="hf"))), env)
+
+    def pool(n, engine):
+        return SimpleNamespace(run=None, num_workers=n, cfg=SimpleNamespace(rollout=SimpleNamespace(engine=engine)))
+
+    for n, engine in ((2, "vllm"), (1, "vllm"), (0, "hf")):
+        with pytest.raises(ValueError, match="rollout.engine=vllm with rollout.num_workers=0"):
+            check_batch_hooks(pool(n, engine), env)
+    for n, engine in ((1, "hf"), (2, "hf"), (0, "vllm")):
+        check_batch_hooks(pool(n, engine), env)
