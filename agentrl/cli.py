@@ -286,8 +286,11 @@ def serve_cmd(
     (model name "policy"), to try an agent before and after training (docs/agents.md)."""
     import time
 
+    import transformers
+
     from agentrl.gateway.serve import start
 
+    transformers.utils.logging.disable_progress_bar()  # a failure is then one line
     try:
         served = start(model, port=port, api_key=api_key, tool_parser=tool_parser,
                        max_tokens=max_tokens, max_context=max_context)

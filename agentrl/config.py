@@ -4,6 +4,9 @@
 Every field has a docstring (it is the config reference, see `agentrl config`). Unknown keys,
 wrong types and unsupported values fail at start-up with the key and the allowed values.
 This module imports no torch, so the CLI parses and validates before the heavy imports.
+Here: the schema (one pydantic class per section, `Config` with the checks across sections) and
+`load_config`; reading the YAML file and the overrides into a dict, and the error lines, are
+`agentrl.config_overrides`'.
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ import copy
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     Field,
@@ -23,16 +25,20 @@ from pydantic import (
 )
 
 from agentrl.algos.configs import (
-    ALGO_CONFIGS,
     SECTION,
     AlgoBase,
     AlgoConfig,
     DistillConfig,
     GRPOConfig,
-    refused_algo_key,
     saved_algo_keys,
 )
-from agentrl.yaml_safe import load_yaml
+from agentrl.config_overrides import (  # re-exported: callers import them from here
+    ConfigError,
+    _merge,
+    _set_dotted,  # noqa: F401 (agentrl.cli, agentrl.startup)
+    format_error,
+    gather,
+)
 
 
 class _Section(BaseModel):
@@ -499,57 +505,6 @@ class Config(_Section):
 _ALGO: TypeAdapter[Any] = TypeAdapter(AlgoConfig)
 
 
-class ConfigError(ValueError):
-    """A configuration error with the offending key and what is allowed."""
-
-
-def _set_dotted(d: dict[str, Any], key: str, value: Any) -> None:
-    parts = key.split(".")
-    cur = d
-    for p in parts[:-1]:
-        cur = cur.setdefault(p, {})
-        if not isinstance(cur, dict):
-            raise ConfigError(f"{key}: {p!r} is not a section")
-    cur[parts[-1]] = value
-
-
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
-def _format_error(e: ValidationError, prefix: tuple[str, ...] = ()) -> str:
-    """One `config error: KEY: what is wrong` line per error of `e` (`prefix`: the location of
-    the validated value in the config, e.g. `("algo",)`)."""
-    lines = []
-    for err in e.errors():
-        loc = prefix + tuple(str(p) for p in err["loc"])
-        tag = loc[1] if loc[:1] == ("algo",) and len(loc) > 1 and loc[1] in ALGO_CONFIGS else None
-        if tag is not None:  # the union's member: `algo.<tag>.<key>` is the user's `algo.<key>`
-            loc = loc[:1] + loc[2:]
-        key = ".".join(loc)
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden" and tag is not None:
-            lines.append(f"config error: {refused_algo_key(loc[-1], err.get('input'), tag)}")
-            continue
-        if err["type"] == "extra_forbidden":
-            section: Any = Config
-            for p in loc[:-1]:
-                ann = section.model_fields.get(str(p))
-                section = ann.annotation if ann is not None else section
-            allowed = ", ".join(getattr(section, "model_fields", {}))
-            msg = f"unknown key; allowed here: {allowed}"
-        elif err["type"] == "union_tag_invalid":
-            key = ".".join(loc + ("name",))
-            msg = f"unknown algorithm {err['ctx']['tag']!r}; allowed: {', '.join(ALGO_CONFIGS)}"
-        elif err["type"] == "literal_error":
-            msg = f"{msg} (got {err.get('input')!r})"
-        lines.append(f"config error: {key}: {msg}" if key else f"config error: {msg}")
-    return "\n".join(lines)
-
-
 def algo_config(**fields: Any) -> AlgoBase:
     """The `algo` section of algorithm `fields["name"]` (default grpo) with `fields` set, e.g.
     `algo_config(name="ppo", kl_coef=0.05)`: what `algo.*` keys of a config give.
@@ -560,7 +515,7 @@ def algo_config(**fields: Any) -> AlgoBase:
     try:
         return _ALGO.validate_python({"name": "grpo", **fields})
     except ValidationError as e:
-        raise ConfigError(_format_error(e, ("algo",))) from None
+        raise ConfigError(format_error(e, Config, ("algo",))) from None
 
 
 def load_config(yaml_path: str | Path | None = None, overrides: list[str] | None = None,
@@ -581,51 +536,9 @@ def load_config(yaml_path: str | Path | None = None, overrides: list[str] | None
             option and an override that disagree; the message names the key and the allowed
             values (or both settings).
     """
-    data: dict[str, Any] = {}
-    if yaml_path:
-        p = Path(yaml_path)
-        if not p.is_file():
-            raise ConfigError(f"config file not found: {p}" if not p.exists()
-                              else f"config file {p} is not a file")
-        try:
-            loaded = load_yaml(p.read_text()) or {}
-        except ValueError as e:  # an alias bomb (agentrl.yaml_safe)
-            raise ConfigError(f"{p}: {e}") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{p}: invalid YAML ({' '.join(str(e).split())})") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{p}: the top level must be a mapping of sections")
-        if p.suffix == ".json":  # a run's saved config.json (e.g. `agentrl eval -c RUN/config.json`)
-            name = top.get("algo.name") or next((o.partition("=")[2].strip() for o in overrides or []
-                                                 if o.partition("=")[0].strip() == "algo.name"), None)
-            loaded = saved_algo_keys(loaded, {"algo": {"name": name}} if name else {})
-        data = _merge(data, loaded)
-    given: dict[str, tuple[Any, str]] = {}  # override key -> (parsed value, as written)
-    for ov in overrides or []:
-        if "=" not in ov:
-            raise ConfigError(f"override {ov!r} must be key=value (e.g. train.lr=1e-4)")
-        k, _, v = ov.partition("=")
-        try:
-            # `None` (Python's spelling, as docs/config.md and our error hints write it) is null
-            value = load_yaml(v) if v not in ("", "None") else None
-        except ValueError as e:
-            raise ConfigError(f"override {k.strip()}: {e}") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"override {k.strip()}: invalid value {v!r} "
-                              f"({' '.join(str(e).split())})") from None
-        _set_dotted(data, k.strip(), value)
-        given[k.strip()] = (value, v)
-    for k, v in top.items():
-        if v is None:
-            continue
-        if k in given and given[k][0] != v:
-            flag = (flag_names or {}).get(k, f"the option for {k}")
-            shown = flag if v is True else f"{flag} {v}"
-            raise ConfigError(f"config error: {k} is set twice, to different values: by {shown} and by the "
-                              f"override {k}={given[k][1]}; give one of them")
-        _set_dotted(data, k, v)
+    data = gather(yaml_path, overrides, top, flag_names)
     data = _merge(saved_algo_keys(copy.deepcopy(base or {}), data), data)
     try:
         return Config.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_format_error(e)) from None
+        raise ConfigError(format_error(e, Config)) from None

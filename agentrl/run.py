@@ -6,12 +6,14 @@ wrappers) with the held-out ones. `agentrl train` uses all of it, `agentrl eval`
 model directory and its engine (`build(cfg, model_dir=...)`), `agentrl sft` and offline DPO the
 policy (`load_policy`); the Ray workers build their engines with the same
 `agentrl.rollout.engines.make.make_engine`.
+
+Before anything is built, `set_up` (`agentrl.run_setup`) checks the run and resolves the env-
+and policy-dependent defaults (`agentrl.run_defaults`); both are re-exported here.
 """
 
 from __future__ import annotations
 
 import json
-import random
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -20,19 +22,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
-import numpy as np
 import torch
-from gymnasium.envs.registration import load_env_creator
 
-from agentrl.algos import get_algorithm
 from agentrl.algos.distill import teacher_task_count
 from agentrl.config import Config, ConfigError
 from agentrl.env.base import load_env_state
 from agentrl.env.content import content_error, content_text
-from agentrl.env.registry import import_env_modules, resolve_env_id
-from agentrl.infra.runfolder import RunLocked, check_no_links, lock_run, unlock_run
-from agentrl.learner.checkpoints import check_out
 from agentrl.learner.frozen import make_reference, make_teacher
 from agentrl.learner.group import make_learner
 from agentrl.learner.lora import load_checkpoint, merged_state_dict, plain_copy, wrap_lora
@@ -49,109 +44,23 @@ from agentrl.rollout.envs import PARSER_KWARGS, _env_accepts, build_env, build_n
 from agentrl.rollout.source import Leases, LockedEngine
 from agentrl.rollout.tool_format import resolve_tool_parser
 from agentrl.rollout.workers import RolloutPool
+from agentrl.run_defaults import (  # noqa: F401 (re-exported: callers import them from here)
+    VISION_DEFAULTS,
+    env_observes_images,
+    resolve_run_defaults,
+)
+from agentrl.run_setup import quiet_libraries, seed_everything, set_up  # noqa: F401 (re-exported)
 from agentrl.startup import (
-    OutError,
-    check_learner_device,
-    check_resume_keeps_the_run,
-    check_settings,
     check_tokenizer,
     check_vision_training,
-    preflight,
     restore_inline_reference,
     resume_checkpoint,
 )
 
 
-def quiet_libraries() -> None:
-    """Silence transformers' per-file progress bars and info logs (our own progress shows)."""
-    import transformers
-
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-
-
 def policy_renderer(cfg: Config, tok: Any) -> ChatRenderer:
     """The policy's chat renderer with `rollout.history` and `rollout.chat_template_kwargs`."""
     return renderer_for(tok, cfg.rollout.history, cfg.rollout.chat_template_kwargs)
-
-
-def seed_everything(seed: int) -> None:
-    """Seed Python's, NumPy's and torch's global generators with `seed`."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-# -- set-up -------------------------------------------------------------------------------------
-def set_up(cfg: Config, notes: list[str] | None = None) -> tuple[Config, Any, Path]:
-    """Threads, seeds and the algorithm of the run; takes OUT's lock (`agentrl.infra.runfolder`,
-    held until `agentrl.infra.runfolder.unlock_run(out)` or the process ends; released when this
-    raises); writes OUT/config.json.
-
-    Returns:
-        `(cfg with the run's resolved defaults (`agentrl.run`: the env's, the
-        policy's), the algorithm (`agentrl.algos.get_algorithm`), OUT)`; `notes` (a list,
-        when given) receives the env's start-up notes (`agentrl.startup.preflight`).
-
-    Raises:
-        ValueError: an unknown env.
-        ConfigError: a setting that cannot run (`agentrl.startup.check_learner_device`:
-            `train.device=cuda` without CUDA for the in-process learner, a CUDA rank without
-            one whole GPU; `agentrl.startup.check_settings`,
-            `agentrl.startup.preflight`).
-        ResumeError: `--resume` with a setting the run keeps changed
-            (`agentrl.startup.check_resume_keeps_the_run`).
-        OutError: a new run's `out` is not empty (without `overwrite`), a file, or not writable;
-            another process holds OUT's lock (names its pid); a resumed run's OUT (or an
-            `--overwrite`'s) holds a symbolic link.
-    """
-    check_learner_device(cfg)  # fail early: train.device=cuda without CUDA (in this process)
-    quiet_libraries()
-    torch.set_num_threads(cfg.train.torch_threads)
-    seed_everything(cfg.seed)
-    import_env_modules(cfg.env.imports)  # their register_env calls run before the lookup
-    resolve_env_id(cfg.env.name)  # fail early on an unknown env
-    algo = get_algorithm(cfg.algo.name)
-    cfg = resolve_run_defaults(cfg)  # a VLM for an image env, its SFT lr
-    check_settings(cfg)
-    out = Path(cfg.resume or cfg.out)
-    if out.exists() and not out.is_dir():  # before the env checks: the cheapest refusal first
-        raise OutError(f"out: {out} is a file, not a folder")
-    found = preflight(cfg)  # before check_out: an --overwrite that fails here has deleted nothing
-    if notes is not None:
-        notes.extend(found)
-    _lock(out)  # held until `release` (or the process ends): no second run checks and writes it
-    try:
-        if cfg.resume:  # the run's own folder; a stray --out / --overwrite is not recorded in it
-            cfg = cfg.model_copy(update={"out": str(out), "overwrite": False})
-            try:
-                check_no_links(out, "--resume")
-            except ValueError as e:
-                raise OutError(str(e)) from None
-            check_resume_keeps_the_run(cfg, out)
-        else:
-            try:
-                check_out(out, overwrite=cfg.overwrite)
-            except ValueError as e:
-                raise OutError(str(e)) from None
-        try:
-            (out / "config.json").write_text(cfg.model_dump_json(indent=1))
-        except OSError as e:
-            raise OutError(f"out: cannot write to {out}: {e.strerror or e}") from None
-    except BaseException:
-        unlock_run(out)
-        raise
-    return cfg, algo, out
-
-
-def _lock(out: Path) -> None:
-    """`agentrl.infra.runfolder.lock_run` of `out`, as an `OutError`."""
-    try:
-        lock_run(out)
-    except RunLocked as e:
-        raise OutError(str(e)) from None
-    except OSError as e:
-        raise OutError(f"out: cannot write to {out}: {e.strerror or e}") from None
 
 
 def lr_schedule(cfg: Config) -> Callable[[int], float]:
@@ -531,78 +440,3 @@ def heldout_envs(cfg: Config, rewards: Any = None) -> list[Any]:
     (fixed, so that evaluation batches do not depend on training's); the task list is the
     first `train.eval_tasks` tasks of that split (`agentrl.eval.harness.evaluate_heldout`)."""
     return [build_env(cfg, "heldout", rewards) for _ in range(heldout_width(cfg))]
-
-
-# -- defaults that depend on the env or on the policy ----------------------------------------------
-# Defaults that depend on the env or on the policy, resolved once per run.
-#
-# A few settings have a better default for some runs than the global one in `agentrl.config`:
-#
-# - an env whose observations carry images (its class sets `observes_images = True`, e.g.
-#   `visual_count`) gets `model.vision=true` when neither `model.path` nor `model.vision` is
-#   given: the embedded text model cannot read images (the agent loop refuses them), so the
-#   embedded default is then the tiny vision-language model;
-# - a vision-language policy (`model.vision`, given or resolved as above) gets `VISION_DEFAULTS`
-#   for the keys the user did not set: the initialisation std `model.init_std` 0.1 instead of
-#   the architecture's 0.02 (docs/multimodal.md: at 0.02 the tiny VLM sits on `visual_count`'s
-#   answer prior, image-blind, for hundreds of warm-start steps), the warm start's learning
-#   rate 5e-4 instead of 2e-3 (at 2e-3 it stayed image-blind), a warm start of exactly 300
-#   steps (no pass-rate stop: an image-blind model passes the stop checks on `visual_count`'s
-#   answer prior, so they ended the warm start before it read the board) and RL's learning rate
-#   `train.lr` 3e-5 instead of 3e-4 (at 3e-4 and 1e-4 GRPO lost much of what the warm start had
-#   learnt to read; docs/multimodal.md, "The default CLI job");
-#
-# A key counts as set when it is in its section's pydantic `model_fields_set` (given in a YAML
-# file, an override or a keyword; a resumed run's saved config sets every key, so a resumed run
-# keeps its settings). The text main job (`agentrl train` with nothing else) is unchanged.
-# `agentrl config` prints the resolved values.
-
-VISION_DEFAULTS: dict[str, dict[str, Any]] = {
-    "model": {"init_std": 0.1},
-    "sft": {"lr": 5e-4, "steps": 300, "stop_pass_rate": None, "stop_pass_at_k": None},
-    "train": {"lr": 3e-5},
-}
-"""Section -> key -> value: defaults for a vision-language policy (keys the user did not set)."""
-
-
-def env_observes_images(name: str) -> bool:
-    """Does env `name`'s class declare `observes_images = True` (its observations carry image
-    parts)? The class is looked up, not built.
-
-    Raises:
-        ValueError: an unknown env (`agentrl.env.registry.resolve_env_id`).
-    """
-    ep = gym.spec(resolve_env_id(name)).entry_point
-    cls = load_env_creator(ep) if isinstance(ep, str) else ep
-    return bool(getattr(cls, "observes_images", False))
-
-
-def _fill(section: Any, values: dict[str, Any]) -> Any:
-    """`section` with `values` for the keys not in its `model_fields_set` (a copy, or itself)."""
-    update = {k: v for k, v in values.items() if k not in section.model_fields_set}
-    if not update:
-        return section
-    return section.model_copy(update=update)  # pydantic adds the filled keys to model_fields_set
-
-
-def resolve_run_defaults(cfg: Config) -> Config:
-    """`cfg` with the env- and policy-dependent defaults filled into the keys the user did not
-    set (see the module docstring), in that order: `model.vision` for an env that observes
-    images (no `model.path`), then `VISION_DEFAULTS` when `model.vision` is true. (An
-    algorithm's own defaults, e.g. GSPO's clips, are its config class's defaults:
-    `agentrl.algos.configs`.)
-
-    A `model.path` holding a vision-language directory gets no `VISION_DEFAULTS` (a given model
-    is not the embedded one the figures were measured on).
-
-    Raises:
-        ValueError: an unknown env.
-    """
-    model = cfg.model
-    if model.path is None and "vision" not in model.model_fields_set and env_observes_images(cfg.env.name):
-        model = _fill(model, {"vision": True})
-    update: dict[str, Any] = {"model": model}
-    if model.vision and model.path is None:
-        for section, values in VISION_DEFAULTS.items():
-            update[section] = _fill(update.get(section, getattr(cfg, section)), values)
-    return cfg.model_copy(update=update)

@@ -29,7 +29,7 @@ from agentrl.infra.devices import resolve_device
 from agentrl.learner.checkpoints import RUN_CONFIG
 from agentrl.learner.local import latest_checkpoint
 from agentrl.log.metrics import check_wandb_login
-from agentrl.models.tiny import check_weights_readable, load_model
+from agentrl.models.tiny import check_weights_readable, config_vocab_size, load_model, weight_rows
 from agentrl.models.vlm import is_vlm_dir
 from agentrl.rollout.agent_loop import call_with_timeout
 from agentrl.rollout.envs import build_env
@@ -105,8 +105,9 @@ def check_learner_device(cfg: Config) -> None:
 def preflight(cfg: Config) -> list[str]:
     """Checks of the settings that would otherwise fail only after OUT was (re)written: the env
     is built once (with its wrappers), reset once and closed, `model.path` is a model
-    directory, vLLM imports when `rollout.engine=vllm`, a vision policy runs only where images
-    do (`check_vision_training`), a text policy only where no image is
+    directory whose weights load and cover the tokenizer's ids (`check_tokenizer_fits`), vLLM
+    imports when `rollout.engine=vllm`, a vision policy runs only where images do
+    (`check_vision_training`), a text policy only where no image is
     (`check_policy_sees_images`), and W&B finds an API key (`log.wandb`, `check_wandb_login`).
     A new run with a warm start (`sft.steps > 0`) has the env check its reference solutions
     (`reference_failures()`, code_sandbox on a dataset file: run against their tests).
@@ -130,6 +131,7 @@ def preflight(cfg: Config) -> list[str]:
             check_weights_readable(path)
         except ValueError as e:
             raise ConfigError(f"config error: model.path: {e}") from None
+        check_tokenizer_fits(path)
     if path and cfg.model.vision and not is_vlm_dir(path):
         raise ConfigError(f"config error: model.vision=true with model.path={path}, a text-only model "
                           "(no image processor and vision tower): model.vision builds the embedded "
@@ -151,6 +153,28 @@ def preflight(cfg: Config) -> list[str]:
         return env_notes(cfg, getattr(env, "unwrapped", env))
     finally:
         env.close()
+
+
+def check_tokenizer_fits(path: str) -> None:
+    """Every id of model directory `path`'s tokenizer has an embedding row (config.json's
+    `vocab_size` and the weights' rows, `weight_rows`; rows beyond the tokenizer are padding,
+    accepted). A tokenizer that does not load is left to the model's loader to report.
+
+    Raises:
+        ConfigError: fewer rows than tokenizer ids (the run would fail on its first prompt with
+            such an id, after OUT was written).
+    """
+    from transformers import AutoTokenizer  # deferred: heavy
+
+    try:
+        n = len(AutoTokenizer.from_pretrained(path, local_files_only=True))
+    except Exception:  # noqa: BLE001 - reported by load_model with its own message
+        return
+    size = config_vocab_size(path)
+    rows = min([*weight_rows(path).values(), *([] if size is None else [size])], default=n)
+    if rows < n:
+        raise ConfigError(f"config error: model.path: {path}: the tokenizer has {n} tokens but the model "
+                          f"{rows} embedding rows (ids >= {rows} have none); agentrl doctor --model {path}")
 
 
 def env_notes(cfg: Config, env: Any) -> list[str]:

@@ -121,15 +121,17 @@ def heldout_tasks(lp: Loop) -> int:
 
 
 def evaluate_before(lp: Loop, resumed: bool) -> dict[str, float]:
-    """The held-out evaluation before RL (kept in OUT/eval_before.json; a resumed run reads it),
-    logged at step 0 of OUT/metrics.jsonl (`eval/...`), so curves start from it."""
+    """The held-out evaluation before RL (kept in OUT/eval_before.json with the `temperature` it
+    sampled at; a resumed run reads it), logged at step 0 of OUT/metrics.jsonl (`eval/...`), so curves start from it."""
     cfg, out = lp.cfg, lp.out
     before = json.loads((out / "eval_before.json").read_text()) if resumed and \
         (out / "eval_before.json").exists() else None
-    if before is None:
+    if before is not None:
+        before.pop("temperature", None)  # the file's record of it (`before_temperature`), no metric
+    else:
         lp.say(f"[eval] held-out: {heldout_tasks(lp)} tasks x {cfg.train.eval_samples} samples ...")
         before = evaluate(lp, "before")
-        (out / "eval_before.json").write_text(json.dumps(before))
+        (out / "eval_before.json").write_text(json.dumps({**before, "temperature": cfg.rollout.temperature}))
         lp.log.log(0, {f"eval/{k}": v for k, v in before.items()})
         lp.say(f"[eval] before RL: {format_eval(before, cfg.train.eval_samples)} ({before['seconds']:.0f} s)")
     return before

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from agentrl.infra.jsoncache import cache_dir as jsoncache_dir
+from agentrl.infra.jsoncache import load_record, store_record
 from agentrl.sandbox import Limits, SandboxPool
 from agentrl_envs.code_datasets import CodeTask
 
@@ -37,8 +37,7 @@ slow reference may pass next time; a cached timeout would leave it out for good)
 
 def cache_dir() -> Path:
     """`$AGENTRL_CACHE_DIR/reference_check`, default `~/.cache/agentrl/reference_check`."""
-    root = os.environ.get("AGENTRL_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "agentrl")
-    return Path(root) / "reference_check"
+    return jsoncache_dir("reference_check")
 
 
 def task_key(task: CodeTask, code: str, limits: Limits) -> str:
@@ -50,22 +49,9 @@ def task_key(task: CodeTask, code: str, limits: Limits) -> str:
 
 
 def _load(path: Path) -> str | None:
-    try:
-        verdict = json.loads(path.read_text())["verdict"]
-        return verdict if isinstance(verdict, str) else None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _store(path: Path, task_id: str, verdict: str) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-        with os.fdopen(fd, "w") as f:
-            json.dump({"task_id": task_id, "verdict": verdict}, f)
-        os.replace(tmp, path)
-    except OSError:  # a read-only cache is only slower
-        pass
+    """The cached verdict at `path` (None: none, or an unreadable record)."""
+    verdict = (load_record(path) or {}).get("verdict")
+    return verdict if isinstance(verdict, str) else None
 
 
 def check_references(tasks: Sequence[CodeTask], pool: SandboxPool,
@@ -101,5 +87,5 @@ def check_references(tasks: Sequence[CodeTask], pool: SandboxPool,
         if r.verdict != "pass":
             bad[task.task_id] = r.verdict
         if r.verdict not in UNCACHED:
-            _store(path, task.task_id, r.verdict)
+            store_record(path, {"task_id": task.task_id, "verdict": r.verdict})
     return bad

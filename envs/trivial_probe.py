@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from agentrl.infra.jsoncache import cache_dir as jsoncache_dir
+from agentrl.infra.jsoncache import load_record, store_record
 from agentrl.sandbox import Limits, SandboxPool
 from agentrl_envs.code_datasets import CodeTask
 
@@ -39,8 +39,7 @@ PROBE_LIMITS = Limits(wall_s=5.0, cpu_s=5.0)
 
 def cache_dir() -> Path:
     """`$AGENTRL_CACHE_DIR/trivial_probe`, default `~/.cache/agentrl/trivial_probe`."""
-    root = os.environ.get("AGENTRL_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "agentrl")
-    return Path(root) / "trivial_probe"
+    return jsoncache_dir("trivial_probe")
 
 
 def probe_code(entry_point: str, body: str) -> str:
@@ -57,22 +56,9 @@ def task_key(task: CodeTask, limits: Limits) -> str:
 
 
 def _load(path: Path) -> list[str] | None:
-    try:
-        data = json.loads(path.read_text())
-        return [str(p) for p in data["passed"]] if isinstance(data.get("passed"), list) else None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-
-
-def _store(path: Path, passed: list[str], task_id: str) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-        with os.fdopen(fd, "w") as f:
-            json.dump({"task_id": task_id, "passed": passed}, f)
-        os.replace(tmp, path)
-    except OSError:  # a read-only cache is only slower
-        pass
+    """The cached names of the probes that pass (None: none, or an unreadable record)."""
+    passed = (load_record(path) or {}).get("passed")
+    return [str(p) for p in passed] if isinstance(passed, list) else None
 
 
 def probe_tasks(tasks: Sequence[CodeTask], pool: SandboxPool,
@@ -108,5 +94,5 @@ def probe_tasks(tasks: Sequence[CodeTask], pool: SandboxPool,
         if passed:
             out[task.task_id] = passed
         if not any(r.verdict == "sandbox_error" for r in rs):
-            _store(path, passed, task.task_id)
+            store_record(path, {"task_id": task.task_id, "passed": passed})
     return out

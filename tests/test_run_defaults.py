@@ -96,6 +96,31 @@ def test_partial_rollouts_on_an_image_env_are_refused_at_start_up(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_a_model_path_with_fewer_embedding_rows_than_tokenizer_ids_is_refused_before_out_is_written(tmp_path):
+    """config.json and weights agree on 600 rows but the tokenizer has 640 ids: start-up refuses
+    in one line (it was `prompt 0 has a token id outside [0, 600)` after OUT was written);
+    64 padding rows beyond the tokenizer are accepted."""
+    from transformers import Qwen3ForCausalLM
+
+    from agentrl.models.families import FAMILIES, build_family_tokenizer, family_config
+    from agentrl.startup import preflight
+
+    tok = build_family_tokenizer(FAMILIES["qwen3"])
+    for name, extra in (("small", -40), ("padded", 64)):
+        mcfg = family_config(FAMILIES["qwen3"], tok, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+        mcfg.vocab_size = len(tok) + extra
+        Qwen3ForCausalLM(mcfg).save_pretrained(tmp_path / name)
+        tok.save_pretrained(tmp_path / name)
+    d = tmp_path / "small"
+    cfg = load_config(None, ["env.name=toy", f"model.path={d}", "sft.steps=0", f"out={tmp_path / 'run'}"])
+    with pytest.raises(ConfigError) as e:
+        build(cfg)
+    assert str(e.value) == (f"config error: model.path: {d}: the tokenizer has 640 tokens but the model 600 "
+                            f"embedding rows (ids >= 600 have none); agentrl doctor --model {d}")
+    assert not (tmp_path / "run").exists()
+    preflight(load_config(None, ["env.name=toy", f"model.path={tmp_path / 'padded'}", "sft.steps=0"]))
+
+
 def test_a_truncated_model_path_weights_file_is_a_config_error_before_out_is_written(tmp_path):
     """`model.path` whose model.safetensors was cut short (an interrupted copy): start-up names
     the file (it was a SafetensorError traceback after OUT/config.json was written), and

@@ -66,7 +66,7 @@ def start(model: str | Path, *, port: int = 0, api_key: str | None = None,
 
     Raises:
         FileNotFoundError: `model` is no model directory, checkpoint or run dir.
-        ValueError: an unknown tool parser.
+        ValueError: an unknown tool parser; a tokenizer without a chat template.
         OSError: the port is taken.
     """
     if tool_parser != "auto":
@@ -74,6 +74,10 @@ def start(model: str | Path, *, port: int = 0, api_key: str | None = None,
     if engine is None:
         model_dir, _ = resolve_model(str(model))
         engine, tokenizer = make_engine(cfg or Config(), str(model_dir))
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"{model}: the tokenizer has no chat template (serve renders each request's "
+                         "messages with it): set chat_template in its tokenizer_config.json or add a "
+                         "chat_template.jinja beside it")
     why = "--tool-parser"
     if tool_parser == "auto":
         tool_parser, why = detect_tool_parser(tokenizer)

@@ -164,6 +164,14 @@ def log_step(lp: Any, step: int, m: dict[str, float], trajs: list[Trajectory]) -
             + f"len {m['rollout/response_len']:.0f} {m['perf/step_s']:.1f}s/step")
 
 
+def before_temperature(out: Path, default: float) -> float:
+    """The sampling temperature of the before-RL evaluation recorded in OUT/eval_before.json
+    (a resumed run may evaluate after RL at another `rollout.temperature`); `default` when the
+    file or its `temperature` is absent (files written before it was recorded)."""
+    f = out / "eval_before.json"
+    return float(json.loads(f.read_text()).get("temperature", default)) if f.exists() else default
+
+
 def report(lp: Any, before: dict[str, float], after: dict[str, float], final: Path,
            extra: dict[str, Any], console: Any, n_tasks: int | None = None) -> dict[str, Any]:
     """The run's summary (written to OUT/summary.json) and its closing lines (`lp`: the run's
@@ -189,7 +197,10 @@ def report(lp: Any, before: dict[str, float], after: dict[str, float], final: Pa
                                for label, sec, share in cost_profile(summary["stage_seconds"])}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     ratio = f"{a / b:.2f}x" if b > 0 else "n/a"
-    say(f"[eval] held-out (T={cfg.rollout.temperature}, {n_tasks} tasks x "
+    t_after = cfg.rollout.temperature
+    t_before = before_temperature(out, t_after)
+    temps = f"T={t_after}" if t_before == t_after else f"before RL at T={t_before}, after RL at T={t_after}"
+    say(f"[eval] held-out ({temps}, {n_tasks} tasks x "
         f"{cfg.train.eval_samples}, ± standard error): before RL {format_eval(before, cfg.train.eval_samples)}"
         f" -> after RL {format_eval(after, cfg.train.eval_samples)}")
     say(f"[eval] held-out pass@1: before RL {b:.3f} -> after RL {a:.3f} ({ratio}, {a - b:+.3f} absolute); "

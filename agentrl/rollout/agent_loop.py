@@ -230,9 +230,10 @@ def run_episodes(
             the per-row seeds one call over the whole batch would give them (`row_seeds`).
 
     Returns:
-        One `Trajectory` per spec, in order, with `policy_version` of the engine when the
-        episodes started (with batches in flight a weight update may land between two turns:
-        later turns are then sampled by a newer version, never an older one), and the version
+        One `Trajectory` per spec, in order, with `policy_version` the version that sampled its
+        first (oldest) token, else the engine's when the episode started (with batches in
+        flight a weight update may land between two turns: later turns are then sampled by a
+        newer version, never an older one), and the version
         of each sampled token in `token_versions` (the engine's `Completion.versions`, else the
         version it held before the call; with `rollout.partial` a turn may switch versions).
 
@@ -461,6 +462,8 @@ class _Run:
                 ids, lps, vers, finish = ids[: room[i]], lps[: room[i]], vers[: room[i]], "length"
             text = self.renderer.decode_action(ids)
             tr = self.trajs[i]
+            if not tr.num_sampled and len(vers):  # the first, oldest token's (versions never decrease)
+                tr.policy_version = int(vers[0])
             tr.append_sampled(ids, lps, vers, text=text, finish_reason=finish)
             tr.messages.append({"role": "assistant", "content": text})
             tr.timings["generate"] += gen_s / len(live)

@@ -328,3 +328,23 @@ def test_partial_resume_after_a_kill_inside_an_interrupted_generation(tiny_model
     assert all(v[0] == s - 2 and set(v[1:]) <= {s - 1} for s in (5, 6) for v in _token_versions(A, s))
     assert sum(len(v) > 1 for v in _token_versions(A, 5)) >= 2  # interrupted rows did resume
     assert _max_diff(_weights(B / "checkpoints/step_6"), _weights(A / "checkpoints/step_6")) == 0.0
+
+
+def test_a_resume_at_another_temperature_labels_each_evaluation_with_its_own(tiny_model_dir, tmp_path):
+    """A run evaluated before RL at T=1.0, resumed with rollout.temperature=0.7: eval_before.json
+    records T=1.0, and the closing line names both temperatures (it said T=0.7 for both)."""
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+
+    out = tmp_path / "run"
+    tiny = ["env.name=toy", "sft.steps=0", "rollout.tasks_per_step=1", "algo.group_size=2", "train.eval_tasks=1",
+            "train.eval_samples=1", "rollout.max_tokens=8", "quiet=true", f"model.path={tiny_model_dir}"]
+    res = CliRunner().invoke(app, ["train", *tiny, "train.steps=1", "train.save_every=1", f"out={out}"])
+    assert res.exit_code == 0, res.output
+    assert json.loads((out / "eval_before.json").read_text())["temperature"] == 1.0
+    assert "[eval] held-out (T=1.0, 1 tasks x 1" in res.output
+    res = CliRunner().invoke(app, ["train", "--resume", str(out), "train.steps=2", "rollout.temperature=0.7"])
+    assert res.exit_code == 0, res.output
+    assert "[eval] held-out (before RL at T=1.0, after RL at T=0.7, 1 tasks x 1" in res.output, res.output
+    assert "temperature" not in json.loads((out / "summary.json").read_text())["eval_before"]

@@ -364,3 +364,27 @@ def test_serve_reads_the_tool_format_from_the_tokenizer(tiny_tokenizer):
             served.close()
     with pytest.raises(ValueError, match="pythonic"):
         start("m", engine=ScriptedEngine(llama, lambda ids: "ok"), tokenizer=llama, tool_parser="pythonic")
+
+
+def test_serve_on_a_model_without_a_chat_template_is_one_line(tmp_path):
+    """`agentrl serve --model DIR` whose tokenizer has no chat template: one line naming the
+    missing chat template and where to set it, exit 2 (it was transformers' long message)."""
+    from transformers import AutoTokenizer
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+    from agentrl.models.families import build_family
+
+    d = tmp_path / "plain"
+    build_family("phi3", d, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+    tok = AutoTokenizer.from_pretrained(d)
+    tok.chat_template = None
+    for f in d.glob("chat_template*"):
+        f.unlink()
+    tok.save_pretrained(d)
+    assert not AutoTokenizer.from_pretrained(d).chat_template
+    res = CliRunner().invoke(app, ["serve", "--model", str(d), "--port", "0"])
+    assert res.exit_code == 2, res.output
+    assert res.output.strip() == (
+        f"serve: {d}: the tokenizer has no chat template (serve renders each request's messages with "
+        "it): set chat_template in its tokenizer_config.json or add a chat_template.jinja beside it")

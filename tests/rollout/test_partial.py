@@ -282,3 +282,32 @@ def test_async_partial_run_bounds_the_oldest_token(tmp_path):
             vs = tr.sampled_versions()
             assert vs == sorted(vs) and tr.policy_version <= vs[0]
             assert step - 1 - 2 <= tr.oldest_version and vs[-1] <= step - 1
+
+
+def test_an_episode_s_policy_version_is_its_oldest_token_s(tiny_model_dir, weights):
+    """A push that lands after an episode began but before its first token (another batch in
+    flight loaded it at one of its token boundaries; here the env's reset stands in for that
+    thread): the episode's `policy_version` is the version that sampled its first, oldest token,
+    not the engine's version when the episode was set up (it read 0 with tokens [1, 1, ...])."""
+    from agentrl.env.base import TextEnv
+    from agentrl.rollout.agent_loop import EpisodeSpec, run_episodes
+    from agentrl.rollout.chat import ChatRenderer
+
+    hf = HFEngine(tiny_model_dir, torch_threads=1)
+
+    class PushOnReset(TextEnv):
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            hf.update_weights(weights[1], version=1)
+            return [{"role": "user", "content": "Write a Python function."}], {"task_id": "t0"}
+
+        def step(self, action):
+            return [], 0.0, True, False, {}
+
+    _, tok = load_model(tiny_model_dir)
+    r = ChatRenderer(tok)
+    (tr,) = run_episodes(hf, r, [PushOnReset()], [EpisodeSpec(reset_kwargs={})],
+                         SamplingParams(temperature=1.0, max_tokens=8, stop_token_ids=r.stop_ids),
+                         max_episode_tokens=256, seed=0)
+    assert tr.num_sampled > 0 and set(tr.sampled_versions()) == {1}
+    assert tr.policy_version == tr.oldest_version == 1
