@@ -103,7 +103,7 @@ def evaluate(lp: Loop, tag: str) -> dict[str, float]:
     with lp.lock:
         if held_version(lp) < lp.version:
             engine.update_weights(lp.learner.state_dict_for_engines(), lp.version)
-        remote = (lambda sp, p, s: engine.run(sp, p, seed=s, split="heldout")) if hasattr(engine, "run") else None
+        remote = (lambda sp, p, s: engine.run(sp, p, seed=s, split="heldout", one_per_run=True)) if hasattr(engine, "run") else None
         r = training_metrics(evaluate_heldout(None if remote else engine, lp.renderer, lp.eval_envs, lp.cfg,
                                               lp.pool, rollout=remote, out_dir=lp.out / "eval" / tag,
                                               make_env=partial(lp.new_env, "heldout"),

@@ -416,6 +416,6 @@ def _policy(cfg: Any, model: str, model_dir: Path | None, split: str,
     pool = run.engine if hasattr(run.engine, "run") else None
 
     def rollout(specs: list[Any], params: Any, s: int | None) -> list[Any]:
-        return pool.run(specs, params, s, split=split)
+        return pool.run(specs, params, s, split=split, one_per_run=True)
 
     return run.engine, run.renderer, rollout if pool is not None else None, str(model_dir), mt, met

@@ -33,8 +33,10 @@ def collect(engine: Any, renderer: ChatRenderer, envs: list[Any], seeds: list[in
     `finish_batch(trajectories)` is called with all the batch's trajectories once they are
     done (to set rewards that depend on other episodes of the batch); `run_agents(engine,
     renderer, specs, params, ...)` runs the batch's episodes itself (the user's agent against
-    the gateway, `agentrl.gateway.agents`). They run here only: with Ray workers an env that
-    defines them is refused (ValueError)."""
+    the gateway, `agentrl.gateway.agents`). They run here only, except `run_agents`, which Ray
+    rollout workers with the hf engine and the in-process vLLM pool run too (each worker runs the gateway for its share of
+    the batch's runs beside its own engine: `RolloutWorker.run`); otherwise a `RolloutPool` with
+    an env that defines them is refused (ValueError, `check_batch_hooks`)."""
     env0 = getattr(envs[0], "unwrapped", envs[0]) if envs else None
     phases, finish = getattr(env0, "batch_phases", None), getattr(env0, "finish_batch", None)
     agents = getattr(env0, "run_agents", None)
@@ -68,16 +70,39 @@ def collect(engine: Any, renderer: ChatRenderer, envs: list[Any], seeds: list[in
 def check_batch_hooks(engine: Any, env: Any) -> None:
     """Refuse an env with batch hooks (`batch_phases`, `finish_batch`, `run_agents`) when
     `engine` runs the episodes elsewhere (a `RolloutPool` of Ray workers or vLLM): the hooks
-    need the envs and the engine here.
+    need the envs and the engine here. An env whose only hook is `run_agents` passes on Ray
+    workers with the hf engine and on in-process vLLM (`agents_on_workers`): each worker runs
+    it for its shard.
 
     Raises:
-        ValueError: naming the env and the setting to change (`rollout.num_workers=0`).
+        ValueError: naming the env and the setting to change (`rollout.num_workers=0`, or
+            `rollout.engine=hf` / `rollout.num_workers=0` for the user's agent).
     """
     env = getattr(env, "unwrapped", env)
-    if hasattr(engine, "run") and any(hasattr(env, h) for h in ("batch_phases", "finish_batch", "run_agents")):
-        raise ValueError(f"env {type(env).__name__} needs its batch hooks (batch_phases / "
-                         "finish_batch / run_agents) in the driver process with the in-process "
-                         "engine: use rollout.num_workers=0 and rollout.engine=hf")
+    hooks = [h for h in ("batch_phases", "finish_batch", "run_agents") if hasattr(env, h)]
+    if not hasattr(engine, "run") or not hooks:
+        return
+    if hooks == ["run_agents"]:
+        if agents_on_workers(engine):
+            return  # each Ray worker runs the gateway beside its own engine
+        raise ValueError(f"env {type(env).__name__} (the user's agent, --agent) samples through the "
+                         "gateway from the hf engine (in this process or on Ray rollout workers) or "
+                         "from vLLM in this process: use rollout.engine=hf, or rollout.engine=vllm "
+                         "with rollout.num_workers=0")
+    raise ValueError(f"env {type(env).__name__} needs its batch hooks (batch_phases / "
+                     "finish_batch / run_agents) in the driver process with the in-process "
+                     "engine: use rollout.num_workers=0 and rollout.engine=hf")
+
+
+def agents_on_workers(engine: Any) -> bool:
+    """Whether `engine` is a `RolloutPool` whose workers run an env's `run_agents` hook (the
+    gateway) themselves: Ray rollout workers (`num_workers >= 1`) with the hf engine, or the
+    in-process vLLM engine (`num_workers=0`: the pool's one `RolloutWorker` in this process).
+    Ray workers with vLLM are not tested, so refused."""
+    cfg = getattr(engine, "cfg", None)
+    n = int(getattr(engine, "num_workers", 0) or 0)
+    return cfg is not None and ((n >= 1 and cfg.rollout.engine == "hf")
+                                or (n == 0 and cfg.rollout.engine == "vllm"))
 
 
 def _run_phases(run: Callable[..., list[Trajectory]], envs: list[Any], seeds: list[int],

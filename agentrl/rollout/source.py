@@ -27,8 +27,9 @@ in-order reorder buffer and the learner takes `s, s+1, ...` each exactly once, i
 batch is never re-sampled or skipped (a rollout worker restart re-issues its in-flight episodes
 inside the batch, see `agentrl.rollout.workers`).
 
-Partial rollouts (`rollout.partial=true`, in-process HF engine): the engine also polls for pushed
-weights at every token boundary (`AsyncSource.poll_weights` as `HFEngine.weight_poll`), so a
+Partial rollouts (`rollout.partial=true`, in-process HF or vLLM engine): the engine also polls for
+pushed weights at every token boundary (`AsyncSource.poll_weights` as the engine's
+`weight_poll`: `HFEngine`'s after every decode step, `VLLMEngine`'s after every vLLM step), so a
 push lands inside a running `generate` call: its unfinished rows stop after the token just
 sampled, the new weights are loaded, and they resume from the same prefix, re-prefilled (AReaL,
 SkyRL, PipelineRL style). Each token records the version that sampled it

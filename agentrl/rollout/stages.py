@@ -194,20 +194,32 @@ def make_source(lp: Loop, start: int) -> Any:
 def poll_weights(lp: Loop, source: AsyncSource) -> bool:
     """The engine's `weight_poll` with `rollout.partial`: apply the newest pushed weights now
     (`AsyncSource.poll_weights`); True when the engine's version changed (a push older than
-    the weights it holds, e.g. after an evaluation loaded the newest, changes nothing)."""
-    before = held_version(lp)
-    return source.poll_weights() and held_version(lp) != before
+    the weights it holds, e.g. after an evaluation loaded the newest, changes nothing).
+
+    The run's lock is only tried: with an in-process `RolloutPool` (vLLM) the generating thread
+    holds the worker's engine lock, not the run's, and evaluation or a refill holding the run's
+    lock while it waits for the worker's would otherwise deadlock with it. (The HF engine's
+    generating thread already holds the run's lock: `LockedEngine`.)"""
+    if not lp.lock.acquire(blocking=False):  # evaluation or a refill holds it: the next boundary
+        return False
+    try:
+        before = held_version(lp)
+        return source.poll_weights() and held_version(lp) != before
+    finally:
+        lp.lock.release()
 
 
 def inner(engine: Any) -> Any:
-    """The engine behind a `LockedEngine` (or `engine` itself).
+    """The engine behind a `LockedEngine`, the in-process engine of a `RolloutPool` without Ray
+    workers (vLLM in this process), or `engine` itself.
 
     Raises:
-        ValueError: it has no `weight_poll` (partial rollouts need the in-process text HF engine).
+        ValueError: it has no `weight_poll` (partial rollouts need an in-process text engine: HF
+            or vLLM).
     """
-    e = getattr(engine, "engine", engine)
+    e = getattr(engine, "local_engine", None) or getattr(engine, "engine", engine)
     if not hasattr(e, "weight_poll"):
-        raise ValueError(f"rollout.partial=true needs the in-process HF engine on a text model; "
+        raise ValueError(f"rollout.partial=true needs an in-process HF or vLLM engine on a text model; "
                          f"{type(e).__name__} does not interrupt generations (set rollout.partial=false)")
     return e
 

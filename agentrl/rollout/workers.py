@@ -245,10 +245,12 @@ class RolloutWorker:
 
     def run(self, specs: Sequence[EpisodeSpec], params: SamplingParams, seed: int | None = None,
             *, split: str = "train", weights: Sequence[Any] | None = None,
-            before: Sequence[EpisodeSpec] = ()) -> list[Trajectory]:
+            before: Sequence[EpisodeSpec] = (), one_per_run: bool = False) -> list[Trajectory]:
         """Run `specs` concurrently with `run_episodes` on this worker's envs of `split`, with
         the run's env time limits (`env.step_timeout_s`, `env.reset_timeout_s`; an env whose
-        call timed out is replaced by a fresh one).
+        call timed out is replaced by a fresh one). An env with the `run_agents` hook (the
+        user's agent, `agentrl.gateway.agents`) runs the specs itself instead: the gateway in
+        this process, sampling from this worker's engine (`_run_agents`).
 
         Args:
             specs: the episodes (one env instance each).
@@ -262,9 +264,12 @@ class RolloutWorker:
             before: the specs of the batch that come before `specs` (the earlier shards): their
                 opening prompts are counted (`opening_counts`) so that `specs` get the sampling
                 seeds of the whole batch in one call (module doc).
+            one_per_run: the `run_agents` hook's flag (evaluation: one trajectory per spec);
+                without it a user's agent run that rewrote its context gives several.
 
         Returns:
-            One trajectory per spec, in order (see `run_episodes`).
+            One trajectory per spec, in order (see `run_episodes`); for a user's agent without
+            `one_per_run`, each spec's trajectories in spec order (one or more per spec).
         """
         if weights is not None and int(weights[0]) > self.push_id:  # never go back to older ones
             import ray
@@ -273,6 +278,8 @@ class RolloutWorker:
             with self._lock:
                 if int(weights[0]) > self.push_id:  # a concurrent call may have loaded them
                     self.update_weights(sd, int(weights[1]), push_id=int(weights[0]))
+        if self._is_agent_env(split):
+            return self._run_agents(specs, params, seed, split, len(before), one_per_run)
         offsets = self.opening_counts(before, split) if before and seed is not None else None
         with self._env_sets(split).lease() as (envs, threads):
             trajs = run_episodes(LockedEngine(self.engine, self._lock), self.renderer,
@@ -282,6 +289,32 @@ class RolloutWorker:
                                  step_timeout_s=self.cfg.env.step_timeout_s,
                                  reset_timeout_s=self.cfg.env.reset_timeout_s,
                                  make_env=partial(self._new_env, split))
+        for tr in trajs:
+            tr.info["rollout_worker"] = self.worker_id
+        return trajs
+
+    def _is_agent_env(self, split: str) -> bool:
+        """Whether this worker's envs of `split` run their episodes through the gateway
+        (the `run_agents` hook of `agentrl.gateway.agents.AgentEnv`)."""
+        env = self.envs(split, 1)[0]
+        return hasattr(getattr(env, "unwrapped", env), "run_agents")
+
+    def _run_agents(self, specs: Sequence[EpisodeSpec], params: SamplingParams, seed: int | None,
+                    split: str, n_before: int, one_per_run: bool) -> list[Trajectory]:
+        """The user's agent for `specs`: the env's `run_agents` on a leased env instance, its
+        gateway (this process's, on 127.0.0.1) sampling from this worker's engine behind the
+        engine lock (a weight push lands between two generate calls). The sampler seed is
+        `seed + 104729 * n_before` (`n_before`: the specs of the earlier shards), so that two
+        workers' sessions never share a stream. Agent errors and hangs are the runs' own
+        recorded errors (`run_agents`); the gateway's per-run tokens are as in one process."""
+        if seed is not None and n_before:
+            seed = seed + 104729 * n_before
+        with self._env_sets(split).lease() as (envs, _threads):
+            env = self._fill(envs, split, 1)[0]
+            trajs = getattr(env, "unwrapped", env).run_agents(
+                LockedEngine(self.engine, self._lock), self.renderer, list(specs), params,
+                max_episode_tokens=self.cfg.rollout.max_episode_tokens, seed=seed,
+                timeout_s=self.cfg.env.step_timeout_s, one_per_run=one_per_run)
         for tr in trajs:
             tr.info["rollout_worker"] = self.worker_id
         return trajs
@@ -355,10 +388,19 @@ class RolloutPool:
         self.alive = [True] * self.num_workers
         ray.get([w.ready.remote() for w in self.workers])
 
+    @property
+    def local_engine(self) -> Any:
+        """The engine of the in-process worker (`num_workers=0`, e.g. vLLM in this process), or
+        None with Ray workers (partial rollouts set its `weight_poll`)."""
+        return None if self._local is None else self._local.engine
+
     # -- the two calls of the training loop ------------------------------------------------------
     def run(self, specs: Sequence[EpisodeSpec], params: SamplingParams, seed: int | None = None,
-            *, split: str = "train") -> list[Trajectory]:
-        """Run every spec once and return one trajectory per spec, in the order of `specs`.
+            *, split: str = "train", one_per_run: bool = False) -> list[Trajectory]:
+        """Run every spec once and return one trajectory per spec, in the order of `specs`
+        (a user's agent, the `run_agents` hook: without `one_per_run` a run may give several,
+        each shard's in spec order, shards concatenated in order: spec order when each group's
+        specs are adjacent, as `collect` makes them).
 
         Specs are sharded by group (`shard_specs`), one shard per live worker, each run with the same
         `seed` and the specs of the shards before it, so that its rows sample with the seeds one
@@ -374,7 +416,7 @@ class RolloutPool:
         t0 = time.perf_counter()
         specs = list(specs)
         if self._local is not None:
-            out = self._local.run(specs, params, seed, split=split)
+            out = self._local.run(specs, params, seed, split=split, one_per_run=one_per_run)
             self.stats["run_s"] = time.perf_counter() - t0
             return out
         import ray
@@ -390,7 +432,8 @@ class RolloutPool:
         def submit(s: int, w: int, attempt: int) -> None:
             before = [specs[i] for shard in shards[:s] for i in shard]
             ref = self.workers[w].run.remote([specs[i] for i in shards[s]], params, seed,
-                                             split=split, weights=weights, before=before)
+                                             split=split, weights=weights, before=before,
+                                             one_per_run=one_per_run)
             pending[ref] = (s, w, attempt)
 
         for s, idx in enumerate(shards):
@@ -409,6 +452,9 @@ class RolloutPool:
                                        f"{attempt + 1} attempts; last worker error: {e}") from e
                 self.stats["reissued"] += 1
                 submit(s, target, attempt + 1)
+        if any(len(trajs) != len(shards[s]) for s, trajs in results.items()):  # a user's agent
+            self.stats["run_s"] = time.perf_counter() - t0
+            return [tr for s in sorted(results) for tr in results[s]]
         ordered: list[Trajectory] = [None] * len(specs)  # type: ignore[list-item]
         for s, trajs in results.items():
             for i, tr in zip(shards[s], trajs):

@@ -246,12 +246,14 @@ def test_versions_follow_turn_samples_and_serialisation():
         tr.validate()
 
 
-def test_partial_config_needs_async_and_the_in_process_hf_engine():
-    for extra in (["rollout.mode=sync"], ["rollout.mode=async", "rollout.engine=vllm"],
+def test_partial_config_needs_async_and_an_in_process_engine():
+    for extra in (["rollout.mode=sync"], ["rollout.mode=async", "rollout.engine=vllm", "rollout.num_workers=1"],
                   ["rollout.mode=async", "rollout.num_workers=2"]):
         with pytest.raises(ConfigError, match="rollout.partial"):
             load_config(None, ["rollout.partial=true", "train.max_staleness=1", *extra])
     assert load_config(None, ["rollout.partial=true", "rollout.mode=async", "train.max_staleness=1"]).rollout.partial
+    assert load_config(None, ["rollout.partial=true", "rollout.mode=async", "rollout.engine=vllm",
+                              "train.max_staleness=1"]).rollout.partial
     assert load_config(None, []).rollout.partial is False
 
 

@@ -41,6 +41,15 @@ Sleep: `sleep(level=2)` discards the weights; `wake_up` does not bring them back
 next `update_weights` the engine refuses to `generate` (it would sample from whatever the freed
 memory holds).
 
+Partial rollouts (`rollout.partial`, `weight_poll`): when `weight_poll` is set, a text-only
+`generate` steps vLLM's engine itself (`agentrl.rollout.engines.vllm_partial`) and calls
+`weight_poll()` after every step; a weight push during the call aborts the running requests,
+loads the weights, and resubmits each row from its prompt plus the tokens it has received,
+re-prefilled with the new weights; `Completion.versions` says which version sampled each token.
+Greedy rows give exactly the tokens of one decode whose weights switched there; a seeded sampled
+row resumes with a seed derived from its own and its token count (reproducible, but not the draws
+of an uninterrupted request: see that module). Calls with images never interrupt.
+
 Defaults by platform: on CUDA, CUDA graphs (`enforce_eager=False`) and, unless `model.dtype` is
 set, bfloat16 weights (`agentrl.rollout.engines.make.vllm_dtype`: FlashAttention needs 16-bit);
 without CUDA (the CPU build), eager mode and float32. Versions: the engine refuses a vLLM
@@ -52,11 +61,13 @@ from __future__ import annotations
 import gc
 import os
 import re
+from collections.abc import Callable
 from typing import Any
 
 from agentrl.models.vision_logprobs import vision_token_ids
 from agentrl.rollout.engines.base import Completion, SamplingParams, row_seeds
 from agentrl.rollout.engines.hf import check_params
+from agentrl.rollout.engines.vllm_partial import abort_inflight, generate_partial
 
 CPU_KV_CACHE_BYTES = 1 << 30
 """KV cache of the CPU build when none is given (1 GiB: ~260k tokens of the tiny model)."""
@@ -244,6 +255,9 @@ class VLLMEngine:
         policy_version: version of the loaded weights (0 until `update_weights`).
         llm: the `vllm.LLM`.
         last_update_s: seconds of the last `update_weights`.
+        weight_poll: None, or a function called after every vLLM step of a text-only `generate`
+            (in the generating thread) that may load new weights with `update_weights` and
+            returns whether it did; the running requests then resume with them (module doc).
 
     Raises:
         ImportError: vLLM is not installed (with the install hint).
@@ -318,6 +332,8 @@ class VLLMEngine:
         self.policy_version = 0
         self.last_update_s = 0.0
         self.last_push_buckets = 0
+        self.weight_poll: Callable[[], bool] | None = None
+        self._inflight: Any = None  # the running partial call's rows (`vllm_partial.Inflight`)
 
     # -- Engine interface ----------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams,
@@ -381,6 +397,9 @@ class VLLMEngine:
                 max_tokens=params.max_tokens, stop_token_ids=list(params.stop_token_ids),
                 ignore_eos=True, seed=s, logprobs=0, detokenize=False,
                 skip_special_tokens=False, allowed_token_ids=self._allowed))
+        if self.weight_poll is not None and images is None:  # partial rollouts
+            return generate_partial(self, [list(prompts[r // params.n]) for r in range(len(seeds))],
+                                    sampling, seeds)
         outs = self.llm.generate(requests, sampling, use_tqdm=False)
         completions = []
         for r, req in enumerate(outs):
@@ -417,6 +436,7 @@ class VLLMEngine:
 
         if self.asleep:
             raise RuntimeError("the vLLM engine is asleep: call wake_up() before update_weights()")
+        abort_inflight(self)  # inside a partial generate: its requests stop here, resume after
         t0 = time.perf_counter()
         sd = dict(state_dict)
         if self.tied_embeddings and "lm_head.weight" not in sd:

@@ -1,0 +1,219 @@
+"""`--agent` on Ray rollout workers (slow: a local Ray cluster of its own). Each worker runs the
+gateway beside its own hf engine for its shard of the batch's runs; the agent is the real
+`openai` SDK two-call agent of tests/gateway/test_agent_train.py.
+
+What the engines were fed and sampled is recorded inside the workers by a pass-through wrapper
+of `HFEngine.generate` that the agent's module installs when a worker imports it (the workers'
+engines are out of reach of the test process), one JSON line per completion with the pid.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from agentrl.algos.grpo import GRPO
+from agentrl.config import load_config
+from agentrl.rollout.agent_loop import EpisodeSpec
+from agentrl.rollout.collect import check_batch_hooks
+from agentrl.rollout.engines.base import SamplingParams
+
+_spec = importlib.util.spec_from_file_location(
+    "agent_train_source", Path(__file__).resolve().parents[1] / "gateway" / "test_agent_train.py")
+_mod = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_mod)
+AGENT = _mod.AGENT  # the real `openai` SDK two-call agent with a tool
+
+SPY = '''
+import asyncio, json, os, threading
+from agentrl.rollout.engines.hf import HFEngine
+
+_generate, _lock = HFEngine.generate, threading.Lock()
+
+def _recorded(self, prompts, params, **kw):
+    outs = _generate(self, prompts, params, **kw)
+    with _lock, open(CALLS, "a") as f:
+        for i, p in enumerate(prompts):
+            for c in outs[i * params.n:(i + 1) * params.n]:
+                f.write(json.dumps([os.getpid(), list(p), list(c.token_ids), list(c.logprobs)]) + "\\n")
+    return outs
+
+if getattr(HFEngine.generate, "__name__", "") != "_recorded":
+    HFEngine.generate = _recorded
+'''
+
+FAULTY = '''
+async def faulty(client, task):
+    if task["mode"] == "raise":
+        await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}],
+                                             max_tokens=3)
+        raise RuntimeError("the agent broke")
+    if task["mode"] == "hang":
+        await asyncio.sleep(120)
+    return await agent(client, task)
+'''
+
+
+@pytest.fixture(scope="module")
+def agent_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ray_agent")
+    (d / "ray_agent.py").write_text(f"CALLS = {str(d / 'calls.jsonl')!r}\n" + SPY + AGENT + FAULTY)
+    return d
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(agent_dir):
+    import ray
+    from ray.job_config import JobConfig
+
+    from agentrl.rollout.workers import ensure_ray
+
+    ensure_ray(None, num_cpus=2, job_config=JobConfig(code_search_path=[str(agent_dir)]))
+    yield ray
+    ray.shutdown()
+
+
+def _calls(agent_dir):
+    path = agent_dir / "calls.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    path.unlink(missing_ok=True)
+    return rows
+
+
+def _spans(mask):
+    spans, t = [], 0
+    while t < len(mask):
+        if mask[t]:
+            e = t
+            while e < len(mask) and mask[e]:
+                e += 1
+            spans.append((t, e))
+            t = e
+        else:
+            t += 1
+    return spans
+
+
+@pytest.mark.slow
+def test_agent_trains_two_grpo_steps_on_two_ray_workers(ray_cluster, agent_dir, tmp_path, monkeypatch,
+                                                        tiny_model_dir):
+    """2 GRPO steps, 2 groups of 3 runs on 2 workers (one group each): every completion was
+    sampled in a worker process (not here), both workers sampled, the trained ids are the
+    sampled ids fed exactly the ids before them, the loss mask covers only them, the logprobs
+    are the sampler's, the rewards reach the advantages, and logp mismatch < 1e-4."""
+    monkeypatch.syspath_prepend(str(agent_dir))
+    (tmp_path / "tasks.jsonl").write_text("\n".join(json.dumps({"id": f"t{i}", "q": f"{i}+1?"})
+                                                    for i in range(10)))
+    seen = []
+    adv = GRPO.advantages
+
+    def advantages(self, batch, cfg):
+        out = adv(self, batch, cfg)
+        seen.append(({k: v.clone() for k, v in batch.items() if isinstance(v, torch.Tensor)}, out[0].clone()))
+        return out
+
+    monkeypatch.setattr(GRPO, "advantages", advantages)
+    _calls(agent_dir)
+    cfg = load_config(overrides=[
+        "env.name=agent", "env.kwargs.agent=ray_agent:agent", f"env.dataset={tmp_path / 'tasks.jsonl'}",
+        "algo.name=grpo", "train.steps=2", f"out={tmp_path / 'run'}", f"model.path={tiny_model_dir}",
+        "sft.steps=0", "rollout.tasks_per_step=2", "algo.group_size=3", "rollout.max_episode_tokens=2048",
+        "rollout.num_workers=2", "train.eval_tasks=1", "train.eval_samples=1", "quiet=true"])
+    from agentrl.train import train
+
+    train(cfg)
+    calls = _calls(agent_dir)
+    pids = {pid for pid, *_ in calls}
+    assert os.getpid() not in pids and len(pids) == 2, "both workers sampled, the driver did not"
+    sampled: dict[tuple, list] = {}
+    for _, p, ids, lps in calls:
+        sampled.setdefault(tuple(p), []).append((ids, lps))
+    assert len(seen) == 2
+    for batch, a in seen:
+        assert batch["input_ids"].shape[0] == 6  # 2 tasks x 3 runs, one conversation each
+        for b in range(6):
+            live = batch["attention_mask"][b] > 0
+            ids, mask = batch["input_ids"][b][live].tolist(), batch["loss_mask"][b][live].tolist()
+            spans = _spans(mask)
+            assert len(spans) == 2, "two calls: two sampled turns"
+            for s, e in spans:
+                lp = batch["sampler_logprobs"][b][live][s:e]
+                assert any(ids[s:e] == got and torch.allclose(lp, torch.tensor(lps), atol=1e-6)
+                           for got, lps in sampled[tuple(ids[:s])])
+            assert sum(mask) == sum(e - s for s, e in spans)
+        scores, groups = batch["scores"], batch["group_ids"]
+        for g in groups.unique():
+            rows = (groups == g).nonzero().flatten()
+            r = scores[rows]
+            want = (r - r.mean()) / (r.std() + 1e-6)
+            for k, row in enumerate(rows):
+                m = batch["loss_mask"][row] > 0
+                assert torch.allclose(a[row][m], want[k].expand(int(m.sum())), atol=1e-4)
+                assert (a[row][~m] == 0).all()
+        assert a.abs().sum() > 0 and scores.min() >= 0
+    metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in metrics if "loss/logp_mismatch_max" in m]
+    assert len(steps) == 2 and all(m["loss/logp_mismatch_max"] < 1e-4 for m in steps)
+
+
+@pytest.mark.slow
+def test_a_raising_or_hanging_agent_on_a_worker_ends_only_its_run(ray_cluster, agent_dir, tmp_path,
+                                                                  monkeypatch, tiny_model_dir):
+    """One worker, three runs of one batch: the agent that raises and the one that hangs past
+    `env.step_timeout_s` are recorded errors of their own runs (reward 0); the third trains as
+    usual. Ray workers with the vLLM engine are refused for `--agent`."""
+    from agentrl.rollout.envs import build_env
+    from agentrl.rollout.workers import RolloutPool
+
+    monkeypatch.syspath_prepend(str(agent_dir))
+    (tmp_path / "tasks.jsonl").write_text("\n".join(json.dumps({"id": m, "q": "1+1?", "mode": m})
+                                                    for m in ("ok", "raise", "hang")))
+    cfg = load_config(overrides=[
+        "env.name=agent", "env.kwargs.agent=ray_agent:faulty", f"env.dataset={tmp_path / 'tasks.jsonl'}",
+        f"model.path={tiny_model_dir}", "sft.steps=0", "rollout.num_workers=1", "env.step_timeout_s=3"])
+    pool = RolloutPool(cfg, tiny_model_dir)
+    try:
+        env = build_env(cfg, split="train")
+        check_batch_hooks(pool, env)  # Ray workers with the hf engine: accepted
+        specs = [EpisodeSpec({"options": {"task_index": i}}, group_id=i) for i in range(3)]
+        trs = pool.run(specs, SamplingParams(max_tokens=6, temperature=1.0), seed=3, one_per_run=True)
+        calls = _calls(agent_dir)
+        assert [t.task_id for t in trs] == ["ok", "raise", "hang"]
+        ok, raised, hung = trs
+        assert "error" not in ok.info and ok.info["agent_calls"] == 2 and ok.episode_return >= 0
+        sampled = {(tuple(p), tuple(ids)) for _, p, ids, _ in calls}
+        spans = _spans(ok.loss_mask)
+        assert len(spans) == 2 and all((tuple(ok.token_ids[:s]), tuple(ok.token_ids[s:e])) in sampled
+                                       for s, e in spans)
+        assert "the agent broke" in raised.info["error"] and raised.episode_return == 0.0
+        assert hung.info["env_timeout"] == "agent" and hung.episode_return == 0.0
+        assert {t.info["rollout_worker"] for t in trs} == {0}
+        cfg.rollout.engine = "vllm"
+        with pytest.raises(ValueError, match="rollout.engine=hf"):
+            check_batch_hooks(pool, env)
+        env.close()
+    finally:
+        pool.shutdown()
+
+
+def test_agents_run_on_ray_hf_workers_and_in_process_vllm_only():
+    """`--agent` on a `RolloutPool`: Ray workers with hf and in-process vLLM (0 workers) pass;
+    Ray workers with vLLM (untested) and a 0-worker hf pool are refused naming the settings."""
+    from agentrl.gateway.agents import AgentEnv
+
+    env = SimpleNamespace(unwrapped=SimpleNamespace(run_agents=AgentEnv.run_agents))
+
+    def pool(n, engine):
+        return SimpleNamespace(run=None, num_workers=n, cfg=SimpleNamespace(rollout=SimpleNamespace(engine=engine)))
+
+    for n, engine in ((2, "vllm"), (1, "vllm"), (0, "hf")):
+        with pytest.raises(ValueError, match="rollout.engine=vllm with rollout.num_workers=0"):
+            check_batch_hooks(pool(n, engine), env)
+    for n, engine in ((1, "hf"), (2, "hf"), (0, "vllm")):
+        check_batch_hooks(pool(n, engine), env)
