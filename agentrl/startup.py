@@ -158,18 +158,21 @@ def preflight(cfg: Config) -> list[str]:
 def check_tokenizer_fits(path: str) -> None:
     """Every id of model directory `path`'s tokenizer has an embedding row (config.json's
     `vocab_size` and the weights' rows, `weight_rows`; rows beyond the tokenizer are padding,
-    accepted). A tokenizer that does not load is left to the model's loader to report.
+    accepted).
 
     Raises:
-        ConfigError: fewer rows than tokenizer ids (the run would fail on its first prompt with
-            such an id, after OUT was written).
+        ConfigError: a tokenizer that does not load (a truncated tokenizer.json: it was a
+            traceback after OUT was written), or fewer rows than tokenizer ids (the run would
+            fail on its first prompt with such an id, after OUT was written).
     """
     from transformers import AutoTokenizer  # deferred: heavy
 
     try:
         n = len(AutoTokenizer.from_pretrained(path, local_files_only=True))
-    except Exception:  # noqa: BLE001 - reported by load_model with its own message
-        return
+    except Exception as e:  # noqa: BLE001 - any loader failure: one line, before OUT
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise ConfigError(f"config error: model.path: {path}: the tokenizer does not load "
+                          f"({type(e).__name__}: {first}); agentrl doctor --model {path}") from None
     size = config_vocab_size(path)
     rows = min([*weight_rows(path).values(), *([] if size is None else [size])], default=n)
     if rows < n:

@@ -172,3 +172,34 @@ def test_weights_that_do_not_fit_config_vocab_size_are_a_config_error_before_out
     assert not (tmp_path / "run").exists()
     with pytest.raises(ValueError, match=f"^{re.escape(want)}"):
         load_model(d)
+
+
+def test_no_weights_or_an_unreadable_tokenizer_under_model_path_is_one_line_before_out(tmp_path):
+    """model.path without its weights file (an interrupted copy), or with a truncated
+    tokenizer.json: a one-line config error before OUT is written (both were tracebacks after
+    OUT/config.json); doctor says MISSING for the first, exit 1 (it said ok, exit 0)."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+    from agentrl.models.families import build_family
+
+    good = tmp_path / "qwen3"
+    build_family("qwen3", good, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+    nowt, badtok = tmp_path / "noweights", tmp_path / "badtok"
+    shutil.copytree(good, nowt)
+    (nowt / "model.safetensors").unlink()
+    shutil.copytree(good, badtok)
+    t = badtok / "tokenizer.json"
+    t.write_text(t.read_text()[: len(t.read_text()) // 2])
+    for d, want in ((nowt, f"{nowt} holds no weights (no *.safetensors or pytorch_model*.bin file)"),
+                    (badtok, f"{badtok}: the tokenizer does not load (")):
+        out = tmp_path / f"run_{d.name}"
+        cfg = load_config(None, ["env.name=toy", f"model.path={d}", "sft.steps=0", f"out={out}"])
+        with pytest.raises(ConfigError, match=f"^config error: model.path: {re.escape(want)}"):
+            build(cfg)
+        assert not out.exists()
+    res = CliRunner().invoke(app, ["doctor", "--model", str(nowt)])
+    assert res.exit_code == 1, res.output
+    assert res.output.splitlines()[-1].startswith(f"vocabulary: tokenizer 640, config 640: MISSING: {nowt} holds no weights")

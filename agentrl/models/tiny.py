@@ -333,7 +333,8 @@ def config_vocab_size(path: str | Path) -> int | None:
 
 def check_weights_readable(path: str | Path) -> None:
     """Parse the header of every `*.safetensors` file in directory `path` (the header only, not
-    the tensors: cheap for any size) and compare the embedding and output-head rows with
+    the tensors: cheap for any size), that there is one at all, and compare the embedding and
+    output-head rows with
     config.json's `vocab_size`, so that a truncated or foreign file, or weights saved after a
     resize without updating config.json, is one clear error instead of a `SafetensorError` or a
     "size mismatch" `RuntimeError` traceback from inside transformers.
@@ -342,9 +343,18 @@ def check_weights_readable(path: str | Path) -> None:
         ValueError: naming the file and the parser's message, or the config's vocab_size and
             the tensor's rows.
     """
+    if not weight_files(path):
+        raise ValueError(f"{path} holds no weights (no *.safetensors or pytorch_model*.bin file): "
+                         "an interrupted copy, or a tokenizer-only folder?")
     problem = rows_mismatch(path, weight_rows(path), config_vocab_size(path))
     if problem:
         raise ValueError(problem)
+
+
+def weight_files(path: str | Path) -> list[Path]:
+    """The weight files of model directory `path` (`*.safetensors`, `pytorch_model*.bin`)."""
+    p = Path(path)
+    return sorted([*p.glob("*.safetensors"), *p.glob("pytorch_model*.bin")])
 
 
 def rows_mismatch(path: str | Path, rows: dict[str, int], vocab_size: int | None) -> str | None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agentrl.models.tiny import config_vocab_size, rows_mismatch, weight_rows
+from agentrl.models.tiny import config_vocab_size, rows_mismatch, weight_files, weight_rows
 from agentrl.rollout.chat import ChatRenderer, Message
 from agentrl.rollout.drift import episode_drift
 from agentrl.rollout.tool_format import detect_tool_parser
@@ -117,6 +117,10 @@ def vocabulary(tok: Any, path: Path) -> dict[str, Any]:
     size = config_vocab_size(path)
     if size is not None:
         out["config"] = size
+    if not weight_files(path):
+        out["verdict"] = (f"MISSING: {path} holds no weights (no *.safetensors or pytorch_model*.bin "
+                          "file; agentrl train/serve/eval cannot load a model from it)")
+        return out
     try:
         rows = weight_rows(path)
     except ValueError as e:
