@@ -485,7 +485,7 @@ def config_reference(algo: str | None = None) -> str:
         raise ConfigError(f"config error: algo.name: unknown algorithm {algo!r}; allowed: "
                           f"{', '.join(ALGO_CONFIGS)}")
     lines = ["# Configuration reference", "",
-             "Generated from `agentrl/config.py` and `agentrl/algos/configs.py` (`agentrl config "
+             "Generated from `agentrl/config/__init__.py` and `agentrl/algos/configs.py` (`agentrl config "
              f"--reference{f' --algo {algo}' if algo else ''}`).", ""]
 
     def table(title: str, rows: list[str], intro: str = "") -> None:

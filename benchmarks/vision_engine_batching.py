@@ -4,7 +4,7 @@ pixels per row vs batched, in the same process.
     python benchmarks/vision_engine_batching.py                  # 16 prompts x 8 samples
     python benchmarks/vision_engine_batching.py --prompts 8 --n 4 --repeats 5
 
-Model: the embedded VLM at the default `model` sizes (`agentrl/config.py`: hidden 128, 4 layers,
+Model: the embedded VLM at the default `model` sizes (`agentrl/config/__init__.py`: hidden 128, 4 layers,
 4 heads, vocab 1024, vision tower 2 blocks of width 32; init std 0.1 as `VISION_DEFAULTS`),
 built in a temporary directory with a tokenizer trained on `visual_count`'s texts. Prompts: the
 opening observations of `visual_count` tasks 0..P-1 (an 84x84 board, 9 image ids, both question

@@ -52,11 +52,11 @@ FOLDER_RULES = [  # (importer folder, imported folder prefix): an arrow no folde
     ("agentrl.eval", "agentrl.train"),
 ]
 
-CONFIG_SCHEMAS = {"agentrl.algos.configs", "agentrl.yaml_safe", "agentrl.config_overrides"}
+CONFIG_SCHEMAS = {"agentrl.algos.configs", "agentrl.yaml_safe", "agentrl.config.overrides"}
 """Modules of plain config schemas (pydantic classes, no torch, no runtime module) that
 `agentrl.config` may import: each algorithm's config class lives with the algorithms, and the
 config's union of them is built from it; `agentrl.yaml_safe` is the YAML reader (PyYAML only);
-`agentrl.config_overrides` reads the YAML file and the overrides into a dict and formats the
+`agentrl.config.overrides` reads the YAML file and the overrides into a dict and formats the
 errors (split from `agentrl.config`). They import nothing in-tree but `agentrl.types` and each
 other (`test_config_schemas_import_nothing_at_runtime`)."""
 
@@ -237,7 +237,7 @@ def folder_edges(imports: list[Import]) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for i in imports:
         a, b = folder(i.importer), folder(i.target)
-        if i.importer == "agentrl.config" and i.target in CONFIG_SCHEMAS:
+        if (i.importer == "agentrl.config" or i.importer.startswith("agentrl.config.")) and i.target in CONFIG_SCHEMAS:
             continue  # schemas, not runtime (CONFIG_SCHEMAS)
         if i.in_tree and a != b:
             out.setdefault(f"{a} -> {b}", []).append(f"{i.importer}:{i.line} -> {i.target}")

@@ -6,7 +6,7 @@ wrong types and unsupported values fail at start-up with the key and the allowed
 This module imports no torch, so the CLI parses and validates before the heavy imports.
 Here: the schema (one pydantic class per section, `Config` with the checks across sections) and
 `load_config`; reading the YAML file and the overrides into a dict, and the error lines, are
-`agentrl.config_overrides`'.
+`agentrl.config.overrides`'.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from agentrl.algos.configs import (
     GRPOConfig,
     saved_algo_keys,
 )
-from agentrl.config_overrides import (  # re-exported: callers import them from here
+from agentrl.config.overrides import (  # re-exported: callers import them from here
     ConfigError,
     _merge,
     _set_dotted,  # noqa: F401 (agentrl.cli, agentrl.startup)

@@ -1,6 +1,6 @@
 """A run's set-up, before anything is built (`agentrl.run.build` calls `set_up` first): threads,
 seeds, the env's modules, the algorithm, the env- and policy-dependent defaults
-(`agentrl.run_defaults`), the start-up checks (`agentrl.startup`), OUT's lock and
+(`agentrl.run.defaults`), the start-up checks (`agentrl.startup`), OUT's lock and
 OUT/config.json.
 """
 
@@ -18,7 +18,7 @@ from agentrl.config import Config
 from agentrl.env.registry import import_env_modules, resolve_env_id
 from agentrl.infra.runfolder import RunLocked, check_no_links, lock_run, unlock_run
 from agentrl.learner.checkpoints import check_out
-from agentrl.run_defaults import resolve_run_defaults
+from agentrl.run.defaults import resolve_run_defaults
 from agentrl.startup import (
     OutError,
     check_learner_device,
@@ -49,7 +49,7 @@ def set_up(cfg: Config, notes: list[str] | None = None) -> tuple[Config, Any, Pa
     raises); writes OUT/config.json.
 
     Returns:
-        `(cfg with the run's resolved defaults (`agentrl.run_defaults`: the env's, the
+        `(cfg with the run's resolved defaults (`agentrl.run.defaults`: the env's, the
         policy's), the algorithm (`agentrl.algos.get_algorithm`), OUT)`; `notes` (a list,
         when given) receives the env's start-up notes (`agentrl.startup.preflight`).
 

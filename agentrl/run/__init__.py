@@ -7,8 +7,8 @@ model directory and its engine (`build(cfg, model_dir=...)`), `agentrl sft` and 
 policy (`load_policy`); the Ray workers build their engines with the same
 `agentrl.rollout.engines.make.make_engine`.
 
-Before anything is built, `set_up` (`agentrl.run_setup`) checks the run and resolves the env-
-and policy-dependent defaults (`agentrl.run_defaults`); both are re-exported here.
+Before anything is built, `set_up` (`agentrl.run.setup`) checks the run and resolves the env-
+and policy-dependent defaults (`agentrl.run.defaults`); both are re-exported here.
 """
 
 from __future__ import annotations
@@ -44,12 +44,12 @@ from agentrl.rollout.envs import PARSER_KWARGS, _env_accepts, build_env, build_n
 from agentrl.rollout.source import Leases, LockedEngine
 from agentrl.rollout.tool_format import resolve_tool_parser
 from agentrl.rollout.workers import RolloutPool
-from agentrl.run_defaults import (  # noqa: F401 (re-exported: callers import them from here)
+from agentrl.run.defaults import (  # noqa: F401 (re-exported: callers import them from here)
     VISION_DEFAULTS,
     env_observes_images,
     resolve_run_defaults,
 )
-from agentrl.run_setup import quiet_libraries, seed_everything, set_up  # noqa: F401 (re-exported)
+from agentrl.run.setup import quiet_libraries, seed_everything, set_up  # noqa: F401 (re-exported)
 from agentrl.startup import (
     check_tokenizer,
     check_vision_training,
