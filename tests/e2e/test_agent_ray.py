@@ -167,7 +167,8 @@ def test_a_raising_or_hanging_agent_on_a_worker_ends_only_its_run(ray_cluster, a
                                                                   monkeypatch, tiny_model_dir):
     """One worker, three runs of one batch: the agent that raises and the one that hangs past
     `env.step_timeout_s` are recorded errors of their own runs (reward 0); the third trains as
-    usual. Ray workers with the vLLM engine are refused for `--agent`."""
+    usual. The same hook passes `check_batch_hooks` with vLLM in the workers too (run in
+    tests/e2e/test_agent_vllm.py), and an env with other batch hooks is refused on workers."""
     from agentrl.rollout.envs import build_env
     from agentrl.rollout.workers import RolloutPool
 
@@ -195,8 +196,17 @@ def test_a_raising_or_hanging_agent_on_a_worker_ends_only_its_run(ray_cluster, a
         assert hung.info["env_timeout"] == "agent" and hung.episode_return == 0.0
         assert {t.info["rollout_worker"] for t in trs} == {0}
         cfg.rollout.engine = "vllm"
+        check_batch_hooks(pool, env)  # vLLM in the workers: accepted (the gateway is in each)
+
+        class Phased:
+            def run_agents(self):
+                pass
+
+            def batch_phases(self):
+                pass
+
         with pytest.raises(ValueError, match="rollout.engine=hf"):
-            check_batch_hooks(pool, env)
+            check_batch_hooks(pool, Phased())
         env.close()
     finally:
         pool.shutdown()
