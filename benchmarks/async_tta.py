@@ -44,7 +44,8 @@ def task_se(tasks: list[dict], key: str = "reward_mean") -> float | None:
     return statistics.stdev(vals) / math.sqrt(len(vals))
 
 
-def aggregate(per_seed: dict[str, dict[str, dict]], modes: list[str]) -> dict[str, dict[str, Any]]:
+def aggregate(per_seed: dict[str, dict[str, dict]], modes: list[str],
+              key: str = "final") -> dict[str, dict[str, Any]]:
     """Per mode over seeds: `ratios` (time to target / sync's, per seed; None = no ratio: not
     reached, or sync's time 0), `median_ratio` and `range` (min, max) over the others,
     `no_ratio` (count of None), and the
@@ -53,16 +54,18 @@ def aggregate(per_seed: dict[str, dict[str, dict]], modes: list[str]) -> dict[st
     errors over tasks; None when any is missing).
 
     Args:
-        per_seed: seed (str) -> mode -> {"ratio": float | None, "final": float, "final_se": float | None}.
+        per_seed: seed (str) -> mode -> {"ratio": float | None, key: float, key + "_se": float | None}.
         modes: the modes to aggregate, each present in every seed.
+        key: the held-out value compared (e.g. "at_sync_steps": at sync's step count, equal samples);
+            the output names stay `final_*`.
     """
     out: dict[str, dict[str, Any]] = {}
     for m in modes:
         ratios = [per_seed[s][m]["ratio"] for s in per_seed]
         got = [r for r in ratios if r is not None]
-        finals = [per_seed[s][m]["final"] for s in per_seed]
-        deltas = [per_seed[s][m]["final"] - per_seed[s]["sync"]["final"] for s in per_seed]
-        ses = [(per_seed[s][m]["final_se"], per_seed[s]["sync"]["final_se"]) for s in per_seed]
+        finals = [per_seed[s][m][key] for s in per_seed]
+        deltas = [per_seed[s][m][key] - per_seed[s]["sync"][key] for s in per_seed]
+        ses = [(per_seed[s][m][f"{key}_se"], per_seed[s]["sync"][f"{key}_se"]) for s in per_seed]
         se = (sum(math.hypot(a, b) for a, b in ses) / len(ses)
               if all(a is not None and b is not None for a, b in ses) else None)
         out[m] = {"ratios": ratios, "median_ratio": statistics.median(got) if got else None,

@@ -62,3 +62,8 @@ def test_aggregate_over_seeds():
                                                                               "a": r(0.9, 0.5, 0.04)}}, ["a"])
     assert three["a"]["median_ratio"] == 0.7 and three["a"]["range"] == [0.5, 0.9]
     assert three["a"]["final_delta_se"] == pytest.approx(0.05)  # hypot(0.04, 0.03), the same on every seed
+    at = {k: {m: {"ratio": 1.0, "at_sync_steps": x, "at_sync_steps_se": 0.01} for m, x in (("sync", v), ("a", v + d))}
+          for k, v, d in (("0", 0.3, 0.01), ("1", 0.4, -0.03))}
+    b = aggregate(at, ["a"], key="at_sync_steps")["a"]
+    assert b["final_mean"] == pytest.approx(0.34) and b["final_delta_mean"] == pytest.approx(-0.01)
+    assert b["final_delta_se"] == pytest.approx(math.sqrt(2) * 0.01)
