@@ -8,11 +8,14 @@ from __future__ import annotations
 import copy
 
 import pytest
+import transformers
 from test_families import run_scripted
 
 from agentrl.models.families import FAMILIES, build_family_tokenizer
 from agentrl.rollout.chat import ChatRenderer
 from agentrl.rollout.drift import (
+    VERIFIED_TRANSFORMERS,
+    _backend_batch,
     _batch_encode_is_encode,
     _tail,
     check_episodes,
@@ -48,6 +51,7 @@ def test_batch_check_equals_the_uncached_check_of_each_episode(name, toks):
     if name == "qwen2_5":  # (test_drift: its generation prompt ends with "\n")
         assert alone[0] and alone[0]["where"] == "generation prompt / sampled text"
     assert _batch_encode_is_encode(tok)
+    assert (_backend_batch(tok) is not None) == transformers.__version__.startswith(VERIFIED_TRANSFORMERS)
     cache: dict = {}
     prefetch_boundaries(r, trajs, cache)
     texts = cache.get("text", {})
@@ -94,3 +98,19 @@ def test_a_tokenizer_that_overrides_encode_is_encoded_one_text_at_a_time(toks):
     assert "text" not in cache
     assert trajs[0].info["template_drift"]["where"] == "generation prompt / sampled text"
     assert trajs[1].info["template_drift"] == (episode_drift(r, trajs[1]) or False)
+
+
+def test_a_backend_with_truncation_is_not_called_directly(toks):
+    """`encode` turns the backend's truncation off before encoding; a backend left with
+    truncation on (here at 2 ids) is therefore not called directly, and the prefetched ids
+    are still `encode`'s, untruncated."""
+    tok = copy.deepcopy(toks["qwen2_5"])
+    r = ChatRenderer(tok)
+    trajs = [run_scripted(tok, r, answers=a) for a in ANSWER_SETS[2:]]
+    tok._tokenizer.enable_truncation(max_length=2)
+    assert _backend_batch(tok) is None
+    cache: dict = {}
+    prefetch_boundaries(r, trajs, cache)
+    assert cache["text"] and all(list(ids) == tok.encode(t, add_special_tokens=False)
+                                 for t, ids in cache["text"].items())
+    assert max(len(ids) for ids in cache["text"].values()) > 2
