@@ -29,7 +29,7 @@ from agentrl.infra.devices import resolve_device
 from agentrl.learner.checkpoints import RUN_CONFIG
 from agentrl.learner.local import latest_checkpoint
 from agentrl.log.metrics import check_wandb_login
-from agentrl.models.tiny import check_weights_readable, config_vocab_size, load_model, weight_rows
+from agentrl.models.tiny import check_weights_readable, load_model, tokenizer_overflow
 from agentrl.models.vlm import is_vlm_dir
 from agentrl.rollout.agent_loop import call_with_timeout
 from agentrl.rollout.envs import build_env
@@ -158,7 +158,7 @@ def preflight(cfg: Config) -> list[str]:
 def check_tokenizer_fits(path: str) -> None:
     """Every id of model directory `path`'s tokenizer has an embedding row (config.json's
     `vocab_size` and the weights' rows, `weight_rows`; rows beyond the tokenizer are padding,
-    accepted).
+    accepted; the message is `agentrl.models.tiny.overflow_message`'s).
 
     Raises:
         ConfigError: a tokenizer that does not load (a truncated tokenizer.json: it was a
@@ -168,16 +168,14 @@ def check_tokenizer_fits(path: str) -> None:
     from transformers import AutoTokenizer  # deferred: heavy
 
     try:
-        n = len(AutoTokenizer.from_pretrained(path, local_files_only=True))
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except Exception as e:  # noqa: BLE001 - any loader failure: one line, before OUT
         first = (str(e).strip().splitlines() or [""])[0][:200]
         raise ConfigError(f"config error: model.path: {path}: the tokenizer does not load "
                           f"({type(e).__name__}: {first}); agentrl doctor --model {path}") from None
-    size = config_vocab_size(path)
-    rows = min([*weight_rows(path).values(), *([] if size is None else [size])], default=n)
-    if rows < n:
-        raise ConfigError(f"config error: model.path: {path}: the tokenizer has {n} tokens but the model "
-                          f"{rows} embedding rows (ids >= {rows} have none); agentrl doctor --model {path}")
+    problem = tokenizer_overflow(path, tok)  # the wording of doctor and load_model too
+    if problem:
+        raise ConfigError(f"config error: model.path: {problem}")
 
 
 def env_notes(cfg: Config, env: Any) -> list[str]:
