@@ -26,7 +26,7 @@ from agentrl.config import (  # the overrides as load_config reads them
 from agentrl.env.content import message_images
 from agentrl.env.registry import resolve_env_id
 from agentrl.infra.devices import resolve_device
-from agentrl.learner.checkpoints import RUN_CONFIG
+from agentrl.learner.checkpoints import RUN_CONFIG, run_checkpoint
 from agentrl.learner.local import latest_checkpoint
 from agentrl.log.metrics import check_wandb_login
 from agentrl.models.tiny import check_weights_readable, load_model, tokenizer_overflow
@@ -153,6 +153,41 @@ def preflight(cfg: Config) -> list[str]:
         return env_notes(cfg, getattr(env, "unwrapped", env))
     finally:
         env.close()
+
+
+def resolve_model_path(cfg: Config, notes: list[str] | None = None) -> Config:
+    """`model.path` naming a training run's folder stands for its newest intact checkpoint
+    (`agentrl.learner.checkpoints.run_checkpoint`, as `agentrl serve` / `eval` take it): the
+    config with that checkpoint as `model.path` (so OUT/config.json records which), and a note
+    naming it (and each newer checkpoint skipped) appended to `notes` for the `[run]` line.
+    Anything else is returned as it is (`preflight` checks it).
+
+    Raises:
+        ConfigError: a run folder without an intact checkpoint, or whose newest checkpoint
+            holds LoRA adapters (no full model: `agentrl merge` makes one); a `model.path`
+            inside OUT of a new run with `overwrite` (it would be removed before it loads).
+    """
+    path = cfg.model.path
+    if not path:
+        return cfg
+    skipped: list[str] = []
+    try:
+        ck = run_checkpoint(path, on_skip=lambda c, why: skipped.append(f"skipping {c}: {why}"))
+    except FileNotFoundError as e:
+        raise ConfigError(f"config error: model.path: {e}") from None
+    used = Path(path) if ck is None else ck
+    if cfg.overwrite and not cfg.resume and used.resolve().is_relative_to(Path(cfg.out).resolve()):
+        raise ConfigError(f"config error: model.path: {used} is inside --out {cfg.out}, which --overwrite "
+                          "would remove before it loads: copy it elsewhere, or choose another --out")
+    if ck is None:
+        return cfg
+    if (ck / "adapter_config.json").is_file():
+        raise ConfigError(f"config error: model.path: {path} is a training run's folder whose newest "
+                          f"checkpoint {ck} holds LoRA adapters, not a model: merge them first "
+                          f"(agentrl merge {ck} MERGED) and give model.path=MERGED")
+    if notes is not None:
+        notes.extend([*skipped, f"model.path {path} is a run folder: its newest checkpoint {ck}"])
+    return cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": str(ck)})})
 
 
 def check_tokenizer_fits(path: str) -> None:
