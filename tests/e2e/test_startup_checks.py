@@ -363,6 +363,11 @@ def test_a_run_folder_as_model_path_or_doctor_model_uses_its_newest_checkpoint(f
     assert res.exit_code == 0, res.output
     assert lines[0] == f"{finished_run} is a training run's folder: its newest checkpoint {ck}", res.output
     assert lines[1].startswith(f"model: {ck} (") and lines[-1].endswith(": ok"), res.output
+    from agentrl.gateway.serve import start
+
+    served = start(finished_run, port=0)  # `agentrl serve` names the checkpoint it serves
+    served.close()
+    assert served.model_dir == str(ck)
     new = tmp_path / "new"
     res = runner.invoke(app, ["train", *TOY, f"model.path={finished_run}", f"out={new}"], env={"COLUMNS": "80"})
     assert res.exit_code == 0, res.output
