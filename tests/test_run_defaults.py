@@ -140,12 +140,9 @@ def test_a_model_path_with_fewer_embedding_rows_than_tokenizer_ids_is_refused_be
     runner = CliRunner()
     for args, line in ((["serve", "--model", str(d), "--port", "0"], f"serve: {want}"),
                        (["doctor", "--model", str(d)], "vocabulary: tokenizer 640, config 600, embedding 600: "
-                                                        f"MISMATCH: {want}"),
-                       (["train", "--env", "toy", "--model", str(d), "--out", str(tmp_path / "run"), "sft.steps=0"],
-                        f"config error: model.path: {want}")):
+                                                        f"MISMATCH: {want}")):  # (train: build above)
         res = runner.invoke(app, args, env={"COLUMNS": "80"})
         assert res.exit_code in (1, 2) and line in res.output.splitlines(), (args, res.output)
-    assert not (tmp_path / "run").exists()
 
 
 def test_a_truncated_model_path_weights_file_is_a_config_error_before_out_is_written(tmp_path):
