@@ -68,27 +68,22 @@ def collect(engine: Any, renderer: ChatRenderer, envs: list[Any], seeds: list[in
 
 
 def check_batch_hooks(engine: Any, env: Any) -> None:
-    """Refuse an env with batch hooks (`batch_phases`, `finish_batch`, `run_agents`) when
-    `engine` runs the episodes elsewhere (a `RolloutPool` of Ray workers or vLLM): the hooks
-    need the envs and the engine here. An env whose only hook is `run_agents` passes on Ray
-    workers with the hf engine and on in-process vLLM (`agents_on_workers`): each worker runs
-    it for its shard.
+    """Refuse an env with batch hooks (`batch_phases`, `finish_batch`) when `engine` runs the
+    episodes elsewhere (a `RolloutPool` of Ray workers or vLLM): the hooks need the envs and
+    the engine here. An env whose only hook is `run_agents` (the user's agent) passes on every
+    pool (`agents_on_workers`): each worker runs it for its shard, the gateway beside the
+    worker's engine.
 
     Raises:
-        ValueError: naming the env and the setting to change (`rollout.num_workers=0`, or
-            `rollout.engine=hf` / `rollout.num_workers=0` for the user's agent).
+        ValueError: naming the env and the setting to change (`rollout.num_workers=0` and
+            `rollout.engine=hf`).
     """
     env = getattr(env, "unwrapped", env)
     hooks = [h for h in ("batch_phases", "finish_batch", "run_agents") if hasattr(env, h)]
     if not hasattr(engine, "run") or not hooks:
         return
-    if hooks == ["run_agents"]:
-        if agents_on_workers(engine):
-            return  # each Ray worker runs the gateway beside its own engine
-        raise ValueError(f"env {type(env).__name__} (the user's agent, --agent) samples through the "
-                         "gateway from the hf engine (in this process or on Ray rollout workers) or "
-                         "from vLLM in this process: use rollout.engine=hf, or rollout.engine=vllm "
-                         "with rollout.num_workers=0")
+    if hooks == ["run_agents"] and agents_on_workers(engine):
+        return  # each worker runs the gateway beside its own engine
     raise ValueError(f"env {type(env).__name__} needs its batch hooks (batch_phases / "
                      "finish_batch / run_agents) in the driver process with the in-process "
                      "engine: use rollout.num_workers=0 and rollout.engine=hf")
@@ -96,13 +91,12 @@ def check_batch_hooks(engine: Any, env: Any) -> None:
 
 def agents_on_workers(engine: Any) -> bool:
     """Whether `engine` is a `RolloutPool` whose workers run an env's `run_agents` hook (the
-    gateway) themselves: Ray rollout workers (`num_workers >= 1`) with the hf engine, or the
-    in-process vLLM engine (`num_workers=0`: the pool's one `RolloutWorker` in this process).
-    Ray workers with vLLM are not tested, so refused."""
+    gateway) themselves: Ray rollout workers (`num_workers >= 1`, hf or vLLM engine in each),
+    or the in-process vLLM engine (`num_workers=0`: the pool's one `RolloutWorker` in this
+    process)."""
     cfg = getattr(engine, "cfg", None)
     n = int(getattr(engine, "num_workers", 0) or 0)
-    return cfg is not None and ((n >= 1 and cfg.rollout.engine == "hf")
-                                or (n == 0 and cfg.rollout.engine == "vllm"))
+    return cfg is not None and (n >= 1 or cfg.rollout.engine == "vllm")
 
 
 def _run_phases(run: Callable[..., list[Trajectory]], envs: list[Any], seeds: list[int],
