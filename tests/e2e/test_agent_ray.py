@@ -100,13 +100,10 @@ def _spans(mask):
     return spans
 
 
-@pytest.mark.slow
-def test_agent_trains_two_grpo_steps_on_two_ray_workers(ray_cluster, agent_dir, tmp_path, monkeypatch,
-                                                        tiny_model_dir):
-    """2 GRPO steps, 2 groups of 3 runs on 2 workers (one group each): every completion was
-    sampled in a worker process (not here), both workers sampled, the trained ids are the
-    sampled ids fed exactly the ids before them, the loss mask covers only them, the logprobs
-    are the sampler's, the rewards reach the advantages, and logp mismatch < 1e-4."""
+def _train_on_workers(agent_dir, tmp_path, monkeypatch, model_dir, steps, extra=()):
+    """`steps` GRPO steps of the two-call agent, 2 groups of 3 runs per step on 2 Ray workers;
+    returns what GRPO computed advantages from (batch tensors, advantages) per step, and every
+    completion the workers' engines sampled ([pid, prompt ids, ids, logprobs])."""
     monkeypatch.syspath_prepend(str(agent_dir))
     (tmp_path / "tasks.jsonl").write_text("\n".join(json.dumps({"id": f"t{i}", "q": f"{i}+1?"})
                                                     for i in range(10)))
@@ -122,19 +119,26 @@ def test_agent_trains_two_grpo_steps_on_two_ray_workers(ray_cluster, agent_dir, 
     _calls(agent_dir)
     cfg = load_config(overrides=[
         "env.name=agent", "env.kwargs.agent=ray_agent:agent", f"env.dataset={tmp_path / 'tasks.jsonl'}",
-        "algo.name=grpo", "train.steps=2", f"out={tmp_path / 'run'}", f"model.path={tiny_model_dir}",
+        "algo.name=grpo", f"train.steps={steps}", f"out={tmp_path / 'run'}", f"model.path={model_dir}",
         "sft.steps=0", "rollout.tasks_per_step=2", "algo.group_size=3", "rollout.max_episode_tokens=2048",
-        "rollout.num_workers=2", "train.eval_tasks=1", "train.eval_samples=1", "quiet=true"])
+        "rollout.num_workers=2", "train.eval_tasks=1", "train.eval_samples=1", "quiet=true", *extra])
     from agentrl.train import train
 
     train(cfg)
-    calls = _calls(agent_dir)
+    return seen, _calls(agent_dir)
+
+
+def _check_batches(seen, calls, steps):
+    """Every completion sampled in a worker process (both workers, not the driver); each batch's
+    6 conversations: the trained ids are the sampled ids fed exactly the ids before them, the
+    loss mask covers only them, the logprobs are the sampler's; the rewards reach the
+    advantages (group-normalised)."""
     pids = {pid for pid, *_ in calls}
     assert os.getpid() not in pids and len(pids) == 2, "both workers sampled, the driver did not"
     sampled: dict[tuple, list] = {}
     for _, p, ids, lps in calls:
         sampled.setdefault(tuple(p), []).append((ids, lps))
-    assert len(seen) == 2
+    assert len(seen) == steps
     for batch, a in seen:
         assert batch["input_ids"].shape[0] == 6  # 2 tasks x 3 runs, one conversation each
         for b in range(6):
@@ -157,9 +161,34 @@ def test_agent_trains_two_grpo_steps_on_two_ray_workers(ray_cluster, agent_dir, 
                 assert torch.allclose(a[row][m], want[k].expand(int(m.sum())), atol=1e-4)
                 assert (a[row][~m] == 0).all()
         assert a.abs().sum() > 0 and scores.min() >= 0
+
+
+@pytest.mark.slow
+def test_agent_trains_two_grpo_steps_on_two_ray_workers(ray_cluster, agent_dir, tmp_path, monkeypatch,
+                                                        tiny_model_dir):
+    """2 GRPO steps, 2 groups of 3 runs on 2 workers (one group each): `_check_batches`, and
+    logp mismatch < 1e-4 (on-policy)."""
+    seen, calls = _train_on_workers(agent_dir, tmp_path, monkeypatch, tiny_model_dir, 2)
+    _check_batches(seen, calls, 2)
     metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [m for m in metrics if "loss/logp_mismatch_max" in m]
     assert len(steps) == 2 and all(m["loss/logp_mismatch_max"] < 1e-4 for m in steps)
+
+
+@pytest.mark.slow
+def test_agent_trains_async_on_two_ray_workers(ray_cluster, agent_dir, tmp_path, monkeypatch,
+                                               tiny_model_dir):
+    """Async mode (`rollout.mode=async`, `train.max_staleness=1`, 2 batches in flight): 3 steps
+    on 2 workers with `_check_batches`; every trajectory's policy version is at most 1 behind
+    the learner's at its update, and a batch sampled on older weights shows it."""
+    seen, calls = _train_on_workers(agent_dir, tmp_path, monkeypatch, tiny_model_dir, 3,
+                                    ["rollout.mode=async", "train.max_staleness=1",
+                                     "rollout.batches_in_flight=2"])
+    _check_batches(seen, calls, 3)
+    metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in metrics if "rollout/staleness_max" in m]
+    assert len(steps) == 3 and all(0 <= m["rollout/staleness_max"] <= 1 for m in steps), steps
+    assert any(m["rollout/staleness_max"] == 1 for m in steps), "async: some batch sampled ahead"
 
 
 @pytest.mark.slow
@@ -227,3 +256,45 @@ def test_agents_run_on_ray_hf_workers_and_in_process_vllm_only():
             check_batch_hooks(pool(n, engine), env)
     for n, engine in ((1, "hf"), (2, "hf"), (0, "vllm")):
         check_batch_hooks(pool(n, engine), env)
+
+
+@pytest.mark.slow
+def test_an_agent_module_only_the_driver_finds_runs_on_the_workers(ray_cluster, tmp_path, monkeypatch,
+                                                                   tiny_model_dir):
+    """The agent's module on the driver's `sys.path` only (not the workers' current folder, nor
+    the cluster's code search path): the workers get the folder the driver found it in and
+    import it; a module no worker can import (its file gone after the driver imported it) is
+    one line naming the key, the module and the worker, when the pool starts (it was Ray's
+    tracebacks at the first step, labelled env.kwargs)."""
+    import sys
+
+    from agentrl.config import ConfigError
+    from agentrl.rollout.workers import RolloutPool
+
+    folder = tmp_path / "driver_only"
+    folder.mkdir()
+    (folder / "driver_only_agent.py").write_text(AGENT)
+    (folder / "gone_agent.py").write_text(AGENT)
+    monkeypatch.syspath_prepend(str(folder))
+    (tmp_path / "tasks.jsonl").write_text(json.dumps({"id": "t0", "q": "1+1?"}))
+    base = [f"env.dataset={tmp_path / 'tasks.jsonl'}", "env.name=agent", f"model.path={tiny_model_dir}",
+            "sft.steps=0", "rollout.num_workers=1"]
+    pool = RolloutPool(load_config(overrides=[*base, "env.kwargs.agent=driver_only_agent:agent"]), tiny_model_dir)
+    try:
+        trs = pool.run([EpisodeSpec({"options": {"task_index": 0}}, group_id=0)],
+                       SamplingParams(max_tokens=6, temperature=1.0), seed=0, one_per_run=True)
+        assert "error" not in trs[0].info and trs[0].info["agent_calls"] == 2, trs[0].info
+    finally:
+        pool.shutdown()
+    import gone_agent  # noqa: F401 - imported here, then its file goes
+
+    (folder / "gone_agent.py").unlink()
+    try:
+        cfg = load_config(overrides=[*base, "env.kwargs.agent=gone_agent:agent"])
+        with pytest.raises(ConfigError) as e:
+            RolloutPool(cfg, tiny_model_dir)
+        assert str(e.value).startswith("config error: env.kwargs.agent: rollout worker 0 (pid ")
+        assert "cannot import module 'gone_agent' (ModuleNotFoundError: No module named 'gone_agent')" \
+            in str(e.value) and "\n" not in str(e.value), str(e.value)
+    finally:
+        sys.modules.pop("gone_agent", None)
