@@ -301,7 +301,8 @@ def report_tta(by: dict[str, dict], modes: list[str], metric: str) -> None:
         r = by[m]
         t = time_to(r["curve"], target)
         pts = " ".join(f"{ti:.0f}s:{v:.3f}" for ti, v in r["curve"])
-        ratio = f"{t / t_sync:.2f}x sync" if t is not None and t_sync else "not reached"
+        ratio = f"{t / t_sync:.2f}x sync" if t is not None and t_sync else \
+            "not reached" if t is None else "no ratio: sync reached it before RL"
         print(f"  {m:8s} {'-' if t is None else f'{t:.1f} s':>8s} ({ratio}); final {r['curve'][-1][1]:.4f}; "
               f"token staleness mean {r['staleness_tokens_mean']:.2f}; curve {pts}")
 
