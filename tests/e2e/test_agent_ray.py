@@ -241,21 +241,24 @@ def test_a_raising_or_hanging_agent_on_a_worker_ends_only_its_run(ray_cluster, a
         pool.shutdown()
 
 
-def test_agents_run_on_ray_hf_workers_and_in_process_vllm_only():
-    """`--agent` on a `RolloutPool`: Ray workers with hf and in-process vLLM (0 workers) pass;
-    Ray workers with vLLM (untested) and a 0-worker hf pool are refused naming the settings."""
+def test_agents_run_on_every_pool_and_other_batch_hooks_are_refused():
+    """`--agent` on a `RolloutPool`: Ray workers (hf or vLLM in each) and in-process vLLM (0
+    workers) pass; a 0-worker hf pool, and an env with other batch hooks on any pool, are
+    refused naming the settings."""
     from agentrl.gateway.agents import AgentEnv
 
     env = SimpleNamespace(unwrapped=SimpleNamespace(run_agents=AgentEnv.run_agents))
+    phased = SimpleNamespace(unwrapped=SimpleNamespace(run_agents=AgentEnv.run_agents, batch_phases=None))
 
     def pool(n, engine):
         return SimpleNamespace(run=None, num_workers=n, cfg=SimpleNamespace(rollout=SimpleNamespace(engine=engine)))
 
-    for n, engine in ((2, "vllm"), (1, "vllm"), (0, "hf")):
-        with pytest.raises(ValueError, match="rollout.engine=vllm with rollout.num_workers=0"):
-            check_batch_hooks(pool(n, engine), env)
-    for n, engine in ((1, "hf"), (2, "hf"), (0, "vllm")):
+    with pytest.raises(ValueError, match="rollout.num_workers=0 and rollout.engine=hf"):
+        check_batch_hooks(pool(0, "hf"), env)
+    for n, engine in ((1, "hf"), (2, "hf"), (0, "vllm"), (1, "vllm"), (2, "vllm")):
         check_batch_hooks(pool(n, engine), env)
+        with pytest.raises(ValueError, match="batch_phases"):
+            check_batch_hooks(pool(n, engine), phased)
 
 
 @pytest.mark.slow
