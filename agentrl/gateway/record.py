@@ -59,13 +59,16 @@ def _calls(m: Message) -> list[tuple[Any, Any]]:
     return out
 
 
+_NORM = json.JSONEncoder(sort_keys=True, ensure_ascii=False)  # `json.dumps(x, sort_keys=True,
+# ensure_ascii=False)`, made once (dumps makes an encoder a call when given options)
+
+
 def norm_message(m: Message) -> str:
     """A canonical JSON string of chat message `m`, for comparing conversations: role, content
     text, tool calls `(name, arguments as an object)` and a tool message's `tool_call_id`."""
     role = m.get("role")
     extra = m.get("tool_call_id") if role == "tool" else None
-    return json.dumps([role, content_text(m.get("content")), _calls(m), extra], sort_keys=True,
-                      ensure_ascii=False)
+    return _NORM.encode([role, content_text(m.get("content")), _calls(m), extra])
 
 
 def template_messages(messages: list[Message]) -> list[Message]:
