@@ -109,6 +109,34 @@ class _Req:
     temperature: float
     top_p: float
     future: Future = field(default_factory=Future)
+    waiter: asyncio.Future | None = None  # the server's await of `future` (`_wake`)
+
+
+def _wake(reqs: list[_Req]) -> None:
+    """Pass the outcomes of `reqs` (their `future`s are done) to the event loops awaiting them:
+    one hand-off per loop for a whole batch (`asyncio.wrap_future` makes one per request)."""
+    by_loop: dict[Any, list[_Req]] = {}
+    for r in reqs:
+        if r.waiter is not None and r.future.done():
+            by_loop.setdefault(r.waiter.get_loop(), []).append(r)
+    for loop, rs in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_settle, rs)
+        except RuntimeError:  # the loop has closed: nobody awaits these
+            pass
+
+
+def _settle(reqs: list[_Req]) -> None:
+    """On the awaiting loop: each request's waiter gets its future's result or exception."""
+    for r in reqs:
+        w = r.waiter
+        if w is None or w.done():  # cancelled meanwhile
+            continue
+        e = r.future.exception()
+        if e is not None:
+            w.set_exception(e)
+        else:
+            w.set_result(r.future.result())
 
 
 class Session:
@@ -164,8 +192,9 @@ class Session:
         inline = size <= INLINE_BYTES
         prep = (self._prepare(run, req) if inline
                 else await loop.run_in_executor(None, self._prepare, run, req))
-        r = self._submit(run, prep.prompt_ids, req)
-        outs, version, gen_s = await asyncio.wrap_future(r.future)
+        waiter = loop.create_future()
+        self._submit(run, prep.prompt_ids, req, waiter)
+        outs, version, gen_s = await waiter
         run.generate_s += gen_s
         if inline:
             return self._finish(run, req, prep, outs, version)
@@ -195,7 +224,12 @@ class Session:
                                    code="context_length_exceeded", param="messages")
         return prep
 
-    def _submit(self, run: RunState, prompt: list[int], req: ChatRequest) -> _Req:
+    def _submit(self, run: RunState, prompt: list[int], req: ChatRequest,
+                waiter: asyncio.Future | None = None) -> _Req:
+        """Queue a request for the driving thread (`waiter`: an event loop's future that gets
+        its outcome, `_wake`). The driving thread is woken when its batch may be complete: the
+        first request queued, a run's first request (it is no longer starting), or as many
+        requests as it waits for (`expected`); a run ending wakes it too (`RunState.finish`)."""
         if self.sampling is not None:
             temperature, top_p = self.sampling
         else:
@@ -203,10 +237,11 @@ class Session:
             top_p = 1.0 if req.top_p is None else req.top_p
         room = self.max_episode_tokens - len(prompt)
         r = _Req(run, prompt, req.n, max(1, min(req.max_tokens or self.max_tokens, self.max_tokens, room)),
-                 temperature, top_p)
+                 temperature, top_p, waiter=waiter)
         with self._cond:
             self._queue.append(r)
-            self._cond.notify_all()
+            if len(self._queue) == 1 or run.calls == 0 or len(self._queue) >= self.expected():
+                self._cond.notify_all()
         return r
 
     def _finish(self, run: RunState, req: ChatRequest, prep: Any, outs: list[Any],
@@ -270,10 +305,13 @@ class Session:
                     break
                 self._cond.wait(left)
             reqs, self._queue = self._queue, []
-        self._execute([r for r in reqs if r.run.live] or [])
-        for r in reqs:
-            if not r.run.live and not r.future.done():
-                r.future.set_exception(GatewayError(401, "this run has ended", code="invalid_api_key"))
+        try:
+            self._execute([r for r in reqs if r.run.live] or [])
+        finally:
+            for r in reqs:
+                if not r.run.live and not r.future.done():
+                    r.future.set_exception(GatewayError(401, "this run has ended", code="invalid_api_key"))
+            _wake(reqs)
         return len(reqs)
 
     def drive(self, until: Callable[[], bool], on_tick: Callable[[], None] | None = None) -> None:
@@ -323,6 +361,7 @@ class Session:
         for r in reqs:
             if not r.future.done():
                 r.future.set_exception(GatewayError(401, "this run has ended", code="invalid_api_key"))
+        _wake(reqs)
 
 
 class Gateway:
