@@ -66,9 +66,11 @@ _NORM = json.JSONEncoder(sort_keys=True, ensure_ascii=False)  # `json.dumps(x, s
 def norm_message(m: Message) -> str:
     """A canonical JSON string of chat message `m`, for comparing conversations: role, content
     text, tool calls `(name, arguments as an object)` and a tool message's `tool_call_id`."""
-    role = m.get("role")
+    role, content = m.get("role"), m.get("content")
+    if type(content) is str and role != "tool" and not m.get("tool_calls"):
+        return _NORM.encode([role, content, [], None])  # the common case of the line below
     extra = m.get("tool_call_id") if role == "tool" else None
-    return _NORM.encode([role, content_text(m.get("content")), _calls(m), extra])
+    return _NORM.encode([role, content_text(content), _calls(m), extra])
 
 
 def template_messages(messages: list[Message]) -> list[Message]:
