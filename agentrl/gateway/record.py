@@ -94,7 +94,7 @@ def template_messages(messages: list[Message]) -> list[Message]:
 
 def tools_key(tools: list[dict] | None) -> str:
     """The identity of a call's tool list (a call with other tools rewrites the system prompt)."""
-    return json.dumps(tools or [], sort_keys=True)
+    return json.dumps(tools, sort_keys=True) if tools else "[]"
 
 
 @dataclass
