@@ -296,6 +296,9 @@ def serve_cmd(
                        max_tokens=max_tokens, max_context=max_context)
     except (FileNotFoundError, ValueError, OSError) as e:
         _fail(f"serve: {e}")
+    if Path(served.model_dir) != Path(model).expanduser():  # a run folder: say which checkpoint
+        console.print(f"{model} is a training run's folder: its newest checkpoint {served.model_dir}",
+                      markup=False, highlight=False, soft_wrap=True)
     console.print(f"serving {escape(model)} at {served.url} (model \"policy\", tool-call format "
                   f"{served.tool_parser}: {served.tool_parser_why}); Ctrl-C stops", markup=False)
     try:
@@ -402,7 +405,7 @@ def show(
 
 @app.command()
 def doctor(
-    model: Annotated[Optional[str], typer.Option(help="A model directory: report its chat template's properties (end of turn, history rewriting, tool format, turn-boundary merges, system role, vocabulary) instead of the machine's.")] = None,
+    model: Annotated[Optional[str], typer.Option(help="A model directory (or a checkpoint, or a training run's folder: its newest checkpoint): report its chat template's properties (end of turn, history rewriting, tool format, turn-boundary merges, system role, vocabulary) instead of the machine's.")] = None,
 ) -> None:
     """What this machine has for agentrl: sandbox backend and isolation, torch/CUDA devices, Ray,
     vLLM, plotting/TensorBoard, installed extras, with the fix for each missing part. Exit code 1
@@ -422,6 +425,7 @@ def doctor(
 def _doctor_model(path: str) -> None:
     import transformers
 
+    from agentrl.learner.checkpoints import run_checkpoint
     from agentrl.rollout.model_doctor import (
         FATAL_VERDICTS,
         DoctorError,
@@ -430,6 +434,14 @@ def _doctor_model(path: str) -> None:
     )
 
     transformers.utils.logging.set_verbosity_error()
+    try:  # a training run's folder: its newest intact checkpoint, as serve / eval / train take it
+        ck = run_checkpoint(path, on_skip=lambda c, why: console.print(f"skipping {c}: {why}", markup=False))
+    except FileNotFoundError as e:
+        _fail(f"--model {e}")
+    if ck is not None:
+        console.print(f"{path} is a training run's folder: its newest checkpoint {ck}", markup=False,
+                      highlight=False, soft_wrap=True)
+        path = str(ck)
     try:
         rep = inspect_model(path)
     except DoctorError as e:

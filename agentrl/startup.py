@@ -26,10 +26,10 @@ from agentrl.config import (  # the overrides as load_config reads them
 from agentrl.env.content import message_images
 from agentrl.env.registry import resolve_env_id
 from agentrl.infra.devices import resolve_device
-from agentrl.learner.checkpoints import RUN_CONFIG
+from agentrl.learner.checkpoints import RUN_CONFIG, run_checkpoint
 from agentrl.learner.local import latest_checkpoint
 from agentrl.log.metrics import check_wandb_login
-from agentrl.models.tiny import check_weights_readable, config_vocab_size, load_model, weight_rows
+from agentrl.models.tiny import check_weights_readable, load_model, tokenizer_overflow
 from agentrl.models.vlm import is_vlm_dir
 from agentrl.rollout.agent_loop import call_with_timeout
 from agentrl.rollout.envs import build_env
@@ -155,10 +155,45 @@ def preflight(cfg: Config) -> list[str]:
         env.close()
 
 
+def resolve_model_path(cfg: Config, notes: list[str] | None = None) -> Config:
+    """`model.path` naming a training run's folder stands for its newest intact checkpoint
+    (`agentrl.learner.checkpoints.run_checkpoint`, as `agentrl serve` / `eval` take it): the
+    config with that checkpoint as `model.path` (so OUT/config.json records which), and a note
+    naming it (and each newer checkpoint skipped) appended to `notes` for the `[run]` line.
+    Anything else is returned as it is (`preflight` checks it).
+
+    Raises:
+        ConfigError: a run folder without an intact checkpoint, or whose newest checkpoint
+            holds LoRA adapters (no full model: `agentrl merge` makes one); a `model.path`
+            inside OUT of a new run with `overwrite` (it would be removed before it loads).
+    """
+    path = cfg.model.path
+    if not path:
+        return cfg
+    skipped: list[str] = []
+    try:
+        ck = run_checkpoint(path, on_skip=lambda c, why: skipped.append(f"skipping {c}: {why}"))
+    except FileNotFoundError as e:
+        raise ConfigError(f"config error: model.path: {e}") from None
+    used = Path(path) if ck is None else ck
+    if cfg.overwrite and not cfg.resume and used.resolve().is_relative_to(Path(cfg.out).resolve()):
+        raise ConfigError(f"config error: model.path: {used} is inside --out {cfg.out}, which --overwrite "
+                          "would remove before it loads: copy it elsewhere, or choose another --out")
+    if ck is None:
+        return cfg
+    if (ck / "adapter_config.json").is_file():
+        raise ConfigError(f"config error: model.path: {path} is a training run's folder whose newest "
+                          f"checkpoint {ck} holds LoRA adapters, not a model: merge them first "
+                          f"(agentrl merge {ck} MERGED) and give model.path=MERGED")
+    if notes is not None:
+        notes.extend([*skipped, f"model.path {path} is a run folder: its newest checkpoint {ck}"])
+    return cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": str(ck)})})
+
+
 def check_tokenizer_fits(path: str) -> None:
     """Every id of model directory `path`'s tokenizer has an embedding row (config.json's
     `vocab_size` and the weights' rows, `weight_rows`; rows beyond the tokenizer are padding,
-    accepted).
+    accepted; the message is `agentrl.models.tiny.overflow_message`'s).
 
     Raises:
         ConfigError: a tokenizer that does not load (a truncated tokenizer.json: it was a
@@ -168,16 +203,14 @@ def check_tokenizer_fits(path: str) -> None:
     from transformers import AutoTokenizer  # deferred: heavy
 
     try:
-        n = len(AutoTokenizer.from_pretrained(path, local_files_only=True))
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except Exception as e:  # noqa: BLE001 - any loader failure: one line, before OUT
         first = (str(e).strip().splitlines() or [""])[0][:200]
         raise ConfigError(f"config error: model.path: {path}: the tokenizer does not load "
                           f"({type(e).__name__}: {first}); agentrl doctor --model {path}") from None
-    size = config_vocab_size(path)
-    rows = min([*weight_rows(path).values(), *([] if size is None else [size])], default=n)
-    if rows < n:
-        raise ConfigError(f"config error: model.path: {path}: the tokenizer has {n} tokens but the model "
-                          f"{rows} embedding rows (ids >= {rows} have none); agentrl doctor --model {path}")
+    problem = tokenizer_overflow(path, tok)  # the wording of doctor and load_model too
+    if problem:
+        raise ConfigError(f"config error: model.path: {problem}")
 
 
 def env_notes(cfg: Config, env: Any) -> list[str]:

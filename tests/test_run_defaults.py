@@ -99,9 +99,13 @@ def test_partial_rollouts_on_an_image_env_are_refused_at_start_up(tmp_path):
 def test_a_model_path_with_fewer_embedding_rows_than_tokenizer_ids_is_refused_before_out_is_written(tmp_path):
     """config.json and weights agree on 600 rows but the tokenizer has 640 ids: start-up refuses
     in one line (it was `prompt 0 has a token id outside [0, 600)` after OUT was written);
-    64 padding rows beyond the tokenizer are accepted."""
+    64 padding rows beyond the tokenizer are accepted. The three surfaces that see it print one
+    wording (`overflow_message`; each had its own): `agentrl train` (start-up), `agentrl doctor
+    --model` and `agentrl serve` (`load_model`)."""
     from transformers import Qwen3ForCausalLM
+    from typer.testing import CliRunner
 
+    from agentrl.cli import app
     from agentrl.models.families import FAMILIES, build_family_tokenizer, family_config
     from agentrl.startup import preflight
 
@@ -112,11 +116,14 @@ def test_a_model_path_with_fewer_embedding_rows_than_tokenizer_ids_is_refused_be
         Qwen3ForCausalLM(mcfg).save_pretrained(tmp_path / name)
         tok.save_pretrained(tmp_path / name)
     d = tmp_path / "small"
+    past = ", ".join(tok.convert_ids_to_tokens([600, 601, 602]))
+    want = (f"{d}: the tokenizer's ids go up to 639 but the model has 600 embedding rows: ids 600-639 "
+            f"({past}, ...) have none; use the tokenizer saved with these weights, or resize the "
+            "embedding to 640 rows (model.resize_token_embeddings(640), then save_pretrained)")
     cfg = load_config(None, ["env.name=toy", f"model.path={d}", "sft.steps=0", f"out={tmp_path / 'run'}"])
     with pytest.raises(ConfigError) as e:
         build(cfg)
-    assert str(e.value) == (f"config error: model.path: {d}: the tokenizer has 640 tokens but the model 600 "
-                            f"embedding rows (ids >= 600 have none); agentrl doctor --model {d}")
+    assert str(e.value) == f"config error: model.path: {want}"
     assert not (tmp_path / "run").exists()
     preflight(load_config(None, ["env.name=toy", f"model.path={tmp_path / 'padded'}", "sft.steps=0"]))
     # `agentrl serve` / `agentrl eval` load it with load_model: the same refusal (serve started and
@@ -125,11 +132,17 @@ def test_a_model_path_with_fewer_embedding_rows_than_tokenizer_ids_is_refused_be
 
     from agentrl.models.tiny import load_model
 
-    with pytest.raises(ValueError, match=f"^{re.escape(str(d))}: the tokenizer has 640 tokens but the model "
-                                         "600 embedding rows: ids 600-639 "):
+    with pytest.raises(ValueError) as e:
         load_model(d)
+    assert str(e.value) == want
     padded, _ = load_model(tmp_path / "padded")
     padded(torch.tensor([[len(tok) - 1]]))  # the tokenizer's last id has a row
+    runner = CliRunner()
+    for args, line in ((["serve", "--model", str(d), "--port", "0"], f"serve: {want}"),
+                       (["doctor", "--model", str(d)], "vocabulary: tokenizer 640, config 600, embedding 600: "
+                                                        f"MISMATCH: {want}")):  # (train: build above)
+        res = runner.invoke(app, args, env={"COLUMNS": "80"})
+        assert res.exit_code in (1, 2) and line in res.output.splitlines(), (args, res.output)
 
 
 def test_a_truncated_model_path_weights_file_is_a_config_error_before_out_is_written(tmp_path):

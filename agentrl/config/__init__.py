@@ -74,7 +74,7 @@ class ModelConfig(_Section):
     """Section `model`: the policy (a local model directory or the embedded tiny default)."""
 
     path: str | None = None
-    """Local Hugging Face model directory. None: build the embedded tiny default (see `tiny`)."""
+    """Local Hugging Face model directory, a checkpoint `OUT/checkpoints/step_N`, or a training run's folder `OUT` (its newest intact checkpoint, named on the `[run]` line and recorded here in OUT/config.json; one with LoRA adapters is refused: `agentrl merge` it). None: build the embedded tiny default (see `tiny`)."""
     vision: bool = False
     """Embedded default (no `path`): build a tiny vision-language model (Qwen2-VL: the text sizes below, a vision tower of `model.vision_depth` blocks of width `model.vision_width`, a PIL image processor) in OUT/base_vlm instead of the text model, for envs whose observations carry images (docs/multimodal.md). Runs in-process or on Ray rollout workers, on the hf engine or vLLM; with images LoRA, PPO's value head, a reference worker and learner ranks are refused at start-up. When not set: true for an env whose observations carry images (its class sets `observes_images`: `visual_count`) and no `model.path`, else false (`agentrl.run`; `agentrl config` prints the resolved value)."""
     hidden_size: int = Field(default=128, ge=8)

@@ -5,7 +5,9 @@ so `import agentrl` does not import `agentrl_envs` (the `envs/` folder) until an
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -75,6 +77,30 @@ def import_env_modules(modules: list[str] | tuple[str, ...]) -> None:
         except ImportError as e:
             raise ImportError(f"--import {m}: {e} (the current folder {os.getcwd()} and PYTHONPATH "
                               "are searched)") from e
+
+
+def module_folder(name: str) -> str | None:
+    """The `sys.path` folder module `name` (dotted or not) is found in, in this process: the
+    folder to put on another process's `sys.path` (a Ray worker's) for it to import the module
+    the same way. None when it is not found, or not from a folder (built-in, frozen, zip)."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):  # a parent package that does not import
+        return None
+    if spec is None:
+        return None
+    locations = list(spec.submodule_search_locations or [])
+    if spec.origin and spec.has_location:
+        where = Path(spec.origin).parent  # a module's file, or a package's __init__.py
+    elif locations:  # a namespace package: its folder
+        where = Path(locations[0])
+    else:
+        return None
+    up = name.count(".") + (1 if locations else 0)  # a package's folder is itself one level
+    for _ in range(up):
+        where = where.parent
+    top = name.split(".")[0]  # (an editable install may map a package to a folder of another name)
+    return str(where) if (where / top).is_dir() or (where / f"{top}.py").is_file() else None
 
 
 def load_env_plugins() -> list[str]:

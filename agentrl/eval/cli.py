@@ -75,8 +75,7 @@ from agentrl.eval.harness import check_k, run_eval
 from agentrl.eval.reference import reference_setup
 from agentrl.eval.report import compare, print_compare
 from agentrl.eval.tasks import list_tasks
-from agentrl.learner.checkpoints import intact
-from agentrl.learner.local import latest_checkpoint
+from agentrl.learner.checkpoints import intact, run_checkpoint
 from agentrl.rollout.envs import _env_accepts, build_env
 from agentrl.run import build, default_model_dir, quiet_libraries, resolve_run_defaults
 
@@ -149,10 +148,11 @@ def resolve_model(model: str) -> tuple[Path, Path | None]:
             raise FileNotFoundError(f"model: {p} is not an intact checkpoint: {why}")
         cfg = run / "config.json" if run is not None and (run / "config.json").is_file() else None
         return p, cfg
-    if (p / "checkpoints").is_dir():
-        ck = latest_checkpoint(p, on_skip=lambda c, why: print(f"[eval] skipping {c}: {why}", file=sys.stderr))
-        if ck is None:
-            raise FileNotFoundError(f"model: {p} has a checkpoints/ folder but no intact checkpoint")
+    try:
+        ck = run_checkpoint(p, on_skip=lambda c, why: print(f"[eval] skipping {c}: {why}", file=sys.stderr))
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"model: {e}") from None
+    if ck is not None:
         return ck, (p / "config.json") if (p / "config.json").is_file() else None
     raise FileNotFoundError(f"model: {p} is neither a Hugging Face model directory (config.json with "
                             "model_type) nor a training output dir with checkpoints/step_N")

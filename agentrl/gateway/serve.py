@@ -37,6 +37,8 @@ class Served:
     stop: threading.Event
     tool_parser: str = "hermes"
     tool_parser_why: str = ""
+    model_dir: str = ""
+    """The directory loaded: `model`'s newest checkpoint when it is a run folder (`resolve_model`)."""
 
     @property
     def url(self) -> str:
@@ -71,6 +73,7 @@ def start(model: str | Path, *, port: int = 0, api_key: str | None = None,
     """
     if tool_parser != "auto":
         get_parser(tool_parser)  # an unknown name fails before the model loads
+    model_dir = model
     if engine is None:
         model_dir, _ = resolve_model(str(model))
         engine, tokenizer = make_engine(cfg or Config(), str(model_dir))
@@ -94,7 +97,7 @@ def start(model: str | Path, *, port: int = 0, api_key: str | None = None,
     stop = threading.Event()
     thread = threading.Thread(target=_drive, args=(session, stop), name="agentrl-serve", daemon=True)
     thread.start()
-    return Served(gw, session, thread, stop, tool_parser, why)
+    return Served(gw, session, thread, stop, tool_parser, why, str(model_dir))
 
 
 def _drive(session: Session, stop: threading.Event) -> None:

@@ -6,7 +6,8 @@
 - A checkpoint is written into a temporary folder, each file fsynced, a `manifest.json` of
   SHA-256 digests added, then renamed into place (`seal`); `intact` re-hashes it, and
   `latest_checkpoint` returns the newest intact `OUT/checkpoints/step_N`, naming the ones it
-  skipped (a flipped byte, a truncated file, a missing file).
+  skipped (a flipped byte, a truncated file, a missing file); `run_checkpoint` the one a run
+  folder given as a model stands for.
 - `prune` keeps the newest `keep` checkpoints (`train.keep_checkpoints`).
 - The layout of a learner's checkpoint is written by `write_checkpoint` (the in-process learner
   and the group of ranks alike) and its parts read back by `read_state`; `rng_state` /
@@ -376,6 +377,37 @@ def latest_checkpoint(out: str | Path, on_skip: Callable[[Path, str], None] | No
         if on_skip is not None:
             on_skip(ck, why)
     return None
+
+
+def run_checkpoint(path: str | Path, on_skip: Callable[[Path, str], None] | None = None) -> Path | None:
+    """When `path` is a training run's folder (it has `checkpoints/` and is no model directory
+    itself: no `config.json` with `model_type` or `architectures`), its newest intact checkpoint
+    (`latest_checkpoint`, newer ones that fail then reported to `on_skip`); None for anything else
+    (a model directory, a checkpoint, a path that does not exist), left to the caller.
+    `agentrl serve`, `eval`, `doctor --model` and `train model.path=` take a run folder so.
+
+    Raises:
+        FileNotFoundError: a run folder without an intact checkpoint (naming why the newest
+            two are not).
+    """
+    p = Path(path)
+    if not (p / "checkpoints").is_dir():
+        return None
+    try:
+        own = json.loads((p / "config.json").read_text())
+    except (OSError, ValueError):
+        own = {}
+    if isinstance(own, dict) and ("model_type" in own or "architectures" in own):
+        return None
+    skipped: list[tuple[Path, str]] = []
+    ck = latest_checkpoint(p, lambda c, why: skipped.append((c, why)))
+    if ck is None:
+        why = "; ".join(f"{c.name}: {w}" for c, w in skipped[:2]) or "checkpoints/ holds none"
+        raise FileNotFoundError(f"{p} is a training run's folder with no intact checkpoint "
+                                f"to use as a model ({why})")
+    for c, w in skipped if on_skip is not None else ():
+        on_skip(c, w)
+    return ck
 
 
 def prune(out: Path, keep: int) -> list[Path]:

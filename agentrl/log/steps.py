@@ -164,11 +164,12 @@ def log_step(lp: Any, step: int, m: dict[str, float], trajs: list[Trajectory]) -
             + f"len {m['rollout/response_len']:.0f} {m['perf/step_s']:.1f}s/step")
 
 
-def before_temperature(out: Path, default: float) -> float:
+def before_temperature(out: Path) -> float | None:
     """The sampling temperature of the before-RL evaluation recorded in OUT/eval_before.json
     (a resumed run may evaluate after RL at another `rollout.temperature`); for a file written
     before it was recorded, the one in OUT/eval/before/summary.json (`meta.temperature`,
-    `agentrl.eval.harness.run_eval`); `default` when neither has it."""
+    `agentrl.eval.harness.run_eval`); None when neither has it (a run from before either
+    recorded it: its T is unknown, not this run's)."""
     for f, read in ((out / "eval_before.json", lambda d: d.get("temperature")),
                     (out / "eval" / "before" / "summary.json", lambda d: (d.get("meta") or {}).get("temperature"))):
         try:
@@ -177,7 +178,17 @@ def before_temperature(out: Path, default: float) -> float:
             continue
         if isinstance(t, (int, float)):
             return float(t)
-    return default
+    return None
+
+
+def eval_temperatures(t_before: float | None, t_after: float) -> str:
+    """The temperatures of the closing `[eval] held-out (...)` line: `T=1.0` when both
+    evaluations sampled at it, else each named; `T=? (not recorded)` for a before-RL evaluation
+    whose temperature no file kept (`before_temperature` None)."""
+    if t_before == t_after:
+        return f"T={t_after}"
+    before = "T=? (not recorded)" if t_before is None else f"T={t_before}"
+    return f"before RL at {before}, after RL at T={t_after}"
 
 
 def report(lp: Any, before: dict[str, float], after: dict[str, float], final: Path,
@@ -205,9 +216,7 @@ def report(lp: Any, before: dict[str, float], after: dict[str, float], final: Pa
                                for label, sec, share in cost_profile(summary["stage_seconds"])}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     ratio = f"{a / b:.2f}x" if b > 0 else "n/a"
-    t_after = cfg.rollout.temperature
-    t_before = before_temperature(out, t_after)
-    temps = f"T={t_after}" if t_before == t_after else f"before RL at T={t_before}, after RL at T={t_after}"
+    temps = eval_temperatures(before_temperature(out), cfg.rollout.temperature)
     say(f"[eval] held-out ({temps}, {n_tasks} tasks x "
         f"{cfg.train.eval_samples}, ± standard error): before RL {format_eval(before, cfg.train.eval_samples)}"
         f" -> after RL {format_eval(after, cfg.train.eval_samples)}")

@@ -372,15 +372,25 @@ def tokenizer_overflow(path: str | Path, tokenizer: Any) -> str | None:
     """What is wrong when `tokenizer` (of model directory `path`) has ids the model has no
     embedding row for (config.json's `vocab_size` or the weights' rows below `len(tokenizer)`):
     the first such token (qwen's `<tool_call>`, ...) is an `IndexError` inside the embedding.
-    None otherwise; rows beyond the tokenizer are padding (many Hugging Face models), fine."""
+    None otherwise; rows beyond the tokenizer are padding (many Hugging Face models), fine.
+    The message is `overflow_message`'s: `agentrl doctor --model`, `agentrl train`'s start-up
+    check and `load_model` (`agentrl serve`, `agentrl eval`) all print it."""
     sizes = [n for n in (config_vocab_size(path), *weight_rows(path).values()) if n is not None]
-    n = len(tokenizer)
-    if not sizes or min(sizes) >= n:
+    if not sizes or min(sizes) >= len(tokenizer):
         return None
-    rows = min(sizes)
+    return overflow_message(path, tokenizer, min(sizes))
+
+
+def overflow_message(path: str | Path, tokenizer: Any, rows: int) -> str:
+    """The one wording of a tokenizer with ids past the model's `rows` embedding rows: the
+    largest id (`len(tokenizer) - 1`), the rows, the first ids without a row and their tokens,
+    and the fix."""
+    n = len(tokenizer)
     past = ", ".join(map(str, tokenizer.convert_ids_to_tokens(list(range(rows, min(n, rows + 3))))))
-    return (f"{path}: the tokenizer has {n} tokens but the model {rows} embedding rows: ids {rows}-{n - 1} "
-            f"({past}{', ...' if n - rows > 3 else ''}) have none; agentrl doctor --model {path}")
+    return (f"{path}: the tokenizer's ids go up to {n - 1} but the model has {rows} embedding rows: "
+            f"ids {rows}-{n - 1} ({past}{', ...' if n - rows > 3 else ''}) have none; use the tokenizer "
+            f"saved with these weights, or resize the embedding to {n} rows "
+            f"(model.resize_token_embeddings({n}), then save_pretrained)")
 
 
 def load_model(

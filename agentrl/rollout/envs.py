@@ -1,11 +1,13 @@
 """A run's envs made from its config: `build_env` (dataset, split, kwargs, turn limit and the
 reward wrappers of `env.wrappers`), the one way every env of a run is made (driver, Ray workers,
-evaluation)."""
+evaluation); `user_modules` / `user_module_folders` / `unimportable`: the user's env and agent
+modules, where the driver found them, and a worker's check that it imports them."""
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import sys
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -14,7 +16,13 @@ if TYPE_CHECKING:
     from agentrl.config import Config
 
 from agentrl.config import ConfigError
-from agentrl.env.registry import import_env_modules, make_env, resolve_env_id
+from agentrl.env.registry import (
+    REASONING_GYM_PREFIX,
+    import_env_modules,
+    make_env,
+    module_folder,
+    resolve_env_id,
+)
 from agentrl.rewards import RewardWrappers
 from agentrl.rollout.tool_format import resolve_tool_parser
 
@@ -91,3 +99,47 @@ def build_named_env(cfg: Config, name: str, split: str | None = None) -> Any:
     import_env_modules(cfg.env.imports)
     kw = {"split": split} if split is not None and _env_accepts(name, "split") else {}
     return make_env(name, env_kwargs=kw)
+
+
+# -- the user's modules in another process (Ray workers) ----------------------------------------
+def user_modules(cfg: Config) -> list[tuple[str, str]]:
+    """The user's modules a process imports to make the run's env, each with the key that names
+    it: each of `env.imports`, the module of `env.name=module:Class`, and the agent's
+    (`env.kwargs.agent=MODULE:FUNCTION`, `--agent`)."""
+    found = [("env.imports", m) for m in cfg.env.imports]
+    name = cfg.env.name
+    if ":" in name and not name.startswith(REASONING_GYM_PREFIX):
+        found.append(("env.name", name.partition(":")[0]))
+    agent = dict(cfg.env.kwargs).get("agent")
+    if isinstance(agent, str) and ":" in agent:
+        found.append(("env.kwargs.agent", agent.partition(":")[0]))
+    return found
+
+
+def user_module_folders(cfg: Config) -> list[str]:
+    """The folders this process finds `user_modules(cfg)` in (`module_folder`: e.g. the current
+    folder of `agentrl train --agent my_agent:solve`), for a Ray worker's `sys.path`, whose
+    current folder and `sys.path` may differ from the driver's."""
+    return list(dict.fromkeys(f for _, m in user_modules(cfg) if (f := module_folder(m)) is not None))
+
+
+def add_folders(folders: list[str] | tuple[str, ...]) -> None:
+    """Append each of `folders` missing from `sys.path` (`user_module_folders` of the driver):
+    appended, so nothing this process imports already changes."""
+    for f in folders:
+        if f not in sys.path:
+            sys.path.append(f)
+    importlib.invalidate_caches()
+
+
+def unimportable(modules: list[tuple[str, str]], who: str) -> list[str]:
+    """One line per `(key, module)` of `modules` (`user_modules`) that this process (`who`, e.g.
+    `rollout worker 0 (pid 123)`) cannot import: the key, the module, the error's first line."""
+    bad = []
+    for key, m in modules:
+        try:
+            importlib.import_module(m)
+        except Exception as e:  # noqa: BLE001 - any failure of the import: one line, named
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            bad.append(f"{key}: {who} cannot import module {m!r} ({type(e).__name__}: {first})")
+    return bad

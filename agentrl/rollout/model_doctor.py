@@ -16,7 +16,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agentrl.models.tiny import config_vocab_size, rows_mismatch, weight_files, weight_rows
+from agentrl.models.tiny import (
+    config_vocab_size,
+    overflow_message,
+    rows_mismatch,
+    weight_files,
+    weight_rows,
+)
 from agentrl.rollout.chat import ChatRenderer, Message
 from agentrl.rollout.drift import episode_drift
 from agentrl.rollout.tool_format import detect_tool_parser
@@ -134,8 +140,8 @@ def vocabulary(tok: Any, path: Path) -> dict[str, Any]:
     sizes = [out[k] for k in ("config", "embedding", "lm_head") if k in out]
     if not sizes:
         out["verdict"] = "no vocab_size or weights to compare with"
-    elif min(sizes) < len(tok):
-        out["verdict"] = f"MISMATCH: the tokenizer has {len(tok)} tokens, the model {min(sizes)} rows"
+    elif min(sizes) < len(tok):  # the wording of train's start-up check and load_model
+        out["verdict"] = f"MISMATCH: {overflow_message(path, tok, min(sizes))}"
     elif max(sizes) > len(tok):
         out["verdict"] = f"padded: {max(sizes) - len(tok)} rows beyond the tokenizer (sliced off the logits)"
     else:

@@ -45,14 +45,20 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from agentrl.config import Config
+from agentrl.config import Config, ConfigError
 from agentrl.infra.cluster import ensure_ray  # (also imported from here by callers)
 from agentrl.rewards import RewardWrappers
 from agentrl.rollout.agent_loop import EpisodeSpec, opening_prompt, run_episodes
 from agentrl.rollout.chat import renderer_for
 from agentrl.rollout.engines.base import SamplingParams, prompt_key
 from agentrl.rollout.engines.make import make_engine, rollout_device
-from agentrl.rollout.envs import build_env
+from agentrl.rollout.envs import (
+    add_folders,
+    build_env,
+    unimportable,
+    user_module_folders,
+    user_modules,
+)
 from agentrl.rollout.source import Leases, LockedEngine
 from agentrl.types import Trajectory
 
@@ -111,12 +117,15 @@ class RolloutWorker:
         gpus: the GPUs Ray reserved for this worker (`rollout.worker_gpus`); None in the driver
             process. The hf engine's device is `rollout_device(cfg, worker_gpus=gpus)`: a worker
             that reserves a GPU samples on it.
+        sys_path: folders for `sys.path`: where the driver found the user's modules (`add_folders`).
     """
 
     def __init__(self, cfg: Config, model_path: str | Path, *, worker_id: int = 0,
-                 env_factory: Callable[[str], Any] | None = None, gpus: float | None = None) -> None:
+                 env_factory: Callable[[str], Any] | None = None, gpus: float | None = None,
+                 sys_path: Sequence[str] = ()) -> None:
         import torch
 
+        add_folders(tuple(sys_path))
         torch.set_num_threads(cfg.rollout.torch_threads)
         self.cfg = cfg
         self.worker_id = worker_id
@@ -223,9 +232,10 @@ class RolloutWorker:
             return self._sets[split]
 
     def ready(self) -> dict[str, Any]:
-        """Process id, policy version and stop ids: a cheap call that proves the worker is up."""
-        return {"pid": os.getpid(), "worker_id": self.worker_id,
-                "policy_version": self.engine.policy_version, "stop_ids": self.renderer.stop_ids}
+        """Process id, policy version, stop ids, the user's modules it cannot import: a cheap call."""
+        who = f"rollout worker {self.worker_id} (pid {os.getpid()})"
+        return {"pid": os.getpid(), "worker_id": self.worker_id, "policy_version": self.engine.policy_version,
+                "stop_ids": self.renderer.stop_ids, "unimportable": unimportable(user_modules(self.cfg), who)}
 
     def policy_version(self) -> int:
         """Version of the weights the engine holds."""
@@ -382,11 +392,16 @@ class RolloutPool:
             max_task_retries=0,  # the pool re-issues a dead worker's shard itself
             runtime_env=runtime_env,
         )
+        folders = user_module_folders(cfg)  # the user's modules, imported there as here
         self.workers = [actor.remote(cfg, str(model_path), worker_id=i, env_factory=env_factory,
-                                     gpus=cfg.rollout.worker_gpus)
+                                     gpus=cfg.rollout.worker_gpus, sys_path=folders)
                         for i in range(self.num_workers)]
         self.alive = [True] * self.num_workers
-        ray.get([w.ready.remote() for w in self.workers])
+        bad = [b for r in ray.get([w.ready.remote() for w in self.workers]) for b in r["unimportable"]]
+        if bad:  # before any step: one line (it was Ray's tracebacks at the first env build)
+            self.shutdown()
+            raise ConfigError(f"config error: {bad[0]}; make it importable there (PYTHONPATH, or pip install "
+                              f"it; the driver's folders of the user's modules: {', '.join(folders) or 'none'})")
 
     @property
     def local_engine(self) -> Any:

@@ -25,6 +25,7 @@ from agentrl.startup import (
     check_resume_keeps_the_run,
     check_settings,
     preflight,
+    resolve_model_path,
 )
 
 
@@ -51,13 +52,14 @@ def set_up(cfg: Config, notes: list[str] | None = None) -> tuple[Config, Any, Pa
     Returns:
         `(cfg with the run's resolved defaults (`agentrl.run.defaults`: the env's, the
         policy's), the algorithm (`agentrl.algos.get_algorithm`), OUT)`; `notes` (a list,
-        when given) receives the env's start-up notes (`agentrl.startup.preflight`).
+        when given) receives the start-up notes: the checkpoint a run folder given as `model.path`
+        stands for (`agentrl.startup.resolve_model_path`), the env's (`agentrl.startup.preflight`).
 
     Raises:
         ValueError: an unknown env.
         ConfigError: a setting that cannot run (`agentrl.startup.check_learner_device`:
             `train.device=cuda` without CUDA for the in-process learner, a CUDA rank without
-            one whole GPU; `agentrl.startup.check_settings`,
+            one whole GPU; `agentrl.startup.resolve_model_path`, `agentrl.startup.check_settings`,
             `agentrl.startup.preflight`).
         ResumeError: `--resume` with a setting the run keeps changed
             (`agentrl.startup.check_resume_keeps_the_run`).
@@ -72,12 +74,14 @@ def set_up(cfg: Config, notes: list[str] | None = None) -> tuple[Config, Any, Pa
     import_env_modules(cfg.env.imports)  # their register_env calls run before the lookup
     resolve_env_id(cfg.env.name)  # fail early on an unknown env
     algo = get_algorithm(cfg.algo.name)
+    found: list[str] = []
+    cfg = resolve_model_path(cfg, found)  # a run folder as model.path: its newest checkpoint
     cfg = resolve_run_defaults(cfg)  # a VLM for an image env, its SFT lr
     check_settings(cfg)
     out = Path(cfg.resume or cfg.out)
     if out.exists() and not out.is_dir():  # before the env checks: the cheapest refusal first
         raise OutError(f"out: {out} is a file, not a folder")
-    found = preflight(cfg)  # before check_out: an --overwrite that fails here has deleted nothing
+    found += preflight(cfg)  # before check_out: an --overwrite that fails here has deleted nothing
     if notes is not None:
         notes.extend(found)
     _lock(out)  # held until `release` (or the process ends): no second run checks and writes it

@@ -256,3 +256,45 @@ def test_agents_run_on_ray_hf_workers_and_in_process_vllm_only():
             check_batch_hooks(pool(n, engine), env)
     for n, engine in ((1, "hf"), (2, "hf"), (0, "vllm")):
         check_batch_hooks(pool(n, engine), env)
+
+
+@pytest.mark.slow
+def test_an_agent_module_only_the_driver_finds_runs_on_the_workers(ray_cluster, tmp_path, monkeypatch,
+                                                                   tiny_model_dir):
+    """The agent's module on the driver's `sys.path` only (not the workers' current folder, nor
+    the cluster's code search path): the workers get the folder the driver found it in and
+    import it; a module no worker can import (its file gone after the driver imported it) is
+    one line naming the key, the module and the worker, when the pool starts (it was Ray's
+    tracebacks at the first step, labelled env.kwargs)."""
+    import sys
+
+    from agentrl.config import ConfigError
+    from agentrl.rollout.workers import RolloutPool
+
+    folder = tmp_path / "driver_only"
+    folder.mkdir()
+    (folder / "driver_only_agent.py").write_text(AGENT)
+    (folder / "gone_agent.py").write_text(AGENT)
+    monkeypatch.syspath_prepend(str(folder))
+    (tmp_path / "tasks.jsonl").write_text(json.dumps({"id": "t0", "q": "1+1?"}))
+    base = [f"env.dataset={tmp_path / 'tasks.jsonl'}", "env.name=agent", f"model.path={tiny_model_dir}",
+            "sft.steps=0", "rollout.num_workers=1"]
+    pool = RolloutPool(load_config(overrides=[*base, "env.kwargs.agent=driver_only_agent:agent"]), tiny_model_dir)
+    try:
+        trs = pool.run([EpisodeSpec({"options": {"task_index": 0}}, group_id=0)],
+                       SamplingParams(max_tokens=6, temperature=1.0), seed=0, one_per_run=True)
+        assert "error" not in trs[0].info and trs[0].info["agent_calls"] == 2, trs[0].info
+    finally:
+        pool.shutdown()
+    import gone_agent  # noqa: F401 - imported here, then its file goes
+
+    (folder / "gone_agent.py").unlink()
+    try:
+        cfg = load_config(overrides=[*base, "env.kwargs.agent=gone_agent:agent"])
+        with pytest.raises(ConfigError) as e:
+            RolloutPool(cfg, tiny_model_dir)
+        assert str(e.value).startswith("config error: env.kwargs.agent: rollout worker 0 (pid ")
+        assert "cannot import module 'gone_agent' (ModuleNotFoundError: No module named 'gone_agent')" \
+            in str(e.value) and "\n" not in str(e.value), str(e.value)
+    finally:
+        sys.modules.pop("gone_agent", None)

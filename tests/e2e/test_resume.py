@@ -332,7 +332,8 @@ def test_partial_resume_after_a_kill_inside_an_interrupted_generation(tiny_model
 
 def test_a_resume_at_another_temperature_labels_each_evaluation_with_its_own(tiny_model_dir, tmp_path):
     """A run evaluated before RL at T=1.0, resumed with rollout.temperature=0.7: eval_before.json
-    records T=1.0, and the closing line names both temperatures (it said T=0.7 for both)."""
+    records T=1.0, and the closing line names both temperatures (it said T=0.7 for both); a run
+    whose files recorded no T labels the before figure `T=? (not recorded)`."""
     from typer.testing import CliRunner
 
     from agentrl.cli import app
@@ -355,3 +356,13 @@ def test_a_resume_at_another_temperature_labels_each_evaluation_with_its_own(tin
     res = CliRunner().invoke(app, ["train", "--resume", str(out), "train.steps=3", "rollout.temperature=0.5"])
     assert res.exit_code == 0, res.output
     assert "[eval] held-out (before RL at T=1.0, after RL at T=0.5, 1 tasks x 1" in res.output, res.output
+    # ... and one from before either file recorded it: the before figure's T is unknown, not
+    # claimed to be this run's (both figures were labelled T=0.5)
+    meta = out / "eval" / "before" / "summary.json"
+    s = json.loads(meta.read_text())
+    assert s["meta"].pop("temperature") == 1.0
+    meta.write_text(json.dumps(s))
+    res = CliRunner().invoke(app, ["train", "--resume", str(out), "train.steps=4", "rollout.temperature=0.5"])
+    assert res.exit_code == 0, res.output
+    assert "[eval] held-out (before RL at T=? (not recorded), after RL at T=0.5, 1 tasks x 1" in res.output, \
+        res.output

@@ -344,3 +344,47 @@ def test_start_up_and_eval_lines_count_the_tasks_there_are(tmp_path, tiny_model_
     assert "[eval] held-out: 3 tasks x 1 samples" in text, text
     assert "[eval] held-out (T=1.0, 3 tasks x 1, ± standard error)" in text, text
     assert "256 tasks" not in text
+
+
+def test_a_run_folder_as_model_path_or_doctor_model_uses_its_newest_checkpoint(finished_run, tmp_path):
+    """`model.path=OUT` / `agentrl doctor --model OUT` on a training run's folder take its newest
+    intact checkpoint, as `agentrl serve` / `eval` do, and say which (doctor said "no tokenizer";
+    train refused it as a folder without weights); a run folder that cannot be used is one line
+    before the new OUT is written: no intact checkpoint, or the new run's --overwrite would
+    remove it."""
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+
+    ck = finished_run / "checkpoints" / "step_1"
+    runner = CliRunner()
+    res = runner.invoke(app, ["doctor", "--model", str(finished_run)], env={"COLUMNS": "80"})
+    lines = res.output.splitlines()
+    assert res.exit_code == 0, res.output
+    assert lines[0] == f"{finished_run} is a training run's folder: its newest checkpoint {ck}", res.output
+    assert lines[1].startswith(f"model: {ck} (") and lines[-1].endswith(": ok"), res.output
+    from agentrl.gateway.serve import start
+
+    served = start(finished_run, port=0)  # `agentrl serve` names the checkpoint it serves
+    served.close()
+    assert served.model_dir == str(ck)
+    new = tmp_path / "new"
+    res = runner.invoke(app, ["train", *TOY, f"model.path={finished_run}", f"out={new}"], env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.output
+    assert f"model.path {finished_run} is a run folder: its newest checkpoint {ck}" in " ".join(res.output.split())
+    assert json.loads((new / "config.json").read_text())["model"]["path"] == str(ck)  # recorded: which one
+    # one without an intact checkpoint (its manifest fails): one line, nothing written
+    broken = tmp_path / "broken"
+    shutil.copytree(finished_run, broken)
+    (broken / "checkpoints" / "step_1" / "manifest.json").write_text("{}")
+    for args in (["train", *TOY, f"model.path={broken}", f"out={tmp_path / 'b'}"], ["doctor", "--model", str(broken)]):
+        res = runner.invoke(app, args, env={"COLUMNS": "80"})
+        assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
+        assert f"{broken} is a training run's folder with no intact checkpoint" in res.output, res.output
+    assert not (tmp_path / "b").exists()
+    # the run folder given as both model.path and an --overwrite'n --out: refused, the run kept
+    before = sorted(p.relative_to(new).as_posix() for p in new.rglob("*"))
+    res = runner.invoke(app, ["train", *TOY, f"model.path={new}", f"out={new}", "--overwrite"], env={"COLUMNS": "80"})
+    assert res.exit_code == 2 and res.output.startswith("config error: model.path: ") and \
+        "inside --out" in res.output, res.output
+    assert sorted(p.relative_to(new).as_posix() for p in new.rglob("*")) == before

@@ -103,8 +103,12 @@ def test_fewer_rows_than_the_tokenizer_has_ids_is_a_mismatch_and_exit_1(tmp_path
     cfg.vocab_size = len(tok) - 8
     Qwen2ForCausalLM(cfg).save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
-    assert inspect_model(tmp_path)["vocabulary"]["verdict"] == (
-        f"MISMATCH: the tokenizer has {len(tok)} tokens, the model {len(tok) - 8} rows")
+    n = len(tok)
+    past = ", ".join(tok.convert_ids_to_tokens([n - 8, n - 7, n - 6]))
+    assert inspect_model(tmp_path)["vocabulary"]["verdict"] == (  # train's and load_model's wording
+        f"MISMATCH: {tmp_path}: the tokenizer's ids go up to {n - 1} but the model has {n - 8} embedding "
+        f"rows: ids {n - 8}-{n - 1} ({past}, ...) have none; use the tokenizer saved with these weights, "
+        f"or resize the embedding to {n} rows (model.resize_token_embeddings({n}), then save_pretrained)")
     res = CliRunner().invoke(app, ["doctor", "--model", str(tmp_path)])
     assert res.exit_code == 1, res.output
 
