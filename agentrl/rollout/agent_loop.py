@@ -25,7 +25,7 @@ from typing import Any
 from agentrl.env.content import content_error, message_images
 from agentrl.models.vlm import ImageProcessorError
 from agentrl.rollout.chat import ChatRenderer, RenderError
-from agentrl.rollout.drift import check_episode
+from agentrl.rollout.drift import check_episodes
 from agentrl.rollout.engines.base import Engine, SamplingParams, prompt_key
 from agentrl.types import Trajectory
 
@@ -327,10 +327,11 @@ class _Run:
                 on_turn(len(live))
             live = self.step_all(live, actions)
             turn += 1
-        drift_cache: dict = {}  # renderings shared by a group's episodes
-        for i, tr in enumerate(self.trajs):
+        for tr in self.trajs:
             tr.info["num_turns"] = len(tr.turns)
-            check_episode(self.renderer, tr, self.tools.get(i), drift_cache)  # info["template_drift"]
+        # info["template_drift"], every episode; renderings shared by a group's episodes
+        check_episodes(self.renderer, self.trajs, [self.tools.get(i) for i in range(len(self.trajs))])
+        for tr in self.trajs:
             tr.validate()
         return self.trajs
 

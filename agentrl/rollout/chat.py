@@ -172,13 +172,13 @@ def _plain(x: Any) -> bool:
     return False
 
 
-def render_key(*parts: Any) -> str | None:
+def render_key(*parts: Any, max_chars: int | None = RENDER_KEY_CHARS) -> str | None:
     """A memo key of `parts` (messages, tools): their `repr` when they are plain (`_plain`) and
-    it has at most `RENDER_KEY_CHARS` characters, else None (not memoised)."""
+    it has at most `max_chars` characters (None: any length), else None (not memoised)."""
     if not _plain(parts):
         return None
     key = repr(parts)
-    return key if len(key) <= RENDER_KEY_CHARS else None
+    return key if max_chars is None or len(key) <= max_chars else None
 
 
 class ChatRenderer:

@@ -32,19 +32,29 @@ renderer does. With `rollout.history=template` the contexts are the template's o
 not checked (their placeholders are widened per image).
 
 Cost: one template rendering per turn plus one per episode, and tokenizer encodes of the
-compared regions, about a millisecond per turn for the family templates (docs/models.md); the
-renderings that depend on the opening messages only (the opening; the region after a one-turn
-episode's turn) are cached per `run_episodes` call, so the G episodes of a group render them
-once. Every episode is checked.
+compared regions, a fraction of a millisecond per turn for the family templates
+(docs/models.md). Every episode is checked; what is shared is only what is the same function
+of the same inputs (`_memo`), per `run_episodes` call (`check_episodes`):
+- the renderings that depend on the opening messages only (the opening; the region after the
+  first turn, when the observations after it are the same) are computed once per group;
+- the encoding of the text after the placeholder (the same for every turn followed by the
+  same observations: "Now the last digit.", the generation prompt), and the decoding of each
+  generation prompt, are computed once per batch;
+- the boundary check's two encodes per turn (generation prompt + text, text alone) are done
+  for the whole batch in one call (`prefetch_boundaries`) that is the same function as one
+  `encode` per text (`_backend_batch`, `_batch_encode_is_encode`): most of the check's
+  encoding cost was per-call overhead and the offsets `encode` computes and drops.
+Nothing is skipped on the grounds that a merge "cannot" happen: whether a generation prompt's
+last character merges with a turn's first depends on the tokenizer's pre-tokenizer and merges,
+which this check exists to test.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from agentrl.rollout.chat import ChatRenderer, Message, encode_neutralized
+from agentrl.rollout.chat import ChatRenderer, Message, encode_neutralized, render_key
 from agentrl.types import Trajectory
 
 PLACE = "\ue001"
@@ -55,15 +65,30 @@ uses \\ue000 and \\ue100-\\uf8ff)."""
 T = TypeVar("T")
 
 
-def _memo(cache: dict | None, key: tuple, fn: Callable[[], T]) -> T:
-    """`fn()`, kept in `cache` under `key` (JSON of the messages: the G episodes of a group
-    share their opening, so its renderings are computed once per group)."""
-    if cache is None:
+def _memo(cache: dict | None, kind: str, key: Any, fn: Callable[[], T]) -> T:
+    """`fn()`, kept in `cache[kind]` under `key` (None: not kept). Exact: every memoised value
+    is a pure function of its key for a given renderer (a template rendering of plain messages,
+    keyed by their `render_key`, whose `repr` keeps types and key order; an encode or decode
+    keyed by its text or ids), and a cache lives for one `run_episodes` call (one renderer)."""
+    if cache is None or key is None:
         return fn()
-    k = json.dumps(key, sort_keys=True, default=str)
-    if k not in cache:
-        cache[k] = fn()
-    return cache[k]
+    memo = cache.setdefault(kind, {})
+    if key not in memo:
+        memo[key] = fn()
+    return memo[key]
+
+
+def _encode(r: ChatRenderer, cache: dict | None, text: str, found: list[str]) -> list[int]:
+    """`encode_neutralized(r.tokenizer, text, found)`, memoised: the text after the placeholder
+    is the same for every turn followed by the same observations (a fresh list)."""
+    return list(_memo(cache, "encode", (text, *found),
+                      lambda: tuple(encode_neutralized(r.tokenizer, text, found))))
+
+
+def _decode(r: ChatRenderer, cache: dict | None, ids: list[int]) -> str:
+    """`tokenizer.decode(ids, skip_special_tokens=False)`, memoised (generation prompts repeat)."""
+    return _memo(cache, "decode", tuple(ids),
+                 lambda: r.tokenizer.decode(ids, skip_special_tokens=False))
 
 
 class _NotRendered(ValueError):
@@ -89,15 +114,16 @@ def assistant_indices(messages: list[Message], turns: list[Any]) -> list[int]:
     return out[::-1]
 
 
-def _after_place(r: ChatRenderer, msgs: list[Message], gen: bool, tools: list | None) -> list[int]:
+def _after_place(r: ChatRenderer, msgs: list[Message], gen: bool, tools: list | None,
+                 cache: dict | None) -> list[int]:
     text, found = r.render_text(msgs, gen, tools)
     if text.count(PLACE) != 1:
         raise _NotRendered("the template did not render the turn's content")
-    return encode_neutralized(r.tokenizer, text.split(PLACE, 1)[1], found)
+    return _encode(r, cache, text.split(PLACE, 1)[1], found)
 
 
 def _region_ids(r: ChatRenderer, history: list[Message], obs: list[Message], gen: bool,
-                tools: list | None) -> tuple[list[int], list[Message]]:
+                tools: list | None, cache: dict | None) -> tuple[list[int], list[Message]]:
     """The template's ids after the placeholder turn ending `history`, with `obs` after it, and
     `obs` as rendered: observations the template refuses or drops render as `user` messages,
     as the renderer renders them (`ChatRenderer.delta_ids`)."""
@@ -105,7 +131,7 @@ def _region_ids(r: ChatRenderer, history: list[Message], obs: list[Message], gen
         history = [m for m in history if m.get("role") != "system"]
         tools = None
     try:
-        ids = _after_place(r, history + obs, gen, tools)
+        ids = _after_place(r, history + obs, gen, tools, cache)
         if not obs or r._renders_contents(ids, obs):
             return ids, obs
     except _NotRendered:
@@ -113,7 +139,7 @@ def _region_ids(r: ChatRenderer, history: list[Message], obs: list[Message], gen
     except Exception:  # noqa: BLE001 - a role the template refuses: as the renderer does
         pass
     as_user = [{**m, "role": "user"} for m in obs]
-    return _after_place(r, history + as_user, gen, tools), as_user
+    return _after_place(r, history + as_user, gen, tools, cache), as_user
 
 
 def _first_diff(a: list[int], b: list[int]) -> int:
@@ -130,21 +156,105 @@ def _report(turn: int, where: str, pos: int, expected: list[int], got: list[int]
             "got": got[d: d + 4], "expected_text": show(expected), "got_text": show(got)}
 
 
-def _boundary(r: ChatRenderer, ctx: list[int], text: str, start: int, k: int) -> dict[str, Any] | None:
+def _tail(r: ChatRenderer, ctx: list[int]) -> list[int]:
+    """The ids of `ctx` after its last control token (all of them when it has none): a turn's
+    generation prompt. Scanned from the end (the tail is short; the context is not)."""
+    i = len(ctx) - 1
+    while i >= 0 and ctx[i] not in r.control_ids:
+        i -= 1
+    return ctx[i + 1:]
+
+
+def _text_ids(r: ChatRenderer, cache: dict | None, text: str) -> list[int]:
+    """`tokenizer.encode(text, add_special_tokens=False)` (a fresh list), from `cache` when
+    `prefetch_boundaries` encoded it."""
+    return list(_memo(cache, "text", text, lambda: tuple(r.tokenizer.encode(text, add_special_tokens=False))))
+
+
+def _batch_encode_is_encode(tok: Any) -> bool:
+    """Whether `tok(texts, add_special_tokens=False)["input_ids"][i]` is, by construction,
+    `tok.encode(texts[i], add_special_tokens=False)`: true for a transformers fast tokenizer
+    that overrides none of `__call__`, `encode`, `_encode_plus`. Both then run the same
+    `_encode_plus` (no padding, no truncation, the tokenizer's `split_special_tokens`); a
+    single text is wrapped as a batch of one, and the `tokenizers` backend's `encode_batch`
+    encodes each text of a batch on its own (the batch only saves per-call Python overhead)."""
+    cls = type(tok)
+    names = {"__call__": "PreTrainedTokenizerBase.__call__", "encode": "PreTrainedTokenizerBase.encode",
+             "_encode_plus": "TokenizersBackend._encode_plus"}
+    return (not hasattr(tok, "_switch_to_input_mode")
+            and all(getattr(getattr(cls, k, None), "__qualname__", None) == v for k, v in names.items()))
+
+
+VERIFIED_TRANSFORMERS = ("5.25.",)
+"""transformers versions whose fast-tokenizer `_encode_plus` was read for `_backend_batch`."""
+
+
+def _backend_batch(tok: Any) -> Callable[[list[str]], list[list[int]]] | None:
+    """The `tokenizers` backend's `encode_batch_fast` (ids of each text, no special tokens) when
+    it is, by construction, `tok.encode(text, add_special_tokens=False)` of each; else None.
+
+    In the transformers versions read (`VERIFIED_TRANSFORMERS`), a fast tokenizer that
+    overrides none of `__call__`, `encode`, `_encode_plus` (`_batch_encode_is_encode`) encodes
+    a text by: turning the backend's truncation and padding off (when set), setting its
+    `encode_special_tokens` to the tokenizer's `split_special_tokens`, and taking the `ids` of
+    `backend.encode_batch([text], add_special_tokens=False)`. So when the backend has no
+    truncation and no padding and already has that `encode_special_tokens`, the backend's
+    call gives the same ids; `encode_batch_fast` is `encode_batch` without the character
+    offsets (which the ids do not depend on), about 40 % less work on these texts."""
+    import transformers  # (loaded already: `tok` is one of its tokenizers)
+
+    be = getattr(tok, "_tokenizer", None)
+    if (be is None or not transformers.__version__.startswith(VERIFIED_TRANSFORMERS)
+            or not _batch_encode_is_encode(tok) or not hasattr(be, "encode_batch_fast")):
+        return None
+    if be.truncation is not None or be.padding is not None:
+        return None
+    if bool(be.encode_special_tokens) != bool(getattr(tok, "split_special_tokens", False)):
+        return None
+    return lambda texts: [e.ids for e in be.encode_batch_fast(texts, add_special_tokens=False)]
+
+
+def prefetch_boundaries(r: ChatRenderer, trajs: list[Trajectory], cache: dict) -> None:
+    """Encode, in one batched call, the texts the boundary checks of `trajs` will encode (each
+    turn's generation prompt + text, and the text alone), into `cache["text"]`, when that call
+    is the same function as `tokenizer.encode` (`_backend_batch`, else the tokenizer's own
+    batch call when `_batch_encode_is_encode`). Never raises: on any error the checks encode
+    one text at a time, as without it."""
+    tok = r.tokenizer
+    if r.accepts_images or not _batch_encode_is_encode(tok):
+        return
+    try:
+        texts: dict[str, None] = {}
+        for tr in trajs:
+            for k, t in enumerate(tr.turns):
+                ctx = tr.turn_prompts[k] if tr.turn_prompts else tr.token_ids[: t.start]
+                tail = _tail(r, ctx)
+                if tail and t.text:
+                    texts[_decode(r, cache, tail) + t.text] = texts[t.text] = None
+        if not texts:
+            return
+        fast = _backend_batch(tok)
+        out = fast(list(texts)) if fast else tok(list(texts), add_special_tokens=False, return_attention_mask=False,
+                                                  return_token_type_ids=False)["input_ids"]
+        cache.setdefault("text", {}).update(zip(texts, map(tuple, out)))
+    except Exception:  # noqa: BLE001 - an optimisation only: the checks encode on their own
+        cache.pop("text", None)
+
+
+def _boundary(r: ChatRenderer, ctx: list[int], text: str, start: int, k: int, cache: dict | None = None
+              ) -> dict[str, Any] | None:
     """Turn k's generation prompt (the context after its last control token) and its text,
     encoded as one string, against the context's ids + the text's own encoding; `start` is
     the turn's first position."""
-    last = max((i for i, t in enumerate(ctx) if t in r.control_ids), default=-1)
-    tail = ctx[last + 1:]
+    tail = _tail(r, ctx)
     if not tail or not text:
         return None
-    tok = r.tokenizer
-    joint = list(tok.encode(tok.decode(tail, skip_special_tokens=False) + text, add_special_tokens=False))
-    split = tail + list(tok.encode(text, add_special_tokens=False))
+    joint = _text_ids(r, cache, _decode(r, cache, tail) + text)
+    split = tail + _text_ids(r, cache, text)
     if joint == split:
         return None
     d = _first_diff(joint, split)
-    return _report(k, "generation prompt / sampled text", start - len(tail) + d, joint, split, d, tok)
+    return _report(k, "generation prompt / sampled text", start - len(tail) + d, joint, split, d, r.tokenizer)
 
 
 def episode_drift(r: ChatRenderer, tr: Trajectory, tools: list | None = None,
@@ -170,7 +280,8 @@ def episode_drift(r: ChatRenderer, tr: Trajectory, tools: list | None = None,
     msgs, ids, turns = tr.messages, tr.token_ids, tr.turns
     at = assistant_indices(msgs, turns)
     try:
-        expected = _memo(cache, ("open", msgs[: at[0]], tools), lambda: r.prompt_ids(msgs[: at[0]], tools))
+        expected = _memo(cache, "open", render_key(msgs[: at[0]], tools, max_chars=None),
+                         lambda: r.prompt_ids(msgs[: at[0]], tools))
     except ValueError as e:
         return {"turn": 0, "where": "template refuses the messages", "position": 0, "error": str(e)[:300]}
     if tr.turn_prompts:  # history=template: each context is the template's own rendering
@@ -178,13 +289,13 @@ def episode_drift(r: ChatRenderer, tr: Trajectory, tools: list | None = None,
             d = _first_diff(expected, tr.turn_prompts[0])
             return _report(0, "opening", d, expected, tr.turn_prompts[0], d, r.tokenizer)
         return next((f for k, t in enumerate(turns)
-                     if (f := _boundary(r, tr.turn_prompts[k], t.text, len(tr.turn_prompts[k]), k))), None)
+                     if (f := _boundary(r, tr.turn_prompts[k], t.text, len(tr.turn_prompts[k]), k, cache))), None)
     if expected != ids[: turns[0].start]:
         d = _first_diff(expected, ids[: turns[0].start])
         return _report(0, "opening", d, expected, ids[: turns[0].start], d, r.tokenizer)
     rendered = list(msgs[: at[0]])  # the messages as the template renders them (observation roles)
     for k, t in enumerate(turns):
-        found = _boundary(r, ids[: t.start], t.text, t.start, k)
+        found = _boundary(r, ids[: t.start], t.text, t.start, k, cache)
         if found:
             return found
         found, obs = _after_turn(r, tr, at, k, rendered, tools, cache)
@@ -206,8 +317,8 @@ def _after_turn(r: ChatRenderer, tr: Trajectory, at: list[int], k: int, rendered
     obs = list(msgs[at[k] + 1: len(msgs) if last else at[k + 1]])
     try:
         history = [*rendered, {"role": "assistant", "content": PLACE}]
-        expected, obs = _memo(cache, ("after", history, obs, tools),
-                              lambda: _region_ids(r, history, obs, bool(obs), tools))
+        expected, obs = _memo(cache, "after", render_key(history, obs, tools, max_chars=None),
+                              lambda: _region_ids(r, history, obs, bool(obs), tools, cache))
     except Exception as e:  # noqa: BLE001 - jinja errors, raise_exception in templates
         return {"turn": k, "where": "template refuses the messages", "position": int(start),
                 "error": f"{type(e).__name__}: {e}"[:300]}, obs
@@ -231,6 +342,14 @@ def check_episode(r: ChatRenderer, tr: Trajectory, tools: list | None = None,
     except Exception as e:  # noqa: BLE001 - a check must never end a run (contract 7)
         tr.info["template_drift_error"] = f"{type(e).__name__}: {e}"[:300]
 
+
+def check_episodes(r: ChatRenderer, trajs: list[Trajectory], tools: list[list | None]) -> None:
+    """`check_episode` for each of `trajs` (one batch; `tools[i]`: episode i's tool schemas),
+    with one cache of renderings and encodes for the batch (`prefetch_boundaries` first)."""
+    cache: dict = {}
+    prefetch_boundaries(r, [tr for tr in trajs if tr.turns], cache)
+    for tr, tl in zip(trajs, tools):
+        check_episode(r, tr, tl, cache)
 
 
 def drift_line(trajs: list[Trajectory]) -> str | None:
