@@ -2,7 +2,7 @@
 answered on the raw ASGI messages send exactly Starlette's `JSONResponse` bytes and headers
 (success, errors, streaming), the other paths still go through Starlette, ids come from the
 gateway's own generator (never the seeded `random` stream), the canonical form of a plain
-message and the renderer's direct decode equal the general ones."""
+message and the renderer's direct decode equal the general ones, agent threads are reused."""
 
 from __future__ import annotations
 
@@ -10,12 +10,14 @@ import json
 import random
 import re
 import threading
+import time
 
 import httpx
 import pytest
 from starlette.responses import JSONResponse
 
 from agentrl.gateway import protocol
+from agentrl.gateway.agents import _Workers
 from agentrl.gateway.record import _calls, content_text, norm_message
 from agentrl.gateway.server import Gateway, Session
 from agentrl.rollout.chat import ChatRenderer
@@ -120,3 +122,39 @@ def test_direct_decode_equals_the_tokenizers(tiny_tokenizer):
             ids.append(r.stop_ids[0])
         kept = ids[:-1] if ids and ids[-1] in r.stop_ids else ids
         assert r.decode_action(ids) == tiny_tokenizer.decode(kept, skip_special_tokens=False)
+
+
+def test_agent_threads_are_reused_and_a_blocked_one_is_left_alone():
+    """`_Workers`: a second batch runs on the first batch's threads; a run that blocks keeps its
+    thread while the next run gets another; an idle thread ends after `idle_s`."""
+    w = _Workers(idle_s=0.5)
+
+    def batch(n: int, fn=None) -> list[int]:
+        idents, done, together = [], threading.Semaphore(0), threading.Barrier(n)
+
+        def job():  # the batch's runs overlap, as agent runs do
+            idents.append(threading.get_ident())
+            together.wait(10)
+            if fn is not None:
+                fn()
+            done.release()
+
+        for _ in range(n):
+            w.run(job)
+        for _ in range(n):
+            assert done.acquire(timeout=10)
+        return idents
+
+    first = batch(3)
+    time.sleep(0.05)  # the threads are back in the idle list
+    assert len(set(first)) == 3 and set(batch(3)) == set(first)
+    release = threading.Event()
+    blocked = threading.Thread(target=batch, args=(1, lambda: release.wait(10)), daemon=True)
+    blocked.start()
+    time.sleep(0.2)
+    others = batch(3)  # two idle threads and a new one: the blocked thread is not handed a run
+    assert len(set(others)) == 3 and len(set(others) & set(first)) == 2
+    release.set()
+    blocked.join(10)
+    time.sleep(1.5)  # past idle_s: the idle threads have ended
+    assert not w._idle and not [t for t in threading.enumerate() if t.ident in set(first) | set(others)]
