@@ -24,6 +24,16 @@ reward is the fraction of 'a' characters, so pass@1 (a return of 1) is 0 for eve
 
     python benchmarks/async_vs_sync.py [--steps 12] [--latency 0.5] [--turns 3] [--tokens 48] [--rounds 1]
     python benchmarks/async_vs_sync.py --tta --modes sync,async-2,async-2p --steps 30
+    python benchmarks/async_vs_sync.py --seeds 0 1 2 --modes sync,async-2,async-2p --steps 30 \
+        --async-steps 42 --eval-every 3 --eval-tasks 32
+
+`--seeds`: the time to accuracy on each seed (`seed=`; one embedded model per seed, built by the
+seed's first run and reused by its other modes; the order of the modes reversed on every other
+seed; `--async-steps`: the other modes run longer than sync, so that one that learns less per
+sample can still reach sync's final value), the median ratio and range over seeds (`async_tta.aggregate`), written to
+`benchmarks/results/async_tta.json` (commit, command, load averages, per seed and mode the curves,
+time to target, ratio, final value and its standard error over held-out tasks) and plotted to
+`docs/async_tta.png` (`async_tta.plot`).
 """
 
 from __future__ import annotations
@@ -31,12 +41,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+from async_tta import aggregate, plot, samples_curve, task_se, write_json  # noqa: E402
 
 BATCH = 16  # rollout.tasks_per_step=4 x algo.group_size=4
 MODES = {  # name -> overrides
@@ -73,12 +86,19 @@ def time_to(curve: list[tuple[float, float]], target: float) -> float | None:
     return next((t for t, v in curve if v >= target - 1e-12), None)
 
 
-def run(mode: str, out: Path, model: str | None, args: argparse.Namespace) -> dict:
+def steps_of(mode: str, args: argparse.Namespace) -> int:
+    """The RL steps `mode` runs: `--steps`, or `--async-steps` for a mode other than sync."""
+    return args.steps if mode == "sync" or args.async_steps is None else args.async_steps
+
+
+def run(mode: str, out: Path, model: str | None, args: argparse.Namespace, seed: int | None = None) -> dict:
+    """Train `mode` once into `out` (on `model`, else the embedded model built there; on `seed`,
+    else the config's) and return its throughput figures and, with `--tta`, its held-out curves."""
     from agentrl.config import load_config
     from agentrl.train import train
 
     ov = [f"out={out}", "env.name=latency_env:LatencyEnv", f"env.kwargs.latency_s={args.latency}",
-          f"env.kwargs.turns={args.turns}", f"train.steps={args.steps}", "sft.steps=0",
+          f"env.kwargs.turns={args.turns}", f"train.steps={steps_of(mode, args)}", "sft.steps=0",
           "rollout.tasks_per_step=4", "algo.group_size=4", f"rollout.max_tokens={args.tokens}",
           "train.eval_tasks=2", "train.eval_samples=1", "train.log_rollouts_every=0", "quiet=true",
           "rollout.env_threads=16", "log.tensorboard=false", *MODES[mode]]
@@ -87,11 +107,18 @@ def run(mode: str, out: Path, model: str | None, args: argparse.Namespace) -> di
         ov.append(f"train.eval_every={args.eval_every}")
     if model is not None:
         ov.append(f"model.path={model}")
+    if seed is not None:
+        ov.append(f"seed={seed}")
     summary = train(load_config(None, ov))
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "perf/loop_s" in r]
     steady = (steps[-1]["perf/loop_s"] - steps[0]["perf/loop_s"]) / (len(steps) - 1)
     n = len(steps)
+    after = {**summary["eval_after"], "reward_mean": summary["eval_after"].get(
+        "reward_mean", summary["eval_after"].get("pass@1"))}
+    tasks = json.loads((out / "eval" / "after" / "summary.json").read_text())["tasks"] if args.tta else []
+    mid = out / "eval" / f"step_{args.steps}" / "summary.json"  # a longer mode's evaluation at sync's steps
+    mid_tasks = json.loads(mid.read_text())["tasks"] if args.tta and mid.exists() else tasks
     return {"mode": mode, "samples_per_s": BATCH * n / summary["rl_s"], "rl_s": summary["rl_s"],
             "steady_samples_per_s": BATCH / steady,
             "update_s": sum(r["perf/update_s"] for r in steps) / n,
@@ -103,9 +130,10 @@ def run(mode: str, out: Path, model: str | None, args: argparse.Namespace) -> di
             "reward": sum(r["rollout/reward_mean"] for r in steps) / n,
             "turns": steps[-1]["rollout/turns"],
             "staleness_tokens_mean": sum(r.get("rollout/staleness_tokens_mean", 0) for r in steps) / n,
-            "curve": accuracy_curve(rows, {**summary["eval_after"], "reward_mean": summary["eval_after"].get(
-                "reward_mean", summary["eval_after"].get("pass@1"))}, args.tta_metric)
-            if args.tta else None}
+            "curve": accuracy_curve(rows, after, args.tta_metric) if args.tta else None,
+            "curve_samples": samples_curve(rows, after, args.tta_metric, BATCH) if args.tta else None,
+            "final_se": task_se(tasks, args.tta_metric) if args.tta else None,
+            "at_sync_steps_se": task_se(mid_tasks, args.tta_metric) if args.tta else None}
 
 
 def main() -> None:
@@ -122,11 +150,24 @@ def main() -> None:
     p.add_argument("--eval-every", type=int, default=3)
     p.add_argument("--eval-tasks", type=int, default=16)
     p.add_argument("--tta-metric", default="reward_mean", help="held-out metric: reward_mean or pass@1")
+    p.add_argument("--seeds", type=int, nargs="+", default=None,
+                   help="time to accuracy on these seeds (implies --tta): every mode once per seed, "
+                        "the mode order reversed every other seed; writes --json and --png")
+    p.add_argument("--async-steps", type=int, default=None,
+                   help="steps of the modes other than sync (default: --steps); longer lets a mode "
+                        "that learns less per sample reach sync's final value (time to accuracy)")
+    p.add_argument("--json", default="benchmarks/results/async_tta.json", help="with --seeds")
+    p.add_argument("--png", default="docs/async_tta.png", help="with --seeds")
     args = p.parse_args()
     import torch
 
     torch.set_num_threads(1)
     modes = args.modes.split(",")
+    if args.seeds is not None:
+        args.tta = True
+        if modes[0] != "sync":
+            p.error("--seeds needs sync as the first of --modes (the target is sync's final value)")
+        return run_seeds(args, modes)
     print(f"load average at start: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} "
           f"{os.getloadavg()[2]:.2f}; {args.steps} steps x {BATCH} episodes x {args.turns} turns, "
           f"env latency {args.latency} s/step, max {args.tokens} tokens/turn", flush=True)
@@ -163,6 +204,94 @@ def main() -> None:
           f"{os.getloadavg()[2]:.2f}")
 
 
+def run_seeds(args: argparse.Namespace, modes: list[str]) -> None:
+    """Time to accuracy on every seed of `args.seeds`: each seed's modes in order (reversed on
+    every other seed, to spread the drift of the machine's load), on one embedded model per seed
+    (built by that seed's first run, `seed=` of the config, and reused by its other modes); then
+    the per-seed table, the median and range of the ratios over seeds, `args.json`, `args.png`."""
+    load0 = os.getloadavg()
+    print(f"load average at start: {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}; seeds {args.seeds}, "
+          f"{args.steps} steps (other modes {steps_of('async', args)}) x {BATCH} episodes x {args.turns} turns, env latency {args.latency} s/step, "
+          f"max {args.tokens} tokens/turn, eval every {args.eval_every} steps on {args.eval_tasks} tasks",
+          flush=True)
+    seeds: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as d:
+        for k, seed in enumerate(args.seeds):
+            model, runs = None, {}
+            for m in (modes if k % 2 == 0 else modes[::-1]):
+                t0, out = time.perf_counter(), Path(d) / f"{seed}-{m}"
+                runs[m] = run(m, out, model, args, seed=seed)
+                model = model or str(out / "base_model")
+                print(f"  (seed {seed}: {m} done in {time.perf_counter() - t0:.0f} s, load "
+                      f"{os.getloadavg()[0]:.2f})", flush=True)
+            seeds[str(seed)] = seed_record(runs, modes)
+    load1 = os.getloadavg()
+    key = "at_sync_steps" if all(r["modes"][m]["at_sync_steps"] is not None for r in seeds.values()
+                                 for m in modes) else "final"  # compare at equal samples when evaluated there
+    summary = aggregate({s: r["modes"] for s, r in seeds.items()}, modes, key=key)
+    record = {"commit": git_commit(), "command": "python benchmarks/async_vs_sync.py " + " ".join(sys.argv[1:]),
+              "load_average": {"start": list(load0), "end": list(load1)},
+              "settings": {"steps": args.steps, "async_steps": args.async_steps, "latency_s": args.latency, "turns": args.turns,
+                           "tokens": args.tokens, "eval_every": args.eval_every,
+                           "eval_tasks": args.eval_tasks, "metric": args.tta_metric, "modes": modes,
+                           "model": "embedded tiny model, built once per seed (its seed= run)"},
+              "seeds": seeds, "summary": summary, "summary_value": key}
+    print_seeds(record)
+    write_json(Path(args.json), record)
+    plot(Path(args.png), record)
+    print(f"wrote {args.json} and {args.png}; load average at end: {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
+
+
+def seed_record(runs: dict[str, dict], modes: list[str]) -> dict:
+    """One seed's record: the target (sync's final held-out value) and per mode its curves
+    (seconds, samples), time to target, ratio vs sync, final value, its standard error over
+    tasks, the held-out value at sync's step count (equal samples; None when not evaluated there)
+    with its standard error, the RL loop's seconds and the mean token staleness."""
+    target = runs["sync"]["curve"][-1][1]
+    t_sync = time_to(runs["sync"]["curve"], target)
+    sync_n = runs["sync"]["curve_samples"][-1][0]  # episodes trained on by sync
+    out = {}
+    for m in modes:
+        r = runs[m]
+        t = time_to(r["curve"], target)
+        out[m] = {"time_to_target_s": t, "ratio": t / t_sync if t is not None and t_sync else None,
+                  "final": r["curve"][-1][1], "final_se": r["final_se"], "rl_s": r["rl_s"],
+                  "at_sync_steps": dict(r["curve_samples"]).get(sync_n), "at_sync_steps_se": r["at_sync_steps_se"],
+                  "staleness_tokens_mean": r["staleness_tokens_mean"],
+                  "curve_s": [list(x) for x in r["curve"]], "curve_samples": [list(x) for x in r["curve_samples"]]}
+    return {"target": target, "sync_time_to_target_s": t_sync, "modes": out}
+
+
+def print_seeds(record: dict) -> None:
+    """Print the table of `run_seeds` (seed, mode, time to target, ratio, final +- se) and the
+    median ratio and range over seeds per mode."""
+    metric = record["settings"]["metric"]
+    print(f"time to accuracy: held-out {metric} >= each seed's sync final value")
+    print(f"{'seed':>4s} {'mode':8s} {'to target':>10s} {'ratio':>6s} {'final':>16s} {'RL loop':>8s}")
+    for s, rs in record["seeds"].items():
+        for m, r in rs["modes"].items():
+            t = "-" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.1f} s"
+            ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}x"
+            se = "" if r["final_se"] is None else f" +- {r['final_se']:.4f}"
+            print(f"{s:>4s} {m:8s} {t:>10s} {ratio:>6s} {r['final']:.4f}{se:10s} {r['rl_s']:7.1f}s")
+    for m, a in record["summary"].items():
+        med = "-" if a["median_ratio"] is None else f"{a['median_ratio']:.2f}x"
+        rng = "" if a["range"] is None else f" (range {a['range'][0]:.2f}-{a['range'][1]:.2f})"
+        se = "" if a["final_delta_se"] is None else f" (se {a['final_delta_se']:.4f})"
+        print(f"  {m:8s} median ratio {med}{rng}, no ratio on {a['no_ratio']} seed(s); final "
+              f"{a['final_mean']:.4f} ({record['summary_value']}), minus sync's {a['final_delta_mean']:+.4f}{se}")
+
+
+def git_commit() -> str:
+    """The short commit of the repository this script is in, `+dirty` when its tree has changes."""
+    root = Path(__file__).resolve().parents[1]
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
+                          text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                           capture_output=True, text=True).stdout.strip()
+    return head + ("+dirty" if dirty else "")
+
+
 def report_tta(by: dict[str, dict], modes: list[str], metric: str) -> None:
     """Print each mode's held-out curve and its time to sync's final held-out `metric`."""
     target = by["sync"]["curve"][-1][1]
@@ -172,7 +301,8 @@ def report_tta(by: dict[str, dict], modes: list[str], metric: str) -> None:
         r = by[m]
         t = time_to(r["curve"], target)
         pts = " ".join(f"{ti:.0f}s:{v:.3f}" for ti, v in r["curve"])
-        ratio = f"{t / t_sync:.2f}x sync" if t is not None and t_sync else "not reached"
+        ratio = f"{t / t_sync:.2f}x sync" if t is not None and t_sync else \
+            "not reached" if t is None else "no ratio: sync reached it before RL"
         print(f"  {m:8s} {'-' if t is None else f'{t:.1f} s':>8s} ({ratio}); final {r['curve'][-1][1]:.4f}; "
               f"token staleness mean {r['staleness_tokens_mean']:.2f}; curve {pts}")
 
