@@ -165,14 +165,17 @@ def per_call(env: AgentEnv, engine: Any, renderer: ChatRenderer, runs: int, para
     side = spread([r["gateway_cpu"] / r["raw_cpu"] for r in reps])
     ms = spread([1000 * (r["gw"] - r["raw"]) / (runs * CALLS) for r in reps], 3)
     own_ms = spread([1000 * r["own_cpu"] / (runs * CALLS) for r in reps], 3)
+    side_ms = spread([1000 * r["gateway_cpu"] / (runs * CALLS) for r in reps], 3)
     call_ms = spread([1000 * r["gw"] / (runs * CALLS) for r in reps], 3)
     print(f"[{env.agent_spec}: per call, {runs} run(s) x {CALLS} calls, {reps[-1]['calls']} generate "
           f"calls] overhead {pct(wall)} wall, {pct(cpu)} process CPU (median [range] of {repeats} "
           f"A/B pairs); CPU outside generate {pct(own)} of the replay's CPU ({own_ms['median']:.2f} "
-          f"ms a call), of which the gateway's side {pct(side)}; {ms['median']:.2f} ms wall of a "
+          f"ms a call), of which the gateway's side {pct(side)} ({side_ms['median']:.3f} ms a call); "
+          f"{ms['median']:.2f} ms wall of a "
           f"{call_ms['median']:.1f} ms call")
     return {"agent": env.agent_spec, "generate_calls": reps[-1]["calls"], "overhead": wall,
             "overhead_cpu": cpu, "own_cpu": own, "own_cpu_ms_per_call": own_ms, "gateway_side_cpu": side,
+            "gateway_side_ms_per_call": side_ms,
             "overhead_ms_per_call": ms, "call_ms": call_ms,
             "gateway_s_median": round(statistics.median(r["gw"] for r in reps), 4),
             "raw_engine_s_median": round(statistics.median(r["raw"] for r in reps), 4)}

@@ -16,9 +16,10 @@ the session's seed decides). Other fields are ignored.
 from __future__ import annotations
 
 import json
+import os
+import random
 import re
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,14 @@ from agentrl_tools.parser import ToolCall, ToolCallParser
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_N = 8
+_IDS = random.Random()  # response and tool-call ids: unique, not secret; seeded from the OS once,
+# its own generator so that the ids never draw from the `random` module's (seeded) stream
+os.register_at_fork(after_in_child=_IDS.seed)  # a forked process draws other ids
+
+
+def _hex_id(digits: int) -> str:
+    """`digits` random hex digits (a response's or a tool call's id)."""
+    return f"{_IDS.getrandbits(4 * digits):0{digits}x}"
 
 
 class GatewayError(Exception):
@@ -226,7 +235,7 @@ def reply_message(content: str | None, calls: list[ToolCall]) -> dict[str, Any]:
     """The assistant message of a reply, OpenAI's shape (tool-call ids are fresh)."""
     msg: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
-        msg["tool_calls"] = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+        msg["tool_calls"] = [{"id": f"call_{_hex_id(24)}", "type": "function",
                               "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
                              for c in calls]
     return msg
@@ -243,7 +252,7 @@ def finish_reason(engine_reason: str, message: dict[str, Any]) -> str:
 def completion_body(model: str, messages: list[dict[str, Any]], reasons: list[str],
                     prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
     """A `chat.completion` response with one choice per reply message."""
-    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+    return {"id": f"chatcmpl-{_hex_id(32)}", "object": "chat.completion", "created": int(time.time()),
             "model": model,
             "choices": [{"index": i, "message": m, "finish_reason": r, "logprobs": None}
                         for i, (m, r) in enumerate(zip(messages, reasons))],

@@ -59,13 +59,18 @@ def _calls(m: Message) -> list[tuple[Any, Any]]:
     return out
 
 
+_NORM = json.JSONEncoder(sort_keys=True, ensure_ascii=False)  # `json.dumps(x, sort_keys=True,
+# ensure_ascii=False)`, made once (dumps makes an encoder a call when given options)
+
+
 def norm_message(m: Message) -> str:
     """A canonical JSON string of chat message `m`, for comparing conversations: role, content
     text, tool calls `(name, arguments as an object)` and a tool message's `tool_call_id`."""
-    role = m.get("role")
+    role, content = m.get("role"), m.get("content")
+    if type(content) is str and role != "tool" and not m.get("tool_calls"):
+        return _NORM.encode([role, content, [], None])  # the common case of the line below
     extra = m.get("tool_call_id") if role == "tool" else None
-    return json.dumps([role, content_text(m.get("content")), _calls(m), extra], sort_keys=True,
-                      ensure_ascii=False)
+    return _NORM.encode([role, content_text(content), _calls(m), extra])
 
 
 def template_messages(messages: list[Message]) -> list[Message]:
@@ -89,7 +94,7 @@ def template_messages(messages: list[Message]) -> list[Message]:
 
 def tools_key(tools: list[dict] | None) -> str:
     """The identity of a call's tool list (a call with other tools rewrites the system prompt)."""
-    return json.dumps(tools or [], sort_keys=True)
+    return json.dumps(tools, sort_keys=True) if tools else "[]"
 
 
 @dataclass

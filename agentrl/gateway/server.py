@@ -26,14 +26,14 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -109,6 +109,34 @@ class _Req:
     temperature: float
     top_p: float
     future: Future = field(default_factory=Future)
+    waiter: asyncio.Future | None = None  # the server's await of `future` (`_wake`)
+
+
+def _wake(reqs: list[_Req]) -> None:
+    """Pass the outcomes of `reqs` (their `future`s are done) to the event loops awaiting them:
+    one hand-off per loop for a whole batch (`asyncio.wrap_future` makes one per request)."""
+    by_loop: dict[Any, list[_Req]] = {}
+    for r in reqs:
+        if r.waiter is not None and r.future.done():
+            by_loop.setdefault(r.waiter.get_loop(), []).append(r)
+    for loop, rs in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_settle, rs)
+        except RuntimeError:  # the loop has closed: nobody awaits these
+            pass
+
+
+def _settle(reqs: list[_Req]) -> None:
+    """On the awaiting loop: each request's waiter gets its future's result or exception."""
+    for r in reqs:
+        w = r.waiter
+        if w is None or w.done():  # cancelled meanwhile
+            continue
+        e = r.future.exception()
+        if e is not None:
+            w.set_exception(e)
+        else:
+            w.set_result(r.future.result())
 
 
 class Session:
@@ -164,8 +192,9 @@ class Session:
         inline = size <= INLINE_BYTES
         prep = (self._prepare(run, req) if inline
                 else await loop.run_in_executor(None, self._prepare, run, req))
-        r = self._submit(run, prep.prompt_ids, req)
-        outs, version, gen_s = await asyncio.wrap_future(r.future)
+        waiter = loop.create_future()
+        self._submit(run, prep.prompt_ids, req, waiter)
+        outs, version, gen_s = await waiter
         run.generate_s += gen_s
         if inline:
             return self._finish(run, req, prep, outs, version)
@@ -195,7 +224,12 @@ class Session:
                                    code="context_length_exceeded", param="messages")
         return prep
 
-    def _submit(self, run: RunState, prompt: list[int], req: ChatRequest) -> _Req:
+    def _submit(self, run: RunState, prompt: list[int], req: ChatRequest,
+                waiter: asyncio.Future | None = None) -> _Req:
+        """Queue a request for the driving thread (`waiter`: an event loop's future that gets
+        its outcome, `_wake`). The driving thread is woken when its batch may be complete: the
+        first request queued, a run's first request (it is no longer starting), or as many
+        requests as it waits for (`expected`); a run ending wakes it too (`RunState.finish`)."""
         if self.sampling is not None:
             temperature, top_p = self.sampling
         else:
@@ -203,10 +237,11 @@ class Session:
             top_p = 1.0 if req.top_p is None else req.top_p
         room = self.max_episode_tokens - len(prompt)
         r = _Req(run, prompt, req.n, max(1, min(req.max_tokens or self.max_tokens, self.max_tokens, room)),
-                 temperature, top_p)
+                 temperature, top_p, waiter=waiter)
         with self._cond:
             self._queue.append(r)
-            self._cond.notify_all()
+            if len(self._queue) == 1 or run.calls == 0 or len(self._queue) >= self.expected():
+                self._cond.notify_all()
         return r
 
     def _finish(self, run: RunState, req: ChatRequest, prep: Any, outs: list[Any],
@@ -270,10 +305,13 @@ class Session:
                     break
                 self._cond.wait(left)
             reqs, self._queue = self._queue, []
-        self._execute([r for r in reqs if r.run.live] or [])
-        for r in reqs:
-            if not r.run.live and not r.future.done():
-                r.future.set_exception(GatewayError(401, "this run has ended", code="invalid_api_key"))
+        try:
+            self._execute([r for r in reqs if r.run.live] or [])
+        finally:
+            for r in reqs:
+                if not r.run.live and not r.future.done():
+                    r.future.set_exception(GatewayError(401, "this run has ended", code="invalid_api_key"))
+            _wake(reqs)
         return len(reqs)
 
     def drive(self, until: Callable[[], bool], on_tick: Callable[[], None] | None = None) -> None:
@@ -323,6 +361,7 @@ class Session:
         for r in reqs:
             if not r.future.done():
                 r.future.set_exception(GatewayError(401, "this run has ended", code="invalid_api_key"))
+        _wake(reqs)
 
 
 class Gateway:
@@ -346,9 +385,11 @@ class Gateway:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((HOST, port))
         self.port = sock.getsockname()[1]
-        app = Starlette(routes=[Route("/v1/chat/completions", self._chat, methods=["POST"]),
-                                Route("/v1/models", self._models, methods=["GET"])])
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+        self._app = Starlette(routes=[Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                                      Route("/v1/models", self._models, methods=["GET"])])
+        # proxy_headers off: nothing reads the client's address (and only loopback connects)
+        config = uvicorn.Config(self._asgi, interface="asgi3", log_level="warning", access_log=False, lifespan="off",
+                                proxy_headers=False)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
                                         name="agentrl-gateway", daemon=True)
@@ -391,8 +432,35 @@ class Gateway:
         self._thread.join(timeout=5)
 
     # -- handlers ---------------------------------------------------------------------------------
-    def _auth(self, request: Request) -> RunState:
-        header = request.headers.get("authorization", "")
+    async def _asgi(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """The ASGI app: `POST /v1/chat/completions` answered directly (`_chat_asgi`: a call
+        is the hot path, and Starlette's routing, middleware and request and response objects
+        cost about as much CPU as the call's own work); anything else through Starlette
+        (`GET /v1/models`, 404, 405, a trailing slash)."""
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == "/v1/chat/completions":
+            await self._chat_asgi(scope, receive, send)
+        else:
+            await self._app(scope, receive, send)
+
+    async def _chat_asgi(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """`_chat` on the raw ASGI messages: the same checks, answers and JSON (Starlette's
+        `JSONResponse` encoding; a streamed answer still goes through its `StreamingResponse`)."""
+        auth = ""
+        for k, v in scope["headers"]:
+            if k == b"authorization":
+                auth = v.decode("latin-1")
+                break
+        status, body, stream = await self._answer(auth, _receive_body(receive))
+        if stream:
+            await StreamingResponse(iter(stream_chunks(body)), media_type="text/event-stream")(scope, receive, send)
+            return
+        data = _JSON.encode(body).encode("utf-8")
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-length", str(len(data)).encode("latin-1")),
+                                (b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": data})
+
+    def _auth(self, header: str) -> RunState:
         token = header[7:].strip() if header.lower().startswith("bearer ") else ""
         with self._lock:
             run = self._runs.get(token) if token else None
@@ -405,34 +473,17 @@ class Gateway:
                                code="invalid_api_key")
         raise GatewayError(401, "invalid API key: not the token of a live run", code="invalid_api_key")
 
-    async def _body(self, request: Request, limit: int) -> tuple[Any, int]:
-        """The request's JSON body and its size in bytes.
-
-        Raises:
-            GatewayError: 413 over `limit` bytes, 400 for a body that is not JSON.
-        """
-        chunks, size = [], 0
-        async for chunk in request.stream():  # read whole, so the client gets the answer
-            size += len(chunk)
-            if size <= limit:
-                chunks.append(chunk)
-        if size > limit:
-            raise GatewayError(413, f"the request body has {size} bytes; the limit is {limit}",
-                               code="request_too_large")
-        try:
-            return json.loads(b"".join(chunks)), size
-        except (ValueError, UnicodeDecodeError) as e:
-            raise bad(f"the request body is not valid JSON: {e}") from None
-
-    async def _chat(self, request: Request) -> Response:
+    async def _answer(self, auth: str, chunks: AsyncIterator[bytes]) -> tuple[int, dict[str, Any], bool]:
+        """A chat-completions request with Authorization header `auth` and body `chunks`:
+        `(HTTP status, response body, whether streamed)` (an error: OpenAI's error body)."""
         run = None
         try:
-            run = self._auth(request)
+            run = self._auth(auth)
             s = run.session
             run.pending += 1
             s.in_flight += 1
             try:
-                obj, size = await self._body(request, s.max_request_bytes)
+                obj, size = await _body(chunks, s.max_request_bytes)
                 req = parse_request(obj)
                 if req.model not in s.model_names:
                     raise GatewayError(404, f"model {req.model!r} not found; this gateway serves "
@@ -445,19 +496,67 @@ class Gateway:
         except GatewayError as e:
             if run is not None and e.status != 401:
                 run.refused(e)
-            return JSONResponse(error_body(e), status_code=e.status)
-        if req.stream:
+            return e.status, error_body(e), False
+        return 200, body, req.stream
+
+    async def _chat(self, request: Request) -> Response:
+        """`POST /v1/chat/completions` through Starlette (the ASGI app answers it directly,
+        `_chat_asgi`; this route is its twin for a Starlette app)."""
+        status, body, stream = await self._answer(request.headers.get("authorization", ""), request.stream())
+        if stream:
             return StreamingResponse(iter(stream_chunks(body)), media_type="text/event-stream")
-        return JSONResponse(body)
+        return JSONResponse(body, status_code=status)
 
     async def _models(self, request: Request) -> Response:
         try:
-            run = self._auth(request)
+            run = self._auth(request.headers.get("authorization", ""))
         except GatewayError as e:
             return JSONResponse(error_body(e), status_code=e.status)
         return JSONResponse({"object": "list", "data": [
             {"id": m, "object": "model", "created": 0, "owned_by": "agentrl"}
             for m in run.session.model_names]})
+
+
+_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":"))
+"""Starlette's `JSONResponse` encoding."""
+
+
+async def _receive_body(receive: Any) -> AsyncIterator[bytes]:
+    """The chunks of an ASGI request's body (Starlette's `Request.stream`).
+
+    Raises:
+        ClientDisconnect: the client went away before the body's end.
+    """
+    while True:
+        message = await receive()
+        if message["type"] == "http.request":
+            chunk = message.get("body", b"")
+            if chunk:
+                yield chunk
+            if not message.get("more_body", False):
+                return
+        elif message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+
+
+async def _body(chunks: AsyncIterator[bytes], limit: int) -> tuple[Any, int]:
+    """A request's JSON body and its size in bytes, read whole (so the client gets the answer).
+
+    Raises:
+        GatewayError: 413 over `limit` bytes, 400 for a body that is not JSON.
+    """
+    parts, size = [], 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size <= limit:
+            parts.append(chunk)
+    if size > limit:
+        raise GatewayError(413, f"the request body has {size} bytes; the limit is {limit}",
+                           code="request_too_large")
+    try:
+        return json.loads(parts[0] if len(parts) == 1 else b"".join(parts)), size
+    except (ValueError, UnicodeDecodeError) as e:
+        raise bad(f"the request body is not valid JSON: {e}") from None
 
 
 _shared: Gateway | None = None

@@ -377,6 +377,16 @@ class ChatRenderer:
     def decode_action(self, sampled_ids: list[int]) -> str:
         """The text of a sampled turn as the env sees it: without the trailing stop token."""
         ids = sampled_ids[:-1] if sampled_ids and sampled_ids[-1] in self.stop_ids else sampled_ids
+        return self._decode_ids(ids)
+
+    def _decode_ids(self, ids: list[int]) -> str:
+        """`tokenizer.decode(ids, skip_special_tokens=False)`. A transformers tokenizer whose
+        `decode` is the base class's only converts a flat list of ids (`to_py_obj`, a Python
+        check per id) and calls `_decode`: that call is made directly, the ids made ints."""
+        if getattr(type(self.tokenizer).decode, "__qualname__", "") == "PreTrainedTokenizerBase.decode":
+            inner = getattr(self.tokenizer, "_decode", None)
+            if callable(inner):
+                return inner(list(map(int, ids)), skip_special_tokens=False)
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
 
