@@ -156,16 +156,28 @@ class StderrTail:
         r, w = os.pipe()
         self.file = os.fdopen(w, "w", encoding="utf-8", errors="replace")
         self._keep, self._text, self._lock = keep, "", threading.Lock()
+        self._eof = threading.Event()
         threading.Thread(target=self._read, args=(r,), daemon=True, name="mcp-stderr").start()
 
     def _read(self, fd: int) -> None:
-        with os.fdopen(fd, "r", encoding="utf-8", errors="replace") as f:
-            while True:
-                chunk = f.read1(4096) if hasattr(f, "read1") else f.readline()
-                if not chunk:
-                    return
-                with self._lock:
-                    self._text = (self._text + chunk)[-self._keep:]
+        try:
+            with os.fdopen(fd, "r", encoding="utf-8", errors="replace") as f:
+                while True:
+                    chunk = f.read1(4096) if hasattr(f, "read1") else f.readline()
+                    if not chunk:
+                        return
+                    with self._lock:
+                        self._text = (self._text + chunk)[-self._keep:]
+        finally:
+            self._eof.set()
+
+    def settle(self, timeout_s: float = 1.0) -> None:
+        """For a server that died: close our write end and wait up to `timeout_s` seconds for
+        the reader to reach the end (the server's copy closes when it exits), so the tail holds
+        the last lines it wrote (a crash's message is written just before the connection
+        closes, and the reader thread may not have read it yet)."""
+        self.close()
+        self._eof.wait(timeout_s)
 
     def text(self) -> str:
         with self._lock:
@@ -354,6 +366,8 @@ class MCPConnection:
             if isinstance(e, MCPError) and "closed" not in str(e).lower():
                 raise ToolError(f"MCP server {self.spec.name!r}: {e}") from None
             self._dead = True
+            if self._errlog is not None:
+                self._errlog.settle()
             raise ToolError(f"MCP server {self.spec.name!r} closed the connection during the call "
                             f"(it crashed or exited){self.stderr_tail(300)}; it is restarted at the "
                             "next episode") from None

@@ -30,11 +30,15 @@ _mod = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_mod)
 AGENT = _mod.AGENT  # the real `openai` SDK two-call agent with a tool
 
-SPY = '''
+def spy(module: str, cls: str) -> str:
+    """Source that wraps `module.cls.generate` (an engine class) in a pass-through recorder: one
+    JSON line per completion, [pid, prompt ids, sampled ids, logprobs], appended to the file
+    named by the global `CALLS` (installed once per process, when a worker imports it)."""
+    return f'''
 import asyncio, json, os, threading
-from agentrl.rollout.engines.hf import HFEngine
+from {module} import {cls}
 
-_generate, _lock = HFEngine.generate, threading.Lock()
+_generate, _lock = {cls}.generate, threading.Lock()
 
 def _recorded(self, prompts, params, **kw):
     outs = _generate(self, prompts, params, **kw)
@@ -44,9 +48,12 @@ def _recorded(self, prompts, params, **kw):
                 f.write(json.dumps([os.getpid(), list(p), list(c.token_ids), list(c.logprobs)]) + "\\n")
     return outs
 
-if getattr(HFEngine.generate, "__name__", "") != "_recorded":
-    HFEngine.generate = _recorded
+if getattr({cls}.generate, "__name__", "") != "_recorded":
+    {cls}.generate = _recorded
 '''
+
+
+SPY = spy("agentrl.rollout.engines.hf", "HFEngine")
 
 FAULTY = '''
 async def faulty(client, task):

@@ -64,23 +64,10 @@ def test_agent_trains_two_grpo_steps_on_vllm(tmp_path, monkeypatch):
     _check(seen, calls, tmp_path / "run")
 
 
-SPY = '''
-import json, os, threading
-from agentrl.rollout.engines.vllm import VLLMEngine
-
-_generate, _lock = VLLMEngine.generate, threading.Lock()
-
-def _recorded(self, prompts, params, **kw):
-    outs = _generate(self, prompts, params, **kw)
-    with _lock, open(CALLS, "a") as f:
-        for i, p in enumerate(prompts):
-            for c in outs[i * params.n:(i + 1) * params.n]:
-                f.write(json.dumps([os.getpid(), list(p), list(c.token_ids), list(c.logprobs)]) + "\\n")
-    return outs
-
-if getattr(VLLMEngine.generate, "__name__", "") != "_recorded":
-    VLLMEngine.generate = _recorded
-'''
+_ray_spec = importlib.util.spec_from_file_location("agent_ray_source", Path(__file__).with_name("test_agent_ray.py"))
+_ray_mod = importlib.util.module_from_spec(_ray_spec)
+_ray_spec.loader.exec_module(_ray_mod)
+SPY = _ray_mod.spy("agentrl.rollout.engines.vllm", "VLLMEngine")
 
 
 def test_agent_trains_two_grpo_steps_on_a_vllm_ray_worker(tmp_path, monkeypatch):

@@ -261,3 +261,23 @@ def test_two_grpo_steps_on_the_tiny_model(tmp_path, tiny_model_dir):
     steps = [m for m in metrics if "loss/logp_mismatch_max" in m]
     assert len(steps) == 2
     assert (tmp_path / "run" / "checkpoints" / "step_2").is_dir()
+
+
+def test_a_dead_servers_stderr_is_read_to_its_end_before_the_error_is_written():
+    """`StderrTail.settle`: the last line a server writes before it dies is in the tail even when
+    the reader thread lags (held here by its lock, as a loaded machine delays it): settle waits
+    for the end of the pipe; text() at once would miss it."""
+    import subprocess
+    import sys
+    import threading
+
+    from agentrl_tools.mcp_client import StderrTail
+
+    tail = StderrTail()
+    tail._lock.acquire()  # the reader cannot store what it reads until released
+    subprocess.run([sys.executable, "-c", "import sys; sys.stderr.write('crash: the last line\\n')"],
+                   stderr=tail.file, check=True)
+    assert tail._text == ""  # (what text() would give at once)
+    threading.Timer(0.3, tail._lock.release).start()
+    tail.settle(timeout_s=5.0)
+    assert tail.text() == "crash: the last line\n"
