@@ -35,6 +35,7 @@ from typing import Any
 
 from agentrl.env.base import TextEnv
 from agentrl.env.splits import MIN_TASKS_TO_HOLD_OUT, heldout_is_train_note
+from agentrl.env.splits import split_tasks as _split_tasks
 from agentrl_envs.tool_env import ToolEnv
 from agentrl_envs.web_qa import extract_answer, normalize_answer
 from agentrl_tools.mcp_client import connection_tools, parse_servers, shared_connection
@@ -192,23 +193,13 @@ class MCPTasksEnv(TextEnv):
 
 
 def split_tasks(tasks: list[dict[str, Any]], split: str, heldout: str | None) -> list[dict[str, Any]]:
-    """The tasks of `split` (`train`, `heldout` or `all`): with a `heldout` file, `train` is
-    all of `tasks` and `heldout` that file's; else every fifth task (index 4, 9, ...) is held out
-    when there are 5 or more, and both splits are all the tasks when there are fewer.
+    """The tasks of `split` (`train`, `heldout` or `all`; `agentrl.env.splits.split_tasks`,
+    the held-out file read with `load_qa_tasks`).
 
     Raises:
         ValueError: an unknown split.
     """
-    split = {"test": "heldout", "eval": "heldout", "held_out": "heldout"}.get(split, split)
-    if split not in ("train", "heldout", "all"):
-        raise ValueError(f"mcp_tools: unknown split {split!r} (train, heldout or all)")
-    if split == "all":
-        return list(tasks)
-    if heldout is not None:
-        return load_qa_tasks(heldout) if split == "heldout" else list(tasks)
-    if len(tasks) < MIN_TASKS_TO_HOLD_OUT:
-        return list(tasks)
-    return [t for i, t in enumerate(tasks) if (i % 5 == 4) == (split == "heldout")]
+    return _split_tasks(tasks, split, heldout, load_qa_tasks, "mcp_tools")
 
 
 class MCPToolsEnv(ToolEnv):

@@ -38,7 +38,7 @@ import httpx
 import openai
 
 from agentrl.env.base import TextEnv
-from agentrl.env.splits import heldout_is_train_note
+from agentrl.env.splits import MIN_TASKS_TO_HOLD_OUT, heldout_is_train_note, split_tasks
 from agentrl.gateway.server import RunState, Session, shared_gateway
 from agentrl.rollout.engines.base import SamplingParams
 from agentrl.types import Trajectory
@@ -137,15 +137,16 @@ class AgentEnv(TextEnv):
     Args:
         agent: `MODULE:FUNCTION` of `async def FUNCTION(client, task) -> float | dict`.
         dataset: a JSONL file of task records (`--dataset`).
-        split: "train" or "heldout": with `heldout` unset, every fifth task (index 4, 9, ...) is
-            held out when there are 5 or more, else both splits are all the tasks (a warning
-            in the start-up line, `startup_notes`).
+        split: "train", "heldout" or "all" (`agentrl.env.splits.split_tasks`): with `heldout`
+            unset, every fifth task (index 4, 9, ...) is held out when there are 5 or more, else
+            both splits are all the tasks (a warning in the start-up line, `startup_notes`);
+            "all" is every task of `dataset`.
         heldout: a JSONL file of held-out tasks (then `dataset` is all training tasks).
         tool_parser: the model's tool-call format (`agentrl_tools.parser.get_parser`).
 
     Raises:
         ValueError: a bad agent (`load_agent`), a bad task file (`load_tasks`), no dataset, an
-            unknown tool parser, or an empty split.
+            unknown tool parser, an unknown split, or an empty split.
     """
 
     def __init__(self, agent: str = "", dataset: str | None = None, split: str = "train",
@@ -158,15 +159,10 @@ class AgentEnv(TextEnv):
         self.agent = load_agent(agent)
         self.parser = get_parser(tool_parser)
         tasks = load_tasks(dataset)
-        if heldout is not None:
-            split_tasks = load_tasks(heldout) if split == "heldout" else tasks
-        elif len(tasks) >= 5:
-            split_tasks = [t for i, t in enumerate(tasks) if (i % 5 == 4) == (split == "heldout")]
-        else:  # too few to hold any out: the held-out tasks are the training tasks (said at start-up)
-            split_tasks = tasks
-        self.heldout_is_train = heldout is None and len(tasks) < 5
+        # too few to hold any out: the held-out tasks are the training tasks (said at start-up)
+        self.heldout_is_train = heldout is None and len(tasks) < MIN_TASKS_TO_HOLD_OUT
         self.dataset = dataset
-        self._tasks = split_tasks
+        self._tasks = split_tasks(tasks, split, heldout, load_tasks, "env agent")
         self.task: dict[str, Any] | None = None
 
     def startup_notes(self) -> list[str]:

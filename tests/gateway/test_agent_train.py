@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 import agentrl.run
@@ -166,3 +167,24 @@ def test_too_few_agent_tasks_warn_that_held_out_is_train(tmp_path, monkeypatch):
     cfg = load_config(overrides=["env.name=agent", "env.kwargs.agent=few_agent:agent", f"env.dataset={path}",
                                  f"env.kwargs.heldout={path}", "sft.steps=0"])
     assert preflight(cfg) == []
+
+
+def test_the_agent_envs_splits_are_train_heldout_and_all(tmp_path, monkeypatch):
+    """8 tasks: `heldout` is t4, `train` the other 7, `all` (the default of `agentrl eval
+    --dataset`) all 8 (a new user's `eval --split all` scored the 7 training tasks labelled
+    `all`); `test` means heldout, and an unknown split is refused naming it."""
+    from agentrl.gateway.agents import AgentEnv
+
+    (tmp_path / "split_agent.py").write_text("async def agent(client, task):\n    return 0.0\n")
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("\n".join(json.dumps({"id": f"t{i}"}) for i in range(8)))
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def ids(split):
+        return [t["id"] for t in AgentEnv("split_agent:agent", str(path), split=split).tasks()]
+
+    assert ids("heldout") == ids("test") == ["t4"]
+    assert ids("train") == ["t0", "t1", "t2", "t3", "t5", "t6", "t7"]
+    assert ids("all") == [f"t{i}" for i in range(8)]
+    with pytest.raises(ValueError, match="unknown split 'dev'"):
+        ids("dev")
