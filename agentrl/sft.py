@@ -224,8 +224,9 @@ def _sft_steps(model: Any, examples: list[Trajectory], *, steps: int, lr: float,
 def evaluate(engine: Any, renderer: ChatRenderer, envs: list[Any], cfg: Config,
              pool: ThreadPoolExecutor, *, n_tasks: int, samples: int, temperature: float
              ) -> dict[str, float]:
-    """pass@1, pass@`samples` and mean reward on the seeded tasks `EVAL_SEED + i` of `envs`'
-    split, `samples` episodes each: the warm start's stop check on *training* tasks. The
+    """pass@1, pass@`samples`, mean reward, sampled tokens and turns per episode on the seeded
+    tasks `EVAL_SEED + i` of `envs`' split, `samples` episodes each: the warm start's stop check
+    on *training* tasks. The
     held-out figure of a run is `agentrl.eval.harness.evaluate_heldout` (the env's fixed
     held-out list)."""
     params = SamplingParams(temperature=temperature, top_p=cfg.rollout.top_p,
@@ -242,14 +243,16 @@ def evaluate(engine: Any, renderer: ChatRenderer, envs: list[Any], cfg: Config,
     at_k, _ = pass_at_k_many([samples] * len(per_task), per_task.astype(int).tolist(), samples)
     return {"pass@1": float(succ.mean()), f"pass@{samples}": float(at_k.mean()),
             "reward_mean": float(np.nanmean(rets)),
-            "tokens_mean": float(np.mean([t.num_sampled for t in trajs]))}
+            "tokens_mean": float(np.mean([t.num_sampled for t in trajs])),
+            "turns_mean": float(np.mean([len(t.turns) for t in trajs]))}
 
 
 def warm_start(cfg: Config, model: Any, tok: Any, renderer: ChatRenderer, pad_id: int, out: Path,
                say: Callable[[str], None], reporter: Any = None) -> dict[str, Any]:
     """The warm start of a run (`cfg.sft`): `sft_train` on `warm_start_examples` of training
     tasks (the run's env's, mixed with those of `sft.mix_envs`), stopped early once, on the
-    run's env's training tasks (never the held-out split), pass@1 reaches
+    run's env's training tasks (never the held-out split; episodes of `sft.check_turns` turns
+    when set, e.g. first attempts only), pass@1 reaches
     `sft.stop_pass_rate` and pass@k (k = `sft.check_samples`) reaches `sft.stop_pass_at_k`
     (each when set; checked every `sft.check_every` steps from `sft.min_steps` on, on
     `sft.check_tasks` tasks x k samples).
@@ -277,19 +280,21 @@ def warm_start(cfg: Config, model: Any, tok: Any, renderer: ChatRenderer, pad_id
 
     sc = cfg.sft
     k = sc.check_samples
+    ccfg = cfg if sc.check_turns is None else cfg.model_copy(  # the checks' episodes
+        update={"env": cfg.env.model_copy(update={"max_turns": sc.check_turns})})
 
     def stop(done: int) -> bool:  # pass@1 / pass@k on training tasks (never the held-out split)
         if (sc.stop_pass_rate is None and sc.stop_pass_at_k is None) or done < sc.min_steps:
             return False
         # float32, uncompiled, on the CPU as the run's in-process engine (the model may be on a GPU)
         eng, _ = make_engine(cfg, plain_copy(model).cpu().eval(), tok, cast=False)
-        envs_ = [build_env(cfg, "train") for _ in range(k * sc.check_tasks)]
+        envs_ = [build_env(ccfg, "train") for _ in range(k * sc.check_tasks)]
         with ThreadPoolExecutor(cfg.rollout.env_threads) as p_:
-            r = evaluate(eng, renderer, envs_, cfg, p_, n_tasks=sc.check_tasks, samples=k,
+            r = evaluate(eng, renderer, envs_, ccfg, p_, n_tasks=sc.check_tasks, samples=k,
                          temperature=cfg.rollout.temperature)
         model.train()
         checks.append((done, r["pass@1"]))
-        row = {"step": done, "sft/train_pass@1": r["pass@1"]}
+        row = {"step": done, "sft/train_pass@1": r["pass@1"], "sft/train_turns": r["turns_mean"]}
         if k > 1:
             row[f"sft/train_pass@{k}"] = r[f"pass@{k}"]
         slog.write(json.dumps(row) + "\n")

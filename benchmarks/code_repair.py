@@ -3,13 +3,14 @@ held-out first-attempt pass@1, pass within 3 attempts and the repair rate before
 (each with its standard error over tasks), wall time, and the cost profile of a step
 (generation, sandbox, update), beside the single-turn job's step profile when asked.
 
-    python benchmarks/code_repair.py                                  # seed 0, episode-reward GRPO
+    python benchmarks/code_repair.py                                  # seed 0, the job's defaults (GiGPO)
     python benchmarks/code_repair.py --seeds 0 1 2 --arms episode gigpo
     python benchmarks/code_repair.py --seeds 0 --single-turn          # + the 1-turn job's profile
     python benchmarks/code_repair.py --seeds 0 --tag short train.steps=50   # extra overrides
 
-Arms: `episode` (plain GRPO on the episode reward), `gigpo` (`algo.turn_credit=gigpo`),
-`turn_adv` (`algo.turn_advantages=true`). Each run is `python -m agentrl.cli train --config
+Arms: `gigpo` (the job's default, `algo.turn_credit=gigpo`), `episode` (plain GRPO on the
+episode reward, `algo.turn_credit=episode`), `turn_adv` (`algo.turn_advantages=true` with
+episode credit). Each run is `python -m agentrl.cli train --config
 configs/code_repair.yaml` in a subprocess, one at a time. Writes
 `benchmarks/results/code_repair[_TAG].json` and `.md` (the table) and prints the table; the
 run folders stay under `runs/code_repair/`. docs/learning.md quotes figures from these files only.
@@ -33,7 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 CONFIG = ROOT / "configs" / "code_repair.yaml"
-ARMS = {"episode": [], "gigpo": ["algo.turn_credit=gigpo"], "turn_adv": ["algo.turn_advantages=true"]}
+ARMS = {"episode": ["algo.turn_credit=episode"], "gigpo": ["algo.turn_credit=gigpo"],
+        "turn_adv": ["algo.turn_credit=episode", "algo.turn_advantages=true"]}
 METRICS = ("first_attempt_pass@1", "pass@1", "repair_rate", "attempts_mean")
 PROFILE = ("generate", "env", "policy_update", "update", "step")
 
@@ -113,7 +115,7 @@ def table(results: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
-    ap.add_argument("--arms", nargs="+", default=["episode"], choices=sorted(ARMS))
+    ap.add_argument("--arms", nargs="+", default=["gigpo"], choices=sorted(ARMS))
     ap.add_argument("--single-turn", action="store_true", help="also run the single-turn main job per seed")
     ap.add_argument("--tag", default="")
     ap.add_argument("overrides", nargs="*", help="key=value config overrides for every run")

@@ -294,6 +294,8 @@ class SFTConfig(_Section):
     """Training tasks per pass-rate check."""
     check_samples: int = Field(default=4, ge=1)
     """Samples per task of a pass-rate check (the k of `stop_pass_at_k`)."""
+    check_turns: int | None = Field(default=None, ge=1)
+    """Turns per episode of the pass-rate checks: the checks' envs get `env.max_turns` = this (None: the run's `env.max_turns`). `1` on a multi-turn `code_sandbox` run (`configs/code_repair.yaml`) checks first attempts only, so the warm start stops on the single-turn job's first-attempt skill rather than on pass within all attempts (a repair-trained policy reaches the latter with a weaker first attempt, docs/learning.md). On an env where `max_turns` is a turn limit (not attempts), a smaller value cuts the checks' episodes short."""
     lr: float = Field(default=2e-3, gt=0)
     """Warm-start learning rate. When not set and the policy is the embedded vision-language model (`model.vision`, given or resolved): 5e-4 (`agentrl.run.VISION_DEFAULTS`; at 2e-3 it stayed image-blind on `visual_count`, docs/multimodal.md)."""
     batch_size: int = Field(default=32, ge=1)

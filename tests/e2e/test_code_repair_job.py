@@ -24,11 +24,18 @@ def test_one_step_multi_turn_run_and_eval_reproduces_repair_metrics(tmp_path):
     # repair_fraction 0.05 (the config's 0.5 builds 1000 repairs, about 35 s of sandbox runs)
     cfg = load_config(str(CONFIG), [*tiny, "train.steps=1", "train.eval_tasks=4", "train.eval_samples=2",
                                     "train.eval_batch_size=4", "sft.repair_fraction=0.05", f"out={out}",
-                                    "quiet=true"])
+                                    "quiet=true", "sft.min_steps=0", "sft.check_every=1",
+                                    "sft.check_tasks=2", "sft.check_samples=2"])
     assert cfg.env.max_turns == 3
     summary = train(cfg)
     assert summary["max_turns"] == 3
     after = summary["eval_after"]
+    # the warm start's stop checks ran first attempts only (sft.check_turns=1, the config's),
+    # while the run's episodes get up to 3 attempts (the untrained model fails, so it uses them)
+    checks = [json.loads(x) for x in (out / "sft_metrics.jsonl").read_text().splitlines()]
+    checks = [r for r in checks if "sft/train_pass@1" in r]
+    assert [r["sft/train_turns"] for r in checks] == [1.0, 1.0]
+    assert summary["eval_before"]["attempts_mean"] > 1
     for key in ("first_attempt_pass@1", "first_attempt_pass@1_se", "repair_rate", "repair_rate_se",
                 "attempts_mean"):
         assert key in after and key in summary["eval_before"], key
@@ -49,6 +56,8 @@ def test_the_config_is_the_multi_turn_job():
     cfg = load_config(str(CONFIG), [])
     assert (cfg.env.name, cfg.env.max_turns, cfg.algo.name, cfg.sft.repair_fraction) == (
         "code_sandbox", 3, "grpo", 0.5)
+    assert (cfg.algo.turn_credit, cfg.sft.check_turns, cfg.env.kwargs["turn_penalty"],
+            cfg.train.steps) == ("gigpo", 1, 0.2, 300)
 
 
 def test_repair_examples_are_rendered_like_an_episode(tiny_tokenizer):
