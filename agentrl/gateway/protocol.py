@@ -19,6 +19,7 @@ import json
 import os
 import random
 import re
+import string
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,20 @@ os.register_at_fork(after_in_child=_IDS.seed)  # a forked process draws other id
 def _hex_id(digits: int) -> str:
     """`digits` random hex digits (a response's or a tool call's id)."""
     return f"{_IDS.getrandbits(4 * digits):0{digits}x}"
+
+
+_ALNUM = string.ascii_letters + string.digits
+
+
+def call_id(parser_name: str = "") -> str:
+    """A fresh tool-call id: OpenAI's shape (`call_` + 24 hex digits), or for the `mistral`
+    tool format 9 letters and digits, the only ids Mistral's chat template renders (it raises
+    "Tool call IDs should be alphanumeric strings with length 9!" for any other, so an agent
+    that sends the reply back with its tool results would be refused; vLLM's Mistral tool
+    parser issues the same shape)."""
+    if parser_name == "mistral":
+        return "".join(_IDS.choices(_ALNUM, k=9))
+    return f"call_{_hex_id(24)}"
 
 
 class GatewayError(Exception):
@@ -231,11 +246,12 @@ def split_calls(parser: ToolCallParser, text: str) -> tuple[str | None, list[Too
     return (content or None), calls
 
 
-def reply_message(content: str | None, calls: list[ToolCall]) -> dict[str, Any]:
-    """The assistant message of a reply, OpenAI's shape (tool-call ids are fresh)."""
+def reply_message(content: str | None, calls: list[ToolCall], parser_name: str = "") -> dict[str, Any]:
+    """The assistant message of a reply, OpenAI's shape (tool-call ids are fresh: `call_id` of
+    the tool format `parser_name`)."""
     msg: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
-        msg["tool_calls"] = [{"id": f"call_{_hex_id(24)}", "type": "function",
+        msg["tool_calls"] = [{"id": call_id(parser_name), "type": "function",
                               "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
                              for c in calls]
     return msg

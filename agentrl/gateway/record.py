@@ -76,15 +76,18 @@ def norm_message(m: Message) -> str:
 def template_messages(messages: list[Message]) -> list[Message]:
     """`messages` as chat templates take them: content as text, `developer` as `system`, tool
     calls as `{"type": "function", "function": {"name", "arguments": dict}}` (Hugging Face
-    templates expect the arguments as an object), `tool_call_id` / `name` kept."""
+    templates expect the arguments as an object) with the call's `id` when it has one (Mistral's
+    template refuses a call without a 9-character id), `tool_call_id` / `name` kept."""
     out = []
     for m in messages:
         role = "system" if m.get("role") == "developer" else m.get("role")
         t: Message = {"role": role, "content": content_text(m.get("content"))}
         calls = _calls(m)
         if calls:
+            ids = [c.get("id") if isinstance(c, dict) else None for c in m["tool_calls"]]
             t["tool_calls"] = [{"type": "function", "function": {"name": n, "arguments": a}}
-                               for n, a in calls]
+                               | ({"id": i} if isinstance(i, str) else {})
+                               for (n, a), i in zip(calls, ids)]
         for k in ("tool_call_id", "name"):
             if m.get(k) is not None:
                 t[k] = m[k]

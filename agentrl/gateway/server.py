@@ -258,7 +258,7 @@ class Session:
             text = prep.forced + text  # the prefilled opening of a call (tool_choice), if any
             content, calls = (split_calls(self.parser, text) if req.tools and req.parse_calls
                               else (text, []))
-            msg = reply_message(content, calls)
+            msg = reply_message(content, calls, getattr(self.parser, "name", ""))
             if run.record is not None and run.live:
                 run.record.record(prep, ids, lps, reason, text, msg, version)
             messages.append(msg)

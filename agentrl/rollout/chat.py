@@ -21,6 +21,7 @@ and types); anything else (image parts) is rendered every time.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -52,6 +53,9 @@ RENDER_KEY_CHARS = 8192
 holds at most about `2 * RENDER_CACHE_SIZE * RENDER_KEY_CHARS` characters of keys."""
 
 _PLAIN = (str, int, float, bool, type(None))
+_TEMPLATE_ROLES = ("system", "user", "assistant")
+"""Roles every template renders; a message of another role (`tool`) that a template refuses
+or drops is rendered as a `user` message."""
 
 HISTORY_MODES = ("exact", "template")
 """`rollout.history`: `exact` (the context is the sampled ids plus observation deltas) or
@@ -330,11 +334,29 @@ class ChatRenderer:
         return self._memoised("prompt", key, lambda: self._prompt_ids(messages, tools))
 
     def _prompt_ids(self, messages: list[Message], tools: list[dict] | None) -> list[int]:
+        """The template's rendering of `messages`; when it refuses them, or drops the text of a
+        message of another role than system / user / assistant (Gemma-3 refuses `tool`, Phi-3
+        drops it), those messages are rendered as `user` ones, as `delta_ids` renders them
+        (an `agentrl serve` request or a rewritten context holding tool results)."""
+        messages = list(messages)
+        other = [m for m in messages if m.get("role") not in _TEMPLATE_ROLES]
         try:
-            return self._ids(list(messages), True, tools)
+            ids = self._ids(messages, True, tools)
+            if not other or self._renders_contents(ids, other):
+                return ids
         except RenderError:
             raise
         except Exception as e:  # noqa: BLE001 - jinja errors, raise_exception in templates
+            if not other:
+                raise RenderError(f"chat template cannot render the messages: {type(e).__name__}: {e}") from e
+            first = e
+        else:
+            first = None
+        as_user = [{**m, "role": "user"} if m.get("role") not in _TEMPLATE_ROLES else m for m in messages]
+        try:
+            return self._ids(as_user, True, tools)
+        except Exception as e:  # noqa: BLE001
+            e = first or e
             raise RenderError(f"chat template cannot render the messages: {type(e).__name__}: {e}") from e
 
     def delta_ids(self, new_messages: list[Message]) -> list[int]:
@@ -365,8 +387,12 @@ class ChatRenderer:
         return ids[len(self.glue_ids):]
 
     def _renders_contents(self, ids: list[int], messages: list[Message]) -> bool:
+        """Does the text of `ids` hold every message's text, as it is or JSON-quoted (Llama 3.1's
+        template writes a tool result `| tojson`: a result with a quote or a newline was taken
+        for dropped and rendered as a user turn)?"""
         text = self.tokenizer.decode(ids, skip_special_tokens=False)
-        return all(p.strip() in text for m in messages for p in _text_parts(m.get("content")))
+        return all(p.strip() in text or json.dumps(p.strip(), ensure_ascii=False)[1:-1] in text
+                   for m in messages for p in _text_parts(m.get("content")))
 
     def close_turn(self, sampled_ids: list[int]) -> list[int]:
         """Context ids to append after a sampled turn: the end-of-turn token if the sampler

@@ -1,0 +1,73 @@
+"""A tool agent's second call (its reply sent back with the tool result) through `agentrl
+serve` on the tokenizers and published chat templates of other families than the embedded
+model's: Mistral's template refuses a call without a 9-character id (the gateway issued
+`call_` + 24 hex digits and dropped the id when rendering: every second call was a 400),
+Gemma-3's refuses the `tool` role (a 400) and Phi-3's drops it (the model never saw the result).
+The scripted policy writes a call in the family's tool format until the result is in its
+prompt."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import openai
+import pytest
+
+from agentrl.gateway.serve import start
+from agentrl.models.families import FAMILIES, build_family_tokenizer
+from agentrl.rollout.chat import ChatRenderer
+from agentrl.rollout.engines.scripted import ScriptedEngine
+from agentrl_tools.parser import ToolCall, get_parser
+
+TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two integers.", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}]
+RESULT = 'sum: "5"\nok'  # a quote and a newline: Llama 3.1's template JSON-quotes a tool result
+
+
+@pytest.mark.parametrize("family", ["mistral_v0_3", "gemma3", "phi3", "llama3_1"])
+def test_a_tool_result_reaches_the_model_through_serve(family):
+    tok = build_family_tokenizer(FAMILIES[family])
+    seen: list[str] = []
+
+    def policy(prompt_ids):
+        text = tok.decode(prompt_ids, skip_special_tokens=False)
+        seen.append(text)
+        if "sum:" in text:
+            return "The sum is 5."
+        return get_parser(served.tool_parser).format_call(ToolCall("add", {"a": 2, "b": 3}))
+
+    served = start("m", engine=ScriptedEngine(tok, policy), tokenizer=tok, max_tokens=64)
+    try:
+        client = openai.OpenAI(base_url=served.url, api_key="k", max_retries=0)
+        msgs = [{"role": "system", "content": "Use the tools."}, {"role": "user", "content": "2 + 3?"}]
+        r = client.chat.completions.create(model="policy", messages=msgs, tools=TOOLS, temperature=0)
+        [call] = r.choices[0].message.tool_calls
+        assert json.loads(call.function.arguments) == {"a": 2, "b": 3}
+        if served.tool_parser == "mistral":  # the only ids Mistral's template renders
+            assert re.fullmatch(r"[A-Za-z0-9]{9}", call.id), call.id
+        else:
+            assert re.fullmatch(r"call_[0-9a-f]{24}", call.id), call.id
+        msgs += [r.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": RESULT}]
+        r2 = client.chat.completions.create(model="policy", messages=msgs, tools=TOOLS, temperature=0)
+        assert r2.choices[0].message.content == "The sum is 5."
+    finally:
+        served.close()
+    prompt = seen[-1]
+    assert RESULT in prompt or json.dumps(RESULT) in prompt, prompt
+    if family == "mistral_v0_3":  # the template's own tool-result format, not a user turn
+        assert f'[TOOL_RESULTS] {{"content": {RESULT}, "call_id": "{call.id}"}}[/TOOL_RESULTS]' in prompt
+    if family == "llama3_1":  # the ipython turn, JSON-quoted, as the template renders it
+        assert f"<|start_header_id|>ipython<|end_header_id|>\n\n{json.dumps(RESULT)}<|eot_id|>" in prompt
+
+
+def test_llama_tool_results_with_quotes_render_as_ipython_turns():
+    """Llama 3.1's template writes a tool result `| tojson`; the renderer took a result with a
+    quote or a newline for dropped and rendered it as a user turn (only `"7"` stayed ipython)."""
+    tok = build_family_tokenizer(FAMILIES["llama3_1"])
+    r = ChatRenderer(tok)
+    for content in ("7", 'line1\nline2 "q"', '{"x": 1}'):
+        text = tok.decode(r.delta_ids([{"role": "tool", "tool_call_id": "x", "content": content}]))
+        assert text == (f"<|start_header_id|>ipython<|end_header_id|>\n\n{json.dumps(content)}<|eot_id|>"
+                        "<|start_header_id|>assistant<|end_header_id|>\n\n"), text
