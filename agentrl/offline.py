@@ -8,7 +8,12 @@ Preference file (JSONL, one pair per line; `agentrl.algos.dpo.load_preferences`)
 
 Conversation file (JSONL, one conversation per line; `load_conversations`):
 
-    {"messages": [{"role": "system"|"user"|"assistant"|"tool", "content": "..."}, ...]}
+    {"messages": [{"role": "system"|"user"|"assistant"|"tool", "content": "..."}, ...],
+     "tools": [...]}   # optional: OpenAI tool schemas, rendered by the chat template
+
+An assistant message may carry OpenAI `tool_calls` (content a string or null): its target is its
+content followed by the calls written in the model's tool format (`rollout.tool_parser`, `auto`:
+read from the tokenizer), which the gateway and tool envs parse back.
 
 Every assistant message is a target: its text and the end-of-turn token are trained on (loss
 mask 1), the messages before it, rendered with the chat template and the generation prompt, are
@@ -35,9 +40,11 @@ from agentrl.learner.checkpoints import check_out
 from agentrl.learner.local import Learner
 from agentrl.log.metrics import MetricsLog
 from agentrl.rollout.chat import renderer_for
+from agentrl.rollout.tool_format import detect_tool_parser
 from agentrl.run import load_policy
 from agentrl.sft import sft_train, stage_device
 from agentrl.types import Trajectory
+from agentrl_tools.parser import ToolCall, get_parser
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -61,17 +68,55 @@ def is_preference_file(path: str | Path) -> bool:
     return False
 
 
-def load_conversations(path: str | Path) -> list[list[dict[str, str]]]:
-    """Read conversations from a JSONL file of `{"messages": [...]}` (or bare message lists).
+class Conversation(list):
+    """A conversation's messages (a list), with the row's OpenAI tool schemas in `tools`
+    (None: the row has none)."""
+
+    tools: list[dict] | None = None
+
+
+def _message(where: str, i: int, m: Any) -> dict[str, Any]:
+    """Message `i` of a row, checked: a known role and a string content (an assistant message
+    with `tool_calls` may have a null one; each call needs `function.name` and arguments that
+    are an object or its JSON text); `tool_calls` and a tool message's `tool_call_id` kept."""
+    calls = m.get("tool_calls") if isinstance(m, dict) and m.get("role") == "assistant" else None
+    content = m.get("content") if isinstance(m, dict) else None
+    if not (isinstance(m, dict) and m.get("role") in ROLES
+            and (isinstance(content, str) or (calls and content is None))):
+        raise ValueError(f"{where}: message {i} needs a role in {', '.join(ROLES)} and a string content")
+    out = {"role": m["role"], "content": content or ""}
+    if calls:
+        parsed = []
+        for c in calls if isinstance(calls, list) else [None]:
+            f = c.get("function") if isinstance(c, dict) else None
+            args = f.get("arguments", {}) if isinstance(f, dict) else None
+            try:
+                args = json.loads(args) if isinstance(args, str) else args
+            except ValueError:
+                args = None
+            if not (isinstance(f, dict) and isinstance(f.get("name"), str) and isinstance(args, dict)):
+                raise ValueError(f"{where}: message {i}: each tool call needs function.name and "
+                                 "function.arguments (an object or its JSON text)")
+            parsed.append(ToolCall(f["name"], args))
+        out["tool_calls"] = parsed
+    if m["role"] == "tool" and isinstance(m.get("tool_call_id"), str):
+        out["tool_call_id"] = m["tool_call_id"]
+    return out
+
+
+def load_conversations(path: str | Path) -> list[Conversation]:
+    """Read conversations from a JSONL file of `{"messages": [...], "tools": [...]}` (`tools`
+    optional) or bare message lists.
 
     Returns:
-        one list of {"role", "content"} messages per conversation.
+        one `Conversation` of {"role", "content"} messages per line (`tool_calls` as
+        `ToolCall`s and `tool_call_id` kept; `tools` set from the row).
 
     Raises:
         FileNotFoundError: no such file.
         ValueError: invalid JSON, a message without a known role or a string content, a
-            conversation without an assistant message (each names `path:line`), or no
-            conversation at all.
+            malformed tool call or `tools`, a conversation without an assistant message (each
+            names `path:line`), or no conversation at all.
     """
     path = Path(path)
     if not path.is_file():
@@ -82,32 +127,65 @@ def load_conversations(path: str | Path) -> list[list[dict[str, str]]]:
         msgs = row.get("messages") if isinstance(row, dict) else row
         if not isinstance(msgs, list) or not msgs:
             raise ValueError(f"{where}: expected {{\"messages\": [...]}} with at least one message")
-        for i, m in enumerate(msgs):
-            if not (isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str)):
-                raise ValueError(f"{where}: message {i} needs a role in {', '.join(ROLES)} and a "
-                                 "string content")
-        if not any(m["role"] == "assistant" for m in msgs):
+        conv = Conversation(_message(where, i, m) for i, m in enumerate(msgs))
+        if not any(m["role"] == "assistant" for m in conv):
             raise ValueError(f"{where}: no assistant message to train on")
-        out.append([{"role": m["role"], "content": m["content"]} for m in msgs])
+        tools = row.get("tools") if isinstance(row, dict) else None
+        if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+            raise ValueError(f"{where}: tools must be a list of OpenAI tool schemas (objects)")
+        conv.tools = tools or None
+        out.append(conv)
     if not out:
         raise ValueError(f"{path}: no conversations")
     return out
 
 
-def conversation_examples(convs: list[list[dict[str, str]]], renderer: Any) -> list[Trajectory]:
+def _target(m: dict[str, Any], parser: Any, where: str) -> str:
+    """An assistant message's target text: its content, then its tool calls in the tool format
+    of `parser` (one per line), checked to parse back to the same calls."""
+    calls = m.get("tool_calls") or []
+    if not calls:
+        return m["content"]
+    text = "\n".join([m["content"].strip(), *(parser.format_call(c) for c in calls)]).lstrip("\n")
+    back = [(c.name, c.arguments) for c in parser.parse(text) if isinstance(c, ToolCall)]
+    if back != [(c.name, c.arguments) for c in calls]:
+        raise ValueError(f"{where}: its tool calls do not parse back from the {parser.name} tool format "
+                         "as one text (set rollout.tool_parser to the model's format)")
+    return text
+
+
+def _template_message(m: dict[str, Any]) -> dict[str, Any]:
+    """A message as chat templates take it (tool calls with the arguments as an object)."""
+    if not m.get("tool_calls"):
+        return m
+    return {**m, "tool_calls": [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                                for c in m["tool_calls"]]}
+
+
+def conversation_examples(convs: list[list[dict[str, Any]]], renderer: Any,
+                          tool_parser: str = "auto") -> list[Trajectory]:
     """One supervised example per assistant message: context = the messages before it with the
-    generation prompt (`renderer.prompt_ids`, mask 0), target = its text's ids + end-of-turn
-    (mask 1). The first message of a conversation may not be the assistant's (no context)."""
+    generation prompt (`renderer.prompt_ids`, with the conversation's `tools`, mask 0), target =
+    its text's ids + end-of-turn (mask 1; with tool calls, `_target`: in `tool_parser`'s format,
+    `auto` read from the tokenizer). The first message of a conversation may not be the
+    assistant's (no context).
+
+    Raises:
+        ValueError: tool calls that do not parse back from the tool format.
+    """
     tok = renderer.tokenizer
+    parser = get_parser(detect_tool_parser(tok)[0] if tool_parser == "auto" else tool_parser)
     out = []
-    for conv in convs:
+    for n, conv in enumerate(convs):
+        tools = getattr(conv, "tools", None)
         for i, m in enumerate(conv):
             if m["role"] != "assistant" or i == 0:
                 continue
             tr = Trajectory()
-            tr.append_context(renderer.prompt_ids(conv[:i]))
-            ids = tok.encode(m["content"], add_special_tokens=False) + [renderer.end_of_turn_id]
-            tr.append_sampled(ids, [0.0] * len(ids), text=m["content"])
+            tr.append_context(renderer.prompt_ids([_template_message(x) for x in conv[:i]], tools))
+            text = _target(m, parser, f"conversation {n + 1}, message {i}")
+            ids = tok.encode(text, add_special_tokens=False) + [renderer.end_of_turn_id]
+            tr.append_sampled(ids, [0.0] * len(ids), text=text)
             out.append(tr)
     return out
 
@@ -203,7 +281,7 @@ def sft_from_file(cfg: Config, path: str | Path, say: Callable[[str], None] = pr
     """
     convs = load_conversations(path)
     out, model, tok, renderer, pad_id = _start(cfg)
-    examples = conversation_examples(convs, renderer)
+    examples = conversation_examples(convs, renderer, cfg.rollout.tool_parser)
     if not examples:
         raise ValueError(f"{path}: no assistant message after a context to train on")
     log = MetricsLog(out, tensorboard=cfg.log.tensorboard)
