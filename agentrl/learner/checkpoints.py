@@ -388,16 +388,20 @@ def run_checkpoint(path: str | Path, on_skip: Callable[[Path, str], None] | None
 
     Raises:
         FileNotFoundError: a run folder without an intact checkpoint (naming why the newest
-            two are not).
+            two are not); the folder of an offline stage (`agentrl sft`, offline DPO: no
+            `checkpoints/`, its model in `model/`), naming that model directory.
     """
     p = Path(path)
-    if not (p / "checkpoints").is_dir():
-        return None
     try:
         own = json.loads((p / "config.json").read_text())
     except (OSError, ValueError):
         own = {}
     if isinstance(own, dict) and ("model_type" in own or "architectures" in own):
+        return None
+    if not (p / "checkpoints").is_dir():
+        if (p / "summary.json").is_file() and (p / "model" / "config.json").is_file():
+            raise FileNotFoundError(f"{p} is the output folder of an offline stage (agentrl sft or offline "
+                                    f"DPO), not a model: its model is {p / 'model'}; give that")
         return None
     skipped: list[tuple[Path, str]] = []
     ck = latest_checkpoint(p, lambda c, why: skipped.append((c, why)))

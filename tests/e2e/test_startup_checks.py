@@ -388,3 +388,31 @@ def test_a_run_folder_as_model_path_or_doctor_model_uses_its_newest_checkpoint(f
     assert res.exit_code == 2 and res.output.startswith("config error: model.path: ") and \
         "inside --out" in res.output, res.output
     assert sorted(p.relative_to(new).as_posix() for p in new.rglob("*")) == before
+
+
+def test_an_offline_stage_s_folder_as_model_names_its_model(tmp_path):
+    """`agentrl sft --out OUT` (and offline DPO) write the model to OUT/model, without
+    checkpoints: `model.path=OUT` / `doctor --model OUT` / `eval` / `serve` said "holds no
+    weights (an interrupted copy?)", "no tokenizer" and "neither a Hugging Face model directory
+    nor a training output dir"; now one line naming OUT/model, nothing written."""
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+    from agentrl.eval.cli import resolve_model
+
+    out = tmp_path / "sft_out"  # what `agentrl sft` leaves (offline.py's `_finish`)
+    (out / "model").mkdir(parents=True)
+    (out / "config.json").write_text(json.dumps({"model": {"path": None}}))
+    (out / "summary.json").write_text(json.dumps({"stage": "sft"}))
+    (out / "model" / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    line = (f"{out} is the output folder of an offline stage (agentrl sft or offline DPO), not a model: "
+            f"its model is {out / 'model'}; give that")
+    runner = CliRunner()
+    res = runner.invoke(app, ["doctor", "--model", str(out)], env={"COLUMNS": "200"})
+    assert (res.exit_code, res.output.strip()) == (2, f"--model {line}"), res.output
+    res = runner.invoke(app, ["train", *TOY, f"model.path={out}", f"out={tmp_path / 'new'}"], env={"COLUMNS": "200"})
+    assert (res.exit_code, res.output.strip()) == (2, f"config error: model.path: {line}"), res.output
+    assert not (tmp_path / "new").exists()
+    with pytest.raises(FileNotFoundError) as e:  # `agentrl eval` / `agentrl serve`
+        resolve_model(str(out))
+    assert str(e.value) == f"model: {line}"
