@@ -281,9 +281,11 @@ def serve_cmd(
     tool_parser: Annotated[str, typer.Option(help="The model's tool-call format: auto (read from the model's tokenizer, as rollout.tool_parser=auto) or hermes, llama3_json, mistral, openai.")] = "auto",
     max_tokens: Annotated[int, typer.Option(min=1, help="Most new tokens per call.")] = 1024,
     max_context: Annotated[int, typer.Option(min=16, help="Most tokens of a prompt and its completion.")] = 4096,
+    chat_template_kwargs: Annotated[Optional[str], typer.Option(help="The chat template's variables, a JSON object, e.g. '{\"enable_thinking\": false}' (default: a training run's own rollout.chat_template_kwargs, else none).")] = None,
 ) -> None:
     """Serve a model through the gateway's OpenAI-compatible /v1/chat/completions on 127.0.0.1
     (model name "policy"), to try an agent before and after training (docs/agents.md)."""
+    import json
     import time
 
     import transformers
@@ -291,16 +293,27 @@ def serve_cmd(
     from agentrl.gateway.serve import start
 
     transformers.utils.logging.disable_progress_bar()  # a failure is then one line
+    kwargs = None
+    if chat_template_kwargs is not None:
+        try:
+            kwargs = json.loads(chat_template_kwargs)
+        except ValueError:
+            kwargs = None
+        if not isinstance(kwargs, dict):
+            _fail(f"serve: --chat-template-kwargs must be a JSON object, got {chat_template_kwargs!r}")
     try:
         served = start(model, port=port, api_key=api_key, tool_parser=tool_parser,
-                       max_tokens=max_tokens, max_context=max_context)
+                       max_tokens=max_tokens, max_context=max_context, template_kwargs=kwargs)
     except (FileNotFoundError, ValueError, OSError) as e:
         _fail(f"serve: {e}")
     if Path(served.model_dir) != Path(model).expanduser():  # a run folder: say which checkpoint
         console.print(f"{model} is a training run's folder: its newest checkpoint {served.model_dir}",
                       markup=False, highlight=False, soft_wrap=True)
+    fixed = served.session.renderer.template_kwargs
     console.print(f"serving {escape(model)} at {served.url} (model \"policy\", tool-call format "
-                  f"{served.tool_parser}: {served.tool_parser_why}); Ctrl-C stops", markup=False)
+                  f"{served.tool_parser}: {served.tool_parser_why}"
+                  + (f"; chat template variables {json.dumps(fixed)}" if fixed else "")
+                  + "); Ctrl-C stops", markup=False)
     try:
         while True:
             time.sleep(3600)

@@ -87,6 +87,7 @@ class ChatRequest:
     stream: bool
     require_call: bool = False
     call_name: str | None = None
+    template_kwargs: dict[str, Any] | None = None
 
 
 def _check_content(k: int, m: dict[str, Any]) -> None:
@@ -174,12 +175,31 @@ def parse_request(body: Any) -> ChatRequest:
         raise bad("'tool_choice' requires a tool call but the request has no 'tools'", "tool_choice")
     if call_name is not None and call_name not in [t["function"]["name"] for t in tools or []]:
         raise bad(f"'tool_choice' names the function {call_name!r}, which is not in 'tools'", "tool_choice")
+    template_kwargs = body.get("chat_template_kwargs")
+    if template_kwargs is not None and not isinstance(template_kwargs, dict):
+        raise bad("'chat_template_kwargs' must be an object", "chat_template_kwargs")
     return ChatRequest(model=model, messages=_check_messages(body.get("messages")),
                        tools=tools, parse_calls=choice != "none",
                        temperature=_number(body, "temperature", 0.0, 2.0),
                        top_p=_number(body, "top_p", 0.0, 1.0, lo_open=True), max_tokens=max_tokens,
                        stop=stop, n=n, stream=bool(body.get("stream", False)),
-                       require_call=choice == "required" or call_name is not None, call_name=call_name)
+                       require_call=choice == "required" or call_name is not None, call_name=call_name,
+                       template_kwargs=template_kwargs)
+
+
+def check_template_kwargs(asked: dict[str, Any] | None, fixed: dict[str, Any]) -> None:
+    """A request's `chat_template_kwargs` (vLLM's field, e.g. `{"enable_thinking": false}` for
+    Qwen3) must agree with the variables the model is served with, `fixed`: the prompt ids of a
+    run are rendered with one set (and were silently rendered with it whatever a request asked).
+
+    Raises:
+        GatewayError: 400 naming the field and where the variables are set.
+    """
+    if asked and any(k not in fixed or fixed[k] != v for k, v in asked.items()):
+        raise bad(f"'chat_template_kwargs' {json.dumps(asked)} differs from the chat template variables "
+                  f"this model is served with ({json.dumps(fixed) if fixed else 'none'}); they are fixed "
+                  "per run: set rollout.chat_template_kwargs (agentrl serve: --chat-template-kwargs)",
+                  "chat_template_kwargs")
 
 
 _NAME, _ARG = "__agentrl_name__", "__agentrl_arg__"

@@ -10,6 +10,7 @@ Requests sample with their own `temperature` / `top_p` (default 1.0); nothing is
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import traceback
@@ -52,9 +53,21 @@ class Served:
         self.gateway.close()
 
 
+def run_template_kwargs(run_config: str | Path) -> dict[str, Any]:
+    """`rollout.chat_template_kwargs` of a training run's `OUT/config.json` ({} when it has none
+    or the file does not parse)."""
+    try:
+        cfg = json.loads(Path(run_config).read_text())
+    except (OSError, ValueError):
+        return {}
+    kw = (cfg.get("rollout") or {}).get("chat_template_kwargs") if isinstance(cfg, dict) else None
+    return dict(kw) if isinstance(kw, dict) else {}
+
+
 def start(model: str | Path, *, port: int = 0, api_key: str | None = None,
           tool_parser: str = "auto", max_tokens: int = 1024, max_context: int = 4096,
-          cfg: Config | None = None, engine: Any = None, tokenizer: Any = None) -> Served:
+          cfg: Config | None = None, engine: Any = None, tokenizer: Any = None,
+          template_kwargs: dict[str, Any] | None = None) -> Served:
     """Load `model` and serve it on `127.0.0.1:port` (0: a free port).
 
     Args:
@@ -65,6 +78,10 @@ def start(model: str | Path, *, port: int = 0, api_key: str | None = None,
             its completion.
         cfg: the settings of the engine (default: `Config()`, the hf engine in float32).
         engine, tokenizer: an engine already built (tests, benchmarks): `model` only names it.
+        template_kwargs: the chat template's variables (e.g. `{"enable_thinking": false}`);
+            None: a training run's own `rollout.chat_template_kwargs` when `model` is a run
+            folder or one of its checkpoints (what it was trained with), else none. A request's
+            `chat_template_kwargs` must agree with them (400 otherwise).
 
     Raises:
         FileNotFoundError: `model` is no model directory, checkpoint or run dir.
@@ -75,7 +92,9 @@ def start(model: str | Path, *, port: int = 0, api_key: str | None = None,
         get_parser(tool_parser)  # an unknown name fails before the model loads
     model_dir = model
     if engine is None:
-        model_dir, _ = resolve_model(str(model))
+        model_dir, run_cfg = resolve_model(str(model))
+        if template_kwargs is None and run_cfg is not None:
+            template_kwargs = run_template_kwargs(run_cfg)
         engine, tokenizer = make_engine(cfg or Config(), str(model_dir))
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"{model}: the tokenizer has no chat template (serve renders each request's "
@@ -85,7 +104,7 @@ def start(model: str | Path, *, port: int = 0, api_key: str | None = None,
     if tool_parser == "auto":
         tool_parser, why = detect_tool_parser(tokenizer)
     parser = get_parser(tool_parser)
-    renderer = renderer_for(tokenizer)
+    renderer = renderer_for(tokenizer, template_kwargs=template_kwargs)
     session = Session(engine, renderer, parser, model_names=[MODEL_NAME, Path(str(model)).name],
                       max_episode_tokens=max_context, max_tokens=max_tokens, sampling=None,
                       seed=None, batch_wait_s=0.002, start_wait_s=0.0)

@@ -41,6 +41,7 @@ from agentrl.gateway.protocol import (
     ChatRequest,
     GatewayError,
     bad,
+    check_template_kwargs,
     completion_body,
     cut_at_stop,
     error_body,
@@ -204,6 +205,7 @@ class Session:
         """The call's prompt (`RunRecord.prepare`); for `tool_choice` "required" or a named
         function, with the opening of a call (`forced_prefix`) appended as context ids, not
         sampled (loss mask 0), so that the sampler writes the rest of the call."""
+        check_template_kwargs(req.template_kwargs, self.renderer.template_kwargs)
         record = run.record or RunRecord(self.renderer, self.max_episode_tokens - 1)
         try:
             prep = record.prepare(req.messages, req.tools)

@@ -71,3 +71,38 @@ def test_llama_tool_results_with_quotes_render_as_ipython_turns():
         text = tok.decode(r.delta_ids([{"role": "tool", "tool_call_id": "x", "content": content}]))
         assert text == (f"<|start_header_id|>ipython<|end_header_id|>\n\n{json.dumps(content)}<|eot_id|>"
                         "<|start_header_id|>assistant<|end_header_id|>\n\n"), text
+
+
+def test_chat_template_kwargs_of_a_request_must_agree_with_the_served_ones(tmp_path):
+    """Qwen3 served with `{"enable_thinking": false}`: a request asking the same is answered
+    (the prompt ends with the empty think block), one asking otherwise is a 400 naming the
+    field (it was silently rendered with thinking on); a run's config gives serve its variables."""
+    from agentrl.config import Config
+    from agentrl.gateway.serve import run_template_kwargs
+
+    tok = build_family_tokenizer(FAMILIES["qwen3"])
+    seen: list[str] = []
+
+    def policy(ids):
+        seen.append(tok.decode(ids, skip_special_tokens=False))
+        return "hi"
+
+    served = start("m", engine=ScriptedEngine(tok, policy), tokenizer=tok,
+                   template_kwargs={"enable_thinking": False})
+    try:
+        client = openai.OpenAI(base_url=served.url, api_key="k", max_retries=0)
+        msgs = [{"role": "user", "content": "hi"}]
+        for extra in (None, {"chat_template_kwargs": {"enable_thinking": False}}):
+            r = client.chat.completions.create(model="policy", messages=msgs, extra_body=extra)
+            assert r.choices[0].message.content == "hi"
+            assert seen[-1].endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n"), seen[-1]
+        for bad in ({"enable_thinking": True}, {"other": 1}):
+            with pytest.raises(openai.BadRequestError, match="differs from the chat template variables") as e:
+                client.chat.completions.create(model="policy", messages=msgs, extra_body={"chat_template_kwargs": bad})
+            assert e.value.body["param"] == "chat_template_kwargs"
+    finally:
+        served.close()
+    cfg = Config.model_validate({"rollout": {"chat_template_kwargs": {"enable_thinking": False}}})
+    (tmp_path / "config.json").write_text(cfg.model_dump_json())
+    assert run_template_kwargs(tmp_path / "config.json") == {"enable_thinking": False}
+    assert run_template_kwargs(tmp_path / "missing.json") == {}
