@@ -24,6 +24,7 @@ import importlib
 import inspect
 import json
 import math
+import os
 import queue
 import socket
 import ssl
@@ -67,7 +68,11 @@ def load_agent(spec: str) -> Callable[..., Any]:
     try:
         module = importlib.import_module(mod_name)
     except ImportError as e:
-        raise ValueError(f"agent {spec!r}: cannot import module {mod_name!r}: {e}") from None
+        top = mod_name.split(".")[0]
+        hint = (f" (modules are looked up in the current folder {os.getcwd()} and on sys.path: run from "
+                f"the folder that holds {top}.py, or add that folder to PYTHONPATH)"
+                if isinstance(e, ModuleNotFoundError) and e.name == top else "")
+        raise ValueError(f"agent {spec!r}: cannot import module {mod_name!r}: {e}{hint}") from None
     fn = getattr(module, fn_name, None)
     if fn is None:
         raise ValueError(f"agent {spec!r}: module {mod_name!r} has no {fn_name!r}")

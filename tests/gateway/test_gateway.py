@@ -6,6 +6,7 @@ per-run tokens."""
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 
 import pytest
@@ -264,8 +265,12 @@ def test_agent_function_checks(agents):
         load_agent("gw_agents:sync_agent")
     with pytest.raises(ValueError, match="has no 'missing'"):
         load_agent("gw_agents:missing")
-    with pytest.raises(ValueError, match="cannot import module 'no_such_mod'"):
+    with pytest.raises(ValueError, match="cannot import module 'no_such_mod'") as e:
         load_agent("no_such_mod:f")
+    # what to do (`agentrl eval --model RUN` from another folder than the training's failed so)
+    assert str(e.value).endswith("(modules are looked up in the current folder "
+                                 f"{os.getcwd()} and on sys.path: run from the folder that holds "
+                                 "no_such_mod.py, or add that folder to PYTHONPATH)"), e.value
     with pytest.raises(ValueError, match="give MODULE:FUNCTION"):
         load_agent("gw_agents")
     (agents / "bad.jsonl").write_text('{"id": 1}\n[1, 2]\n')
