@@ -291,6 +291,7 @@ def serve_cmd(
     import transformers
 
     from agentrl.gateway.serve import start
+    from agentrl.rollout.chat import NO_TOOLS_NOTE, renders_tools
 
     transformers.utils.logging.disable_progress_bar()  # a failure is then one line
     kwargs = None
@@ -314,6 +315,8 @@ def serve_cmd(
                   f"{served.tool_parser}: {served.tool_parser_why}"
                   + (f"; chat template variables {json.dumps(fixed)}" if fixed else "")
                   + "); Ctrl-C stops", markup=False)
+    if not renders_tools(served.session.renderer):
+        console.print(NO_TOOLS_NOTE, markup=False, highlight=False, soft_wrap=True)
     try:
         while True:
             time.sleep(3600)

@@ -496,6 +496,25 @@ class VisionChatRenderer(ChatRenderer):
         return self.delta_inputs(new_messages)[0]
 
 
+_PROBE_TOOL = [{"type": "function", "function": {"name": "agentrl_probe_tool", "description": "d",
+                                                  "parameters": {"type": "object", "properties": {}}}}]
+
+
+def renders_tools(renderer: ChatRenderer) -> bool:
+    """Does the chat template put a request's `tools` in the prompt? (Gemma-3's and Phi-3's do
+    not: an agent's tool schemas never reach the model there, as with vLLM.)"""
+    try:
+        text, _ = renderer.render_text([_USER], True, _PROBE_TOOL)
+    except Exception:  # noqa: BLE001 - a template that refuses the probe renders no tools either
+        return False
+    return "agentrl_probe_tool" in text
+
+
+NO_TOOLS_NOTE = ("[tools] the chat template does not render `tools`: an agent's tool schemas never "
+                 "reach the model's prompt; describe the tools in the system message")
+"""Printed by `agentrl train --agent` and `agentrl serve` for such a template."""
+
+
 def renderer_for(tokenizer: Any, history: str = "exact",
                  template_kwargs: dict[str, Any] | None = None) -> ChatRenderer:
     """The renderer of a policy: a `VisionChatRenderer` when `tokenizer` carries an image

@@ -37,7 +37,7 @@ from agentrl.log.progress import Reporter
 from agentrl.models.tiny import build_tiny_model, load_model
 from agentrl.models.vlm import build_tiny_vlm, is_vlm_dir, load_vlm
 from agentrl.rewards import RewardWrappers
-from agentrl.rollout.chat import ChatRenderer, renderer_for
+from agentrl.rollout.chat import NO_TOOLS_NOTE, ChatRenderer, renderer_for, renders_tools
 from agentrl.rollout.collect import check_batch_hooks
 from agentrl.rollout.engines.make import engine_memory_config, load_processor, make_engine
 from agentrl.rollout.envs import PARSER_KWARGS, _env_accepts, build_env, build_named_env
@@ -176,6 +176,8 @@ def build(cfg: Config, *, reporter: Any = None, warm_start: Callable[..., dict[s
     check_tokenizer(cfg, algo, tok)  # e.g. a teacher's, compared by id
     if any(k not in cfg.env.kwargs and _env_accepts(cfg.env.name, k) for k in PARSER_KWARGS):  # build_env's
         say("[tools] tool-call format {}: {}".format(*resolve_tool_parser(cfg)))
+    if cfg.env.name == "agent" and not renders_tools(renderer):
+        say(NO_TOOLS_NOTE)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else renderer.end_of_turn_id
     sft_info: dict[str, Any] = {}
     if ck is None and cfg.sft.steps > 0 and warm_start is not None:

@@ -106,3 +106,15 @@ def test_chat_template_kwargs_of_a_request_must_agree_with_the_served_ones(tmp_p
     (tmp_path / "config.json").write_text(cfg.model_dump_json())
     assert run_template_kwargs(tmp_path / "config.json") == {"enable_thinking": False}
     assert run_template_kwargs(tmp_path / "missing.json") == {}
+
+
+def test_templates_that_do_not_render_tools_are_told(tiny_tokenizer):
+    """Gemma-3's and Phi-3's templates have no `tools` variable: an agent's schemas never reach
+    the prompt (nothing said so); `agentrl train --agent` and `agentrl serve` print
+    `NO_TOOLS_NOTE` for them (`renders_tools` False)."""
+    from agentrl.rollout.chat import renders_tools
+
+    got = {f: renders_tools(ChatRenderer(build_family_tokenizer(FAMILIES[f])))
+           for f in ("qwen3", "llama3_1", "mistral_v0_3", "gemma3", "phi3")}
+    assert got == {"qwen3": True, "llama3_1": True, "mistral_v0_3": True, "gemma3": False, "phi3": False}
+    assert renders_tools(ChatRenderer(tiny_tokenizer))  # the embedded model's template does
