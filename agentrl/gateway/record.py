@@ -175,7 +175,8 @@ class RunRecord:
 
     def prepare(self, messages: list[Message], tools: list[dict] | None) -> Prepared:
         """The prompt ids of a call: the ids of the conversation it extends (never re-rendered)
-        and the delta of its new messages, or its messages rendered afresh.
+        and the delta of its new messages, or its messages rendered afresh (always, with the
+        renderer's `history` "template").
 
         Raises:
             PromptTooLong: the prompt has more than `max_prompt_tokens` ids.
@@ -183,8 +184,10 @@ class RunRecord:
         """
         conv = [norm_message(m) for m in messages]
         key = tools_key(tools)
-        parent = self._parent(conv, key)
         r = self.renderer
+        # rollout.history=template: every call is rendered afresh by the template (what the model
+        # sees at inference) and is its own sample, carrying the run's reward like any other
+        parent = None if r.history == "template" else self._parent(conv, key)
         if parent is not None:
             delta = template_messages(messages[len(parent.conv):])
             ctx = r.close_turn(parent.sampled) + r.delta_ids(delta)

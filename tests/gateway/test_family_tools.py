@@ -118,3 +118,45 @@ def test_templates_that_do_not_render_tools_are_told(tiny_tokenizer):
            for f in ("qwen3", "llama3_1", "mistral_v0_3", "gemma3", "phi3")}
     assert got == {"qwen3": True, "llama3_1": True, "mistral_v0_3": True, "gemma3": False, "phi3": False}
     assert renders_tools(ChatRenderer(tiny_tokenizer))  # the embedded model's template does
+
+
+def test_history_template_renders_every_agent_call_afresh(tmp_path, monkeypatch):
+    """`rollout.history=template` with `--agent`: each call is the template's rendering of its
+    messages (Qwen3's drops the <think> block of a turn before the last user message) and its
+    own sample carrying the
+    run's reward; the start-up line said so while the gateway reused the sampled ids (exact)."""
+    from agentrl.gateway.agents import AgentEnv
+    from agentrl.gateway.record import template_messages
+    from agentrl.rollout.agent_loop import EpisodeSpec
+    from agentrl.rollout.engines.base import SamplingParams
+
+    (tmp_path / "tpl_agent.py").write_text(
+        "TOOLS = " + json.dumps(TOOLS) + "\n"
+        "async def run(client, task):\n"
+        "    msgs = [{'role': 'user', 'content': '2 + 3?'}]\n"
+        "    r = await client.chat.completions.create(model='policy', messages=msgs, tools=TOOLS)\n"
+        "    m = r.choices[0].message\n"
+        "    msgs += [m.model_dump(exclude_none=True), {'role': 'tool', 'tool_call_id': m.tool_calls[0].id, 'content': '5'},\n"
+        "             {'role': 'user', 'content': 'So?'}]\n"
+        "    r = await client.chat.completions.create(model='policy', messages=msgs, tools=TOOLS)\n"
+        "    return 0.5\n")
+    (tmp_path / "t.jsonl").write_text(json.dumps({"id": "a"}) + "\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    tok = build_family_tokenizer(FAMILIES["qwen3"])
+    call = get_parser("hermes").format_call(ToolCall("add", {"a": 2, "b": 3}))
+
+    def policy(ids):
+        return "It is 5." if "<tool_response>" in tok.decode(ids) else "<think>\nhmm\n</think>\n\n" + call
+
+    env = AgentEnv("tpl_agent:run", str(tmp_path / "t.jsonl"))
+    for history, samples in (("exact", 1), ("template", 2)):
+        r = ChatRenderer(tok, history)
+        trs = env.run_agents(ScriptedEngine(tok, policy), r, [EpisodeSpec({"seed": 0}, group_id=3)],
+                             SamplingParams(max_tokens=64), max_episode_tokens=4096, seed=0, one_per_run=False)
+        assert len(trs) == samples and all(t.turns[-1].reward == 0.5 and t.group_id == 3 for t in trs)
+        last = trs[-1]
+        prompt = last.token_ids[: last.turns[-1].start]
+        assert ("hmm" in tok.decode(prompt)) == (history == "exact")
+        if history == "template":
+            assert [len(t.turns) for t in trs] == [1, 1]
+            assert prompt == r.prompt_ids(template_messages(last.messages[:-1]), TOOLS)
