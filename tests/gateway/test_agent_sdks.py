@@ -76,3 +76,25 @@ def test_sdk_agent_trains_one_grpo_step(module, package, tasks, tmp_path, tiny_m
     metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     [step] = [m for m in metrics if "loss/logp_mismatch_max" in m]
     assert step["loss/logp_mismatch_max"] < 1e-4
+
+
+@pytest.mark.parametrize("module,package", SDKS)
+def test_sdk_agent_runs_of_later_batches_do_not_fail(module, package, tasks, tiny_tokenizer):
+    """Each agent run has its own event loop; `ChatOpenAI` caches one HTTP client per base URL
+    for the process, so the LangGraph example's runs after the first batch failed ("Event loop is
+    closed", "bound to a different event loop": 2 or 3 of 4 a batch) until it brought its own."""
+    pytest.importorskip(package)
+    tok = tiny_tokenizer
+
+    def policy(prompt_ids):
+        text = tok.decode(prompt_ids, skip_special_tokens=False)
+        if "<|im_start|>tool\n" in text:
+            return "The answer is 5."
+        return '<tool_call>\n' + json.dumps({"name": "add", "arguments": {"a": 2, "b": 3}}) + '\n</tool_call>'
+
+    env = AgentEnv(f"{module}:run", str(tasks))
+    for batch in range(3):
+        trs = env.run_agents(ScriptedEngine(tok, policy), ChatRenderer(tok),
+                             [EpisodeSpec({"options": {"task_index": 0}}, group_id=i) for i in range(4)],
+                             SamplingParams(max_tokens=64), max_episode_tokens=4096, seed=batch, timeout_s=60)
+        assert [(t.info.get("error"), t.episode_return) for t in trs] == [(None, 1.0)] * 4, batch
