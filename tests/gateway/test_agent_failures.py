@@ -198,6 +198,9 @@ def test_serve_serves_policy_and_words_its_refusals_for_serve(tmp_path, tiny_tok
             start("m", port=port, engine=ScriptedEngine(tok, lambda ids: "ok"), tokenizer=tok)
         assert str(e.value).startswith(f"cannot listen on 127.0.0.1:{port}: the port is in use")
         assert "Errno" not in str(e.value) and "--port" in str(e.value)
+        res = CliRunner().invoke(app, ["serve", "--model", str(tmp_path / "nothing"), "--port", str(port)])
+        assert res.exit_code == 2 and res.output.startswith(f"serve: cannot listen on 127.0.0.1:{port}: "), \
+            res.output  # before the model loads (this one does not exist)
         with socket.create_connection(("127.0.0.1", port)):  # the first server still answers
             pass
     finally:
