@@ -7,6 +7,7 @@ refusals worded for serve. Real gateway on 127.0.0.1, real `openai` SDK, the tin
 
 from __future__ import annotations
 
+import io
 import json
 import socket
 import time
@@ -14,6 +15,7 @@ import time
 import httpx
 import openai
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from agentrl.cli import app
@@ -23,6 +25,7 @@ from agentrl.eval.episodes import episode_success
 from agentrl.eval.harness import episode_row
 from agentrl.eval.report import summarize
 from agentrl.gateway.agents import AgentEnv
+from agentrl.log.show import show_episode
 from agentrl.log.steps import rollout_metrics
 from agentrl.rollout.agent_loop import EpisodeSpec, run_episodes
 from agentrl.rollout.chat import ChatRenderer
@@ -152,6 +155,9 @@ def test_a_step_whose_runs_are_all_refused_is_in_rollouts(agents, tmp_path, tiny
     assert step["loss/skipped_empty_batch"] == 1.0 and step["env/errors"] == 2.0
     assert step["perf/generate_s"] + step["perf/env_s"] <= step["perf/rollout_s"]
     assert [r["eval/errors"] for r in rows if "eval/errors" in r] == [1.0, 1.0]  # before and after RL
+    shown = io.StringIO()
+    show_episode(tmp_path / "run", 1, 0, console=Console(file=shown, width=200), plain=True)
+    assert "\nerror: agent raised AuthenticationError: " in shown.getvalue(), shown.getvalue()
 
 
 def test_a_run_folder_without_checkpoints_is_one_sentence_everywhere(tmp_path):
