@@ -95,7 +95,17 @@ class _CallThread:
 _IDLE: list[_CallThread] = []  # call threads waiting for a call (last in, first out)
 _IDLE_LOCK = threading.Lock()
 _MAX_IDLE = 64  # more idle ones than this exit
-os.register_at_fork(after_in_child=_IDLE.clear)  # a child has none of the parent's threads
+
+
+def _after_fork() -> None:
+    """In a forked child: none of the parent's call threads exist there, and the lock may have
+    been held by one of them at the fork."""
+    global _IDLE_LOCK
+    _IDLE_LOCK = threading.Lock()
+    _IDLE.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def call_with_timeout(fn: Callable[[], Any], timeout_s: float | None, *,
