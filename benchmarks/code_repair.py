@@ -101,6 +101,9 @@ def table(results: list[dict]) -> str:
     lines = [head, "|" + " --- |" * 10]
     for r in results:
         b, a, p = r["before"], r["after"], r["step_profile"]
+        if r["arm"] == "single_turn":  # one attempt: its pass@1 is the first attempt's
+            b, a = ({"first_attempt_pass@1": x.get("pass@1"), "first_attempt_pass@1_se": x.get("pass@1_se")}
+                    for x in (b, a))
         rb, ra = b.get("repair_rate"), a.get("repair_rate")
         gap = (a["pass@1"] - a["first_attempt_pass@1"]) if a.get("first_attempt_pass@1") is not None else None
         ratio = f"{ra / rb:.2f}x" if rb and ra is not None else "–"
@@ -154,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             save()
     print(save())
     return 0
+
 
 
 if __name__ == "__main__":
