@@ -143,7 +143,8 @@ def update(lp: Loop, trajs: list[Trajectory], step: int, m: dict[str, float]) ->
     minibatches of optimizer steps; records their metrics in `m` (the algorithm's `advantages`
     statistics as `adv/...`, e.g. `adv/reward_mean` over the groups trained on; its `prepare`
     and shaping ones as `rollout/...`; the learner's as `loss/...`) and returns the
-    trajectories trained on."""
+    trajectories trained on (a batch without a trainable token is not: its update is skipped
+    and its episodes are returned marked untrained, so that rollouts/ records them)."""
     cfg, algo, learner = lp.cfg, lp.algo, lp.learner
     t0 = time.perf_counter()
     trajs, fm = filter_groups(trajs, partial(refill, lp, step), cfg.algo,
@@ -159,7 +160,9 @@ def update(lp: Loop, trajs: list[Trajectory], step: int, m: dict[str, float]) ->
                + (f"; first: {errs[0][:200]}" if errs else "") + ") (loss/skipped_empty_batch)")
         m.update({"loss/lr": learner.lr, "perf/policy_update_s": 0.0,
                   "perf/update_s": time.perf_counter() - t0, "perf/update_tokens": 0.0})
-        return []
+        for t in trajs:  # recorded in rollouts/ as any step's episodes (with their errors)
+            t.info["advantage"], t.info["trained"] = 0.0, False
+        return trajs
     sm = shape_batch(batch, trajs, cfg.algo, cfg.rollout.max_tokens,
                      mask_truncated=algo.masks_truncated(cfg.algo))
     m.update({f"rollout/{k}": v for k, v in sm.items()})

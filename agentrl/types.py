@@ -272,6 +272,21 @@ def json_message(m: dict[str, Any]) -> dict[str, Any]:
     return {**m, "content": parts}
 
 
+def episode_errors(tr: Trajectory) -> list[str]:
+    """The error messages recorded on episode `tr`, each once: every step's `info["error"]`
+    (kept in `tr.info["errors"]`: an env's exception or time-out, a tool call's error, an env's
+    reason for a failed attempt such as code_sandbox's failing assertion), then the episode's
+    own `tr.info["error"]` when it is not one of them (a failed reset, a bad observation, the
+    user's agent failing: it raised, returned no reward, was refused, timed out). An episode
+    ended in an error of the env, a tool or the agent (contract 7) has at least one; `env/errors`
+    (training) and `errors` (evaluation) count the episodes that have any."""
+    errors = [str(e) for e in tr.info.get("errors") or [] if e is not None]
+    own = tr.info.get("error")
+    if own is not None and str(own) not in errors:
+        errors.append(str(own))
+    return errors
+
+
 class Batch(TypedDict, total=False):
     """The collated batch of B trajectories, right-padded to T tokens, that goes from `collate`
     to the algorithms and the learner: a plain dict at runtime, its keys named here once.

@@ -18,19 +18,23 @@ from pathlib import Path
 from typing import Any
 
 
-def samples_curve(rows: list[dict], after: dict, metric: str, batch: int) -> list[tuple[int, float]]:
-    """(episodes sampled, held-out `metric`) at the same evaluations as `accuracy_curve`: the one
-    before RL at 0, each evaluated step `s` (1-based `step` of metrics.jsonl) at `s * batch`, the
-    final evaluation (`after`) at the last step's `s * batch`."""
-    out, last = [], 0
+def eval_curve(rows: list[dict], after: dict, metric: str,
+               batch: int | None = None) -> list[tuple[float, float]]:
+    """(x, held-out `metric`) after each evaluation of a run (metrics.jsonl `rows`): the
+    evaluation before RL at x = 0, then each evaluated step, then the final evaluation (`after`)
+    at the last step. x is training seconds when `batch` is None (`perf/loop_s` at the step
+    minus the seconds of the evaluations before it), else episodes sampled (`step * batch`,
+    `step` 1-based)."""
+    out, evals, last = [], 0.0, 0.0
     for r in rows:
         if "perf/loop_s" not in r:
             if r.get("step") == 0 and f"eval/{metric}" in r:
                 out.append((0, r[f"eval/{metric}"]))
             continue
-        last = int(r["step"]) * batch
+        last = r["perf/loop_s"] - evals if batch is None else int(r["step"]) * batch
         if f"eval/{metric}" in r:
             out.append((last, r[f"eval/{metric}"]))
+            evals += r.get("eval/seconds", 0.0)
     out.append((last, after[metric]))
     return out
 

@@ -49,7 +49,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from async_tta import aggregate, plot, samples_curve, task_se, write_json  # noqa: E402
+from async_tta import aggregate, eval_curve, plot, task_se, write_json  # noqa: E402
 
 BATCH = 16  # rollout.tasks_per_step=4 x algo.group_size=4
 MODES = {  # name -> overrides
@@ -60,25 +60,6 @@ MODES = {  # name -> overrides
     "async-2p": ["rollout.mode=async", "train.max_staleness=2", "rollout.batches_in_flight=2",
                  "rollout.partial=true"],
 }
-
-
-def accuracy_curve(rows: list[dict], after: dict, metric: str) -> list[tuple[float, float]]:
-    """(training seconds, held-out `metric`) after each evaluation of a run: the evaluation
-    before RL at 0 s, then `perf/loop_s` at each evaluated step minus the seconds of the
-    evaluations before it, then the final evaluation (`after`) at the last step's time."""
-    out, evals = [], 0.0
-    for r in rows:
-        if "perf/loop_s" not in r:
-            if r.get("step") == 0 and f"eval/{metric}" in r:
-                out.append((0.0, r[f"eval/{metric}"]))
-            continue
-        t = r["perf/loop_s"] - evals
-        if f"eval/{metric}" in r:
-            out.append((t, r[f"eval/{metric}"]))
-            evals += r.get("eval/seconds", 0.0)
-        last = t
-    out.append((last, after[metric]))
-    return out
 
 
 def time_to(curve: list[tuple[float, float]], target: float) -> float | None:
@@ -130,8 +111,8 @@ def run(mode: str, out: Path, model: str | None, args: argparse.Namespace, seed:
             "reward": sum(r["rollout/reward_mean"] for r in steps) / n,
             "turns": steps[-1]["rollout/turns"],
             "staleness_tokens_mean": sum(r.get("rollout/staleness_tokens_mean", 0) for r in steps) / n,
-            "curve": accuracy_curve(rows, after, args.tta_metric) if args.tta else None,
-            "curve_samples": samples_curve(rows, after, args.tta_metric, BATCH) if args.tta else None,
+            "curve": eval_curve(rows, after, args.tta_metric) if args.tta else None,
+            "curve_samples": eval_curve(rows, after, args.tta_metric, BATCH) if args.tta else None,
             "final_se": task_se(tasks, args.tta_metric) if args.tta else None,
             "at_sync_steps_se": task_se(mid_tasks, args.tta_metric) if args.tta else None}
 

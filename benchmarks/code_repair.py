@@ -6,11 +6,14 @@ held-out first-attempt pass@1, pass within 3 attempts and the repair rate before
     python benchmarks/code_repair.py                                  # seed 0, the job's defaults (GiGPO)
     python benchmarks/code_repair.py --seeds 0 1 2 --arms episode gigpo
     python benchmarks/code_repair.py --seeds 0 --single-turn          # + the 1-turn job's profile
+    python benchmarks/code_repair.py --seeds 0 --arms single_turn     # the 1-turn job alone
     python benchmarks/code_repair.py --seeds 0 --tag short train.steps=50   # extra overrides
 
 Arms: `gigpo` (the job's default, `algo.turn_credit=gigpo`), `episode` (plain GRPO on the
 episode reward, `algo.turn_credit=episode`), `turn_adv` (`algo.turn_advantages=true` with
-episode credit). Each run is `python -m agentrl.cli train --config
+episode credit), `single_turn` (the single-turn main job, `--env code_sandbox --algo grpo`,
+for its step profile and first-attempt pass@1 beside the multi-turn arms; `--single-turn` adds
+it after each seed's arms). Each run is `python -m agentrl.cli train --config
 configs/code_repair.yaml` in a subprocess, one at a time. Writes
 `benchmarks/results/code_repair[_TAG].json` and `.md` (the table) and prints the table; the
 run folders stay under `runs/code_repair/`. docs/learning.md quotes figures from these files only.
@@ -98,6 +101,9 @@ def table(results: list[dict]) -> str:
     lines = [head, "|" + " --- |" * 10]
     for r in results:
         b, a, p = r["before"], r["after"], r["step_profile"]
+        if r["arm"] == "single_turn":  # one attempt: its pass@1 is the first attempt's
+            b, a = ({"first_attempt_pass@1": x.get("pass@1"), "first_attempt_pass@1_se": x.get("pass@1_se")}
+                    for x in (b, a))
         rb, ra = b.get("repair_rate"), a.get("repair_rate")
         gap = (a["pass@1"] - a["first_attempt_pass@1"]) if a.get("first_attempt_pass@1") is not None else None
         ratio = f"{ra / rb:.2f}x" if rb and ra is not None else "–"
@@ -115,7 +121,7 @@ def table(results: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
-    ap.add_argument("--arms", nargs="+", default=["gigpo"], choices=sorted(ARMS))
+    ap.add_argument("--arms", nargs="+", default=["gigpo"], choices=sorted([*ARMS, "single_turn"]))
     ap.add_argument("--single-turn", action="store_true", help="also run the single-turn main job per seed")
     ap.add_argument("--tag", default="")
     ap.add_argument("overrides", nargs="*", help="key=value config overrides for every run")
@@ -140,14 +146,18 @@ def main(argv: list[str] | None = None) -> int:
 
     for seed in args.seeds:
         for arm in args.arms:
-            results.append(run_one(seed, arm, runs / f"{arm}_seed{seed}", args.overrides))
+            single = arm == "single_turn"
+            results.append(run_one(seed, "episode" if single else arm,
+                                   runs / (f"single_seed{seed}" if single else f"{arm}_seed{seed}"),
+                                   args.overrides, single))
             save()
             print(table(results[-1:]), flush=True)
-        if args.single_turn:
+        if args.single_turn and "single_turn" not in args.arms:
             results.append(run_one(seed, "episode", runs / f"single_seed{seed}", args.overrides, True))
             save()
     print(save())
     return 0
+
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from agentrl.rollout.agent_loop import EpisodeSpec, run_episodes
 from agentrl.rollout.chat import ChatRenderer
 from agentrl.rollout.engines.base import Engine, SamplingParams
 from agentrl.rollout.envs import build_env
-from agentrl.types import Trajectory, json_message
+from agentrl.types import Trajectory, episode_errors, json_message
 
 REPAIR_KEYS = ("first_attempt_pass@1", "first_attempt_pass@1_se", "repair_rate", "repair_rate_se",
                "attempts_mean")
@@ -59,6 +59,8 @@ def task_label(reset_kwargs: dict[str, Any]) -> str:
 def _end_reason(tr: Trajectory) -> str:
     if tr.info.get("env_timeout"):
         return f"{tr.info['env_timeout']}_timeout"  # reset_timeout | step_timeout
+    if tr.info.get("agent_error"):  # the user's agent failed (`agentrl.gateway.agents`)
+        return "agent_error"
     if not tr.turns and "error" in tr.info:
         return "reset_error"
     if tr.turns and tr.turns[-1].info.get("env_exception"):
@@ -83,15 +85,14 @@ def episode_row(tr: Trajectory, task_index: int, sample: int, reset_kwargs: dict
     turn rewards, bonuses included; None when NaN), `verdict` (last turn's `info["verdict"]` or
     None), `turns`, `tokens` (sampled tokens), `total_tokens` (all tokens), `finish_reasons`
     (sampler finish reason per turn), `end` (see `agentrl.eval.report`), `errors` (the
-    messages of every `info["error"]` the env recorded: env exceptions, tool-call errors, the
-    code env's failure reasons),
+    messages of every `info["error"]` recorded, `agentrl.types.episode_errors`: env
+    exceptions, tool-call errors, the code env's failure reasons, a failed reset, the user's
+    agent's failure),
     `turn_rewards`, `turn_verdicts`, `seconds` (generate + env time attributed to the episode),
     `policy_version`, `messages` (the full transcript; an image part's image is the text
     `<image HxW>`, `agentrl.types.json_message`).
     """
-    errors = [e for e in tr.info.get("errors", []) if e is not None]
-    if not tr.turns and tr.info.get("error") is not None:
-        errors.append(str(tr.info["error"]))
+    errors = episode_errors(tr)
     last = tr.turns[-1].info if tr.turns else {}
     return {
         "task_index": task_index,

@@ -21,17 +21,19 @@ Metric definitions (overall and per task):
 - `end_reasons`: how each episode ended: "terminated" (the task ended, even if a limit was
   reached on the same step), "truncated" (turn limit), "max_episode_tokens", "env_error" (the
   env raised in step), "reset_error", "step_timeout" or "reset_timeout" (a call past
-  `env.step_timeout_s` / `env.reset_timeout_s`).
+  `env.step_timeout_s` / `env.reset_timeout_s`); with `--agent`, "agent_error" (the user's agent
+  raised, returned no reward, was refused or never called) and "agent_timeout".
 - `verdicts`: the last turn's `info["verdict"]` (sandbox verdict) counted over episodes that have one.
 - multi-attempt evaluations only (an env that grades its turns, a verdict per turn, and
   `meta["max_turns"]` > 1 or an episode of more than one turn; not a tool env's steps):
   `first_attempt_pass@1` (± `_se`), `repair_rate` (± `_se`), `attempts_mean`,
   `first_attempt_failures`, `repaired` (`agentrl.eval.attempts`); `pass@k` is then pass within
   the allowed attempts.
-- `errors`: episodes with at least one recorded error message (`info["error"]`: env
-  exceptions, tool-call errors, and envs that explain a failed attempt, e.g. code_sandbox's
-  failing assertion); `env_errors`: episodes the env broke (`end` is env_error, reset_error,
-  step_timeout or reset_timeout).
+- `errors`: episodes with at least one recorded error message (`agentrl.types.episode_errors`:
+  env exceptions, tool-call errors, envs that explain a failed attempt, e.g. code_sandbox's
+  failing assertion, a failed reset, the user's agent's failure), what training's `env/errors`
+  counts too; `env_errors`: episodes the env broke (`end` is env_error, reset_error,
+  step_timeout, reset_timeout, agent_error or agent_timeout).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ import numpy as np
 from agentrl.eval.attempts import attempt_metrics, is_multi_attempt
 from agentrl.eval.metrics import pass_at_k_many
 
-ENV_ERROR_ENDS = ("env_error", "reset_error", "step_timeout", "reset_timeout")
+ENV_ERROR_ENDS = ("env_error", "reset_error", "step_timeout", "reset_timeout", "agent_error", "agent_timeout")
 """Episode endings (`end`) where the env broke, counted in `env_errors`."""
 
 # Numeric overall metrics shown in tables and compared by `compare` (pass@k keys are added).

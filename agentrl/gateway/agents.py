@@ -232,6 +232,7 @@ class AgentEnv(TextEnv):
             run = gw.open_run(session)
             jobs.append(_Job(run, task_id, int(spec.group_id), self.agent, task, gw.url))
         version = int(getattr(engine, "policy_version", 0))
+        t0 = time.perf_counter()
         for j in jobs:
             j.start()
         try:
@@ -241,12 +242,28 @@ class AgentEnv(TextEnv):
             for j in jobs:
                 gw.close_run(j.run)
             session.fail_waiting()
-        out = [j.trajectories(error_reward, version) for j in jobs]
+        env_s = env_shares(jobs, time.perf_counter() - t0 - session.generate_s)
+        out = [j.trajectories(error_reward, version, e) for j, e in zip(jobs, env_s)]
         if one_per_run:
             for trs in out:
                 trs[-1].info["agent_samples"] = len(trs)
             return [trs[-1] for trs in out]
         return [tr for trs in out for tr in trs]
+
+
+def env_shares(jobs: Sequence[_Job], env_s: float) -> list[float]:
+    """The batch's env seconds `env_s` (its wall time outside generate calls: the agents' own
+    work, tools, parsing, HTTP, while the driving thread waited for them) split over its runs
+    in proportion to each run's own wall time outside its generate calls (equal shares when
+    none has any). The shares add up to `env_s`, so that `perf/env_s` (the sum over a step's
+    episodes) is wall time of the step, as for a `TextEnv` (whose concurrent steps count once),
+    not the agents' thread time summed over concurrent runs."""
+    env_s = max(0.0, env_s)
+    own = [max(0.0, (j.t_end - j.t_start) - j.run.generate_s) for j in jobs]
+    total = sum(own)
+    if total <= 0.0:
+        return [env_s / max(len(jobs), 1)] * len(jobs)
+    return [env_s * o / total for o in own]
 
 
 def _watch(jobs: list[_Job], timeout_s: float | None) -> None:
@@ -313,11 +330,10 @@ class _Job:
             except RuntimeError:  # the loop has closed meanwhile
                 pass
 
-    def trajectories(self, error_reward: float, version: int) -> list[Trajectory]:
+    def trajectories(self, error_reward: float, version: int, env_s: float) -> list[Trajectory]:
         """The run's trajectories with its reward (or `error_reward` and `info["error"]`);
-        `timings`: the run's seconds in generate calls (its share of each) and the rest of its
-        wall time (the agent's own work: tools, parsing), split over its trajectories."""
-        wall_s = self.t_end - self.t_start
+        `timings`: the run's seconds in generate calls (its share of each) and its share of the
+        batch's env seconds `env_s` (`env_shares`), split over its trajectories."""
         info: dict[str, Any] = {"agent_calls": self.run.calls}
         error = self.error or self.run.failed
         reward = error_reward
@@ -348,7 +364,7 @@ class _Job:
             tr.truncated = self.run.truncated
             tr.terminated = not self.run.truncated
             tr.timings = {"generate": self.run.generate_s / len(trajs),
-                          "env": max(0.0, wall_s - self.run.generate_s) / len(trajs)}
+                          "env": env_s / len(trajs)}
         return trajs
 
 

@@ -6,6 +6,8 @@ output dir (its newest checkpoint), loaded as `agentrl eval` does (`resolve_mode
 `make_engine`: the hf engine, or vLLM with `rollout.engine=vllm`). The server listens on
 127.0.0.1 only; with `api_key` a request must carry it, without one any key (or none) is taken.
 Requests sample with their own `temperature` / `top_p` (default 1.0); nothing is recorded.
+It serves one model, `policy` (the name an agent uses in training too): `GET /v1/models` lists
+only it, and a request for another name is refused (404 `model_not_found`, naming `policy`).
 """
 
 from __future__ import annotations
@@ -86,10 +88,32 @@ def start(model: str | Path, *, port: int = 0, api_key: str | None = None,
     Raises:
         FileNotFoundError: `model` is no model directory, checkpoint or run dir.
         ValueError: an unknown tool parser; a tokenizer without a chat template.
-        OSError: the port is taken.
+        OSError: the port is taken (naming `127.0.0.1:port`).
     """
     if tool_parser != "auto":
         get_parser(tool_parser)  # an unknown name fails before the model loads
+    gw = Gateway(port, serving=True)  # so does a port in use
+    try:
+        session, tool_parser, why, model_dir = _session(model, tool_parser, max_tokens, max_context,
+                                                        cfg, engine, tokenizer, template_kwargs)
+    except BaseException:
+        gw.close()
+        raise
+    if api_key:
+        gw.open_run(session, record=False, token=api_key)
+    else:
+        gw.open_to_all(session)
+    stop = threading.Event()
+    thread = threading.Thread(target=_drive, args=(session, stop), name="agentrl-serve", daemon=True)
+    thread.start()
+    return Served(gw, session, thread, stop, tool_parser, why, str(model_dir))
+
+
+def _session(model: str | Path, tool_parser: str, max_tokens: int, max_context: int, cfg: Config | None,
+             engine: Any, tokenizer: Any, template_kwargs: dict[str, Any] | None = None
+             ) -> tuple[Session, str, str, str | Path]:
+    """`start`'s model loaded (unless `engine` is given) in a `Session`: `(session, tool parser,
+    why that parser, the directory loaded)`."""
     model_dir = model
     if engine is None:
         model_dir, run_cfg = resolve_model(str(model))
@@ -104,19 +128,11 @@ def start(model: str | Path, *, port: int = 0, api_key: str | None = None,
     if tool_parser == "auto":
         tool_parser, why = detect_tool_parser(tokenizer)
     parser = get_parser(tool_parser)
-    renderer = renderer_for(tokenizer, template_kwargs=template_kwargs)
-    session = Session(engine, renderer, parser, model_names=[MODEL_NAME, Path(str(model)).name],
+    session = Session(engine, renderer_for(tokenizer, template_kwargs=template_kwargs), parser,
+                      model_names=[MODEL_NAME],
                       max_episode_tokens=max_context, max_tokens=max_tokens, sampling=None,
                       seed=None, batch_wait_s=0.002, start_wait_s=0.0)
-    gw = Gateway(port)
-    if api_key:
-        gw.open_run(session, record=False, token=api_key)
-    else:
-        gw.open_to_all(session)
-    stop = threading.Event()
-    thread = threading.Thread(target=_drive, args=(session, stop), name="agentrl-serve", daemon=True)
-    thread.start()
-    return Served(gw, session, thread, stop, tool_parser, why, str(model_dir))
+    return session, tool_parser, why, model_dir
 
 
 def _drive(session: Session, stop: threading.Event) -> None:

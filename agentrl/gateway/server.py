@@ -21,6 +21,7 @@ open with the same prompt, draw different samples whichever generate call they l
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import secrets
 import socket
@@ -175,6 +176,7 @@ class Session:
         self.runs: list[RunState] = []
         self.in_flight = 0
         self.generate_calls = 0
+        self.generate_s = 0.0  # wall seconds in engine.generate (this session's calls)
         self._queue: list[_Req] = []
         self._cond = threading.Condition()
         self._seen: dict[bytes, int] = {}
@@ -345,7 +347,9 @@ class Session:
                 for r in group:
                     r.future.set_exception(GatewayError(500, f"the engine failed: {e}", type="server_error"))
                 raise
-            gen_s = (time.perf_counter() - t0) / len(group)
+            call_s = time.perf_counter() - t0
+            self.generate_s += call_s
+            gen_s = call_s / len(group)
             self.generate_calls += 1
             version = int(getattr(self.engine, "policy_version", 0))
             for i, r in enumerate(group):
@@ -368,13 +372,16 @@ class Session:
 
 class Gateway:
     """The HTTP server on `127.0.0.1:port` (0: a free port), started at construction.
+    `serving`: the gateway of `agentrl serve` (a refused key is then spoken of as the key it was
+    started with, `--api-key`, not a run's token).
 
     Raises:
-        OSError: the port is taken.
+        OSError: the port is taken (naming `127.0.0.1:port` and what to do).
         RuntimeError: the server did not start within 30 s.
     """
 
-    def __init__(self, port: int = 0):
+    def __init__(self, port: int = 0, *, serving: bool = False):
+        self.serving = serving
         self._runs: dict[str, RunState] = {}
         self._open: RunState | None = None  # `agentrl serve` without --api-key: any key, or none
         self._lock = threading.Lock()
@@ -385,7 +392,17 @@ class Gateway:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.bind((HOST, port))
+        try:
+            sock.bind((HOST, port))
+        except OSError as e:
+            sock.close()
+            if e.errno != errno.EADDRINUSE:
+                raise
+            taken = OSError(f"cannot listen on {HOST}:{port}: the port is in use (another agentrl "
+                            "serve, or another program): stop it, or choose another port (--port; "
+                            "0 takes a free one)")
+            taken.errno = e.errno  # str(taken) is the sentence alone (no "[Errno 98]")
+            raise taken from None
         self.port = sock.getsockname()[1]
         self._app = Starlette(routes=[Route("/v1/chat/completions", self._chat, methods=["POST"]),
                                       Route("/v1/models", self._models, methods=["GET"])])
@@ -470,6 +487,12 @@ class Gateway:
             return run
         if self._open is not None:
             return self._open
+        if self.serving:
+            key = "the key this server was started with (agentrl serve --api-key KEY)"
+            if not token:
+                raise GatewayError(401, f"missing API key: pass {key} as the API key "
+                                   "(Authorization: Bearer KEY)", code="invalid_api_key")
+            raise GatewayError(401, f"invalid API key: not {key}", code="invalid_api_key")
         if not token:
             raise GatewayError(401, "missing API key: pass the run's token as the API key",
                                code="invalid_api_key")

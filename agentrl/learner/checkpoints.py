@@ -379,6 +379,14 @@ def latest_checkpoint(out: str | Path, on_skip: Callable[[Path, str], None] | No
     return None
 
 
+def is_run_folder(p: Path, config: Any) -> bool:
+    """Whether folder `p` (its `config.json` parsed as `config`, `{}` when it has none) is a
+    training run's output folder: it has `checkpoints/` or `metrics.jsonl`, or its
+    `config.json` is a run's config (`env`, `algo` and `model` keys)."""
+    run_config = isinstance(config, dict) and {"env", "algo", "model"} <= set(config)
+    return (p / "checkpoints").is_dir() or (p / "metrics.jsonl").is_file() or run_config
+
+
 def run_checkpoint(path: str | Path, on_skip: Callable[[Path, str], None] | None = None) -> Path | None:
     """When `path` is a training run's folder (it has `checkpoints/` and is no model directory
     itself: no `config.json` with `model_type` or `architectures`), its newest intact checkpoint
@@ -388,8 +396,9 @@ def run_checkpoint(path: str | Path, on_skip: Callable[[Path, str], None] | None
 
     Raises:
         FileNotFoundError: a run folder without an intact checkpoint (naming why the newest
-            two are not); the folder of an offline stage (`agentrl sft`, offline DPO: no
-            `checkpoints/`, its model in `model/`), naming that model directory.
+            two are not), or without `checkpoints/` (`is_run_folder`): one message for every
+            command that takes a model; the folder of an offline stage (`agentrl sft`, offline
+            DPO: no `checkpoints/`, its model in `model/`) names that model directory.
     """
     p = Path(path)
     try:
@@ -402,6 +411,12 @@ def run_checkpoint(path: str | Path, on_skip: Callable[[Path, str], None] | None
         if (p / "summary.json").is_file() and (p / "model" / "config.json").is_file():
             raise FileNotFoundError(f"{p} is the output folder of an offline stage (agentrl sft or offline "
                                     f"DPO), not a model: its model is {p / 'model'}; give that")
+        if is_run_folder(p, own):  # a run that saved none yet (or whose checkpoints/ is gone)
+            raise FileNotFoundError(f"{p} is a training run's folder with no checkpoint to use as a "
+                                    "model (no checkpoints/ in it: the run saved none; it saves one "
+                                    "every train.save_every steps and at its end): give a model "
+                                    "directory, a checkpoint OUT/checkpoints/step_N, or a run "
+                                    "folder that has one")
         return None
     skipped: list[tuple[Path, str]] = []
     ck = latest_checkpoint(p, lambda c, why: skipped.append((c, why)))

@@ -159,7 +159,8 @@ def show_episode(out_dir: str | Path, step: int | None = None, index: int = 0,
 
     The header gives the task, group, policy version, return and how the episode ended, then
     whether the update trained on it and its advantage, with its group's returns
-    (`training_note`); the roles of the transcript; then the tokens with the loss mask visible
+    (`training_note`), the episode's own error when it has one (`info["error"]`: a failed
+    reset, an `--agent` run whose agent failed); the roles of the transcript; then the tokens with the loss mask visible
     (see module doc; an untrained episode's sampled tokens in `IDLE_STYLE`).
 
     Args:
@@ -195,6 +196,8 @@ def show_episode(out_dir: str | Path, step: int | None = None, index: int = 0,
               "sampled tokens (loss_mask=1) highlighted, context (loss_mask=0) dim")
     console.print(head, style="bold", markup=False, highlight=False)
     console.print(training_note(traj, group), markup=False, highlight=False)
+    if traj.info.get("error"):  # the episode's own: a failed reset, the user's agent failing
+        console.print(f"error: {str(traj.info['error'])[:300]}", markup=False, highlight=False)
     drift = traj.info.get("template_drift")
     if drift:  # agentrl.rollout.drift: where the ids first differ from the template's rendering
         console.print(f"template drift: {drift.get('where')}, turn {drift.get('turn')}, position "

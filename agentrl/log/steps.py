@@ -21,7 +21,7 @@ from agentrl.log.summary import (
     stage_seconds,
     summary_panel,
 )
-from agentrl.types import Trajectory
+from agentrl.types import Trajectory, episode_errors
 
 
 def format_eval(ev: dict[str, float], samples: int) -> str:
@@ -43,8 +43,9 @@ def rollout_metrics(trajs: list[Trajectory], success: Callable[[Trajectory], boo
     """The batch's rollout metrics over the episodes trained on (after the staleness filter,
     before dynamic sampling drops groups): `rollout/reward_mean` and `rollout/reward_std` over
     the non-NaN episode returns (NaN when there are none), `rollout/pass_rate` (`success(traj)`:
-    did it solve its task, `agentrl.eval.episodes.episode_success`), `env/errors`,
-    `env/timeouts`, ..., `rollout/template_drift` (the share of episodes checked by
+    did it solve its task, `agentrl.eval.episodes.episode_success`), `env/errors` (the
+    episodes with a recorded error, `agentrl.types.episode_errors`: an env's, a tool's or the
+    user's agent's), `env/timeouts`, ..., `rollout/template_drift` (the share of episodes checked by
     `agentrl.rollout.drift` whose ids differ from the chat template's rendering; absent when
     none was checked), then the dicts of `more` (e.g. the algorithm's and the reward
     components'), then `group_key_metrics`."""
@@ -57,7 +58,7 @@ def rollout_metrics(trajs: list[Trajectory], success: Callable[[Trajectory], boo
     m["rollout/response_len"] = float(np.mean([t.num_sampled for t in trajs]))
     m["rollout/turns"] = float(np.mean([len(t.turns) for t in trajs]))
     m["rollout/truncated_frac"] = float(np.mean([t.truncated for t in trajs]))
-    m["env/errors"] = float(sum(len(t.info.get("errors", [])) for t in trajs))
+    m["env/errors"] = float(sum(bool(episode_errors(t)) for t in trajs))  # episodes, as eval's `errors`
     m["env/timeouts"] = float(sum(bool(t.info.get("env_timeout")) for t in trajs))  # resets + steps
     # env steps whose code ran WITHOUT a sandbox (code_sandbox with backend='subprocess')
     m["sandbox/unisolated"] = float(sum(bool((turn.info or {}).get("unisolated"))

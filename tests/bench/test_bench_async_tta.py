@@ -13,8 +13,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from async_tta import aggregate, samples_curve, task_se  # noqa: E402
-from async_vs_sync import accuracy_curve, time_to  # noqa: E402
+from async_tta import aggregate, eval_curve, task_se  # noqa: E402
+from async_vs_sync import time_to  # noqa: E402
 
 # metrics.jsonl of a 4-step run evaluated every 2 steps: step 0 (before RL), steps 1-4, the final row
 ROWS = [{"step": 0, "eval/reward_mean": 0.1, "eval/seconds": 3.0},
@@ -27,8 +27,8 @@ ROWS = [{"step": 0, "eval/reward_mean": 0.1, "eval/seconds": 3.0},
 
 def test_curves_in_seconds_and_in_samples():
     # seconds: the step-2 evaluation's 5 s are taken out of the later times (11 - 5, 13 - 5)
-    assert accuracy_curve(ROWS, {"reward_mean": 0.35}, "reward_mean") == [(0.0, 0.1), (4.0, 0.2), (8.0, 0.35)]
-    assert samples_curve(ROWS, {"reward_mean": 0.35}, "reward_mean", 16) == [(0, 0.1), (32, 0.2), (64, 0.35)]
+    assert eval_curve(ROWS, {"reward_mean": 0.35}, "reward_mean") == [(0.0, 0.1), (4.0, 0.2), (8.0, 0.35)]
+    assert eval_curve(ROWS, {"reward_mean": 0.35}, "reward_mean", 16) == [(0, 0.1), (32, 0.2), (64, 0.35)]
     assert time_to([(0.0, 0.1), (4.0, 0.2), (8.0, 0.35)], 0.2) == 4.0
     assert time_to([(0.0, 0.1), (4.0, 0.2)], 0.3) is None
 

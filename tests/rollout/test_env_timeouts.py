@@ -208,3 +208,53 @@ def test_training_counts_timeouts_and_never_reuses_a_hung_env(tiny_model_dir, tm
     # 8 train envs + 2 held-out ones at the start, plus one fresh env per hung one
     assert len(HangEnv.INSTANCES) >= 10 + len(hung)
     assert took < 120
+
+
+def test_call_threads_are_reused_after_calls_in_time_and_never_after_a_timeout(release):
+    """`call_with_timeout` runs each call on a call thread (never the caller's), which serves
+    later calls once its call returned in time or raised; a call over its limit raises
+    `EnvCallTimeout` at the limit, and its thread runs nothing else: it calls `on_late` when
+    the call returns, then exits."""
+    import os
+
+    from agentrl.rollout.agent_loop import EnvCallTimeout, call_with_timeout
+
+    me = threading.get_ident()
+    first = call_with_timeout(threading.get_ident, 5.0)
+    assert first != me
+    assert call_with_timeout(threading.get_ident, 5.0) == first  # the idle thread, reused
+    assert call_with_timeout(lambda: 6 * 7, None) == 42  # no limit: on the caller's thread
+    with pytest.raises(ZeroDivisionError):
+        call_with_timeout(lambda: 1 / 0, 5.0)
+    assert call_with_timeout(threading.get_ident, 5.0) == first  # an error returns it too
+
+    stuck, late = [], threading.Event()
+
+    def hang():
+        stuck.append(threading.get_ident())
+        release.wait(30.0)
+        return "late"
+
+    t0 = time.perf_counter()
+    with pytest.raises(EnvCallTimeout, match="timed out after 0.3 s"):
+        call_with_timeout(hang, 0.3, on_late=late.set)
+    assert 0.25 < time.perf_counter() - t0 < 5.0
+    assert stuck == [first]  # the idle thread took the call, and is now abandoned
+    others = {call_with_timeout(threading.get_ident, 5.0) for _ in range(5)}
+    assert first not in others  # a new thread serves the next calls while it hangs
+    release.set()
+    assert late.wait(10.0)  # the call returned: on_late ran, and the thread exits
+    deadline = time.monotonic() + 10
+    while first in {t.ident for t in threading.enumerate()} and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert first not in {t.ident for t in threading.enumerate()}
+    assert first not in {call_with_timeout(threading.get_ident, 5.0) for _ in range(5)}
+
+    pid = os.fork()  # a child has none of the parent's idle threads: a call there starts one
+    if pid == 0:
+        try:
+            os._exit(0 if call_with_timeout(lambda: 7, 5.0) == 7 else 1)
+        finally:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
