@@ -102,10 +102,11 @@ def table(results: list[dict]) -> str:
     for r in results:
         b, a, p = r["before"], r["after"], r["step_profile"]
         if r["arm"] == "single_turn":  # one attempt: its pass@1 is the first attempt's
-            b, a = ({"first_attempt_pass@1": x.get("pass@1"), "first_attempt_pass@1_se": x.get("pass@1_se")}
-                    for x in (b, a))
+            b, a = ({"first_attempt_pass@1": x.get("pass@1"), "first_attempt_pass@1_se": x.get("pass@1_se"),
+                     "pass@1": None} for x in (b, a))
         rb, ra = b.get("repair_rate"), a.get("repair_rate")
-        gap = (a["pass@1"] - a["first_attempt_pass@1"]) if a.get("first_attempt_pass@1") is not None else None
+        gap = (a["pass@1"] - a["first_attempt_pass@1"]
+               if None not in (a.get("pass@1"), a.get("first_attempt_pass@1")) else None)
         ratio = f"{ra / rb:.2f}x" if rb and ra is not None else "–"
         lines.append(
             f"| {r['arm']} | {r['seed']} | {r.get('sft_steps')} | "
