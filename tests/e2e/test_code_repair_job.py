@@ -56,8 +56,8 @@ def test_the_config_is_the_multi_turn_job():
     cfg = load_config(str(CONFIG), [])
     assert (cfg.env.name, cfg.env.max_turns, cfg.algo.name, cfg.sft.repair_fraction) == (
         "code_sandbox", 3, "grpo", 0.5)
-    assert (cfg.algo.turn_credit, cfg.sft.check_turns, cfg.env.kwargs["turn_penalty"],
-            cfg.train.steps) == ("gigpo", 1, 0.2, 300)
+    assert (cfg.algo.turn_credit, cfg.sft.check_turns, cfg.env.kwargs.get("turn_penalty", 0.0),
+            cfg.train.steps) == ("gigpo", 1, 0.0, 300)
 
 
 def test_repair_examples_are_rendered_like_an_episode(tiny_tokenizer):
