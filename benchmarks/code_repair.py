@@ -11,7 +11,8 @@ held-out first-attempt pass@1, pass within 3 attempts and the repair rate before
 
 Arms: `gigpo` (the job's default, `algo.turn_credit=gigpo`), `episode` (plain GRPO on the
 episode reward, `algo.turn_credit=episode`), `turn_adv` (`algo.turn_advantages=true` with
-episode credit), `single_turn` (the single-turn main job, `--env code_sandbox --algo grpo`,
+episode credit), `branch2` (GiGPO on tree rollouts, `rollout.branch=2`: four first attempts a
+group, each continued twice, docs/algorithms.md), `single_turn` (the single-turn main job, `--env code_sandbox --algo grpo`,
 for its step profile and first-attempt pass@1 beside the multi-turn arms; `--single-turn` adds
 it after each seed's arms). Each run is `python -m agentrl.cli train --config
 configs/code_repair.yaml` in a subprocess, one at a time. Writes
@@ -38,7 +39,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 CONFIG = ROOT / "configs" / "code_repair.yaml"
 ARMS = {"episode": ["algo.turn_credit=episode"], "gigpo": ["algo.turn_credit=gigpo"],
-        "turn_adv": ["algo.turn_credit=episode", "algo.turn_advantages=true"]}
+        "turn_adv": ["algo.turn_credit=episode", "algo.turn_advantages=true"],
+        "branch2": ["algo.turn_credit=gigpo", "rollout.branch=2"]}
 METRICS = ("first_attempt_pass@1", "pass@1", "repair_rate", "attempts_mean")
 PROFILE = ("generate", "env", "policy_update", "update", "step")
 

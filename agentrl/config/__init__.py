@@ -177,6 +177,8 @@ class RolloutConfig(_Section):
     """How a multi-turn episode's context is built. `exact`: the policy samples each turn from exactly the ids it sampled before plus the chat template's rendering of each observation (token-exact: what it trains on is what it saw; a template that renders history differently, e.g. Qwen3 or R1-distill dropping earlier `<think>` blocks, gets a `[template]` line at start-up saying so). `template`: each turn is sampled from the template's rendering of the messages so far (what the model sees at inference) and trained as its own sample (that prompt + that turn's ids), all turns sharing the episode's return and group (docs/models.md); text-only policies."""
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Extra variables for the chat template, e.g. `{"enable_thinking": false}` for Qwen3 (no thinking: the generation prompt carries an empty think block)."""
+    branch: int = Field(default=1, ge=1)
+    """Tree rollouts for multi-turn groups (`env.max_turns` > 1): each group's `algo.group_size` episodes are `group_size / branch` first turns, each continued by `branch` episodes (the same sampled first-turn tokens and logprobs, then sampled apart; `EpisodeSpec.trunk`). The continuations of one first attempt see the same feedback, so with GiGPO's step-level credit (`algo.turn_credit=gigpo`) their second turns form one anchor group: a repair is compared with the other repairs of the same attempt (tree rollouts as in TreeRL, Hou et al. 2025, and ARPO, Dong et al. 2025, which branch after tool feedback). A shared first turn is trained once per episode that holds it (its gradient averages its continuations' advantages). 1: every episode samples its own first turn. Must divide `algo.group_size`; text models; not with `--agent` (the user's agent runs its own turns)."""
     colocate: bool = False
     """Colocated GPU mode (vLLM and the learner on the same GPUs, vLLM asleep while the learner trains and woken with the new weights for rollout): not built yet, so `true` is refused at start-up. Without CUDA there is nothing to share (and vLLM's CPU build has no sleep mode); with CUDA the engine's `sleep`/`wake_up` exist (`VLLMEngine`) but the loop that drives them is not written (docs/scale_out.md). Today: separate GPUs for the learner and `rollout.worker_gpus`."""
 
@@ -492,6 +494,22 @@ class Config(_Section):
                 raise ValueError("placement.reward_model=worker needs a classifier or safety wrapper with "
                                  "a model path (env.wrapper_kwargs.classifier.model or "
                                  "env.wrapper_kwargs.safety.classifier); the built-in lexicon has no model")
+        return self
+
+    @model_validator(mode="after")
+    def _branch_fits_groups(self) -> Config:
+        b = self.rollout.branch
+        if b == 1:
+            return self
+        g = getattr(self.algo, "group_size", None)
+        if g is None or g % b:
+            raise ValueError(f"rollout.branch={b} must divide algo.group_size ({g}): each group is "
+                             "group_size / branch first turns with branch continuations each")
+        if (self.env.max_turns or 1) < 2:
+            raise ValueError(f"rollout.branch={b} needs a multi-turn run (env.max_turns >= 2; got "
+                             f"{self.env.max_turns}): with one turn the branches would be copies")
+        if self.model.vision:
+            raise ValueError(f"rollout.branch={b}: tree rollouts are for text models (model.vision=true)")
         return self
 
     @model_validator(mode="after")

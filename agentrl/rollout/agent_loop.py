@@ -34,10 +34,15 @@ from agentrl.types import Trajectory
 
 @dataclass
 class EpisodeSpec:
-    """What to run: `reset_kwargs` for `env.reset` (seed, options), the group it belongs to."""
+    """What to run: `reset_kwargs` for `env.reset` (seed, options), the group it belongs to,
+    and its trunk: episodes of one group with the same `trunk` (not None) share their first
+    turn (tree rollouts, `rollout.branch`): the first of them that starts samples it, the others
+    take its tokens, logprobs and text (when their opening prompt has the same ids; otherwise
+    they sample their own) and go on from there with their own envs and samples."""
 
     reset_kwargs: dict[str, Any]
     group_id: int = 0
+    trunk: int | None = None
 
 
 class EnvCallTimeout(Exception):
@@ -256,7 +261,8 @@ def run_episodes(
         renderer: chat renderer of the engine's tokenizer.
         envs: one env per episode (reused across calls; each is reset here). A list: an env
             whose call timed out is replaced in it by `make_env()`.
-        specs: reset arguments and group id per episode.
+        specs: reset arguments, group id and trunk per episode (episodes of a group with one
+            trunk share their first turn: `EpisodeSpec`).
         params: sampling settings; `max_tokens` is the per-turn cap (tokens), further capped by
             what is left of `max_episode_tokens`. `params.n` must be 1 (groups are explicit).
         max_episode_tokens: cap on an episode's total length (tokens, prompt included); reaching
@@ -369,7 +375,8 @@ class _Run:
             offsets = None
             if turn == 0 and seed_offsets:  # later turns' contexts are the episodes' own
                 offsets = [seed_offsets.get(prompt_key(self.trajs[i].token_ids), 0) for i in live]
-            actions = self.generate(live, None if seed is None else seed + turn, offsets)
+            shared = self.trunks(live) if turn == 0 else {}
+            actions = self.generate(live, None if seed is None else seed + turn, offsets, shared)
             if on_turn:
                 on_turn(len(live))
             live = self.step_all(live, actions)
@@ -381,6 +388,26 @@ class _Run:
         for tr in self.trajs:
             tr.validate()
         return self.trajs
+
+    def trunks(self, live: list[int]) -> dict[int, int]:
+        """Episodes that take their first turn from another (`EpisodeSpec.trunk`): follower ->
+        leader, the first live episode of the same (group, trunk) whose opening ids it shares.
+
+        Raises:
+            ValueError: trunks with a vision renderer (images are not compared).
+        """
+        out: dict[int, int] = {}
+        first: dict[tuple[int, int], int] = {}
+        for i in live:
+            trunk = self.specs[i].trunk
+            if trunk is None:
+                continue
+            if self.renderer.accepts_images:
+                raise ValueError("shared first turns (rollout.branch > 1) are for text policies")
+            j = first.setdefault((self.specs[i].group_id, trunk), i)
+            if j != i and self.trajs[i].token_ids == self.trajs[j].token_ids:
+                out[i] = j
+        return out
 
     def retire(self, i: int) -> None:
         """Replace `envs[i]`, whose call timed out (it may still be running in it)."""
@@ -478,9 +505,11 @@ class _Run:
             out[i] = tr.turn_prompts[-1]
         return out
 
-    def generate(self, live: list[int], seed: int | None, offsets: list[int] | None) -> list[str]:
-        """One generate call for every live episode; appends the sampled turns and returns
-        their texts."""
+    def generate(self, live: list[int], seed: int | None, offsets: list[int] | None,
+                 shared: Mapping[int, int] | None = None) -> list[str]:
+        """One generate call for every live episode, except those in `shared` (follower ->
+        leader, `trunks`), which take their leader's sample; appends the sampled turns and
+        returns their texts."""
         ctx = self.contexts(live)
         if len(ctx) < len(live):  # episodes whose history the template refused
             if offsets is not None:
@@ -488,6 +517,10 @@ class _Run:
             live[:] = [i for i in live if i in ctx]
             if not live:
                 return []
+        shared = {i: j for i, j in (shared or {}).items() if i in ctx and j in ctx}
+        rows = [i for i in live if i not in shared]  # the episodes that sample
+        if offsets is not None and shared:
+            offsets = [o for i, o in zip(live, offsets) if i not in shared]
         room = {i: self.max_episode_tokens - max(len(self.trajs[i].token_ids), len(ctx[i])) for i in live}
         cap = min(self.params.max_tokens, max(room.values()))
         p = replace(self.params, max_tokens=cap, seed=seed, seed_offsets=offsets)
@@ -497,13 +530,15 @@ class _Run:
             if not getattr(self.engine, "accepts_images", False):
                 raise ValueError(f"engine {type(self.engine).__name__} takes no images; a vision "
                                  "renderer needs one that does (VisionHFEngine)")
-            outs = self.engine.generate([ctx[i] for i in live], p,  # type: ignore[call-arg]
-                                        images=[self.trajs[i].vision for i in live])
+            outs = self.engine.generate([ctx[i] for i in rows], p,  # type: ignore[call-arg]
+                                        images=[self.trajs[i].vision for i in rows])
         else:
-            outs = self.engine.generate([ctx[i] for i in live], p)
+            outs = self.engine.generate([ctx[i] for i in rows], p)
         gen_s = time.perf_counter() - t0
+        sampled = dict(zip(rows, outs))
         actions = []
-        for i, out in zip(live, outs):
+        for i in live:
+            out = sampled[shared.get(i, i)]
             ids, lps, finish = out.token_ids, out.logprobs, out.finish_reason
             vers = getattr(out, "versions", None) or [version] * len(ids)
             if len(ids) > room[i]:  # a row with less room than the batch cap
@@ -513,6 +548,8 @@ class _Run:
             if not tr.num_sampled and len(vers):  # the first, oldest token's (versions never decrease)
                 tr.policy_version = int(vers[0])
             tr.append_sampled(ids, lps, vers, text=text, finish_reason=finish)
+            if i in shared:  # a tree rollout's branch (`trunks`)
+                tr.info["shared_first_turn"] = True
             tr.messages.append({"role": "assistant", "content": text})
             tr.timings["generate"] += gen_s / len(live)
             actions.append(text)

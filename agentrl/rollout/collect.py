@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
@@ -40,15 +40,17 @@ def collect(engine: Any, renderer: ChatRenderer, envs: list[Any], seeds: list[in
     env0 = getattr(envs[0], "unwrapped", envs[0]) if envs else None
     phases, finish = getattr(env0, "batch_phases", None), getattr(env0, "finish_batch", None)
     agents = getattr(env0, "run_agents", None)
+    branch = cfg.rollout.branch
+    if agents is not None and branch > 1:
+        raise ValueError(f"rollout.branch={branch} (shared first turns) needs the agent loop; an "
+                         "env that runs the user's agent (--agent) runs its own turns: set rollout.branch=1")
     if agents is not None and not hasattr(engine, "run"):  # the user's agent: through the gateway
-        specs = [EpisodeSpec({"seed": s}, group_id=group_base + j)
-                 for j, s in enumerate(seeds) for _ in range(group_size)]
+        specs = group_specs(seeds, group_size, group_base)
         return agents(engine, renderer, specs, params, max_episode_tokens=cfg.rollout.max_episode_tokens,
                       seed=sample_seed, timeout_s=cfg.env.step_timeout_s)
     if hasattr(engine, "run"):  # a RolloutPool: Ray workers (or vLLM) hold the envs
         check_batch_hooks(engine, env0)
-        specs = [EpisodeSpec({"seed": s}, group_id=group_base + j)
-                 for j, s in enumerate(seeds) for _ in range(group_size)]
+        specs = group_specs(seeds, group_size, group_base, branch)
         return engine.run(specs, params, seed=sample_seed, split=split)
     if make_env is None:
         make_env = partial(build_env, cfg, split)
@@ -57,14 +59,43 @@ def collect(engine: Any, renderer: ChatRenderer, envs: list[Any], seeds: list[in
                   step_timeout_s=cfg.env.step_timeout_s,
                   reset_timeout_s=cfg.env.reset_timeout_s, make_env=make_env)
     if phases is None:
-        specs = [EpisodeSpec({"seed": s}, group_id=group_base + j)
-                 for j, s in enumerate(seeds) for _ in range(group_size)]
-        trajs = run(envs, specs, seed=sample_seed)
+        trajs = run(envs, group_specs(seeds, group_size, group_base, branch), seed=sample_seed)
     else:
-        trajs = _run_phases(run, envs, seeds, phases(list(seeds)), group_size, group_base, sample_seed)
+        trajs = _run_phases(run, envs, seeds, phases(list(seeds)), group_size, group_base, sample_seed,
+                            branch)
     if finish is not None:
         finish(trajs)
     return trajs
+
+
+def group_specs(seeds: list[int], group_size: int, group_base: int, branch: int = 1,
+                options: Callable[[int], dict[str, Any]] | None = None) -> list[EpisodeSpec]:
+    """`group_size` episodes of each task seed, group-major: group `group_base + j` for
+    `seeds[j]`. With `branch` > 1 (`rollout.branch`), episode k of a group has trunk
+    `k // branch`: every `branch` consecutive episodes share their first turn (tree rollouts).
+    `options(j)`: reset options of group j's episodes (none when None).
+
+    Raises:
+        ValueError: `branch` does not divide `group_size`.
+    """
+    if group_size % branch:
+        raise ValueError(f"rollout.branch={branch} must divide the group size {group_size}")
+    return [EpisodeSpec({"seed": s, **({"options": options(j)} if options else {})},
+                        group_id=group_base + j, trunk=k // branch if branch > 1 else None)
+            for j, s in enumerate(seeds) for k in range(group_size)]
+
+
+def sampling_specs(specs: Sequence[EpisodeSpec]) -> list[EpisodeSpec]:
+    """The specs of `specs` that sample their first turn: all but those whose (group, trunk)
+    an earlier spec holds (those take its first turn, `EpisodeSpec.trunk`)."""
+    seen: set[tuple[int, int]] = set()
+    out = []
+    for s in specs:
+        if s.trunk is None or (s.group_id, s.trunk) not in seen:
+            out.append(s)
+        if s.trunk is not None:
+            seen.add((s.group_id, s.trunk))
+    return out
 
 
 def check_batch_hooks(engine: Any, env: Any) -> None:
@@ -101,7 +132,7 @@ def agents_on_workers(engine: Any) -> bool:
 
 def _run_phases(run: Callable[..., list[Trajectory]], envs: list[Any], seeds: list[int],
                 order: list[list[int]], group_size: int, group_base: int,
-                sample_seed: int) -> list[Trajectory]:
+                sample_seed: int, branch: int = 1) -> list[Trajectory]:
     """Run the groups of `seeds` phase by phase (`order`: lists of indices into `seeds`, from
     the env's `batch_phases`); the group at place k of its phase is reset with
     `options={"slot": k}`. Returns the trajectories group-major in the order of `seeds`, as
@@ -114,8 +145,10 @@ def _run_phases(run: Callable[..., list[Trajectory]], envs: list[Any], seeds: li
         raise ValueError(f"batch_phases returned {order}, not a partition of {len(seeds)} seeds")
     out: list[Trajectory | None] = [None] * (len(seeds) * group_size)
     for n, phase in enumerate(order):
-        specs = [EpisodeSpec({"seed": seeds[j], "options": {"slot": k}}, group_id=group_base + j)
-                 for k, j in enumerate(phase) for _ in range(group_size)]
+        specs = group_specs([seeds[j] for j in phase], group_size, 0, branch,
+                            options=lambda m: {"slot": m})
+        for sp in specs:  # group ids of the batch (`group_base` + index into `seeds`)
+            sp.group_id = group_base + phase[sp.group_id]
         sub = envs[:len(specs)]  # run_episodes replaces a timed-out env in this list
         trajs = run(sub, specs, seed=None if sample_seed is None else sample_seed + 7919 * n)
         envs[:len(sub)] = sub

@@ -50,6 +50,7 @@ from agentrl.infra.cluster import ensure_ray  # (also imported from here by call
 from agentrl.rewards import RewardWrappers
 from agentrl.rollout.agent_loop import EpisodeSpec, opening_prompt, run_episodes
 from agentrl.rollout.chat import renderer_for
+from agentrl.rollout.collect import sampling_specs
 from agentrl.rollout.engines.base import SamplingParams, prompt_key
 from agentrl.rollout.engines.make import make_engine, rollout_device
 from agentrl.rollout.envs import (
@@ -185,14 +186,13 @@ class RolloutWorker:
             return self._make_env(split)
 
     def opening_counts(self, specs: Sequence[EpisodeSpec], split: str = "train") -> dict[bytes, int]:
-        """How many of `specs` open with each prompt (`prompt_key` of its ids) in the first
-        generate call `run_episodes` would make for them (`opening_prompt`): one reset of this
-        worker's probe env per distinct reset kwargs (an env's opening is taken to be a function
-        of its reset kwargs, as reproducibility needs anyway)."""
+        """How many of `specs` sampling their first turn (`sampling_specs`) open with each prompt
+        (`prompt_key`) in `run_episodes`' first generate call (`opening_prompt`): one probe env reset
+        per distinct reset kwargs (an env's opening is a function of them, as reproducibility needs)."""
         counts: dict[bytes, int] = {}
         known: dict[str, list[int] | None] = {}
         with self._probe_lock:
-            for spec in specs:
+            for spec in sampling_specs(specs):
                 kw = json.dumps(spec.reset_kwargs, sort_keys=True, default=repr)
                 if kw not in known:
                     probe = self._probes.get(split)
