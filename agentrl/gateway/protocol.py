@@ -8,9 +8,17 @@ content, a string or text parts; an assistant's `tool_calls`), `tools` (function
 `tool_choice` ("none": calls are not parsed; "auto": parsed; "required" or a named function
 `{"type": "function", "function": {"name": ...}}`: honoured by prefilling the reply with the
 opening of a call in the model's tool format, `forced_prefix`, so the sampler writes the rest of
-the call; it needs `tools`, and a named function must be one of them, else 400), `temperature`, `top_p`, `max_tokens` /
-`max_completion_tokens`, `stop` (a string or up to 4), `n` (1..8), `stream`, `seed` (ignored:
-the session's seed decides). Other fields are ignored.
+the call; it needs `tools`, and a named function must be one of them, else 400),
+`parallel_tool_calls` (false: only the reply's first call is returned), `temperature`, `top_p`,
+`max_tokens` / `max_completion_tokens`, `stop` (a string or up to 4), `n` (1..8), `stream`,
+`stream_options.include_usage`, `seed` (`agentrl serve`: the request's sampler seed; in training
+the run's seed decides), `logprobs` (the sampled tokens' logprobs), `chat_template_kwargs`.
+
+Fields the gateway cannot honour (`UNSUPPORTED`: `response_format`, `presence_penalty`,
+`frequency_penalty`, `logit_bias`, `top_logprobs`, ...) are accepted at their neutral value (SDKs
+send `presence_penalty: 0`, `response_format: {"type": "text"}`) and refused with 400 naming the
+field at any other. Other fields (`user`, `metadata`, `store`, ...) do not change a reply and are
+ignored.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import random
 import re
 import string
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,6 +97,51 @@ class ChatRequest:
     require_call: bool = False
     call_name: str | None = None
     template_kwargs: dict[str, Any] | None = None
+    seed: int | None = None
+    logprobs: bool = False
+    stream_usage: bool = False
+    one_call: bool = False
+
+
+def _neutral_number(default: float) -> Callable[[Any], bool]:
+    return lambda v: v is None or (type(v) in (int, float) and v == default)
+
+
+UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "response_format": (lambda v: v is None or v == {"type": "text"},
+                        "replies are not constrained to JSON; ask for JSON in the messages and "
+                        "parse the content"),
+    "presence_penalty": (_neutral_number(0), "the sampler applies no penalties"),
+    "frequency_penalty": (_neutral_number(0), "the sampler applies no penalties"),
+    "repetition_penalty": (_neutral_number(1), "the sampler applies no penalties"),
+    "logit_bias": (lambda v: v is None or v == {}, "the sampler applies no logit bias"),
+    "top_logprobs": (_neutral_number(0), "only the sampled tokens' logprobs are kept "
+                                         "('logprobs': true)"),
+    "top_k": (lambda v: v is None or (type(v) is int and v in (0, -1)), "the sampler has no "
+                                                                        "top-k; use 'top_p'"),
+    "min_p": (_neutral_number(0), "the sampler has no min-p; use 'top_p'"),
+    "functions": (lambda v: v is None, "use 'tools'"),
+    "function_call": (lambda v: v is None, "use 'tool_choice'"),
+    "modalities": (lambda v: v is None or v == ["text"], "replies are text only"),
+    "audio": (lambda v: v is None, "replies are text only"),
+}
+"""Request fields the gateway cannot honour: field -> (is the value neutral?, why). A neutral
+value (absent, null, the API's default) is accepted; any other is refused with 400."""
+
+
+def _check_unsupported(body: dict[str, Any]) -> None:
+    for key, (neutral, why) in UNSUPPORTED.items():
+        if key in body and not neutral(body[key]):
+            raise bad(f"'{key}' {json.dumps(body[key])[:80]} is not supported by this server: "
+                      f"{why}", key)
+
+
+def _optional(body: dict[str, Any], key: str, kind: type, what: str) -> Any:
+    """`body[key]` when it is absent or null (None) or of type `kind` (a bool is no int)."""
+    v = body.get(key)
+    if v is not None and (type(v) is not kind):
+        raise bad(f"'{key}' must be {what}", key)
+    return v
 
 
 def _check_content(k: int, m: dict[str, Any]) -> None:
@@ -178,13 +232,24 @@ def parse_request(body: Any) -> ChatRequest:
     template_kwargs = body.get("chat_template_kwargs")
     if template_kwargs is not None and not isinstance(template_kwargs, dict):
         raise bad("'chat_template_kwargs' must be an object", "chat_template_kwargs")
+    _check_unsupported(body)
+    seed = _optional(body, "seed", int, "an integer")
+    if seed is not None and not -2**63 <= seed < 2**63:
+        raise bad("'seed' must be a 64-bit integer", "seed")
+    options = _optional(body, "stream_options", dict, "an object") or {}
+    usage = options.get("include_usage")
+    if usage is not None and not isinstance(usage, bool):
+        raise bad("'stream_options.include_usage' must be a boolean", "stream_options")
     return ChatRequest(model=model, messages=_check_messages(body.get("messages")),
                        tools=tools, parse_calls=choice != "none",
                        temperature=_number(body, "temperature", 0.0, 2.0),
                        top_p=_number(body, "top_p", 0.0, 1.0, lo_open=True), max_tokens=max_tokens,
                        stop=stop, n=n, stream=bool(body.get("stream", False)),
                        require_call=choice == "required" or call_name is not None, call_name=call_name,
-                       template_kwargs=template_kwargs)
+                       template_kwargs=template_kwargs, seed=seed,
+                       logprobs=bool(_optional(body, "logprobs", bool, "a boolean")),
+                       stream_usage=bool(usage),
+                       one_call=_optional(body, "parallel_tool_calls", bool, "a boolean") is False)
 
 
 def check_template_kwargs(asked: dict[str, Any] | None, fixed: dict[str, Any]) -> None:
@@ -285,21 +350,37 @@ def finish_reason(engine_reason: str, message: dict[str, Any]) -> str:
     return "length" if engine_reason == "length" else "stop"
 
 
+def logprobs_body(decode: Any, ids: list[int], logprobs: list[float]) -> dict[str, Any]:
+    """A choice's `logprobs` (OpenAI's shape): per sampled id (its stop token included, as
+    vLLM's) the token's text (`decode([id])`), its logprob as the sampler reported it, the text's
+    UTF-8 bytes, and no alternatives (`top_logprobs` is refused above 0)."""
+    content = []
+    for i, lp in zip(ids, logprobs):
+        text = decode([i])
+        content.append({"token": text, "logprob": float(lp), "bytes": list(text.encode("utf-8")),
+                        "top_logprobs": []})
+    return {"content": content, "refusal": None}
+
+
 def completion_body(model: str, messages: list[dict[str, Any]], reasons: list[str],
-                    prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-    """A `chat.completion` response with one choice per reply message."""
+                    prompt_tokens: int, completion_tokens: int,
+                    logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A `chat.completion` response with one choice per reply message (and its `logprobs_body`
+    when `logprobs` is given, one per message; else `"logprobs": null`)."""
+    lps: list[dict[str, Any] | None] = list(logprobs) if logprobs is not None else [None] * len(messages)
     return {"id": f"chatcmpl-{_hex_id(32)}", "object": "chat.completion", "created": int(time.time()),
             "model": model,
-            "choices": [{"index": i, "message": m, "finish_reason": r, "logprobs": None}
-                        for i, (m, r) in enumerate(zip(messages, reasons))],
+            "choices": [{"index": i, "message": m, "finish_reason": r, "logprobs": lp}
+                        for i, (m, r, lp) in enumerate(zip(messages, reasons, lps))],
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                       "total_tokens": prompt_tokens + completion_tokens}}
 
 
-def stream_chunks(body: dict[str, Any]) -> list[str]:
+def stream_chunks(body: dict[str, Any], usage: bool = False) -> list[str]:
     """A complete response as server-sent events of `chat.completion.chunk`s: per choice one
-    delta with the whole message, then one with its finish reason; then `[DONE]`. (The reply is
-    sampled whole first: streaming is accepted, not incremental.)"""
+    delta with the whole message (and its `logprobs`), then one with its finish reason; with
+    `usage` (`stream_options.include_usage`) a last chunk with no choices and the `usage`; then
+    `[DONE]`. (The reply is sampled whole first: streaming is accepted, not incremental.)"""
     head = {"id": body["id"], "object": "chat.completion.chunk", "created": body["created"],
             "model": body["model"]}
     events = []
@@ -308,6 +389,9 @@ def stream_chunks(body: dict[str, Any]) -> list[str]:
         delta: dict[str, Any] = {"role": "assistant", "content": m.get("content") or ""}
         if m.get("tool_calls"):
             delta["tool_calls"] = [{"index": k, **tc} for k, tc in enumerate(m["tool_calls"])]
-        events.append({**head, "choices": [{"index": c["index"], "delta": delta, "finish_reason": None}]})
+        events.append({**head, "choices": [{"index": c["index"], "delta": delta, "finish_reason": None,
+                                            "logprobs": c.get("logprobs")}]})
         events.append({**head, "choices": [{"index": c["index"], "delta": {}, "finish_reason": c["finish_reason"]}]})
+    if usage:
+        events.append({**head, "choices": [], "usage": body["usage"]})
     return [f"data: {json.dumps(e, ensure_ascii=False)}\n\n" for e in events] + ["data: [DONE]\n\n"]

@@ -15,7 +15,11 @@ call in lockstep share one generate call as the episodes of a `TextEnv` do.
 
 Per-row seeds: a session's calls use one seed, and a prompt's `seed_offsets` count its earlier
 rows in the session (`agentrl.rollout.engines.base.row_seeds`), so the n runs of a task, which
-open with the same prompt, draw different samples whichever generate call they land in.
+open with the same prompt, draw different samples whichever generate call they land in. A
+session without a seed (`agentrl serve`) samples a request that has a `seed` with that seed
+(`row_seeds` without offsets: the same request with the same seed gets the same reply, whatever
+else is in its generate call; two such requests in one call draw as the `n` samples of one
+request do), and one without from the engine's state.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from agentrl.gateway.protocol import (
     error_body,
     finish_reason,
     forced_prefix,
+    logprobs_body,
     parse_request,
     reply_message,
     split_calls,
@@ -110,6 +115,7 @@ class _Req:
     max_tokens: int
     temperature: float
     top_p: float
+    seed: int | None = None  # the request's (a session without a seed of its own)
     future: Future = field(default_factory=Future)
     waiter: asyncio.Future | None = None  # the server's await of `future` (`_wake`)
 
@@ -241,7 +247,7 @@ class Session:
             top_p = 1.0 if req.top_p is None else req.top_p
         room = self.max_episode_tokens - len(prompt)
         r = _Req(run, prompt, req.n, max(1, min(req.max_tokens or self.max_tokens, self.max_tokens, room)),
-                 temperature, top_p, waiter=waiter)
+                 temperature, top_p, seed=req.seed if self.seed is None else None, waiter=waiter)
         with self._cond:
             self._queue.append(r)
             if len(self._queue) == 1 or run.calls == 0 or len(self._queue) >= self.expected():
@@ -251,7 +257,7 @@ class Session:
     def _finish(self, run: RunState, req: ChatRequest, prep: Any, outs: list[Any],
                 version: int) -> dict[str, Any]:
         tok = self.renderer.tokenizer
-        messages, reasons, n_out = [], [], 0
+        messages, reasons, logprobs, n_out = [], [], [], 0
         for c in outs:
             ids, lps, reason = list(c.token_ids), list(c.logprobs), c.finish_reason
             text = self.renderer.decode_action(ids)
@@ -262,14 +268,17 @@ class Session:
             text = prep.forced + text  # the prefilled opening of a call (tool_choice), if any
             content, calls = (split_calls(self.parser, text) if req.tools and req.parse_calls
                               else (text, []))
-            msg = reply_message(content, calls, getattr(self.parser, "name", ""))
+            msg = reply_message(content, calls[:1] if req.one_call else calls, getattr(self.parser, "name", ""))
             if run.record is not None and run.live:
                 run.record.record(prep, ids, lps, reason, text, msg, version)
             messages.append(msg)
             reasons.append(finish_reason(reason, msg))
+            if req.logprobs:
+                logprobs.append(logprobs_body(lambda x: tok.decode(x, skip_special_tokens=False), ids, lps))
             n_out += len(ids)
         run.calls += 1
-        return completion_body(req.model, messages, reasons, len(prep.prompt_ids), n_out)
+        return completion_body(req.model, messages, reasons, len(prep.prompt_ids), n_out,
+                               logprobs if req.logprobs else None)
 
     # -- the driving thread's side ---------------------------------------------------------------
     def expected(self) -> int:
@@ -327,10 +336,10 @@ class Session:
                 on_tick()
 
     def _execute(self, reqs: list[_Req]) -> None:
-        groups: dict[tuple[float, float, int], list[_Req]] = {}
+        groups: dict[tuple[float, float, int, int | None], list[_Req]] = {}
         for r in reqs:
-            groups.setdefault((r.temperature, r.top_p, r.n), []).append(r)
-        for (temperature, top_p, n), group in groups.items():
+            groups.setdefault((r.temperature, r.top_p, r.n, r.seed), []).append(r)
+        for (temperature, top_p, n, seed), group in groups.items():
             prompts = [r.prompt for r in group]
             keys = [prompt_key(p) for p in prompts]
             offsets = [self._seen.get(k, 0) for k in keys]
@@ -338,7 +347,8 @@ class Session:
                 self._seen[k] = self._seen.get(k, 0) + n
             params = SamplingParams(temperature=temperature, top_p=top_p,
                                     max_tokens=max(r.max_tokens for r in group),
-                                    stop_token_ids=list(self.renderer.stop_ids), n=n, seed=self.seed,
+                                    stop_token_ids=list(self.renderer.stop_ids), n=n,
+                                    seed=self.seed if self.seed is not None else seed,
                                     seed_offsets=offsets if self.seed is not None else None)
             t0 = time.perf_counter()
             try:
@@ -470,8 +480,8 @@ class Gateway:
                 auth = v.decode("latin-1")
                 break
         status, body, stream = await self._answer(auth, _receive_body(receive))
-        if stream:
-            await StreamingResponse(iter(stream_chunks(body)), media_type="text/event-stream")(scope, receive, send)
+        if stream is not None:
+            await StreamingResponse(iter(stream), media_type="text/event-stream")(scope, receive, send)
             return
         data = _JSON.encode(body).encode("utf-8")
         await send({"type": "http.response.start", "status": status,
@@ -498,9 +508,11 @@ class Gateway:
                                code="invalid_api_key")
         raise GatewayError(401, "invalid API key: not the token of a live run", code="invalid_api_key")
 
-    async def _answer(self, auth: str, chunks: AsyncIterator[bytes]) -> tuple[int, dict[str, Any], bool]:
+    async def _answer(self, auth: str, chunks: AsyncIterator[bytes]
+                      ) -> tuple[int, dict[str, Any], list[str] | None]:
         """A chat-completions request with Authorization header `auth` and body `chunks`:
-        `(HTTP status, response body, whether streamed)` (an error: OpenAI's error body)."""
+        `(HTTP status, response body, its stream events or None)` (an error: OpenAI's error
+        body, not streamed)."""
         run = None
         try:
             run = self._auth(auth)
@@ -521,15 +533,15 @@ class Gateway:
         except GatewayError as e:
             if run is not None and e.status != 401:
                 run.refused(e)
-            return e.status, error_body(e), False
-        return 200, body, req.stream
+            return e.status, error_body(e), None
+        return 200, body, stream_chunks(body, req.stream_usage) if req.stream else None
 
     async def _chat(self, request: Request) -> Response:
         """`POST /v1/chat/completions` through Starlette (the ASGI app answers it directly,
         `_chat_asgi`; this route is its twin for a Starlette app)."""
         status, body, stream = await self._answer(request.headers.get("authorization", ""), request.stream())
-        if stream:
-            return StreamingResponse(iter(stream_chunks(body)), media_type="text/event-stream")
+        if stream is not None:
+            return StreamingResponse(iter(stream), media_type="text/event-stream")
         return JSONResponse(body, status_code=status)
 
     async def _models(self, request: Request) -> Response:

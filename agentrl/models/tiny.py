@@ -163,6 +163,33 @@ def chat_stop_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
     return list(dict.fromkeys(ids))
 
 
+def generation_eos_ids(path: str | Path) -> list[int]:
+    """The ids model directory `path` generates up to: `eos_token_id` (an int or a list) of its
+    `generation_config.json`, or, without that file, of its `config.json` (or the latter's
+    `text_config`), as vLLM and transformers' `generate` read them (Llama-3.1 lists
+    `<|end_of_text|>`, `<|eom_id|>` and `<|eot_id|>`: 128001, 128008, 128009).
+
+    Returns:
+        Distinct non-negative ids in the file's order; [] when `path` is empty or not a
+        directory, neither file is there, one does not parse, or it names no eos id.
+    """
+    if not path or not Path(path).is_dir():
+        return []
+    gen, cfg = Path(path) / "generation_config.json", Path(path) / "config.json"
+    try:
+        if gen.is_file():
+            eos = json.loads(gen.read_text()).get("eos_token_id")
+        elif cfg.is_file():
+            data = json.loads(cfg.read_text())
+            eos = data.get("eos_token_id", (data.get("text_config") or {}).get("eos_token_id"))
+        else:
+            return []
+    except (OSError, ValueError, AttributeError):  # unreadable, not JSON, not an object
+        return []
+    ids = eos if isinstance(eos, list) else [eos]
+    return list(dict.fromkeys(int(i) for i in ids if type(i) is int and i >= 0))
+
+
 def render_text(
     tokenizer: PreTrainedTokenizerBase,
     messages: Sequence[dict[str, Any]],

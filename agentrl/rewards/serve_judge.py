@@ -23,7 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from agentrl.models.tiny import chat_stop_ids, load_model, render_text
+from agentrl.models.tiny import chat_stop_ids, generation_eos_ids, load_model, render_text
 
 
 class _BadRequest(ValueError):
@@ -45,7 +45,8 @@ class ChatModel:
     def __init__(self, model_path: str | Path, *, name: str | None = None, max_tokens_cap: int = 2048):
         self.model, self.tokenizer = load_model(model_path)
         self.name = name or Path(model_path).resolve().name
-        self.stop_ids = chat_stop_ids(self.tokenizer)
+        # the end-of-turn tokens, then the model's own eos ids (Llama-3.1's <|eom_id|>), as vLLM
+        self.stop_ids = list(dict.fromkeys(chat_stop_ids(self.tokenizer) + generation_eos_ids(model_path)))
         self.max_tokens_cap = int(max_tokens_cap)
         self._lock = threading.Lock()
 

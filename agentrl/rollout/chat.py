@@ -26,6 +26,7 @@ import re
 from typing import Any
 
 from agentrl.env.content import message_images
+from agentrl.models.tiny import generation_eos_ids
 from agentrl.models.tiny import render_ids as _render
 from agentrl.models.vlm import (
     IMAGE_PAD,
@@ -194,7 +195,11 @@ class ChatRenderer:
             first control token after the assistant's content.
         glue_ids: ids the template puts after an assistant's end-of-turn (ChatML: "\\n"); they
             are context (loss_mask 0), never sampled.
-        stop_ids: ids that end sampling: end-of-turn first, then the tokenizer's eos.
+        stop_ids: ids that end sampling: end-of-turn first, then the tokenizer's eos, then the
+            model's own eos ids (`generation_eos_ids` of the directory the tokenizer was loaded
+            from, `tokenizer.name_or_path`: its generation_config.json's `eos_token_id`, where
+            vLLM and transformers' `generate` stop too; Llama-3.1's `<|eom_id|>` and
+            `<|end_of_text|>` besides `<|eot_id|>`), each once.
         history: `exact` (default) or `template` (`HISTORY_MODES`; read by the agent loop).
         template_kwargs: extra variables for the chat template (`rollout.chat_template_kwargs`,
             e.g. `{"enable_thinking": false}` for Qwen3).
@@ -239,7 +244,9 @@ class ChatRenderer:
         k = _first_diff(after, nxt)
         self.glue_ids = after[:k]
         eos = tokenizer.eos_token_id
-        self.stop_ids = [self.end_of_turn_id] + ([eos] if eos not in (None, self.end_of_turn_id) else [])
+        model_eos = generation_eos_ids(getattr(tokenizer, "name_or_path", "") or "")
+        firsts = [self.end_of_turn_id] + ([] if eos is None else [int(eos)])
+        self.stop_ids = list(dict.fromkeys(firsts + model_eos))
         self.history_note = self._history_check()
         self.rewrites_history = bool(self.history_note)
 

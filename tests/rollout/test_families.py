@@ -221,9 +221,10 @@ def test_two_grpo_steps_in_process_per_family(name, history, tmp_path):
 
     model = build_family(name, tmp_path / "model")
     out = tmp_path / "run"
+    # group_size 4: a group whose rewards are all equal (no update) has chance 1/8, not 1/2
     cfg = load_config(None, [
         "env.name=test_families:ToolTurnsEnv", "sft.steps=0", "rollout.tasks_per_step=2",
-        "algo.group_size=2", "rollout.max_tokens=6", "train.steps=2", "train.eval_tasks=1",
+        "algo.group_size=4", "rollout.max_tokens=6", "train.steps=2", "train.eval_tasks=1",
         "train.eval_samples=1", "train.log_rollouts_every=1", "train.save_every=2",
         f"rollout.history={history}", f"model.path={model}", f"out={out}", "quiet=true"])
     train(cfg)
