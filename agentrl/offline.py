@@ -35,12 +35,14 @@ import torch
 
 from agentrl.algos.dpo import DPO, load_preferences, preference_batch
 from agentrl.config import Config
+from agentrl.gateway.protocol import parse_call
+from agentrl.gateway.record import template_messages
 from agentrl.infra.jsonl import jsonl_rows
 from agentrl.learner.checkpoints import check_out
 from agentrl.learner.local import Learner
 from agentrl.log.metrics import MetricsLog
 from agentrl.rollout.chat import renderer_for
-from agentrl.rollout.tool_format import detect_tool_parser
+from agentrl.rollout.tool_format import tool_parser_for
 from agentrl.run import load_policy
 from agentrl.sft import sft_train, stage_device
 from agentrl.types import Trajectory
@@ -86,19 +88,11 @@ def _message(where: str, i: int, m: Any) -> dict[str, Any]:
         raise ValueError(f"{where}: message {i} needs a role in {', '.join(ROLES)} and a string content")
     out = {"role": m["role"], "content": content or ""}
     if calls:
-        parsed = []
-        for c in calls if isinstance(calls, list) else [None]:
-            f = c.get("function") if isinstance(c, dict) else None
-            args = f.get("arguments", {}) if isinstance(f, dict) else None
-            try:
-                args = json.loads(args) if isinstance(args, str) else args
-            except ValueError:
-                args = None
-            if not (isinstance(f, dict) and isinstance(f.get("name"), str) and isinstance(args, dict)):
-                raise ValueError(f"{where}: message {i}: each tool call needs function.name and "
-                                 "function.arguments (an object or its JSON text)")
-            parsed.append(ToolCall(f["name"], args))
-        out["tool_calls"] = parsed
+        parsed = [parse_call(c, missing={}) for c in (calls if isinstance(calls, list) else [None])]
+        if any(p is None or not isinstance(p[1], dict) for p in parsed):
+            raise ValueError(f"{where}: message {i}: each tool call needs function.name and "
+                             "function.arguments (an object or its JSON text)")
+        out["tool_calls"] = [ToolCall(*p) for p in parsed if p is not None]
     if m["role"] == "tool" and isinstance(m.get("tool_call_id"), str):
         out["tool_call_id"] = m["tool_call_id"]
     return out
@@ -154,14 +148,6 @@ def _target(m: dict[str, Any], parser: Any, where: str) -> str:
     return text
 
 
-def _template_message(m: dict[str, Any]) -> dict[str, Any]:
-    """A message as chat templates take it (tool calls with the arguments as an object)."""
-    if not m.get("tool_calls"):
-        return m
-    return {**m, "tool_calls": [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                                for c in m["tool_calls"]]}
-
-
 def conversation_examples(convs: list[list[dict[str, Any]]], renderer: Any,
                           tool_parser: str = "auto") -> list[Trajectory]:
     """One supervised example per assistant message: context = the messages before it with the
@@ -174,7 +160,7 @@ def conversation_examples(convs: list[list[dict[str, Any]]], renderer: Any,
         ValueError: tool calls that do not parse back from the tool format.
     """
     tok = renderer.tokenizer
-    parser = get_parser(detect_tool_parser(tok)[0] if tool_parser == "auto" else tool_parser)
+    parser = get_parser(tool_parser_for(tool_parser, tok)[0])
     out = []
     for n, conv in enumerate(convs):
         tools = getattr(conv, "tools", None)
@@ -182,7 +168,7 @@ def conversation_examples(convs: list[list[dict[str, Any]]], renderer: Any,
             if m["role"] != "assistant" or i == 0:
                 continue
             tr = Trajectory()
-            tr.append_context(renderer.prompt_ids([_template_message(x) for x in conv[:i]], tools))
+            tr.append_context(renderer.prompt_ids(template_messages(conv[:i]), tools))
             text = _target(m, parser, f"conversation {n + 1}, message {i}")
             ids = tok.encode(text, add_special_tokens=False) + [renderer.end_of_turn_id]
             tr.append_sampled(ids, [0.0] * len(ids), text=text)

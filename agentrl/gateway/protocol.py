@@ -156,6 +156,36 @@ def _check_content(k: int, m: dict[str, Any]) -> None:
                       f"'text': ...}}), got {str(p)[:80]}", "messages")
 
 
+_ABSENT = object()
+
+
+def parse_call(c: Any, missing: Any = None) -> tuple[str, Any] | None:
+    """One tool call of a chat message read as `(name, arguments)`: OpenAI's
+    `{"function": {"name": str, "arguments": object or its JSON text}}` (other keys, `id` and
+    `type`, ignored) or a `ToolCall`. Arguments given as text are parsed (kept as the text when
+    it is not JSON); absent ones are `missing`.
+
+    Returns:
+        None when `c` has no such shape: no `function` object, a name that is not a string,
+        arguments present but neither a string nor an object. (The gateway refuses such a call
+        with a 400, a conversation file with the line named.)
+    """
+    if isinstance(c, ToolCall):
+        return c.name, c.arguments
+    f = c.get("function") if isinstance(c, dict) else None
+    if not isinstance(f, dict) or not isinstance(f.get("name"), str):
+        return None
+    a = f.get("arguments", _ABSENT)
+    if a is _ABSENT:
+        return f["name"], missing
+    if isinstance(a, str):
+        try:
+            return f["name"], json.loads(a)
+        except ValueError:
+            return f["name"], a
+    return (f["name"], a) if isinstance(a, dict) else None
+
+
 def _check_messages(messages: Any) -> list[dict[str, Any]]:
     if not isinstance(messages, list) or not messages:
         raise bad("'messages' must be a non-empty list", "messages")
@@ -164,9 +194,7 @@ def _check_messages(messages: Any) -> list[dict[str, Any]]:
             raise bad(f"messages[{k}] must be an object with a role in {list(ROLES)}", "messages")
         _check_content(k, m)
         for c in m.get("tool_calls") or []:
-            f = c.get("function") if isinstance(c, dict) else None
-            if not (isinstance(f, dict) and isinstance(f.get("name"), str)
-                    and isinstance(f.get("arguments", ""), (str, dict))):
+            if parse_call(c) is None:
                 raise bad(f"messages[{k}].tool_calls: each call needs function.name and "
                           "function.arguments", "messages")
     return messages

@@ -22,6 +22,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentrl.gateway.protocol import parse_call
 from agentrl.rollout.chat import ChatRenderer
 from agentrl.types import Trajectory
 
@@ -41,22 +42,10 @@ def content_text(content: Any) -> str:
     return str(content)
 
 
-def _arguments(a: Any) -> Any:
-    """Tool-call arguments as an object: a JSON string parsed (kept as text when it is not JSON)."""
-    if isinstance(a, str):
-        try:
-            return json.loads(a)
-        except ValueError:
-            return a
-    return a
-
-
 def _calls(m: Message) -> list[tuple[Any, Any]]:
-    out = []
-    for c in m.get("tool_calls") or []:
-        f = c.get("function", c) if isinstance(c, dict) else {}
-        out.append((f.get("name"), _arguments(f.get("arguments"))))
-    return out
+    """`(name, arguments)` of each of `m`'s tool calls (`parse_call`; `(None, None)` for one of
+    no call's shape, which the gateway refuses before recording)."""
+    return [parse_call(c) or (None, None) for c in m.get("tool_calls") or []]
 
 
 _NORM = json.JSONEncoder(sort_keys=True, ensure_ascii=False)  # `json.dumps(x, sort_keys=True,

@@ -12,7 +12,6 @@ only it, and a request for another name is refused (404 `model_not_found`, namin
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
 import traceback
@@ -20,13 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentrl.config import Config
+from agentrl.config import Config, load_config
 from agentrl.eval.cli import resolve_model
 from agentrl.gateway.agents import MODEL_NAME
 from agentrl.gateway.server import Gateway, Session
 from agentrl.rollout.chat import renderer_for
 from agentrl.rollout.engines.make import make_engine
-from agentrl.rollout.tool_format import detect_tool_parser
+from agentrl.rollout.tool_format import tool_parser_for
 from agentrl_tools.parser import get_parser
 
 
@@ -56,14 +55,12 @@ class Served:
 
 
 def run_template_kwargs(run_config: str | Path) -> dict[str, Any]:
-    """`rollout.chat_template_kwargs` of a training run's `OUT/config.json` ({} when it has none
-    or the file does not parse)."""
+    """`rollout.chat_template_kwargs` of a training run's `OUT/config.json`, read as `agentrl
+    eval` reads it (`load_config`; {} when it has none or the file is not a valid config)."""
     try:
-        cfg = json.loads(Path(run_config).read_text())
-    except (OSError, ValueError):
+        return dict(load_config(run_config).rollout.chat_template_kwargs)
+    except (OSError, ValueError):  # a missing or unreadable file; ConfigError is a ValueError
         return {}
-    kw = (cfg.get("rollout") or {}).get("chat_template_kwargs") if isinstance(cfg, dict) else None
-    return dict(kw) if isinstance(kw, dict) else {}
 
 
 def start(model: str | Path, *, port: int = 0, api_key: str | None = None,
@@ -124,9 +121,7 @@ def _session(model: str | Path, tool_parser: str, max_tokens: int, max_context: 
         raise ValueError(f"{model}: the tokenizer has no chat template (serve renders each request's "
                          "messages with it): set chat_template in its tokenizer_config.json or add a "
                          "chat_template.jinja beside it")
-    why = "--tool-parser"
-    if tool_parser == "auto":
-        tool_parser, why = detect_tool_parser(tokenizer)
+    tool_parser, why = tool_parser_for(tool_parser, tokenizer, source="--tool-parser")
     parser = get_parser(tool_parser)
     session = Session(engine, renderer_for(tokenizer, template_kwargs=template_kwargs), parser,
                       model_names=[MODEL_NAME],

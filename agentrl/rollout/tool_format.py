@@ -87,11 +87,20 @@ def resolve_tool_parser(cfg: Config, tokenizer: Any = None) -> tuple[str, str]:
     `detect_tool_parser` on `tokenizer` (or the tokenizer of `model.path`, loaded once per
     process), and `hermes` for the embedded model (no `model.path`: it has Hermes tool tokens).
     """
-    name = cfg.rollout.tool_parser
-    if name != "auto":
-        return name, "rollout.tool_parser"
+    return tool_parser_for(cfg.rollout.tool_parser, tokenizer, cfg.model.path)
+
+
+def tool_parser_for(setting: str, tokenizer: Any = None, model_path: Any = None,
+                    source: str = "rollout.tool_parser") -> tuple[str, str]:
+    """(parser name, why) for a tool-format setting (`resolve_tool_parser`'s rule, for callers
+    without a config: `agentrl sft`'s examples, `agentrl serve`): `setting` when it names a
+    parser (why: `source`, where it was set); for `auto`, `detect_tool_parser` on `tokenizer`,
+    else on the tokenizer of the directory `model_path`, else `hermes` (the embedded model).
+    """
+    if setting != "auto":
+        return setting, source
     if tokenizer is not None:
         return detect_tool_parser(tokenizer)
-    if cfg.model.path is None:
+    if model_path is None:
         return FALLBACK, "the embedded model's tool tokens <tool_call>, </tool_call>"
-    return _detect_dir(str(cfg.model.path))
+    return _detect_dir(str(model_path))
