@@ -147,6 +147,15 @@ def _logratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
     return lp - old
 
 
+def _ratio_stats(ratio: Tensor, valid: Tensor) -> dict[str, float]:
+    """`ratio_mean`, `ratio_min`, `ratio_max` of `ratio` where the bool `valid` (same shape) is
+    set: the policy losses' ratio metrics; 1.0 each when nothing is valid."""
+    if not bool(valid.any()):
+        return {"ratio_mean": 1.0, "ratio_min": 1.0, "ratio_max": 1.0}
+    return {"ratio_mean": _f(masked_mean(ratio, valid)), "ratio_min": _f(ratio[valid].min()),
+            "ratio_max": _f(ratio[valid].max())}
+
+
 def _check_clip(clip_low: float, clip_high: float) -> None:
     if not 0.0 <= clip_low < 1.0:
         raise ValueError(f"clip_low must be in [0, 1), got {clip_low}")
@@ -228,13 +237,10 @@ def ppo_policy_loss(
     loss = aggregate(pg, loss_mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len)
 
     with torch.no_grad():
-        any_valid = bool(m.any())
         metrics.update(
             clipfrac=_f(masked_mean((clipped > unclipped).float(), m)),
             approx_kl=_f(masked_mean(ratio - 1.0 - logratio, m)),
-            ratio_mean=_f(masked_mean(ratio, m)) if any_valid else 1.0,
-            ratio_min=_f(ratio[m].min()) if any_valid else 1.0,
-            ratio_max=_f(ratio[m].max()) if any_valid else 1.0,
+            **_ratio_stats(ratio, m),
             pg_loss=_f(loss),
         )
     return loss, metrics
@@ -304,14 +310,11 @@ def gspo_policy_loss(
     loss = per_seq.sum() / _denominator(n_seq, per_seq)
 
     with torch.no_grad():
-        any_valid = bool(has_tokens.any())
         token_ratio = torch.exp(logratio.clamp(-LOGRATIO_CLAMP, LOGRATIO_CLAMP))
         metrics = {
             "clipfrac": _f(masked_mean((clipped > unclipped).float(), has_tokens)),
             "approx_kl": _f(masked_mean(token_ratio - 1.0 - logratio, m)),
-            "ratio_mean": _f(masked_mean(ratio, has_tokens)) if any_valid else 1.0,
-            "ratio_min": _f(ratio[has_tokens].min()) if any_valid else 1.0,
-            "ratio_max": _f(ratio[has_tokens].max()) if any_valid else 1.0,
+            **_ratio_stats(ratio, has_tokens),
             "pg_loss": _f(loss),
         }
     return loss, metrics
@@ -382,14 +385,11 @@ def cispo_policy_loss(
         pg = pg * tis_weights.detach().to(pg.dtype)
     loss = aggregate(pg, loss_mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len)
     with torch.no_grad():
-        any_valid = bool(m.any())
         metrics = {
             "clipfrac": _f(masked_mean((weight != ratio).float(), m)),
             "clipfrac_high": _f(masked_mean((ratio > 1.0 + clip_high).float(), m)),
             "approx_kl": _f(masked_mean(ratio - 1.0 - logratio, m)),
-            "ratio_mean": _f(masked_mean(ratio, m)) if any_valid else 1.0,
-            "ratio_min": _f(ratio[m].min()) if any_valid else 1.0,
-            "ratio_max": _f(ratio[m].max()) if any_valid else 1.0,
+            **_ratio_stats(ratio, m),
             "pg_loss": _f(loss),
         }
     return loss, metrics
