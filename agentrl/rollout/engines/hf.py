@@ -87,6 +87,19 @@ def check_params(params: SamplingParams) -> None:
         raise ValueError(f"n must be >= 1, got {params.n}")
 
 
+def check_prompts(prompts: Any, vocab: int) -> None:
+    """Each prompt of `prompts` (sequences of ids) is non-empty and its ids are in [0, vocab).
+
+    Raises:
+        ValueError: naming the first prompt (its index) that is empty or has an id outside.
+    """
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError(f"prompt {i} is empty")
+        if min(p) < 0 or max(p) >= vocab:
+            raise ValueError(f"prompt {i} has a token id outside [0, {vocab})")
+
+
 def record_stops(tokens: torch.Tensor, stop_ids: torch.Tensor, alive: torch.Tensor, rows: torch.Tensor,
                  out_len: torch.Tensor, stopped: torch.Tensor, t: int) -> int | None:
     """Mark the batch slots whose token `t` is a stop token as finished, in place.
@@ -270,11 +283,7 @@ class HFEngine:
                 token (diverged weights).
         """
         check_params(params)
-        for i, p in enumerate(prompts):
-            if len(p) == 0:
-                raise ValueError(f"prompt {i} is empty")
-            if min(p) < 0 or max(p) >= self._vocab:
-                raise ValueError(f"prompt {i} has a token id outside [0, {self._vocab})")
+        check_prompts(prompts, self._vocab)
         if not prompts:
             return []
         if params.seed is None:  # not reproducible: seeds from torch's global generator

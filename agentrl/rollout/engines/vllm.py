@@ -66,7 +66,7 @@ from typing import Any
 
 from agentrl.models.vision_logprobs import vision_token_ids
 from agentrl.rollout.engines.base import Completion, SamplingParams, row_seeds
-from agentrl.rollout.engines.hf import check_params
+from agentrl.rollout.engines.hf import check_params, check_prompts
 from agentrl.rollout.engines.vllm_partial import abort_inflight, generate_partial
 
 CPU_KV_CACHE_BYTES = 1 << 30
@@ -376,11 +376,7 @@ class VLLMEngine:
         if self.weights_discarded:
             raise RuntimeError("the vLLM engine's weights were discarded by sleep(level=2): load them "
                                "with update_weights() before generate()")
-        for i, p in enumerate(prompts):
-            if len(p) == 0:
-                raise ValueError(f"prompt {i} is empty")
-            if min(p) < 0 or max(p) >= self.vocab_size:
-                raise ValueError(f"prompt {i} has a token id outside [0, {self.vocab_size})")
+        check_prompts(prompts, self.vocab_size)
         if not prompts:
             return []
         seeds = row_seeds(prompts, params.n, params.seed, params.seed_offsets)
