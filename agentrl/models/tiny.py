@@ -297,7 +297,6 @@ def build_tiny_model(
     Raises:
         ValueError: bad sizes (see `build_tokenizer`, `tiny_config`).
     """
-    import torch
     from transformers import Qwen2ForCausalLM
 
     tokenizer = build_tokenizer(texts, vocab_size=vocab_size)
@@ -311,16 +310,32 @@ def build_tiny_model(
     )
     if init_std is not None:
         config.initializer_range = float(init_std)
+    return save_initialised(Qwen2ForCausalLM, config, tokenizer, seed, out_dir)
+
+
+def save_initialised(model_cls: Any, config: Any, tokenizer: PreTrainedTokenizerBase, seed: int,
+                     out_dir: str | Path, *also: Any) -> str:
+    """Initialise `model_cls(config)` (float32) from `seed` (the global torch RNG is left as it
+    was), set its generation config to the chat's stop ids (`chat_stop_ids`), the pad id and no
+    BOS, and save it, `tokenizer` and each of `also` (e.g. an image processor) with
+    `save_pretrained` to `out_dir` (created if missing): the end of `build_tiny_model` and
+    `build_tiny_vlm`.
+
+    Returns:
+        `str(out_dir)`.
+    """
+    import torch
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config).float()
+        model = model_cls(config).float()
     model.generation_config.eos_token_id = chat_stop_ids(tokenizer)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.bos_token_id = None
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    for part in (model, tokenizer, *also):
+        part.save_pretrained(out)
     return str(out)
 
 

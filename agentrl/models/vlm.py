@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentrl.models.tiny import CHAT_TEMPLATE, build_tokenizer, chat_stop_ids
+from agentrl.models.tiny import CHAT_TEMPLATE, build_tokenizer, chat_stop_ids, save_initialised
 from agentrl.types import image_size
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -174,7 +174,6 @@ def build_tiny_vlm(
     Raises:
         ValueError: bad sizes (see `build_tokenizer`, `tiny_vlm_config`, `tiny_image_processor`).
     """
-    import torch
     from transformers import Qwen2VLForConditionalGeneration
 
     tokenizer = build_vlm_tokenizer(texts, vocab_size=vocab_size)
@@ -186,18 +185,7 @@ def build_tiny_vlm(
         config.text_config.initializer_range = float(init_std)
         config.vision_config.initializer_range = float(init_std)
     processor = tiny_image_processor(min_pixels, max_pixels)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen2VLForConditionalGeneration(config).float()
-    model.generation_config.eos_token_id = chat_stop_ids(tokenizer)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.bos_token_id = None
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    processor.save_pretrained(out)
-    return str(out)
+    return save_initialised(Qwen2VLForConditionalGeneration, config, tokenizer, seed, out_dir, processor)
 
 
 def is_vlm_dir(path: str | Path) -> bool:
