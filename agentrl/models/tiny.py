@@ -248,23 +248,30 @@ def tiny_config(
     """
     from transformers import Qwen2Config
 
+    return Qwen2Config(**text_config_fields(tokenizer, hidden_size=hidden_size, num_layers=num_layers,
+                                            num_heads=num_heads, intermediate_size=intermediate_size,
+                                            max_position_embeddings=max_position_embeddings),
+                       dtype="float32")
+
+
+def text_config_fields(tokenizer: PreTrainedTokenizerBase, *, hidden_size: int, num_layers: int,
+                       num_heads: int, intermediate_size: int, max_position_embeddings: int
+                       ) -> dict[str, Any]:
+    """The text model's config fields of the embedded models (`tiny_config`, and the text part
+    of `agentrl.models.vlm.tiny_vlm_config`): vocab = `len(tokenizer)`, tied embeddings,
+    `num_heads // 2` key/value heads (all `num_heads` when odd), no BOS, eos = the chat's stop
+    ids (`chat_stop_ids`), pad = the tokenizer's.
+
+    Raises:
+        ValueError: if `hidden_size` is not divisible by `num_heads`.
+    """
     if hidden_size % num_heads:
         raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}")
-    kv_heads = num_heads // 2 if num_heads % 2 == 0 else num_heads
-    return Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=kv_heads,
-        max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=chat_stop_ids(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        dtype="float32",
-    )
+    return dict(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=intermediate_size,
+                num_hidden_layers=num_layers, num_attention_heads=num_heads,
+                num_key_value_heads=num_heads // 2 if num_heads % 2 == 0 else num_heads,
+                max_position_embeddings=max_position_embeddings, tie_word_embeddings=True,
+                bos_token_id=None, eos_token_id=chat_stop_ids(tokenizer), pad_token_id=tokenizer.pad_token_id)
 
 
 def build_tiny_model(

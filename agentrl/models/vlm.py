@@ -18,7 +18,12 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentrl.models.tiny import CHAT_TEMPLATE, build_tokenizer, chat_stop_ids, save_initialised
+from agentrl.models.tiny import (
+    CHAT_TEMPLATE,
+    build_tokenizer,
+    save_initialised,
+    text_config_fields,
+)
 from agentrl.types import image_size
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -106,8 +111,8 @@ def tiny_vlm_config(
     """
     from transformers import Qwen2VLConfig
 
-    if hidden_size % num_heads:
-        raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}")
+    text = text_config_fields(tokenizer, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
+                              intermediate_size=intermediate_size, max_position_embeddings=max_position_embeddings)
     head_dim = hidden_size // num_heads
     if head_dim % 4:
         raise ValueError(f"head dimension {head_dim} (hidden_size / num_heads) must be divisible by 4")
@@ -119,22 +124,16 @@ def tiny_vlm_config(
         raise ValueError(f"tokenizer lacks the vision tokens {VISION_TOKENS} (use build_vlm_tokenizer)")
     half = head_dim // 2
     hw = 3 * half // 8
-    stops = chat_stop_ids(tokenizer)
-    text = dict(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=intermediate_size,
-                num_hidden_layers=num_layers, num_attention_heads=num_heads,
-                num_key_value_heads=num_heads // 2 if num_heads % 2 == 0 else num_heads,
-                max_position_embeddings=max_position_embeddings, tie_word_embeddings=True,
-                bos_token_id=None, eos_token_id=stops, pad_token_id=tokenizer.pad_token_id,
-                rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                 "mrope_section": [half - 2 * hw, hw, hw]})
+    text["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0,
+                               "mrope_section": [half - 2 * hw, hw, hw]}
     vision = dict(depth=vision_depth, embed_dim=vision_width, num_heads=vision_heads,
                   hidden_size=hidden_size, mlp_ratio=2, patch_size=14, spatial_merge_size=2,
                   temporal_patch_size=2)
     return Qwen2VLConfig(text_config=text, vision_config=vision, image_token_id=ids[IMAGE_PAD],
                          video_token_id=ids[VIDEO_PAD], vision_start_token_id=ids[VISION_START],
                          vision_end_token_id=ids[VISION_END], tie_word_embeddings=True,
-                         bos_token_id=None, eos_token_id=stops, pad_token_id=tokenizer.pad_token_id,
-                         dtype="float32")
+                         bos_token_id=None, eos_token_id=text["eos_token_id"],
+                         pad_token_id=tokenizer.pad_token_id, dtype="float32")
 
 
 def build_tiny_vlm(
