@@ -159,11 +159,12 @@ def _check_content(k: int, m: dict[str, Any]) -> None:
 _ABSENT = object()
 
 
-def parse_call(c: Any, missing: Any = None) -> tuple[str, Any] | None:
+def parse_call(c: Any, missing: Any = None, decode: bool = True) -> tuple[str, Any] | None:
     """One tool call of a chat message read as `(name, arguments)`: OpenAI's
     `{"function": {"name": str, "arguments": object or its JSON text}}` (other keys, `id` and
     `type`, ignored) or a `ToolCall`. Arguments given as text are parsed (kept as the text when
-    it is not JSON); absent ones are `missing`.
+    it is not JSON, or with `decode=False`: a check of the shape only); absent ones are
+    `missing`.
 
     Returns:
         None when `c` has no such shape: no `function` object, a name that is not a string,
@@ -178,12 +179,12 @@ def parse_call(c: Any, missing: Any = None) -> tuple[str, Any] | None:
     a = f.get("arguments", _ABSENT)
     if a is _ABSENT:
         return f["name"], missing
-    if isinstance(a, str):
+    if isinstance(a, str) and decode:
         try:
             return f["name"], json.loads(a)
         except ValueError:
             return f["name"], a
-    return (f["name"], a) if isinstance(a, dict) else None
+    return (f["name"], a) if isinstance(a, (str, dict)) else None
 
 
 def _check_messages(messages: Any) -> list[dict[str, Any]]:
@@ -194,7 +195,7 @@ def _check_messages(messages: Any) -> list[dict[str, Any]]:
             raise bad(f"messages[{k}] must be an object with a role in {list(ROLES)}", "messages")
         _check_content(k, m)
         for c in m.get("tool_calls") or []:
-            if parse_call(c) is None:
+            if parse_call(c, decode=False) is None:
                 raise bad(f"messages[{k}].tool_calls: each call needs function.name and "
                           "function.arguments", "messages")
     return messages
