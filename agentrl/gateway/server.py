@@ -38,10 +38,11 @@ from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from agentrl.gateway.http_body import read_body, receive_body
 from agentrl.gateway.protocol import (
     ChatRequest,
     GatewayError,
@@ -479,7 +480,7 @@ class Gateway:
             if k == b"authorization":
                 auth = v.decode("latin-1")
                 break
-        status, body, stream = await self._answer(auth, _receive_body(receive))
+        status, body, stream = await self._answer(auth, receive_body(receive))
         if stream is not None:
             await StreamingResponse(iter(stream), media_type="text/event-stream")(scope, receive, send)
             return
@@ -520,7 +521,7 @@ class Gateway:
             run.pending += 1
             s.in_flight += 1
             try:
-                obj, size = await _body(chunks, s.max_request_bytes)
+                obj, size = await read_body(chunks, s.max_request_bytes)
                 req = parse_request(obj)
                 if req.model not in s.model_names:
                     raise GatewayError(404, f"model {req.model!r} not found; this gateway serves "
@@ -556,44 +557,6 @@ class Gateway:
 
 _JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":"))
 """Starlette's `JSONResponse` encoding."""
-
-
-async def _receive_body(receive: Any) -> AsyncIterator[bytes]:
-    """The chunks of an ASGI request's body (Starlette's `Request.stream`).
-
-    Raises:
-        ClientDisconnect: the client went away before the body's end.
-    """
-    while True:
-        message = await receive()
-        if message["type"] == "http.request":
-            chunk = message.get("body", b"")
-            if chunk:
-                yield chunk
-            if not message.get("more_body", False):
-                return
-        elif message["type"] == "http.disconnect":
-            raise ClientDisconnect()
-
-
-async def _body(chunks: AsyncIterator[bytes], limit: int) -> tuple[Any, int]:
-    """A request's JSON body and its size in bytes, read whole (so the client gets the answer).
-
-    Raises:
-        GatewayError: 413 over `limit` bytes, 400 for a body that is not JSON.
-    """
-    parts, size = [], 0
-    async for chunk in chunks:
-        size += len(chunk)
-        if size <= limit:
-            parts.append(chunk)
-    if size > limit:
-        raise GatewayError(413, f"the request body has {size} bytes; the limit is {limit}",
-                           code="request_too_large")
-    try:
-        return json.loads(parts[0] if len(parts) == 1 else b"".join(parts)), size
-    except (ValueError, UnicodeDecodeError) as e:
-        raise bad(f"the request body is not valid JSON: {e}") from None
 
 
 _shared: Gateway | None = None
