@@ -180,5 +180,21 @@ def test_config_checks_branch(tmp_path):
             load_config(p)
 
 
+def test_config_takes_the_registered_turn_limit():
+    """A multi-turn env by registration (web_qa, mcp_tools: `register_env(max_turns=8)`) or by
+    `env.kwargs.max_turns` (code_sandbox's attempts) takes a branch without `env.max_turns`; a
+    registered limit of one turn is refused as `env.max_turns=1` is."""
+    from agentrl.env.registry import register_env
+
+    for data in ({"env": {"name": "web_qa"}}, {"env": {"name": "mcp_tools"}},
+                 {"env": {"name": "code_sandbox", "kwargs": {"max_turns": 3}}}):
+        assert Config.model_validate({**data, "rollout": {"branch": 2}}).rollout.branch == 2
+    register_env("test/OneTurnTree-v0", RepairEnv, short_name="test_one_turn_tree", max_turns=1)
+    with pytest.raises(ValueError, match="needs a multi-turn run"):
+        Config.model_validate({"env": {"name": "test_one_turn_tree"}, "rollout": {"branch": 2}})
+    with pytest.raises(ValueError, match="needs a multi-turn run"):
+        Config.model_validate({"env": {"name": "web_qa", "max_turns": 1}, "rollout": {"branch": 2}})
+
+
 def test_an_episode_spec_without_trunk_is_unchanged():
     assert EpisodeSpec({"seed": 1}).trunk is None
