@@ -505,6 +505,9 @@ class Config(_Section):
         if g is None or g % b:
             raise ValueError(f"rollout.branch={b} must divide algo.group_size ({g}): each group is "
                              "group_size / branch first turns with branch continuations each")
+        if self.env.name in ("agent", "agentrl/Agent-v0"):
+            raise ValueError(f"rollout.branch={b}: --agent runs your agent, and the user's agent samples "
+                             "its own turns (no first turn to share): set rollout.branch=1")
         from agentrl.env.registry import registered_turn_limit
 
         turns = (self.env.max_turns or self.env.kwargs.get("max_turns")

@@ -196,5 +196,23 @@ def test_config_takes_the_registered_turn_limit():
         Config.model_validate({"env": {"name": "web_qa", "max_turns": 1}, "rollout": {"branch": 2}})
 
 
+def test_config_refuses_a_branch_with_the_users_agent(tmp_path):
+    """`--agent` (env `agent`) with a branch is a config error at start-up, before OUT is
+    written, with or without `env.max_turns` (it was a traceback from the first training batch,
+    after the model was built and evaluated, or a misleading "needs a multi-turn run")."""
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+
+    for extra in ([], ["env.max_turns=3"]):
+        with pytest.raises(ConfigError, match="the user's agent samples its own turns"):
+            load_config(None, ["rollout.branch=2", "env.name=agent", *extra])
+    out = tmp_path / "run"
+    r = CliRunner().invoke(app, ["train", "--agent", "calc_agent:solve", "--dataset", str(tmp_path / "t.jsonl"),
+                                 "--out", str(out), "rollout.branch=2", "env.max_turns=3"])
+    assert r.exit_code == 2 and "the user's agent samples its own turns" in " ".join(r.output.split())
+    assert not out.exists()
+
+
 def test_an_episode_spec_without_trunk_is_unchanged():
     assert EpisodeSpec({"seed": 1}).trunk is None
