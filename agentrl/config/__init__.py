@@ -508,14 +508,9 @@ class Config(_Section):
         if self.env.name in ("agent", "agentrl/Agent-v0"):
             raise ValueError(f"rollout.branch={b}: --agent runs your agent, and the user's agent samples "
                              "its own turns (no first turn to share): set rollout.branch=1")
-        from agentrl.env.registry import registered_turn_limit
-
-        turns = (self.env.max_turns or self.env.kwargs.get("max_turns")
-                 or registered_turn_limit(self.env.name))
-        if (turns or 1) < 2:
-            raise ValueError(f"rollout.branch={b} needs a multi-turn run (env.max_turns >= 2, "
-                             f"env.kwargs.max_turns or the env's registered limit; got {turns}): "
-                             "with one turn the branches would be copies")
+        err = branch_turns_error(self)
+        if err:
+            raise ValueError(err)
         if self.model.vision:
             raise ValueError(f"rollout.branch={b}: tree rollouts are for text models (model.vision=true)")
         return self
@@ -531,6 +526,28 @@ class Config(_Section):
 
 
 _ALGO: TypeAdapter[Any] = TypeAdapter(AlgoConfig)
+
+
+def branch_turns_error(cfg: Config, env_id: str | None = None) -> str | None:
+    """Why `rollout.branch` > 1 cannot run on `cfg`'s env for want of turns, or None: the turn
+    limit is `env.max_turns`, else `env.kwargs.max_turns`, else the one the env (`env_id`,
+    default `env.name`) is registered with; under 2, or none at all, is refused (one turn would
+    make the branches copies). None too while the env is not registered yet (a module of
+    `env.imports` / `--import` registers it): `agentrl train` asks again once it is imported."""
+    from agentrl.env.registry import registered_turn_limit
+
+    if cfg.rollout.branch == 1:
+        return None
+    turns = cfg.env.max_turns or cfg.env.kwargs.get("max_turns")
+    if turns is None:
+        known, turns = registered_turn_limit(env_id or cfg.env.name)
+        if not known:
+            return None
+    if (turns or 1) >= 2:
+        return None
+    return (f"rollout.branch={cfg.rollout.branch} needs a multi-turn run (env.max_turns >= 2, "
+            f"env.kwargs.max_turns or the env's registered limit; got {turns}): with one turn the "
+            "branches would be copies")
 
 
 def algo_config(**fields: Any) -> AlgoBase:

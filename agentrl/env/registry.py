@@ -143,16 +143,16 @@ def _lookup(name: str) -> str | None:
     return None
 
 
-def registered_turn_limit(name: str) -> int | None:
-    """The turn limit an env is registered with (`register_env(max_turns=...)`, or a
-    `max_turns` in its registered constructor kwargs), for a name already registered (nothing
-    is imported); None when it has none or the name is not registered yet."""
+def registered_turn_limit(name: str) -> tuple[bool, int | None]:
+    """Whether env `name` (a short name or id) is registered yet (nothing is imported), and the
+    turn limit it is registered with (`register_env(max_turns=...)`, or a `max_turns` in its
+    registered constructor kwargs; None when it has none)."""
     env_id = _lookup(name)
     if env_id is None:
-        return None
+        return False, None
     spec = gym.registry[env_id]
     limit = spec.max_episode_steps or (spec.kwargs or {}).get("max_turns")
-    return int(limit) if limit is not None else None
+    return True, int(limit) if limit is not None else None
 
 
 REASONING_GYM_PREFIX = "reasoning_gym:"

@@ -196,6 +196,47 @@ def test_config_takes_the_registered_turn_limit():
         Config.model_validate({"env": {"name": "web_qa", "max_turns": 1}, "rollout": {"branch": 2}})
 
 
+ONE_TURN_MODULE = """
+from agentrl import TextEnv, register_env
+
+
+class Say(TextEnv):
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return [{"role": "user", "content": "Say hi."}], {}
+
+    def step(self, action):
+        return [], 1.0, True, False, {}
+
+
+register_env("{name}/Say-v0", "{name}:Say", short_name="{name}", max_turns={turns})
+"""
+
+
+@pytest.mark.parametrize("turns", [1, 3])
+def test_an_env_registered_by_import_is_checked_once_imported(tmp_path, monkeypatch, turns):
+    """An env that `--import` registers is not known when the config is validated: it passes
+    there, and `agentrl train` checks its registered limit once the module is imported (with 3
+    turns it was refused as "got None"; with 1 it is refused before OUT is written)."""
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+
+    name = f"tree_import_{turns}"
+    (tmp_path / f"{name}.py").write_text(ONE_TURN_MODULE.replace("{name}", name).replace("{turns}", str(turns)))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert load_config(None, ["rollout.branch=2", f"env.name={name}"]).rollout.branch == 2
+    out = tmp_path / "run"
+    r = CliRunner().invoke(app, ["train", "--import", name, "--env", name, "--out", str(out),
+                                 "rollout.branch=2", "sft.steps=0", "model.path=/nonexistent"])
+    flat = " ".join(r.output.split())
+    if turns == 1:
+        assert r.exit_code == 2 and "needs a multi-turn run" in flat and "got 1" in flat, flat
+    else:
+        assert "needs a multi-turn run" not in flat and "model.path" in flat, flat
+    assert not out.exists()
+
+
 def test_config_refuses_a_branch_with_the_users_agent(tmp_path):
     """`--agent` (env `agent`) with a branch is a config error at start-up, before OUT is
     written, with or without `env.max_turns` (it was a traceback from the first training batch,
