@@ -257,3 +257,30 @@ def test_config_refuses_a_branch_with_the_users_agent(tmp_path):
 
 def test_an_episode_spec_without_trunk_is_unchanged():
     assert EpisodeSpec({"seed": 1}).trunk is None
+
+
+def test_show_names_the_episodes_that_share_a_first_turn(engine, tmp_path):
+    """`agentrl show` of a tree rollout's episode names the episodes holding its first turn
+    (the one that sampled it first); an episode of a run without branches gets no such line."""
+    import io
+    import json
+
+    from rich.console import Console
+
+    from agentrl.log.show import show_episode
+
+    engine.tokenizer.save_pretrained(tmp_path / "base_model")
+    (tmp_path / "rollouts").mkdir()
+    for step, branch in ((1, 2), (2, 1)):
+        trajs = run(engine, group_specs([1000], 4, 0, branch=branch))
+        (tmp_path / "rollouts" / f"step_{step}.jsonl").write_text(
+            "".join(json.dumps(t.to_dict()) + "\n" for t in trajs))
+    for step, index, want in ((1, 3, "episodes 2, 3 hold the same first turn, sampled once by episode 2"),
+                              (1, 0, "episodes 0, 1 hold the same first turn, sampled once by episode 0"),
+                              (2, 1, None)):
+        buf = io.StringIO()
+        show_episode(tmp_path, step, index, Console(file=buf, width=300, color_system=None), plain=True)
+        if want:
+            assert want in buf.getvalue()
+        else:
+            assert "first turn shared" not in buf.getvalue()
