@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from agentrl.algos.configs import ALGO_CONFIGS, AlgoBase
-from agentrl.config import Config, ConfigError, _set_dotted, load_config
+from agentrl.config import Config, ConfigError, _set_dotted, branch_turns_error, load_config
 from agentrl.env.registry import (
     DESCRIPTIONS,
     SHORT_NAMES,
@@ -144,9 +144,12 @@ def train(
     except ImportError as e:  # the message names the module (--import / env.imports)
         _fail(f"import error: {e}")
     try:
-        resolve_env_id(cfg.env.name)
+        env_id = resolve_env_id(cfg.env.name)
     except (ValueError, ImportError, AttributeError) as e:
         _fail(f"config error: env.name: {e}")
+    branch_err = branch_turns_error(cfg, env_id)  # an env registered by --import: its limit now
+    if branch_err:
+        _fail(f"config error: {branch_err}")
     _check_dataset(cfg.env.name, cfg.env.dataset)
     from agentrl.learner.optim import NonFiniteGradientError
     from agentrl.startup import check_learner_device

@@ -228,7 +228,9 @@ def evaluate(engine: Any, renderer: ChatRenderer, envs: list[Any], cfg: Config,
     tasks `EVAL_SEED + i` of `envs`' split, `samples` episodes each: the warm start's stop check
     on *training* tasks. The
     held-out figure of a run is `agentrl.eval.harness.evaluate_heldout` (the env's fixed
-    held-out list)."""
+    held-out list). The samples are independent whatever `rollout.branch` (tree rollouts
+    shape training groups: here they would copy first turns and bias pass@k)."""
+    cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"branch": 1})})
     params = SamplingParams(temperature=temperature, top_p=cfg.rollout.top_p,
                             max_tokens=cfg.rollout.max_tokens, stop_token_ids=renderer.stop_ids)
     seeds = [EVAL_SEED + i for i in range(n_tasks)]

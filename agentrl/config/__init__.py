@@ -178,7 +178,7 @@ class RolloutConfig(_Section):
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Extra variables for the chat template, e.g. `{"enable_thinking": false}` for Qwen3 (no thinking: the generation prompt carries an empty think block)."""
     branch: int = Field(default=1, ge=1)
-    """Tree rollouts for multi-turn groups (`env.max_turns` > 1): each group's `algo.group_size` episodes are `group_size / branch` first turns, each continued by `branch` episodes (the same sampled first-turn tokens and logprobs, then sampled apart; `EpisodeSpec.trunk`). The continuations of one first attempt see the same feedback, so with GiGPO's step-level credit (`algo.turn_credit=gigpo`) their second turns form one anchor group: a repair is compared with the other repairs of the same attempt (tree rollouts as in TreeRL, Hou et al. 2025, and ARPO, Dong et al. 2025, which branch after tool feedback). A shared first turn is trained once per episode that holds it (its gradient averages its continuations' advantages). 1: every episode samples its own first turn. Must divide `algo.group_size`; text models; not with `--agent` (the user's agent runs its own turns)."""
+    """Tree rollouts for multi-turn groups (a turn limit > 1: `env.max_turns`, else `env.kwargs.max_turns` or the limit the env is registered with, e.g. web_qa's 8): each group's `algo.group_size` episodes are `group_size / branch` first turns, each continued by `branch` episodes (the same sampled first-turn tokens and logprobs, then sampled apart; `EpisodeSpec.trunk`). The continuations of one first attempt see the same feedback, so with GiGPO's step-level credit (`algo.turn_credit=gigpo`) their second turns form one anchor group: a repair is compared with the other repairs of the same attempt (tree rollouts as in TreeRL, Hou et al. 2025, and ARPO, Dong et al. 2025, which branch after tool feedback). A shared first turn is trained once per episode that holds it (its gradient averages its continuations' advantages). 1: every episode samples its own first turn. Must divide `algo.group_size`; text models; not with `--agent` (the user's agent runs its own turns)."""
     colocate: bool = False
     """Colocated GPU mode (vLLM and the learner on the same GPUs, vLLM asleep while the learner trains and woken with the new weights for rollout): not built yet, so `true` is refused at start-up. Without CUDA there is nothing to share (and vLLM's CPU build has no sleep mode); with CUDA the engine's `sleep`/`wake_up` exist (`VLLMEngine`) but the loop that drives them is not written (docs/scale_out.md). Today: separate GPUs for the learner and `rollout.worker_gpus`."""
 
@@ -505,9 +505,12 @@ class Config(_Section):
         if g is None or g % b:
             raise ValueError(f"rollout.branch={b} must divide algo.group_size ({g}): each group is "
                              "group_size / branch first turns with branch continuations each")
-        if (self.env.max_turns or 1) < 2:
-            raise ValueError(f"rollout.branch={b} needs a multi-turn run (env.max_turns >= 2; got "
-                             f"{self.env.max_turns}): with one turn the branches would be copies")
+        if self.env.name in ("agent", "agentrl/Agent-v0"):
+            raise ValueError(f"rollout.branch={b}: --agent runs your agent, and the user's agent samples "
+                             "its own turns (no first turn to share): set rollout.branch=1")
+        err = branch_turns_error(self)
+        if err:
+            raise ValueError(err)
         if self.model.vision:
             raise ValueError(f"rollout.branch={b}: tree rollouts are for text models (model.vision=true)")
         return self
@@ -523,6 +526,28 @@ class Config(_Section):
 
 
 _ALGO: TypeAdapter[Any] = TypeAdapter(AlgoConfig)
+
+
+def branch_turns_error(cfg: Config, env_id: str | None = None) -> str | None:
+    """Why `rollout.branch` > 1 cannot run on `cfg`'s env for want of turns, or None: the turn
+    limit is `env.max_turns`, else `env.kwargs.max_turns`, else the one the env (`env_id`,
+    default `env.name`) is registered with; under 2, or none at all, is refused (one turn would
+    make the branches copies). None too while the env is not registered yet (a module of
+    `env.imports` / `--import` registers it): `agentrl train` asks again once it is imported."""
+    from agentrl.env.registry import registered_turn_limit
+
+    if cfg.rollout.branch == 1:
+        return None
+    turns = cfg.env.max_turns or cfg.env.kwargs.get("max_turns")
+    if turns is None:
+        known, turns = registered_turn_limit(env_id or cfg.env.name)
+        if not known:
+            return None
+    if (turns or 1) >= 2:
+        return None
+    return (f"rollout.branch={cfg.rollout.branch} needs a multi-turn run (env.max_turns >= 2, "
+            f"env.kwargs.max_turns or the env's registered limit; got {turns}): with one turn the "
+            "branches would be copies")
 
 
 def algo_config(**fields: Any) -> AlgoBase:

@@ -143,6 +143,18 @@ def _lookup(name: str) -> str | None:
     return None
 
 
+def registered_turn_limit(name: str) -> tuple[bool, int | None]:
+    """Whether env `name` (a short name or id) is registered yet (nothing is imported), and the
+    turn limit it is registered with (`register_env(max_turns=...)`, or a `max_turns` in its
+    registered constructor kwargs; None when it has none)."""
+    env_id = _lookup(name)
+    if env_id is None:
+        return False, None
+    spec = gym.registry[env_id]
+    limit = spec.max_episode_steps or (spec.kwargs or {}).get("max_turns")
+    return True, int(limit) if limit is not None else None
+
+
 REASONING_GYM_PREFIX = "reasoning_gym:"
 """`--env reasoning_gym:NAME`: reasoning-gym's dataset NAME (`agentrl_envs.reasoning_gym_env`)."""
 

@@ -67,6 +67,27 @@ def load_group(out_dir: str | Path, step: int, group_id: int) -> list[Trajectory
     return [t for t in eps if t.group_id == group_id]
 
 
+def trunk_note(out_dir: str | Path, step: int, index: int) -> str | None:
+    """A tree rollout's shared first turn (`rollout.branch`, `info["shared_first_turn"]`): the
+    episodes of step `step`'s file (indices, group-major) whose sampled first turn, context
+    included, is episode `index`'s, the first of them the one that sampled it; None when it
+    shares its first turn with no marked episode (a run without branches)."""
+    lines = (Path(out_dir) / "rollouts" / f"step_{step}.jsonl").read_text().splitlines()
+    eps = [Trajectory.from_dict(json.loads(line)) for line in lines if line.strip()]
+    me = eps[index]
+
+    def first(t: Trajectory) -> list[int] | None:
+        return t.token_ids[:t.turns[0].end] if t.turns else None
+
+    if first(me) is None:
+        return None
+    same = [i for i, t in enumerate(eps) if t.group_id == me.group_id and first(t) == first(me)]
+    if len(same) < 2 or not any(eps[i].info.get("shared_first_turn") for i in same):
+        return None
+    return (f"first turn shared (tree rollout, rollout.branch): episodes {', '.join(map(str, same))} "
+            f"hold the same first turn, sampled once by episode {same[0]} and trained in each")
+
+
 def training_note(traj: Trajectory, group_returns: list[float]) -> str:
     """One line on what the update made of the episode: its advantage and whether it was
     trained (carried policy-gradient signal), with the returns of its group, from the
@@ -196,6 +217,9 @@ def show_episode(out_dir: str | Path, step: int | None = None, index: int = 0,
               "sampled tokens (loss_mask=1) highlighted, context (loss_mask=0) dim")
     console.print(head, style="bold", markup=False, highlight=False)
     console.print(training_note(traj, group), markup=False, highlight=False)
+    shared = trunk_note(out_dir, step, index)
+    if shared:
+        console.print(shared, markup=False, highlight=False)
     if traj.info.get("error"):  # the episode's own: a failed reset, the user's agent failing
         console.print(f"error: {str(traj.info['error'])[:300]}", markup=False, highlight=False)
     drift = traj.info.get("template_drift")

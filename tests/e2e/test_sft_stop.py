@@ -75,3 +75,27 @@ def test_a_diverging_warm_start_stops_with_a_clear_error_and_saves_no_model(tiny
     assert r.exit_code == 2 and "Traceback" not in r.output, r.output
     assert "stopped: warm start step 1: loss nan" in flat and "lower sft.lr, now 1e+30" in flat, flat
     assert not (out / "sft_model").exists()
+
+
+@pytest.mark.parametrize("k", [3, 4])
+def test_the_stop_check_samples_every_episode_under_tree_rollouts(tiny_tokenizer, k):
+    """`rollout.branch` shapes training groups only: the stop check's k samples per task are
+    independent (pass@k), so every episode samples its own first turn (k calls per task), and
+    a k that branch does not divide (3 with branch 2) runs instead of failing mid warm start."""
+    from agentrl.config import load_config
+    from agentrl.sft import evaluate
+
+    calls = {"n": 0}
+
+    def policy(ids):
+        calls["n"] += 1
+        return "no"
+
+    cfg = load_config(None, ["rollout.max_tokens=4", "rollout.branch=2", "env.max_turns=2"],
+                      **{"env.name": "test_sft_say"})
+    n_tasks = 2
+    envs = [make_env("test_sft_say") for _ in range(n_tasks * k)]
+    with ThreadPoolExecutor(2) as pool:
+        r = evaluate(ScriptedEngine(tiny_tokenizer, policy), ChatRenderer(tiny_tokenizer), envs, cfg,
+                     pool, n_tasks=n_tasks, samples=k, temperature=1.0)
+    assert calls["n"] == n_tasks * k and r["pass@1"] == 0.0

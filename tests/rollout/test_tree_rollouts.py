@@ -180,5 +180,107 @@ def test_config_checks_branch(tmp_path):
             load_config(p)
 
 
+def test_config_takes_the_registered_turn_limit():
+    """A multi-turn env by registration (web_qa, mcp_tools: `register_env(max_turns=8)`) or by
+    `env.kwargs.max_turns` (code_sandbox's attempts) takes a branch without `env.max_turns`; a
+    registered limit of one turn is refused as `env.max_turns=1` is."""
+    from agentrl.env.registry import register_env
+
+    for data in ({"env": {"name": "web_qa"}}, {"env": {"name": "mcp_tools"}},
+                 {"env": {"name": "code_sandbox", "kwargs": {"max_turns": 3}}}):
+        assert Config.model_validate({**data, "rollout": {"branch": 2}}).rollout.branch == 2
+    register_env("test/OneTurnTree-v0", RepairEnv, short_name="test_one_turn_tree", max_turns=1)
+    with pytest.raises(ValueError, match="needs a multi-turn run"):
+        Config.model_validate({"env": {"name": "test_one_turn_tree"}, "rollout": {"branch": 2}})
+    with pytest.raises(ValueError, match="needs a multi-turn run"):
+        Config.model_validate({"env": {"name": "web_qa", "max_turns": 1}, "rollout": {"branch": 2}})
+
+
+ONE_TURN_MODULE = """
+from agentrl import TextEnv, register_env
+
+
+class Say(TextEnv):
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return [{"role": "user", "content": "Say hi."}], {}
+
+    def step(self, action):
+        return [], 1.0, True, False, {}
+
+
+register_env("{name}/Say-v0", "{name}:Say", short_name="{name}", max_turns={turns})
+"""
+
+
+@pytest.mark.parametrize("turns", [1, 3])
+def test_an_env_registered_by_import_is_checked_once_imported(tmp_path, monkeypatch, turns):
+    """An env that `--import` registers is not known when the config is validated: it passes
+    there, and `agentrl train` checks its registered limit once the module is imported (with 3
+    turns it was refused as "got None"; with 1 it is refused before OUT is written)."""
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+
+    name = f"tree_import_{turns}"
+    (tmp_path / f"{name}.py").write_text(ONE_TURN_MODULE.replace("{name}", name).replace("{turns}", str(turns)))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert load_config(None, ["rollout.branch=2", f"env.name={name}"]).rollout.branch == 2
+    out = tmp_path / "run"
+    r = CliRunner().invoke(app, ["train", "--import", name, "--env", name, "--out", str(out),
+                                 "rollout.branch=2", "sft.steps=0", "model.path=/nonexistent"])
+    flat = " ".join(r.output.split())
+    if turns == 1:
+        assert r.exit_code == 2 and "needs a multi-turn run" in flat and "got 1" in flat, flat
+    else:
+        assert "needs a multi-turn run" not in flat and "model.path" in flat, flat
+    assert not out.exists()
+
+
+def test_config_refuses_a_branch_with_the_users_agent(tmp_path):
+    """`--agent` (env `agent`) with a branch is a config error at start-up, before OUT is
+    written, with or without `env.max_turns` (it was a traceback from the first training batch,
+    after the model was built and evaluated, or a misleading "needs a multi-turn run")."""
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+
+    for extra in ([], ["env.max_turns=3"]):
+        with pytest.raises(ConfigError, match="the user's agent samples its own turns"):
+            load_config(None, ["rollout.branch=2", "env.name=agent", *extra])
+    out = tmp_path / "run"
+    r = CliRunner().invoke(app, ["train", "--agent", "calc_agent:solve", "--dataset", str(tmp_path / "t.jsonl"),
+                                 "--out", str(out), "rollout.branch=2", "env.max_turns=3"])
+    assert r.exit_code == 2 and "the user's agent samples its own turns" in " ".join(r.output.split())
+    assert not out.exists()
+
+
 def test_an_episode_spec_without_trunk_is_unchanged():
     assert EpisodeSpec({"seed": 1}).trunk is None
+
+
+def test_show_names_the_episodes_that_share_a_first_turn(engine, tmp_path):
+    """`agentrl show` of a tree rollout's episode names the episodes holding its first turn
+    (the one that sampled it first); an episode of a run without branches gets no such line."""
+    import io
+    import json
+
+    from rich.console import Console
+
+    from agentrl.log.show import show_episode
+
+    engine.tokenizer.save_pretrained(tmp_path / "base_model")
+    (tmp_path / "rollouts").mkdir()
+    for step, branch in ((1, 2), (2, 1)):
+        trajs = run(engine, group_specs([1000], 4, 0, branch=branch))
+        (tmp_path / "rollouts" / f"step_{step}.jsonl").write_text(
+            "".join(json.dumps(t.to_dict()) + "\n" for t in trajs))
+    for step, index, want in ((1, 3, "episodes 2, 3 hold the same first turn, sampled once by episode 2"),
+                              (1, 0, "episodes 0, 1 hold the same first turn, sampled once by episode 0"),
+                              (2, 1, None)):
+        buf = io.StringIO()
+        show_episode(tmp_path, step, index, Console(file=buf, width=300, color_system=None), plain=True)
+        if want:
+            assert want in buf.getvalue()
+        else:
+            assert "first turn shared" not in buf.getvalue()
