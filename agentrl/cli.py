@@ -20,6 +20,7 @@ from agentrl.env.registry import (
     SHORT_NAMES,
     import_env_modules,
     load_env_plugins,
+    registered_turn_limit,
     resolve_env_id,
 )
 from agentrl.infra.corpus_server import main as serve
@@ -147,7 +148,7 @@ def train(
         env_id = resolve_env_id(cfg.env.name)
     except (ValueError, ImportError, AttributeError) as e:
         _fail(f"config error: env.name: {e}")
-    branch_err = branch_turns_error(cfg, env_id)  # an env registered by --import: its limit now
+    branch_err = branch_turns_error(cfg, registered_turn_limit(env_id))  # its registered limit
     if branch_err:
         _fail(f"config error: {branch_err}")
     _check_dataset(cfg.env.name, cfg.env.dataset)

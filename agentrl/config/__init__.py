@@ -528,21 +528,21 @@ class Config(_Section):
 _ALGO: TypeAdapter[Any] = TypeAdapter(AlgoConfig)
 
 
-def branch_turns_error(cfg: Config, env_id: str | None = None) -> str | None:
+def branch_turns_error(cfg: Config, registered: tuple[bool, int | None] | None = None) -> str | None:
     """Why `rollout.branch` > 1 cannot run on `cfg`'s env for want of turns, or None: the turn
-    limit is `env.max_turns`, else `env.kwargs.max_turns`, else the one the env (`env_id`,
-    default `env.name`) is registered with; under 2, or none at all, is refused (one turn would
-    make the branches copies). None too while the env is not registered yet (a module of
-    `env.imports` / `--import` registers it): `agentrl train` asks again once it is imported."""
-    from agentrl.env.registry import registered_turn_limit
-
+    limit is `env.max_turns`, else `env.kwargs.max_turns`, else the one the env is registered
+    with, `registered` = (registered yet?, its limit) as `agentrl.env.registry.registered_turn_limit`
+    gives it; under 2, or none at all, is refused (one turn would make the branches copies).
+    None too when neither key is set and `registered` is None or says "not registered yet"
+    (config validation has no registry; a module of `env.imports` / `--import` registers the
+    env: `agentrl train` asks again with its registered limit once it is imported)."""
     if cfg.rollout.branch == 1:
         return None
     turns = cfg.env.max_turns or cfg.env.kwargs.get("max_turns")
     if turns is None:
-        known, turns = registered_turn_limit(env_id or cfg.env.name)
-        if not known:
+        if registered is None or not registered[0]:
             return None
+        turns = registered[1]
     if (turns or 1) >= 2:
         return None
     return (f"rollout.branch={cfg.rollout.branch} needs a multi-turn run (env.max_turns >= 2, "

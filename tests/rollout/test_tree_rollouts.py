@@ -169,7 +169,7 @@ def test_config_checks_branch(tmp_path):
     ok = Config.model_validate({"env": {"name": "code_sandbox", "max_turns": 3}, "rollout": {"branch": 2}})
     assert ok.rollout.branch == 2
     bad = [({"env": {"name": "code_sandbox", "max_turns": 3}, "rollout": {"branch": 3}}, "must divide algo.group_size"),
-           ({"env": {"name": "code_sandbox"}, "rollout": {"branch": 2}}, "needs a multi-turn run"),
+           ({"env": {"name": "code_sandbox", "max_turns": 1}, "rollout": {"branch": 2}}, "needs a multi-turn run"),
            ({"env": {"name": "code_sandbox", "max_turns": 2}, "rollout": {"branch": 0}}, "branch")]
     for data, msg in bad:
         p = tmp_path / "c.yaml"
@@ -183,15 +183,23 @@ def test_config_checks_branch(tmp_path):
 def test_config_takes_the_registered_turn_limit():
     """A multi-turn env by registration (web_qa, mcp_tools: `register_env(max_turns=8)`) or by
     `env.kwargs.max_turns` (code_sandbox's attempts) takes a branch without `env.max_turns`; a
-    registered limit of one turn is refused as `env.max_turns=1` is."""
-    from agentrl.env.registry import register_env
+    registered limit of one turn, or none (code_sandbox without `max_turns`), is refused as
+    `env.max_turns=1` is. Config validation has no registry (the layout keeps config from
+    importing env): it refuses explicit limits only, and `agentrl train` passes the registered
+    one (`branch_turns_error(cfg, registered_turn_limit(env))`, tested below)."""
+    from agentrl.config import branch_turns_error
+    from agentrl.env.registry import register_env, registered_turn_limit
+
+    def error(data):
+        cfg = Config.model_validate({**data, "rollout": {"branch": 2}})  # passes validation
+        return branch_turns_error(cfg, registered_turn_limit(cfg.env.name))
 
     for data in ({"env": {"name": "web_qa"}}, {"env": {"name": "mcp_tools"}},
                  {"env": {"name": "code_sandbox", "kwargs": {"max_turns": 3}}}):
-        assert Config.model_validate({**data, "rollout": {"branch": 2}}).rollout.branch == 2
+        assert error(data) is None
     register_env("test/OneTurnTree-v0", RepairEnv, short_name="test_one_turn_tree", max_turns=1)
-    with pytest.raises(ValueError, match="needs a multi-turn run"):
-        Config.model_validate({"env": {"name": "test_one_turn_tree"}, "rollout": {"branch": 2}})
+    assert "needs a multi-turn run" in error({"env": {"name": "test_one_turn_tree"}})
+    assert "got None" in error({"env": {"name": "code_sandbox"}})
     with pytest.raises(ValueError, match="needs a multi-turn run"):
         Config.model_validate({"env": {"name": "web_qa", "max_turns": 1}, "rollout": {"branch": 2}})
 
