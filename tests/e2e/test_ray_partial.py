@@ -165,9 +165,9 @@ def ray_cluster():
 
 
 class SwitchWorker(RolloutWorker):
-    """A Ray worker whose engine, at its AT-th token boundary, writes `fault_dir/at_boundary`
-    and waits (30 s at most) until a push is staged, then loads it there with the worker's own
-    `load_staged`: the push lands at a known position, whatever the timing."""
+    """A Ray worker whose engine, at its AT-th token boundary while it holds no push, writes
+    `fault_dir/at_boundary` and waits (30 s at most) until a push is staged, then loads it there
+    with the worker's own `load_staged`: the push lands at a known position, whatever the timing."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -176,7 +176,7 @@ class SwitchWorker(RolloutWorker):
 
     def _poll(self) -> bool:
         self.calls += 1
-        if self.calls == AT:
+        if self.calls == AT and self.push_id == 0:
             Path(self.cfg.env.kwargs["fault_dir"], "at_boundary").write_text(str(os.getpid()))
             deadline = time.monotonic() + 30
             while self.staged.newest() == self.push_id and time.monotonic() < deadline:
@@ -189,7 +189,8 @@ def test_push_during_a_ray_worker_run_lands_at_the_token_boundary(ray_cluster, t
     """`RolloutPool.update_weights` while the pool's `run` generates on a Ray worker: the actor
     takes the push during `run` (threaded), stages it and loads it at the token boundary; the
     episode equals the in-process partial path with the switch there, and the worker holds
-    the push afterwards (policy version 1)."""
+    the push afterwards (policy version 1). Killed and restarted by Ray (the model directory's
+    weights), the worker loads the pool's push before its next run: every token by version 1."""
     cfg = partial_cfg(num_workers=1)
     cfg.env.kwargs = {"fault_dir": str(tmp_path), "driver_pid": os.getpid()}
     pool = RolloutPool(cfg, tiny_model_dir, worker_cls=SwitchWorker)
@@ -206,6 +207,11 @@ def test_push_during_a_ray_worker_run_lands_at_the_token_boundary(ray_cluster, t
         runner.join(120)
         assert pool.policy_versions() == [1]
         check_switched(out[0], tiny_model_dir, sd, 4)
+        pid = ray_cluster.get(pool.workers[0].ready.remote())["pid"]
+        ray_cluster.kill(pool.workers[0], no_restart=False)
+        (again,) = pool.run(make_specs(1, 1, base=7), PARAMS, seed=5)
+        assert ray_cluster.get(pool.workers[0].ready.remote())["pid"] != pid  # restarted
+        assert set(again.sampled_versions()) == {1} and pool.policy_versions() == [1]
     finally:
         pool.shutdown()
 
