@@ -172,7 +172,7 @@ class RolloutConfig(_Section):
     batches_in_flight: int = Field(default=2, ge=1)
     """Async: batches sampling at once (needs `train.max_staleness >= 2` for 2 during updates)."""
     partial: bool = False
-    """Async, in-process engine (`num_workers=0`, `engine=hf` or `vllm`, text models): partial rollouts. A weight push lands at the engine's next token boundary instead of between generate calls: in-flight rows stop after the token just sampled, the new weights are loaded, and they resume from the same prefix, re-prefilled (vLLM: running requests are aborted at the push and resubmitted from their prefix; a seeded sampled row resumes with a seed derived from its seed and its token count). Each token records the version that sampled it, staleness is measured per token (`rollout/staleness_tokens_mean`/`_max`) and `train.max_staleness` bounds a trajectory's oldest token (docs/design.md)."""
+    """Async, text models, `engine=hf` in this process or on Ray rollout workers (`num_workers > 0`), or `engine=vllm` in this process (`num_workers=0`): partial rollouts. A weight push lands at the engine's next token boundary instead of between generate calls: in-flight rows stop after the token just sampled, the new weights are loaded, and they resume from the same prefix, re-prefilled (vLLM: running requests are aborted at the push and resubmitted from their prefix; a seeded sampled row resumes with a seed derived from its seed and its token count). A Ray worker gets each push at once, stages it (the newest wins) and loads it at its next token boundary, or at once when it is not generating (`agentrl/rollout/worker_weights.py`). Each token records the version that sampled it, staleness is measured per token (`rollout/staleness_tokens_mean`/`_max`) and `train.max_staleness` bounds a trajectory's oldest token (docs/design.md)."""
     history: Literal["exact", "template"] = "exact"
     """How a multi-turn episode's context is built. `exact`: the policy samples each turn from exactly the ids it sampled before plus the chat template's rendering of each observation (token-exact: what it trains on is what it saw; a template that renders history differently, e.g. Qwen3 or R1-distill dropping earlier `<think>` blocks, gets a `[template]` line at start-up saying so). `template`: each turn is sampled from the template's rendering of the messages so far (what the model sees at inference) and trained as its own sample (that prompt + that turn's ids), all turns sharing the episode's return and group (docs/models.md); text-only policies."""
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
@@ -190,10 +190,11 @@ class RolloutConfig(_Section):
         if self.device == "cuda" and self.num_workers > 0 and self.worker_gpus == 0 and self.engine == "hf":
             raise ValueError("rollout.device=cuda with rollout.num_workers > 0 needs rollout.worker_gpus > 0 "
                              "(Ray hides the GPUs from a worker that reserves none)")
-        if self.partial and (self.mode != "async" or self.engine not in ("hf", "vllm") or self.num_workers > 0):
-            raise ValueError("rollout.partial=true needs rollout.mode=async with an in-process engine "
-                             f"(rollout.engine=hf or vllm, rollout.num_workers=0); got mode={self.mode}, "
-                             f"engine={self.engine}, num_workers={self.num_workers}")
+        if self.partial and (self.mode != "async" or self.engine not in ("hf", "vllm")
+                             or (self.engine == "vllm" and self.num_workers > 0)):
+            raise ValueError("rollout.partial=true needs rollout.mode=async with rollout.engine=hf (in this "
+                             "process or on Ray workers) or rollout.engine=vllm with rollout.num_workers=0; "
+                             f"got mode={self.mode}, engine={self.engine}, num_workers={self.num_workers}")
         return self
 
     @field_validator("colocate")

@@ -35,6 +35,9 @@ sampled, the new weights are loaded, and they resume from the same prefix, re-pr
 SkyRL, PipelineRL style). Each token records the version that sampled it
 (`Trajectory.token_versions`), the learner measures staleness per token and
 `train.max_staleness` bounds a trajectory's oldest token (`Trajectory.oldest_version`).
+On Ray rollout workers (HF engine) the engine is in another process: the source hands each push
+to the workers at once (`push_through`), and each worker stages it and loads it at its engine's
+next token boundary (`agentrl.rollout.worker_weights`).
 """
 
 from __future__ import annotations
@@ -185,6 +188,10 @@ class AsyncSource:
         batches_in_flight: actor threads, i.e. most batches sampling at once.
         end: no batch index `>= end` is sampled (None: no end), so that no work is wasted at the
             end of training.
+        push_through: `push_weights` calls `apply_weights` at once, in the pushing thread,
+            instead of leaving the push for an actor thread: for engines that take a push while
+            they generate (Ray rollout workers with partial rollouts stage it and load it at
+            their next token boundary), so that it reaches them inside the running batch.
 
     Attributes:
         history: one record per sampled batch, in the order they finished: `batch`, `version`
@@ -194,7 +201,7 @@ class AsyncSource:
 
     def __init__(self, run_batch: RunBatch, apply_weights: ApplyWeights, *, start: int,
                  version: int, max_staleness: int, queue_size: int = 2, batches_in_flight: int = 1,
-                 end: int | None = None):
+                 end: int | None = None, push_through: bool = False):
         if batches_in_flight < 1:
             raise ValueError(f"batches_in_flight must be >= 1, got {batches_in_flight}")
         self.run_batch = run_batch
@@ -203,6 +210,7 @@ class AsyncSource:
         self.queue_size = max(1, queue_size)
         self.batches_in_flight = batches_in_flight
         self.end = end
+        self.push_through = push_through
         self._cond = threading.Condition()
         self._apply_lock = threading.Lock()  # weights are applied one push at a time, in order
         self._pending: tuple[dict[str, Any], int] | None = None
@@ -221,6 +229,13 @@ class AsyncSource:
             t.start()
 
     # -- actor threads ---------------------------------------------------------------------------
+    def _apply(self, state_dict: dict[str, Any], version: int) -> None:
+        """`apply_weights` and record `version` as held (the caller holds `_apply_lock`)."""
+        self.apply_weights(state_dict, version)
+        with self._cond:
+            self._version = max(self._version, version)
+            self._cond.notify_all()
+
     def _take_weights(self) -> None:
         """Apply the newest pushed weights, if any (outside `_cond`: loading may wait for a
         running generate call; `_apply_lock` keeps pushes in order)."""
@@ -228,11 +243,7 @@ class AsyncSource:
             with self._cond:
                 pending, self._pending = self._pending, None
             if pending is not None:
-                sd, v = pending
-                self.apply_weights(sd, v)
-                with self._cond:
-                    self._version = max(self._version, v)
-                    self._cond.notify_all()
+                self._apply(*pending)
 
     def poll_weights(self) -> bool:
         """Partial rollouts (`rollout.partial`): the engine's `weight_poll`, called by the
@@ -249,11 +260,7 @@ class AsyncSource:
                 pending, self._pending = self._pending, None
             if pending is None:
                 return False
-            sd, v = pending
-            self.apply_weights(sd, v)
-            with self._cond:
-                self._version = max(self._version, v)
-                self._cond.notify_all()
+            self._apply(*pending)
             return True
         finally:
             self._apply_lock.release()
@@ -350,7 +357,12 @@ class AsyncSource:
 
     def push_weights(self, state_dict: dict[str, Any], version: int) -> None:
         """Hand the actors a copy of the weights; the next actor thread to pass its staleness
-        gate loads them (between two generate calls of any batch in flight)."""
+        gate loads them (between two generate calls of any batch in flight). With
+        `push_through`: `apply_weights` now, in this thread (no copy: it must copy or send them)."""
+        if self.push_through:
+            with self._apply_lock:
+                self._apply(state_dict, version)
+            return
         copy = {k: v.detach().clone() for k, v in state_dict.items()}
         with self._cond:
             self._pending = (copy, version)

@@ -182,10 +182,12 @@ def make_source(lp: Loop, start: int) -> Any:
     batch = lambda step: run_batch(lp, step)  # noqa: E731
     apply = lambda sd, v: apply_weights(lp, sd, v)  # noqa: E731
     if cfg.rollout.mode == "async":
+        remote = cfg.rollout.partial and ray_workers(lp.engine)  # they stage pushes themselves
         src = AsyncSource(batch, apply, start=start, version=lp.version,
                           max_staleness=cfg.train.max_staleness, queue_size=cfg.rollout.queue_size,
-                          batches_in_flight=actor_threads(cfg), end=source_end(cfg, start))
-        if cfg.rollout.partial:  # pushes land at the engine's next token boundary
+                          batches_in_flight=actor_threads(cfg), end=source_end(cfg, start),
+                          push_through=remote)
+        if cfg.rollout.partial and not remote:  # pushes land at the engine's next token boundary
             inner(lp.engine).weight_poll = partial(poll_weights, lp, src)
         return src
     return SyncSource(batch, apply)
@@ -209,17 +211,24 @@ def poll_weights(lp: Loop, source: AsyncSource) -> bool:
         lp.lock.release()
 
 
+def ray_workers(engine: Any) -> bool:
+    """Whether `engine` is a `RolloutPool` of Ray workers (whose engines are in other processes:
+    with `rollout.partial` each worker stages a push and loads it at its engine's next token
+    boundary, `agentrl.rollout.worker_weights`)."""
+    return hasattr(engine, "run") and getattr(engine, "local_engine", None) is None
+
+
 def inner(engine: Any) -> Any:
     """The engine behind a `LockedEngine`, the in-process engine of a `RolloutPool` without Ray
     workers (vLLM in this process), or `engine` itself.
 
     Raises:
-        ValueError: it has no `weight_poll` (partial rollouts need an in-process text engine: HF
-            or vLLM).
+        ValueError: it has no `weight_poll` (partial rollouts need an HF or vLLM engine on a
+            text model, in this process or, HF, on Ray workers).
     """
     e = getattr(engine, "local_engine", None) or getattr(engine, "engine", engine)
     if not hasattr(e, "weight_poll"):
-        raise ValueError(f"rollout.partial=true needs an in-process HF or vLLM engine on a text model; "
+        raise ValueError(f"rollout.partial=true needs an HF or vLLM engine on a text model; "
                          f"{type(e).__name__} does not interrupt generations (set rollout.partial=false)")
     return e
 
@@ -230,7 +239,7 @@ def restart_source(lp: Loop, source: Any, start: int) -> Any:
     older version) and start a new source at `start`: what `--resume` builds from that
     checkpoint."""
     source.close()
-    if lp.cfg.rollout.partial:
+    if lp.cfg.rollout.partial and not ray_workers(lp.engine):
         inner(lp.engine).weight_poll = None
     apply_weights(lp, lp.learner.state_dict_for_engines(), lp.version)
     return make_source(lp, start)

@@ -30,7 +30,7 @@ from N actor threads at once, so the actors are threaded (`max_concurrency=N+2`:
 a weight push and an evaluation or a `ready` probe that never wait behind them). Inside a worker
 each `run` leases its own env instances and thread pool, and the engine is entered by one
 `generate` or `update_weights` at a time (`LockedEngine`): one batch generates while another's
-envs step, and a weight push lands between two generate calls.
+envs step, and a push lands between two generate calls (`rollout.partial`: at a token boundary).
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ from agentrl.rollout.envs import (
     user_modules,
 )
 from agentrl.rollout.source import Leases, LockedEngine
+from agentrl.rollout.worker_weights import StagedPushes, catch_up
 from agentrl.types import Trajectory
 
 
@@ -119,11 +120,12 @@ class RolloutWorker:
             process. The hf engine's device is `rollout_device(cfg, worker_gpus=gpus)`: a worker
             that reserves a GPU samples on it.
         sys_path: folders for `sys.path`: where the driver found the user's modules (`add_folders`).
+        stage_pushes: partial rollouts: a push lands at a token boundary (`worker_weights`).
     """
 
     def __init__(self, cfg: Config, model_path: str | Path, *, worker_id: int = 0,
                  env_factory: Callable[[str], Any] | None = None, gpus: float | None = None,
-                 sys_path: Sequence[str] = ()) -> None:
+                 sys_path: Sequence[str] = (), stage_pushes: bool = False) -> None:
         import torch
 
         add_folders(tuple(sys_path))
@@ -146,6 +148,7 @@ class RolloutWorker:
         self._sets: dict[str, Leases] = {}
         self._probes: dict[str, Any] = {}  # split -> env reset to learn opening prompts
         self._probe_lock = threading.Lock()
+        self.staged = StagedPushes(self) if stage_pushes else None  # partial rollouts (sets weight_poll)
 
     def _ensure_rewards(self) -> Any:
         """The worker's `RewardWrappers` (made on first need; None without `env.wrappers` or
@@ -158,7 +161,6 @@ class RolloutWorker:
     def _make_env(self, split: str) -> Any:
         if self._env_factory is not None:
             return self._env_factory(split)
-
         return build_env(self.cfg, split, self._ensure_rewards())
 
     def reward_state(self) -> dict[str, Any] | None:
@@ -245,7 +247,10 @@ class RolloutWorker:
                        push_id: int | None = None) -> float:
         """Load a full state dict into the engine as `version`; returns the seconds it took.
         `push_id` numbers the pool's pushes (so a restarted worker knows it missed one, even
-        when the version number did not change, e.g. SFT weights pushed as version 0)."""
+        when the version number did not change, e.g. SFT weights pushed as version 0). With
+        `stage_pushes` a numbered push lands at the next token boundary (`worker_weights`)."""
+        if self.staged is not None and push_id is not None:
+            return self.staged.push(state_dict, version, push_id)
         t0 = time.perf_counter()
         with self._lock:  # between two generate calls of the runs in flight
             self.engine.update_weights(state_dict, version)
@@ -281,13 +286,7 @@ class RolloutWorker:
             One trajectory per spec, in order (see `run_episodes`); for a user's agent without
             `one_per_run`, each spec's trajectories in spec order (one or more per spec).
         """
-        if weights is not None and int(weights[0]) > self.push_id:  # never go back to older ones
-            import ray
-
-            sd = ray.get(weights[2])
-            with self._lock:
-                if int(weights[0]) > self.push_id:  # a concurrent call may have loaded them
-                    self.update_weights(sd, int(weights[1]), push_id=int(weights[0]))
+        catch_up(self, weights)  # the pool's newest push (and a staged one), before any episode
         if self._is_agent_env(split):
             return self._run_agents(specs, params, seed, split, len(before), one_per_run)
         offsets = self.opening_counts(before, split) if before and seed is not None else None
@@ -394,7 +393,8 @@ class RolloutPool:
         )
         folders = user_module_folders(cfg)  # the user's modules, imported there as here
         self.workers = [actor.remote(cfg, str(model_path), worker_id=i, env_factory=env_factory,
-                                     gpus=cfg.rollout.worker_gpus, sys_path=folders)
+                                     gpus=cfg.rollout.worker_gpus, sys_path=folders,
+                                     stage_pushes=cfg.rollout.partial)
                         for i in range(self.num_workers)]
         self.alive = [True] * self.num_workers
         bad = [b for r in ray.get([w.ready.remote() for w in self.workers]) for b in r["unimportable"]]
