@@ -2,9 +2,12 @@
 
 Each parser gets 100,000-character adversarial inputs: long runs of newlines, tabs, spaces or
 markdown after a label ("Score" + "\\n" * n + "x" backtracked for seconds in the judge-score
-parser), repeated prefixes, unclosed fences and tags. Each call must take under 0.1 s of CPU
+parser), repeated prefixes, unclosed fences and tags. Each call must take under 0.25 s of CPU
 time (`time.thread_time`, so that other processes on a loaded machine do not count); a
-quadratic parser takes seconds on these inputs, a linear one milliseconds.
+quadratic parser takes seconds on these inputs, a linear one milliseconds to tens of them (the
+slowest, `html_to_text` on 100,000 "<", 0.08 s on an idle 2-core machine and 0.106 s under a CI
+run's load, which failed the earlier 0.1 s limit: CPU time still grows with a loaded machine's
+cache and frequency contention).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from agentrl_tools.fetch import html_to_text
 from agentrl_tools.parser import parse_tool_calls
 
 N = 100_000
-LIMIT_S = 0.1
+LIMIT_S = 0.25
 
 
 def _run(prefix: str, filler: str, suffix: str = "x") -> str:
