@@ -3,17 +3,17 @@ held-out first-attempt pass@1, pass within 3 attempts and the repair rate before
 (each with its standard error over tasks), wall time, and the cost profile of a step
 (generation, sandbox, update), beside the single-turn job's step profile when asked.
 
-    python benchmarks/code_repair.py                                  # seed 0, the job's defaults (branch2)
+    python benchmarks/code_repair.py                                  # seed 0, the job's defaults (GiGPO)
     python benchmarks/code_repair.py --seeds 0 1 2 --arms episode gigpo
     python benchmarks/code_repair.py --seeds 0 --single-turn          # + the 1-turn job's profile
     python benchmarks/code_repair.py --seeds 0 --arms single_turn     # the 1-turn job alone
     python benchmarks/code_repair.py --seeds 0 --tag short train.steps=50   # extra overrides
 
-Arms: `branch2` (the job's defaults: GiGPO on tree rollouts, `rollout.branch=2`: four first
-attempts a group, each continued twice, docs/algorithms.md), `gigpo` (`algo.turn_credit=gigpo`
-without tree rollouts, `rollout.branch=1`: the defaults before 2026-12-04's), `episode` (plain GRPO on the
+Arms: `gigpo` (the job's defaults, `algo.turn_credit=gigpo`), `branch2` (GiGPO on tree
+rollouts, `rollout.branch=2`: four first attempts a group, each continued twice,
+docs/algorithms.md), `episode` (plain GRPO on the
 episode reward, `algo.turn_credit=episode`), `turn_adv` (`algo.turn_advantages=true` with
-episode credit; the arms other than `branch2` set `rollout.branch=1`), `single_turn` (the single-turn main job, `--env code_sandbox --algo grpo`,
+episode credit; every arm names its `rollout.branch`), `single_turn` (the single-turn main job, `--env code_sandbox --algo grpo`,
 for its step profile and first-attempt pass@1 beside the multi-turn arms; `--single-turn` adds
 it after each seed's arms). Each run is `python -m agentrl.cli train --config
 configs/code_repair.yaml` in a subprocess, one at a time. Writes
@@ -126,7 +126,7 @@ def table(results: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
-    ap.add_argument("--arms", nargs="+", default=["branch2"], choices=sorted([*ARMS, "single_turn"]))
+    ap.add_argument("--arms", nargs="+", default=["gigpo"], choices=sorted([*ARMS, "single_turn"]))
     ap.add_argument("--single-turn", action="store_true", help="also run the single-turn main job per seed")
     ap.add_argument("--tag", default="")
     ap.add_argument("overrides", nargs="*", help="key=value config overrides for every run")
