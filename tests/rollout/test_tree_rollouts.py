@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import yaml
 
 from agentrl.algos.turns import discounted_turn_returns, step_advantages, turn_states
 from agentrl.config import Config, ConfigError, load_config
@@ -173,8 +174,6 @@ def test_config_checks_branch(tmp_path):
            ({"env": {"name": "code_sandbox", "max_turns": 2}, "rollout": {"branch": 0}}, "branch")]
     for data, msg in bad:
         p = tmp_path / "c.yaml"
-        import yaml
-
         p.write_text(yaml.safe_dump(data))
         with pytest.raises(ConfigError, match=msg):
             load_config(p)
