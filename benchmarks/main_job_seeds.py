@@ -42,7 +42,37 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 BEGIN, END = "<!-- main_job_seeds:begin -->", "<!-- main_job_seeds:end -->"
 #: `--check`: the most a held-out pass@1 (before or after RL) may differ from the README's row
+#: on a machine whose CPU fingerprint (`cpu_fingerprint`) is the block's
 TOLERANCE = 0.01
+#: `--check` on another CPU: float rounding differs, the run samples other tokens from the first
+#: step on, so it is compared as another seed would be: within this many standard errors of the
+#: difference of two runs (sqrt(2) x the row's standard error over tasks)
+OTHER_CPU_SES = 3.0
+
+
+def cpu_fingerprint() -> str:
+    """What the main job's float arithmetic rests on besides the code and the seed: the CPU
+    (architecture, vendor, family and model from /proc/cpuinfo), the ATen kernel set torch
+    dispatches to on it (`torch.backends.cpu.get_cpu_capability()`: DEFAULT, AVX2, AVX512...)
+    and the torch build. Two machines with equal fingerprints gave the same tokens to the digit;
+    an AMD EPYC (AVX2) and the machine the block was first measured on did not (issue 43).
+    """
+    import platform
+
+    import torch
+
+    info: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("vendor_id", "cpu family", "model") and key.strip() not in info:
+                info[key.strip()] = value.strip()
+    except OSError:
+        pass
+    cpu = " ".join(x for x in (platform.machine(), info.get("vendor_id"),
+                               f"family {info['cpu family']}" if "cpu family" in info else None,
+                               f"model {info['model']}" if "model" in info else None) if x)
+    return f"{cpu}, ATen {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}"
 
 
 def run_seed(seed: int, out: Path, overrides: list[str]) -> dict:
@@ -89,16 +119,17 @@ def readme_block(res: dict) -> str:
     k = res["rows"][0]["k"]
     lines = [BEGIN, "",
              f"Measured by `python benchmarks/main_job_seeds.py --write-readme` on commit `{res['commit']}`, "
-             f"{res['date']} ({res['jobs']} run{'s' if res['jobs'] > 1 else ''} at a time on {os.cpu_count()} cores"
+             f"{res['date']}, CPU `{res.get('cpu', 'not recorded')}` "
+             f"({res['jobs']} run{'s' if res['jobs'] > 1 else ''} at a time on {os.cpu_count()} cores"
              + (", so wall times are not the one-run figure" if res["jobs"] > 1 else "") + "); "
              f"held-out: {res['eval_tasks']} tasks x {k} samples at T=1, ± one standard error over tasks:", "",
-             f"| seed | pass@1 before | pass@1 after | ratio | gain | pass@{k} before | pass@{k} after | wall |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             f"| seed | pass@1 before | pass@1 after | ratio | gain | pass@{k} before | pass@{k} after | wall | warm-start steps |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in res["rows"]:
         b, a = r["before"], r["after"]
         lines.append(f"| {r['seed']} | {b['pass@1']:.3f} ± {b['pass@1_se']:.3f} | {a['pass@1']:.3f} ± {a['pass@1_se']:.3f} "
                      f"| {r['ratio']:.2f}x | {r['gain']:+.3f} | {b[f'pass@{k}']:.3f} | {a[f'pass@{k}']:.3f} "
-                     f"| {r['wall_s'] / 60:.1f} min |")
+                     f"| {r['wall_s'] / 60:.1f} min | {r.get('sft_steps')} |")
     v = res["verdict"]
     lines += ["", f"Median ratio {v['median_ratio']:.2f}x; every seed >= 1.5x and +0.10: "
               f"{'yes' if v['every_seed_1.5x_and_+0.10'] else 'no'}; pass@{k} never falls: "
@@ -117,7 +148,9 @@ def write_readme(block: str) -> None:
 
 def readme_row(text: str, seed: int = 0) -> dict:
     """`seed`'s row of the figures block in README text `text`: {"seed", "before", "after"
-    (held-out pass@1), "commit" (the one the block says it was measured on)}.
+    (held-out pass@1), "before_se", "after_se" (their standard errors over tasks; None where the
+    cell gives none), "commit" (the one the block says it was measured on), "cpu" (the block's
+    CPU fingerprint, `cpu_fingerprint`; None in a block written before it was recorded)}.
 
     Raises:
         ValueError: no block, no `on commit` stamp, no row for `seed`, or a cell that is not
@@ -129,27 +162,58 @@ def readme_row(text: str, seed: int = 0) -> dict:
     stamp = re.search(r"on commit `([0-9a-f]{7,40}(?:\+dirty)?)`", block)
     if stamp is None:
         raise ValueError("README.md's figures block names no commit (`on commit `...``)")
+    cpu = re.search(r"CPU `([^`]+)`", block)
     for line in block.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) >= 3 and cells[0] == str(seed):
             try:
-                before, after = (float(c.split("±")[0]) for c in cells[1:3])
+                parts = [[float(x) for x in c.split("±")] for c in cells[1:3]]
             except ValueError:
                 raise ValueError(f"README.md's figures block: seed {seed}'s row {line.strip()!r} "
                                  "has no pass@1 before/after in its 2nd and 3rd cells") from None
-            return {"seed": seed, "before": before, "after": after, "commit": stamp.group(1)}
+            (before, *bse), (after, *ase) = parts
+            return {"seed": seed, "before": before, "after": after,
+                    "before_se": bse[0] if bse else None, "after_se": ase[0] if ase else None,
+                    "commit": stamp.group(1), "cpu": cpu.group(1) if cpu else None}
     raise ValueError(f"README.md's figures block has no row for seed {seed}")
 
 
-def check_figures(row: dict, before: float, after: float, tol: float = TOLERANCE) -> tuple[bool, str]:
-    """Compare measured held-out pass@1 `before` / `after` RL with the README's `row`
-    (`readme_row`): (every difference <= `tol`, a report of both values and the commit)."""
+def tolerances(row: dict, cpu: str) -> tuple[float, float, str]:
+    """The check's tolerances on pass@1 (before, after) and why: `TOLERANCE` on the block's own
+    CPU (`row["cpu"] == cpu`); on another (or an unrecorded one), `OTHER_CPU_SES` x sqrt(2) x
+    the row's standard error, since a run whose float rounding differs samples other tokens from
+    its first step and so differs from the block's as another seed's run does (the difference
+    of two runs' pass@1 has about sqrt(2) x one run's standard error over tasks)."""
+    if row.get("cpu") is not None and row["cpu"] == cpu:
+        return TOLERANCE, TOLERANCE, f"the block's CPU: tolerance {TOLERANCE:g}"
+    if row.get("before_se") is None or row.get("after_se") is None:
+        return TOLERANCE, TOLERANCE, f"no standard errors in the row: tolerance {TOLERANCE:g}"
+    tb, ta = (OTHER_CPU_SES * 2 ** 0.5 * row[k] for k in ("before_se", "after_se"))
+    why = (f"another CPU than the block's ({row.get('cpu') or 'not recorded'}): its rounding samples "
+           f"other tokens, so the run is compared as another seed's: tolerance {OTHER_CPU_SES:g} x "
+           f"sqrt(2) x SE = {tb:.3f} before, {ta:.3f} after; the exact check needs the block's CPU "
+           "(or the block regenerated on this one)")
+    return tb, ta, why
+
+
+def check_figures(row: dict, before: float, after: float, tol: float | None = None,
+                  cpu: str | None = None) -> tuple[bool, str]:
+    """Compare measured held-out pass@1 `before` / `after` RL on a machine whose CPU fingerprint
+    is `cpu` with the README's `row` (`readme_row`): (every difference within its tolerance, a
+    report of both values, the commit and the CPUs). `tol` overrides both tolerances; without
+    it they come from `tolerances` (None `cpu`: the block's own)."""
+    if tol is None and cpu is None:
+        tb, ta, why = TOLERANCE, TOLERANCE, f"the block's CPU: tolerance {TOLERANCE:g}"
+    elif tol is None:
+        tb, ta, why = tolerances(row, cpu)
+    else:
+        tb, ta, why = tol, tol, f"tolerance {tol:g}"
     diffs = (abs(before - row["before"]), abs(after - row["after"]))
-    ok = all(d <= tol + 1e-12 for d in diffs)
-    lines = [f"README (measured on {row['commit']}), seed {row['seed']}: pass@1 before "
-             f"{row['before']:.3f}, after {row['after']:.3f}",
-             f"this code ({commit()}), seed {row['seed']}: pass@1 before {before:.3f}, "
-             f"after {after:.3f} (differences {diffs[0]:.3f}, {diffs[1]:.3f}; tolerance {tol:g})",
+    ok = diffs[0] <= tb + 1e-12 and diffs[1] <= ta + 1e-12
+    lines = [f"README (measured on {row['commit']}, CPU {row.get('cpu') or 'not recorded'}), seed "
+             f"{row['seed']}: pass@1 before {row['before']:.3f}, after {row['after']:.3f}",
+             f"this code ({commit()}, CPU {cpu or row.get('cpu') or 'not recorded'}), seed {row['seed']}: pass@1 before "
+             f"{before:.3f}, after {after:.3f} (differences {diffs[0]:.3f}, {diffs[1]:.3f}; {why})",
              "ok: the README's figures describe this code" if ok else
              "FAIL: the README's figures no longer describe this code; if the change is meant to "
              "move them, regenerate the block: python benchmarks/main_job_seeds.py --write-readme"]
@@ -163,7 +227,7 @@ def run_check(out: Path) -> int:
     # the figures were measured on CPU: a CI machine with a GPU (train.device=auto) would sample
     # other tokens with no code change, so the check pins the learner and engine to the CPU
     r = run_seed(0, out, ["train.device=cpu"])
-    ok, report = check_figures(row, r["before"]["pass@1"], r["after"]["pass@1"])
+    ok, report = check_figures(row, r["before"]["pass@1"], r["after"]["pass@1"], cpu=cpu_fingerprint())
     print(f"main job seed 0: {r['wall_s'] / 60:.1f} min, {r['sft_steps']} warm-start steps")
     print(report)
     return 0 if ok else 1
@@ -200,7 +264,7 @@ def main() -> None:
     from agentrl.config import load_config
 
     cfg = load_config(None, args.overrides)
-    res = {"tag": args.tag, "overrides": args.overrides, "commit": commit(),
+    res = {"tag": args.tag, "overrides": args.overrides, "commit": commit(), "cpu": cpu_fingerprint(),
            "date": time.strftime("%Y-%m-%d"), "jobs": args.jobs, "eval_tasks": cfg.train.eval_tasks,
            "rows": rows, "verdict": verdict(rows)}
     RESULTS.mkdir(exist_ok=True)
