@@ -25,6 +25,7 @@ from agentrl.config import (  # the overrides as load_config reads them
 )
 from agentrl.env.content import message_images
 from agentrl.env.registry import resolve_env_id
+from agentrl.infra.cluster import local_cluster_cpus
 from agentrl.infra.devices import resolve_device
 from agentrl.learner.checkpoints import RUN_CONFIG, run_checkpoint
 from agentrl.learner.local import latest_checkpoint
@@ -46,13 +47,15 @@ class ResumeError(ValueError):
 
 def check_settings(cfg: Config) -> None:
     """The settings that fail before anything is built (an `algo` option the algorithm does not
-    support is refused by the config's schema already): dynamic sampling with `group_size < 2`,
+    support is refused by the config's schema already): Ray actors that cannot fit the local
+    cluster (`check_local_cluster_fits`), dynamic sampling with `group_size < 2`,
     and a warm start (`sft.steps > 0`, a new run) on an env, or an `sft.mix_envs` env, without
     reference answers.
 
     Raises:
         ConfigError: naming the key.
     """
+    check_local_cluster_fits(cfg)
     if cfg.algo.dynamic_sampling and cfg.algo.group_size < 2:
         raise ConfigError("config error: algo.dynamic_sampling needs algo.group_size >= 2 "
                           "(singleton groups carry no signal and would all be dropped)")
@@ -68,6 +71,41 @@ def check_settings(cfg: Config) -> None:
             if not has:
                 raise ConfigError(f"config error: sft.mix_envs: env {name} offers no reference answers "
                                   "(reference_answer()) to mix into the warm start")
+
+
+def check_local_cluster_fits(cfg: Config, cpus: float | None = None) -> None:
+    """The CPUs the run's rollout workers and learner ranks reserve fit the local Ray cluster
+    (`rollout.ray_address` unset): Ray waits for CPUs that no node has without a word, so
+    `rollout.num_workers=3` at `rollout.worker_cpus=1` on a 2-CPU machine hung at start-up
+    with no output (the learner ranks' placement gives up after 60 s, the rollout workers
+    never). Other actors (reference, teacher, reward model) are not counted: the refusal is
+    only for a demand that can never be placed. A joined cluster may grow: not checked.
+
+    Args:
+        cpus: the local cluster's CPUs (default `agentrl.infra.cluster.local_cluster_cpus`).
+
+    Raises:
+        ConfigError: naming `rollout.num_workers` / `rollout.worker_cpus` and
+            `train.learner_workers` / `train.learner_cpus`, the CPUs asked and those there.
+    """
+    r, t = cfg.rollout, cfg.train
+    if r.ray_address:
+        return
+    asks = [(f"rollout.num_workers={r.num_workers} x rollout.worker_cpus={r.worker_cpus:g}",
+             r.num_workers * r.worker_cpus),
+            (f"train.learner_workers={t.learner_workers} x train.learner_cpus={t.learner_cpus:g}",
+             t.learner_workers * t.learner_cpus)]
+    asks = [(what, n) for what, n in asks if n > 0]
+    need = sum(n for _, n in asks)
+    if not asks:
+        return
+    have = local_cluster_cpus() if cpus is None else cpus
+    if need <= have + 1e-9:
+        return
+    raise ConfigError(f"config error: {' + '.join(what for what, _ in asks)} reserve {need:g} CPUs but "
+                      f"the local Ray cluster has {have:g} (Ray would wait for them forever): lower "
+                      "them (fractions are allowed, e.g. rollout.worker_cpus=0.5) or join a larger "
+                      "cluster (rollout.ray_address)")
 
 
 def check_learner_device(cfg: Config) -> None:

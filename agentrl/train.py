@@ -61,6 +61,7 @@ from agentrl.rollout.stages import (
     restart_source,
     shut_down,
     sync,
+    worker_health,
 )
 from agentrl.run import Run, build
 from agentrl.sft import warm_start
@@ -298,6 +299,7 @@ def _train(cfg: Config, reporter: Reporter, say: Callable[[str], None], console:
                 m.update(src_metrics)
                 m["perf/rollout_s"] = time.perf_counter() - t0
                 trajs = drop_stale(lp, trajs, m)
+                worker_health(lp, m)
                 m.update(rollout_metrics(trajs, episode_success, [
                     algo.mixture_metrics(trajs, episode_success),
                     reward_component_means(trajs), step_attempt_metrics(trajs)]))

@@ -3,6 +3,7 @@ workers and learner ranks both call it)."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 
@@ -36,6 +37,26 @@ def ensure_ray(address: str | None = None, *, num_cpus: int | None = None, **ini
     kw["num_cpus"] = num_cpus
     kw.update(init_kwargs)
     ray.init(address="local", **kw)
+
+
+def local_cluster_cpus() -> float:
+    """CPUs of the local cluster `ensure_ray(None)` starts or has started (a float, Ray's unit).
+
+    Sources: `ray.cluster_resources()` when this process already runs Ray (a test's
+    `ray.init(num_cpus=2)`, a pool started earlier), else what `ray.init` would detect: Ray's
+    own count (its container-aware `get_num_cpus`, cgroup quotas included), or
+    `os.cpu_count()` where a Ray release moved that helper.
+    """
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        return float(ray.cluster_resources().get("CPU", 0.0))
+    try:
+        from ray._private.utils import get_num_cpus
+    except ImportError:
+        return float(os.cpu_count() or 1)
+    return float(get_num_cpus())
 
 
 def actor_options(cpus: float, gpus: float) -> dict[str, Any]:

@@ -105,6 +105,26 @@ def training_note(traj: Trajectory, group_returns: list[float]) -> str:
             f"shown in yellow, not green) · {grp}")
 
 
+def versions_note(traj: Trajectory) -> str | None:
+    """Which policy versions sampled the episode's tokens, when more than one did (partial
+    rollouts, `rollout.partial`: a weight push lands inside a turn; the header's `policy vN`
+    is only the oldest): `sampled tokens per policy version: v4 37, v5 63; switches at turn 2
+    token 12 (v4 -> v5)`, turns counted from 1 and tokens from 0 within the turn's sampled tokens, as
+    `Trajectory.token_versions` records them. None when one version sampled every token (or
+    the episode kept no per-token versions)."""
+    sampled = traj.sampled_versions()
+    if len(set(sampled)) < 2:
+        return None
+    counts = [f"v{v} {sampled.count(v)}" for v in sorted(set(sampled))]
+    switches, prev = [], sampled[0]
+    for n, turn in enumerate(traj.turns, 1):
+        for k, v in enumerate(traj.token_versions[turn.start:turn.end]):
+            if v != prev:
+                switches.append(f"turn {n} token {k} (v{prev} -> v{v})")
+            prev = v
+    return f"sampled tokens per policy version: {', '.join(counts)}; switches at {', '.join(switches)}"
+
+
 def find_tokenizer_dir(out_dir: str | Path, step: int | None = None) -> Path:
     """A directory holding the run's tokenizer: the step's checkpoint, else the latest
     checkpoint, else OUT/sft_model, OUT/base_model, or the config's `model.path`.
@@ -180,7 +200,8 @@ def show_episode(out_dir: str | Path, step: int | None = None, index: int = 0,
 
     The header gives the task, group, policy version, return and how the episode ended, then
     whether the update trained on it and its advantage, with its group's returns
-    (`training_note`), the episode's own error when it has one (`info["error"]`: a failed
+    (`training_note`), the versions that sampled its tokens when a partial rollout's push
+    landed in it (`versions_note`), the episode's own error when it has one (`info["error"]`: a failed
     reset, an `--agent` run whose agent failed); the roles of the transcript; then the tokens with the loss mask visible
     (see module doc; an untrained episode's sampled tokens in `IDLE_STYLE`).
 
@@ -217,6 +238,9 @@ def show_episode(out_dir: str | Path, step: int | None = None, index: int = 0,
               "sampled tokens (loss_mask=1) highlighted, context (loss_mask=0) dim")
     console.print(head, style="bold", markup=False, highlight=False)
     console.print(training_note(traj, group), markup=False, highlight=False)
+    versions = versions_note(traj)
+    if versions:
+        console.print(versions, markup=False, highlight=False)
     shared = trunk_note(out_dir, step, index)
     if shared:
         console.print(shared, markup=False, highlight=False)

@@ -71,6 +71,8 @@ class Loop:
     frozen teacher's weights, `agentrl.run.teacher_engine`); None for most runs."""
     mixture_envs: list[Any] | None = None
     """The train envs the second sampler's episodes run in (its tasks x group_size of them)."""
+    workers_alive: float | None = None
+    """Ray rollout workers alive at the last step (`worker_health`); None before the first."""
 
 
 def task_seeds(cfg: Config, *key: int) -> list[int]:
@@ -264,6 +266,21 @@ def drop_stale(lp: Loop, trajs: list[Trajectory], m: dict[str, float]) -> list[T
     trajs = [t for t, s in zip(trajs, stale) if s <= lp.cfg.train.max_staleness]
     m["rollout/dropped_stale"] = float(len(stale) - len(trajs))
     return trajs
+
+
+def worker_health(lp: Loop, m: dict[str, float]) -> None:
+    """The Ray rollout workers' metrics (`RolloutPool.health`: `rollout/workers_alive`,
+    `rollout/reissued`) into `m`, and one line when Ray gave up on a worker since the last
+    step (the pool goes on without it; before, only Ray's own `(raylet) A worker died` line
+    said so). Nothing for an engine in this process."""
+    health = lp.engine.health() if hasattr(lp.engine, "health") else {}
+    m.update(health)
+    alive = health.get("rollout/workers_alive")
+    if alive is not None and lp.workers_alive is not None and alive < lp.workers_alive:
+        lp.say(f"[workers] {lp.workers_alive - alive:g} rollout worker(s) died and Ray gave up on them "
+               f"(rollout.max_restarts={lp.cfg.rollout.max_restarts}): sampling goes on with "
+               f"{alive:g} of {lp.cfg.rollout.num_workers} workers")
+    lp.workers_alive = alive
 
 
 def sync(lp: Loop, source: Any, step: int, m: dict[str, float]) -> None:

@@ -416,3 +416,54 @@ def test_an_offline_stage_s_folder_as_model_names_its_model(tmp_path):
     with pytest.raises(FileNotFoundError) as e:  # `agentrl eval` / `agentrl serve`
         resolve_model(str(out))
     assert str(e.value) == f"model: {line}"
+
+
+def test_more_worker_cpus_than_the_local_cluster_has_is_refused_before_out_is_written(tmp_path):
+    """3 rollout workers at 1 CPU on a 2-CPU machine hung at start-up without a word (Ray waits
+    for CPUs no node has); now one line names the keys before OUT is written."""
+    cpus = startup.local_cluster_cpus()
+    n = int(cpus) + 1
+    out = tmp_path / "r"
+    cfg = load_config(None, TOY + [f"rollout.num_workers={n}", f"out={out}"])
+    with pytest.raises(ConfigError, match=rf"^config error: rollout.num_workers={n} x rollout.worker_cpus=1 "
+                                          rf"reserve {n} CPUs but the local Ray cluster has {cpus:g} "):
+        run_mod.set_up(cfg)
+    assert not out.exists()
+    learners = load_config(None, TOY + ["rollout.num_workers=1", f"train.learner_workers={n}",
+                                        f"out={out}"])
+    with pytest.raises(ConfigError, match=rf"rollout.num_workers=1 x .* \+ train.learner_workers={n} x "
+                                          rf"train.learner_cpus=1 reserve {n + 1} CPUs"):
+        startup.check_local_cluster_fits(learners)
+    fits = load_config(None, TOY + [f"rollout.num_workers={n}", f"rollout.worker_cpus={cpus / n}"])
+    startup.check_local_cluster_fits(fits)  # fractions fit
+    joined = load_config(None, TOY + [f"rollout.num_workers={n}", "rollout.ray_address=auto"])
+    startup.check_local_cluster_fits(joined)  # a joined cluster may grow: not checked
+
+
+RAY_CPUS = """
+import sys, ray
+from agentrl.config import ConfigError, load_config
+from agentrl.startup import check_local_cluster_fits
+ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+check_local_cluster_fits(load_config(None, ["rollout.num_workers=1"]))
+try:
+    check_local_cluster_fits(load_config(None, ["rollout.num_workers=2"]))
+except ConfigError as e:
+    print(e)
+"""
+
+
+@pytest.mark.slow
+def test_the_cluster_check_reads_a_running_local_clusters_cpus(tmp_path):
+    """With Ray already up in the process (a test's `ray.init(num_cpus=1)`), its CPUs count,
+    not the machine's."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-c", RAY_CPUS], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "rollout.num_workers=2 x rollout.worker_cpus=1 reserve 2 CPUs but the local Ray cluster has 1 " \
+        in done.stdout

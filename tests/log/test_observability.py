@@ -266,3 +266,31 @@ def test_show_errors_name_what_exists(run):
     assert r.exit_code == 2 and "saved steps: 1, 2, 3" in r.output
     r = CliRunner().invoke(app, ["show", str(out), "--step", "1", "--index", "99"])
     assert r.exit_code == 2 and "has 4 episodes" in r.output
+
+
+def test_show_names_the_versions_of_a_partial_rollouts_tokens(run, tmp_path):
+    """With `rollout.partial` a push lands inside a turn and the header's `policy vN` is only
+    the oldest version: `show` lists the versions that sampled the tokens and where the switch
+    is (it printed the header alone)."""
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(run[0], out)
+    path = out / "rollouts" / "step_2.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    tr = Trajectory.from_dict(rows[1])
+    first = tr.turns[0]
+    assert first.end - first.start >= 3
+    cut = first.start + 2  # the turn's first 2 sampled tokens by v1, the rest by v2
+    tr.token_versions = [-1 if not m else 1 if i < cut else 2 for i, m in enumerate(tr.loss_mask)]
+    tr.policy_version = 1
+    rows[1] = tr.to_dict()
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = CliRunner().invoke(app, ["show", str(out), "--step", "2", "--index", "1", "--plain"])
+    assert r.exit_code == 0, r.output
+    n = tr.num_sampled
+    assert (f"sampled tokens per policy version: v1 2, v2 {n - 2}; switches at turn 1 token 2 (v1 -> v2)"
+            in " ".join(r.output.split()))
+    assert "policy v1" in r.output
+    other = CliRunner().invoke(app, ["show", str(out), "--step", "2", "--index", "0", "--plain"])
+    assert other.exit_code == 0 and "per policy version" not in other.output  # one version: no line
