@@ -268,12 +268,24 @@ def drop_stale(lp: Loop, trajs: list[Trajectory], m: dict[str, float]) -> list[T
     return trajs
 
 
+def pool_health(pool: Any) -> dict[str, float]:
+    """The Ray rollout workers' state as step metrics: `rollout/workers_alive` (workers Ray has
+    not given up on; one past `rollout.max_restarts` restarts, or not back within
+    `restart_timeout_s`, is dead for the rest of the run and its shards go to the others) and
+    `rollout/reissued` (shards re-issued after a worker died, since the pool started). Empty
+    for an engine in this process or a `RolloutPool` with `num_workers=0` (no Ray workers)."""
+    if not getattr(pool, "num_workers", 0):
+        return {}
+    return {"rollout/workers_alive": float(sum(pool.alive)),
+            "rollout/reissued": float(pool.stats["reissued"])}
+
+
 def worker_health(lp: Loop, m: dict[str, float]) -> None:
-    """The Ray rollout workers' metrics (`RolloutPool.health`: `rollout/workers_alive`,
+    """The Ray rollout workers' metrics (`pool_health`: `rollout/workers_alive`,
     `rollout/reissued`) into `m`, and one line when Ray gave up on a worker since the last
     step (the pool goes on without it; before, only Ray's own `(raylet) A worker died` line
     said so). Nothing for an engine in this process."""
-    health = lp.engine.health() if hasattr(lp.engine, "health") else {}
+    health = pool_health(lp.engine)
     m.update(health)
     alive = health.get("rollout/workers_alive")
     if alive is not None and lp.workers_alive is not None and alive < lp.workers_alive:

@@ -575,17 +575,6 @@ class RolloutPool:
         return sorted({f"worker {i}: {x}" for i, ns in enumerate(notes) for x in ns})
 
     # -- inspection and shutdown -----------------------------------------------------------------
-    def health(self) -> dict[str, float]:
-        """The Ray workers' state as step metrics: `rollout/workers_alive` (workers Ray has not
-        given up on; one past `rollout.max_restarts` restarts, or not back within
-        `restart_timeout_s`, is dead for the rest of the run and its shards go to the others)
-        and `rollout/reissued` (shards re-issued after a worker died, since the pool started).
-        Empty with `num_workers=0` (no Ray workers)."""
-        if self._local is not None:
-            return {}
-        return {"rollout/workers_alive": float(sum(self.alive)),
-                "rollout/reissued": float(self.stats["reissued"])}
-
     def policy_versions(self) -> list[int]:
         """The policy version each worker's engine holds (-1 for a dead worker)."""
         if self._local is not None:

@@ -21,6 +21,7 @@ from agentrl.rollout.agent_loop import EpisodeSpec, run_episodes
 from agentrl.rollout.chat import ChatRenderer
 from agentrl.rollout.engines.base import SamplingParams
 from agentrl.rollout.engines.hf import HFEngine
+from agentrl.rollout.stages import pool_health
 from agentrl.rollout.workers import RolloutPool, RolloutWorker, shard_specs
 
 TESTS_DIR = str(Path(__file__).resolve().parent)
@@ -522,13 +523,13 @@ def test_in_process_pool_reward_state_round_trip(tiny_model_dir, renderer):
 @pytest.mark.slow
 def test_a_worker_ray_gave_up_on_shows_in_the_pools_health(pool2, ray_cluster, renderer, tiny_model_dir):
     """Ray gives up on a worker (`ray.kill(no_restart=True)`, as after `rollout.max_restarts`
-    restarts): its shard goes to the other worker and `health()` says so (the run's metrics
+    restarts): its shard goes to the other worker and `pool_health` says so (the run's metrics
     `rollout/workers_alive` and `rollout/reissued`, and a `[workers]` line; a user saw only
     Ray's raylet line). pool2's last test: it leaves the pool one worker short."""
     reissued = pool2.stats["reissued"]
-    assert pool2.health() == {"rollout/workers_alive": 2.0, "rollout/reissued": reissued}
+    assert pool_health(pool2) == {"rollout/workers_alive": 2.0, "rollout/reissued": reissued}
     ray_cluster.kill(pool2.workers[1], no_restart=True)
     trajs = pool2.run(make_specs(2, 2, base=300), params_of(renderer, 1.0), seed=2)
     assert len(trajs) == 4 and all(t.num_sampled > 0 for t in trajs)
-    assert pool2.health() == {"rollout/workers_alive": 1.0, "rollout/reissued": reissued + 1}
-    assert RolloutPool(make_cfg(num_workers=0), tiny_model_dir).health() == {}  # no Ray workers
+    assert pool_health(pool2) == {"rollout/workers_alive": 1.0, "rollout/reissued": reissued + 1}
+    assert pool_health(RolloutPool(make_cfg(num_workers=0), tiny_model_dir)) == {}  # no Ray workers
