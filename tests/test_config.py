@@ -182,3 +182,15 @@ def test_a_yaml_alias_bomb_is_refused_fast_in_a_file_and_an_override(tmp_path):
     assert r.exit_code == 2 and "alias bomb" in r.output, r.output
     (tmp_path / "ok.yaml").write_text("env: {kwargs: {a: &x [1, 2], b: *x}}\n")  # aliases within the cap load
     assert load_config(tmp_path / "ok.yaml").env.kwargs == {"a": [1, 2], "b": [1, 2]}
+
+
+def test_a_validators_message_comes_without_pydantics_prefix():
+    """A section validator's refusal reads as its own sentence: no pydantic `Value error, ` and
+    no `rollout: ` section before a message that names its keys itself."""
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["rollout.partial=true", "rollout.engine=vllm", "rollout.num_workers=2"])
+    assert str(e.value).startswith("config error: rollout.partial=true needs rollout.mode=async")
+    assert "Value error" not in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["algo.group_size=4", "rollout.branch=3", "env.max_turns=3"])
+    assert str(e.value).startswith("config error: rollout.branch=3 must divide algo.group_size")

@@ -66,6 +66,10 @@ def format_error(e: ValidationError, root: type[BaseModel], prefix: tuple[str, .
             msg = f"unknown algorithm {err['ctx']['tag']!r}; allowed: {', '.join(ALGO_CONFIGS)}"
         elif err["type"] == "literal_error":
             msg = f"{msg} (got {err.get('input')!r})"
+        elif err["type"] == "value_error":  # a validator's own message, without pydantic's
+            msg = str(err.get("ctx", {}).get("error", msg))  # "Value error, " before it
+            if key and msg.startswith(key + "."):  # it names its keys itself: no section
+                key = ""
         lines.append(f"config error: {key}: {msg}" if key else f"config error: {msg}")
     return "\n".join(lines)
 
