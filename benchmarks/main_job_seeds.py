@@ -16,8 +16,10 @@ times are then not the 2-core figure and the block says so). Extra `key=value` a
 config overrides applied to every seed (for the ablation table of docs/learning.md).
 
 `--check` runs the default job on seed 0 and exits 1 when its held-out pass@1 before or after
-RL differs from the README block's seed-0 row by more than `TOLERANCE` (printing both and the
-commit the block names): `.ci/run` runs it, so the block always describes the code (a change
+RL differs from the README block's seed-0 row by more than `TOLERANCE` on the CPU the block
+names, or by more than `OTHER_CPU_SES` x sqrt(2) standard errors on another CPU, whose rounding
+makes the run another seed's (`tolerances`; printing both, the commit the block names and both
+CPUs): `.ci/run` runs it, so the block always describes the code (a change
 that moves the figures regenerates the block with `--write-readme` in the same commit).
 
 Targets of the main job (issue: "the main job must learn, reproducibly"): on every seed held-out
