@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from agentrl.algos.advantages import zero_variance_mask
-from agentrl.algos.turns import turn_index
+from agentrl.algos.turns import step_advantages, turn_index
 from agentrl.types import Trajectory, collate
 
 DYNAMIC_SAMPLING_MAX_ROUNDS = 3
@@ -175,23 +175,47 @@ def build_batch(trajs: list[Trajectory], pad_id: int) -> dict[str, Any]:
     return batch
 
 
+def flat_groups(trajs: list[Trajectory], cfg: Any = None) -> list[bool]:
+    """Per trajectory: does its group carry no gradient? Its episode returns are all equal or
+    fewer than two are valid (`zero_variance_mask`), and, under GiGPO's step-level credit
+    (`cfg.turn_credit == "gigpo"`, `cfg.gamma`), every step-level advantage of its episodes is
+    0 too: a group whose episodes all return the same can still differ in the discounted
+    returns of the turns of one anchor state (a pass at attempt 1 and one at attempt 3 of the
+    same task, gamma < 1), and is then trained on (Feng et al. 2025, sec. 4.2).
+
+    Args:
+        trajs: the episodes (any order; groups by `group_keys`).
+        cfg: the algorithm's config, or None (episode returns only).
+    """
+    if not trajs:
+        return []
+    scores = torch.tensor([t.episode_return if t.num_sampled > 0 else float("nan") for t in trajs])
+    keys = group_keys(trajs)
+    flat = zero_variance_mask(scores, keys).tolist()
+    if getattr(cfg, "turn_credit", "episode") != "gigpo" or all(not f for f in flat):
+        return flat
+    b = build_batch(trajs, pad_id=0)  # the pad id is never part of a turn's state
+    step = step_advantages(b["input_ids"], b["token_rewards"], b["loss_mask"], keys,
+                           gamma=cfg.gamma, scale="none")
+    signal = {k for k, s in zip(keys, (step != 0).any(dim=1).tolist()) if s}
+    return [f and k not in signal for f, k in zip(flat, keys)]
+
+
 def dynamic_sampling(trajs: list[Trajectory], more: Callable[[int], list[Trajectory]], want: int, *,
-                     max_rounds: int = DYNAMIC_SAMPLING_MAX_ROUNDS) -> tuple[list[Trajectory], int]:
-    """DAPO dynamic sampling (Yu et al. 2025, sec. 3.2): keep only the groups whose rewards
-    differ (`zero_variance_mask`: groups with all-equal or fewer than two valid returns carry
-    no gradient) and call `more(round)` for fresh groups until `want` trajectories are kept or
-    `max_rounds` refills were made. Whole groups are kept, in order, up to `want` episodes.
+                     max_rounds: int = DYNAMIC_SAMPLING_MAX_ROUNDS, cfg: Any = None
+                     ) -> tuple[list[Trajectory], int]:
+    """DAPO dynamic sampling (Yu et al. 2025, sec. 3.2): keep only the groups that carry a
+    gradient (`flat_groups`: groups with all-equal or fewer than two valid returns carry none,
+    unless, under GiGPO's credit given by `cfg`, their step-level advantages do) and call
+    `more(round)` for fresh groups until `want` trajectories are kept or `max_rounds` refills
+    were made. Whole groups are kept, in order, up to `want` episodes.
 
     Returns:
         (kept trajectories, refill rounds used). Fewer than `want` (possibly none: then the
         step makes no update) when the refills run out.
     """
     def informative(ts: list[Trajectory]) -> list[Trajectory]:
-        if not ts:
-            return []
-        scores = torch.tensor([t.episode_return if t.num_sampled > 0 else float("nan") for t in ts])
-        drop = zero_variance_mask(scores, group_keys(ts)).tolist()
-        return [t for t, d in zip(ts, drop) if not d]
+        return [t for t, d in zip(ts, flat_groups(ts, cfg)) if not d]
 
     kept, rounds = informative(trajs), 0
     while len(kept) < want and rounds < max_rounds:
@@ -215,5 +239,5 @@ def filter_groups(trajs: list[Trajectory], more: Callable[[int], list[Trajectory
     under `rollout/`); otherwise `trajs` as they are and no metric."""
     if not cfg.dynamic_sampling:
         return trajs, {}
-    trajs, rounds = dynamic_sampling(trajs, more, want)
+    trajs, rounds = dynamic_sampling(trajs, more, want, cfg=cfg)
     return trajs, {"refill_rounds": rounds}

@@ -1,0 +1,152 @@
+"""GiGPO's credit on the multi-turn code-repair job (issue 40), by hand: tree rollouts
+(`rollout.branch=2`) with the env's per-turn rewards (`code_sandbox`: 1 for a pass, 0 for a
+failure, `turn_penalty` subtracted from every turn after the first), the shared first turn's
+advantages, and DAPO's dynamic sampling keeping the groups GiGPO has a signal in.
+
+The group used throughout: G = 4 episodes of one task, branch 2 (two first attempts, each
+continued twice). Token ids: prompt [1, 2]; attempt A [10] fails and gets feedback [7, 8];
+attempt B [20] passes. A's continuations: A1 repairs at once ([11]); A2 fails again ([12],
+feedback [7, 9]) and passes at its third attempt ([13]). B's two episodes end after B.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agentrl.algos import get_algorithm
+from agentrl.algos.shaping import dynamic_sampling, filter_groups
+from agentrl.config import algo_config
+from agentrl.types import Trajectory, collate
+
+PROMPT = [1, 2]
+
+
+def _episode(gid, turns):
+    """`turns`: (sampled ids, reward, feedback ids or None) per attempt."""
+    tr = Trajectory(group_id=gid)
+    tr.append_context(PROMPT)
+    for ids, reward, feedback in turns:
+        tr.append_sampled(ids, [-1.0] * len(ids), reward=reward)
+        if feedback is not None:
+            tr.append_context(feedback)
+    return tr
+
+
+def _tree_group(penalty=0.0, gid=0):
+    a1 = _episode(gid, [([10], 0.0, [7, 8]), ([11], 1.0 - penalty, None)])
+    a2 = _episode(gid, [([10], 0.0, [7, 8]), ([12], -penalty, [7, 9]), ([13], 1.0 - penalty, None)])
+    b = [_episode(gid, [([20], 1.0, None)]) for _ in range(2)]
+    return [a1, a2, *b]
+
+
+def _batch(trajs):
+    from agentrl.algos.shaping import build_batch
+
+    return build_batch(trajs, pad_id=0)
+
+
+def _turn_values(adv, trajs):
+    """The advantage of each turn, checking it is one value on all of the turn's tokens and 0 on
+    every other token."""
+    out = []
+    for i, tr in enumerate(trajs):
+        row = []
+        for t in tr.turns:
+            a = adv[i, t.start:t.end]
+            assert torch.all(a == a[0])
+            row.append(float(a[0]))
+        off = torch.ones(adv.shape[1], dtype=torch.bool)
+        for t in tr.turns:
+            off[t.start:t.end] = False
+        assert torch.all(adv[i][off] == 0)
+        out.append(row)
+    return out
+
+
+def test_tree_rollout_without_turn_penalty_by_hand():
+    """Every episode passes (returns 1, 1, 1, 1): A^E = 0 for all, the credit is GiGPO's step
+    advantage alone (gamma 0.95, omega 1, std):
+      discounted returns: A1 (0.95, 1); A2 (0.9025, 0.95, 1); B1, B2 (1)
+      anchor "prompt" (turn 0 of all four): [0.95, 0.9025, 1, 1], mean 0.963125, std 0.0467874
+        -> [-0.280518, -1.295727, 0.788122, 0.788122]
+      anchor [7, 8] (the repairs of attempt A, A1 and A2 turn 1): [1, 0.95] -> [0.707107, -0.707107]
+      anchor [7, 9] (A2 turn 2): seen once -> 0
+    The shared first turn A is trained in both its episodes: its tokens get -0.280518 in A1 and
+    -1.295727 in A2, together 2 x their mean (-0.788122), the opposite of B's 2 x 0.788122."""
+    trajs = _tree_group()
+    cfg = algo_config(turn_credit="gigpo")  # the job's credit: GiGPO's gamma 0.95, omega 1
+    assert (cfg.gamma, cfg.step_weight, cfg.scale) == (0.95, 1.0, "std")
+    adv, stats = get_algorithm("grpo").advantages(_batch(trajs), cfg)
+    got = _turn_values(adv, trajs)
+    exp = [[-0.280518, 0.707087], [-1.295727, -0.707087, 0.0], [0.788122], [0.788122]]
+    for g, e in zip(got, exp):
+        assert g == pytest.approx(e, abs=1e-5)
+    assert stats["num_zero_variance_groups"] == 1  # the episode returns are flat ...
+    assert stats["step_adv_abs_mean"] > 0  # ... the step returns are not
+    assert got[0][0] + got[1][0] == pytest.approx(-(got[2][0] + got[3][0]), abs=1e-6)
+
+
+def test_tree_rollout_with_turn_penalty_by_hand():
+    """turn_penalty 0.2 (the env subtracts it from turns 2 and 3): rewards A1 (0, 0.8), A2
+    (0, -0.2, 0.8), B (1); returns 0.8, 0.6, 1, 1.
+      A^E: mean 0.85, std 0.191485 -> [-0.261115, -1.305576, 0.783345, 0.783345]
+      discounted returns: A1 (0.76, 0.8); A2 (0.532, 0.56, 0.8); B (1)
+      anchor prompt: [0.76, 0.532, 1, 1], mean 0.823, std 0.224580 -> [-0.280523, -1.295749,
+        0.788136, 0.788136]
+      anchor [7, 8]: [0.8, 0.56] -> [0.707103, -0.707103]; anchor [7, 9]: 0
+    A = A^E + A^S on each turn's tokens."""
+    trajs = _tree_group(penalty=0.2)
+    assert [tr.episode_return for tr in trajs] == pytest.approx([0.8, 0.6, 1.0, 1.0])
+    adv, _ = get_algorithm("gigpo").advantages(_batch(trajs), algo_config(name="gigpo"))
+    ae = [-0.261115, -1.305576, 0.783345, 0.783345]
+    exp = [[ae[0] - 0.280523, ae[0] + 0.707103], [ae[1] - 1.295749, ae[1] - 0.707103, ae[1]],
+           [ae[2] + 0.788136], [ae[3] + 0.788136]]
+    for g, e in zip(_turn_values(adv, trajs), exp):
+        assert g == pytest.approx(e, abs=1e-5)
+
+
+def test_edge_cases_single_turn_masked_rows_and_no_turns():
+    """T = 1: one anchor (the prompt), A^S = A^E, so A = (1 + omega) A^E exactly; a row whose
+    loss mask is all 0 (overlong filtering) gets 0 and does not break the others; a batch
+    without any agent token gives zeros."""
+    trajs = [_episode(0, [([20], r, None)]) for r in (1.0, 0.0, 0.0)]
+    b = _batch(trajs)
+    cfg = algo_config(name="gigpo", step_weight=0.5)
+    adv, _ = get_algorithm("gigpo").advantages(b, cfg)
+    # returns [1, 0, 0]: mean 1/3, std 0.577350 -> A^E [1.154699, -0.577350, -0.577350]; x 1.5
+    assert adv[:, 2].tolist() == pytest.approx([1.732049, -0.866025, -0.866025], abs=1e-5)
+    b["loss_mask"][1] = 0
+    adv, _ = get_algorithm("gigpo").advantages(b, cfg)
+    assert torch.all(adv[1] == 0) and adv[0, 2] > 0
+    b["loss_mask"][:] = 0
+    adv, _ = get_algorithm("gigpo").advantages(b, cfg)
+    assert torch.all(adv == 0)
+
+
+def test_dynamic_sampling_keeps_groups_with_a_step_level_signal():
+    """DAPO's dynamic sampling drops the groups that carry no gradient. Under GiGPO a group
+    whose episode returns are equal still has one when its discounted step returns differ
+    within an anchor state (the tree group above: every episode passes, at attempts 1, 2 and
+    3); a group where every episode passes at once has none under either credit."""
+    informative = _tree_group(gid=0)
+    flat = [_episode(1, [([20], 1.0, None)]) for _ in range(4)]
+
+    def more(r):  # no refills
+        return []
+
+    kept, _ = dynamic_sampling(informative + flat, more, want=8, cfg=algo_config(turn_credit="gigpo"))
+    assert [t.group_id for t in kept] == [0, 0, 0, 0]
+    kept, _ = dynamic_sampling(informative + flat, more, want=8)  # episode credit: both flat
+    assert kept == []
+    kept, m = filter_groups(informative + flat, more, algo_config(name="gigpo", dynamic_sampling=True), 4)
+    assert [t.group_id for t in kept] == [0, 0, 0, 0] and m == {"refill_rounds": 0}
+    kept, _ = filter_groups(informative + flat, more, algo_config(dynamic_sampling=True), 4)
+    assert kept == []
+
+
+def test_collated_rows_hold_the_turns_rewards():
+    """The env's per-turn rewards reach the advantages on each turn's last sampled token."""
+    trajs = _tree_group(penalty=0.2)
+    rew = collate(trajs, pad_id=0)["token_rewards"]
+    assert rew[1].tolist() == pytest.approx([0, 0, 0, 0, 0, -0.2, 0, 0, 0.8])
