@@ -325,6 +325,10 @@ class Batch(TypedDict, total=False):
     group_ids: torch.Tensor
     #: (B,) bool: the episode hit a limit (Gymnasium's truncated), for PPO's bootstrap.
     truncated: torch.Tensor
+    #: (B, T) float32: `loss_mask` before overlong filtering zeroed rows with a cut turn
+    #: (`shaping.mask_length_truncated`; absent otherwise): the turns the turn-level advantages
+    #: count in their groups' statistics (`turns.turn_mask`).
+    sampled_mask: torch.Tensor
     #: (B,) bool: rows the teacher engine sampled (distill's GKD mixture); absent otherwise.
     teacher_rows: torch.Tensor
     #: int: consecutive rows that share every minibatch and micro-batch (DPO pairs: 2);

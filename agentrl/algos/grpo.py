@@ -31,7 +31,7 @@ from agentrl.algos.common import clipped_surrogate
 from agentrl.algos.configs import DrGRPOConfig, GRPOConfig
 from agentrl.algos.kl import kl
 from agentrl.algos.losses import aggregate
-from agentrl.algos.turns import gigpo_advantages, turn_group_advantages
+from agentrl.algos.turns import gigpo_advantages, turn_group_advantages, turn_mask
 
 
 class GRPO(TokenLoss):
@@ -49,7 +49,8 @@ class GRPO(TokenLoss):
             cfg: GRPOConfig (`scale`; `turn_advantages`: per-turn groups, which also need
                 `token_rewards` (B, T); `turn_credit="gigpo"`: `turns.gigpo_advantages`, which
                 also needs `input_ids` and `token_rewards` (B, T) and reads `gamma`,
-                `step_weight`).
+                `step_weight`); both read the turns from `sampled_mask` when overlong
+                filtering left one (`turns.turn_mask`).
 
         Returns:
             advantages (B, T) (0 off the loss mask) and group metrics.
@@ -57,9 +58,10 @@ class GRPO(TokenLoss):
         if cfg.turn_credit == "gigpo":
             return gigpo_advantages(batch, cfg, scale=cfg.scale)
         stats = group_stats(batch["scores"], batch["group_ids"])
-        if cfg.turn_advantages:
-            return turn_group_advantages(batch["token_rewards"], batch["loss_mask"],
-                                         batch["group_ids"], scale=cfg.scale), stats
+        if cfg.turn_advantages:  # turns of overlong-filtered rows count in the turn groups
+            adv = turn_group_advantages(batch["token_rewards"], turn_mask(batch),
+                                        batch["group_ids"], scale=cfg.scale)
+            return torch.where(batch["loss_mask"] != 0, adv, 0.0), stats
         adv = group_advantages(batch["scores"], batch["group_ids"], scale=cfg.scale)
         return expand_to_tokens(adv, batch["loss_mask"]), stats
 

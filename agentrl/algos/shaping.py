@@ -16,7 +16,8 @@ each turn is shaped against the per-turn budget.
 Overlong filtering (`algo.mask_truncated`, sec. 3.4 "overlong filtering"): the loss mask of a
 sample with a turn cut by the token budget (its finish reason is `length`) is zeroed, so a
 truncated answer is neither rewarded nor punished for its text; it still counts in its
-group's statistics.
+group's statistics (its turns, kept in `sampled_mask`, in the per-turn and anchor-state groups
+of `turn_advantages` and `turn_credit=gigpo` too).
 
 DAPO's dynamic sampling (`algo.dynamic_sampling`, sec. 3.2, `filter_groups`) and the batch the
 algorithms read (`build_batch`) live here too.
@@ -114,10 +115,14 @@ def apply_overlong_shaping(batch: dict[str, Any], max_tokens: int, buffer: int,
 
 def mask_length_truncated(batch: dict[str, Any], cut: Tensor) -> int:
     """Zero the loss mask of the rows flagged in `cut` (B,) bool, in place (overlong filtering).
+    The mask before, the turns of every row, is kept as `batch["sampled_mask"]`: the turn-level
+    advantages (`turns.turn_mask`) still count the masked rows' turns in their groups'
+    statistics, as the episode advantages count their returns.
 
     Returns:
         the number of rows masked.
     """
+    batch.setdefault("sampled_mask", batch["loss_mask"])
     keep = (~cut.to(torch.bool)).to(batch["loss_mask"].dtype)
     batch["loss_mask"] = batch["loss_mask"] * keep[:, None]
     return int(cut.sum())

@@ -23,6 +23,15 @@ from torch import Tensor
 from agentrl.algos.advantages import GroupIds, expand_to_tokens, group_advantages, group_stats
 
 
+def turn_mask(batch: dict[str, Any]) -> Tensor:
+    """(B, T): the mask the turns of a batch are read from: `batch["sampled_mask"]` (every
+    sampled token, kept by overlong filtering, `shaping.mask_length_truncated`, before it
+    zeroed rows of `loss_mask`) when present, else `batch["loss_mask"]`. Turn-level statistics
+    count a filtered row's turns as the episode statistics count its return; its advantages
+    are then zeroed by the loss mask."""
+    return batch.get("sampled_mask", batch["loss_mask"])
+
+
 def turn_index(loss_mask: Tensor) -> Tensor:
     """(B, T) long: the 0-based index of the turn each agent token belongs to, -1 elsewhere.
 
@@ -190,7 +199,8 @@ def gigpo_advantages(batch: dict[str, Any], cfg: Any, *, scale: str | None = Non
 
     Args:
         batch: `scores` (B,) (NaN excluded), `group_ids` (B,), `input_ids`, `loss_mask`,
-            `token_rewards` (B, T).
+            `token_rewards` (B, T); `sampled_mask` (B, T) when overlong filtering zeroed rows
+            (`turn_mask`: their turns still count in the anchor groups).
         cfg: AlgoConfig (`scale`, `gamma`, `step_weight`).
         scale: overrides `cfg.scale` ("std" | "none"; dr_grpo's `turn_credit=gigpo` passes
             "none").
@@ -200,11 +210,11 @@ def gigpo_advantages(batch: dict[str, Any], cfg: Any, *, scale: str | None = Non
         (mean |A^S| over agent tokens).
     """
     scale = scale or cfg.scale
-    ep = expand_to_tokens(group_advantages(batch["scores"], batch["group_ids"], scale=scale),
-                          batch["loss_mask"])
-    step = step_advantages(batch["input_ids"], batch["token_rewards"], batch["loss_mask"],
-                           batch["group_ids"], gamma=cfg.gamma, scale=scale)
-    stats = group_stats(batch["scores"], batch["group_ids"])
     m = batch["loss_mask"] != 0
+    ep = expand_to_tokens(group_advantages(batch["scores"], batch["group_ids"], scale=scale), m)
+    step = step_advantages(batch["input_ids"], batch["token_rewards"], turn_mask(batch),
+                           batch["group_ids"], gamma=cfg.gamma, scale=scale)
+    step = torch.where(m, step, 0.0)
+    stats = group_stats(batch["scores"], batch["group_ids"])
     stats["step_adv_abs_mean"] = float(step[m].abs().mean()) if bool(m.any()) else 0.0
     return ep.to(torch.float32) + cfg.step_weight * step, stats

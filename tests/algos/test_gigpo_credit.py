@@ -150,3 +150,26 @@ def test_collated_rows_hold_the_turns_rewards():
     trajs = _tree_group(penalty=0.2)
     rew = collate(trajs, pad_id=0)["token_rewards"]
     assert rew[1].tolist() == pytest.approx([0, 0, 0, 0, 0, -0.2, 0, 0, 0.8])
+
+
+def test_overlong_filtered_rows_still_count_in_the_turn_statistics():
+    """`algo.mask_truncated`: a row with a turn cut by the token budget gets loss mask 0 but
+    still counts in its group's statistics, the anchor states' and per-turn groups' too.
+    One task, three single-turn episodes, returns [1, 0, 0], the second cut ("length"):
+      A^E (all three) = [1.154699, -0.577350, -0.577350]; the turn-0 anchor (the prompt) and
+      the turn-0 group hold the same three returns, so A^S = A^E and the per-turn advantage is
+      A^E: gigpo (omega 0.5) gives 1.5 A^E = [1.732049, 0, -0.866025] (row 1 masked); per-turn
+      groups give [1.154699, 0, -0.577350]. (Before: the cut row left the anchor group, whose
+      two returns [1, 0] gave A^S = +-0.707107.)"""
+    from agentrl.algos.shaping import shape_batch
+
+    trajs = [_episode(0, [([20], r, None)]) for r in (1.0, 0.0, 0.0)]
+    trajs[1].turns[0].finish_reason = "length"
+    for cfg, exp in ((algo_config(name="gigpo", step_weight=0.5, mask_truncated=True),
+                      [1.732049, 0.0, -0.866025]),
+                     (algo_config(turn_advantages=True, mask_truncated=True), [1.154699, 0.0, -0.577350])):
+        b = _batch(trajs)
+        assert shape_batch(b, trajs, cfg, max_tokens=8, mask_truncated=True) == {"masked_truncated": 1.0}
+        adv, _ = get_algorithm(cfg.name).advantages(b, cfg)
+        assert adv[:, 2].tolist() == pytest.approx(exp, abs=1e-5)
+        assert torch.all(adv[b["loss_mask"] == 0] == 0)
