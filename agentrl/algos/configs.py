@@ -106,8 +106,8 @@ class _KLInReward(_Mixin):
 
 
 class _Gamma(_Mixin):
-    gamma: float = 1.0
-    """Discount of the returns (PPO, REINFORCE++, GiGPO's step returns)."""
+    gamma: float = Field(default=1.0, ge=0.0, le=1.0)
+    """Discount of the returns (PPO, REINFORCE++, GiGPO's step returns), in [0, 1]."""
 
 
 class _StepCredit(_Gamma):
@@ -169,8 +169,8 @@ class GiGPOConfig(_StepCredit, _DualClip, _KLInLoss, _GroupScale, TokenLossBase)
 
     name: Literal["gigpo"] = "gigpo"
     """The algorithm: `--algo gigpo` (`algo.name=gigpo`)."""
-    gamma: float = GIGPO_GAMMA
-    """Discount of the step returns (Feng et al. 2025, sec. 5.1: 0.95)."""
+    gamma: float = Field(default=GIGPO_GAMMA, ge=0.0, le=1.0)
+    """Discount of the step returns (Feng et al. 2025, sec. 5.1: 0.95), in [0, 1]."""
     turn_credit: Literal["gigpo"] = "gigpo"
     """GiGPO is step-level credit, always (`algo.name=grpo` has episode-level advantages)."""
 

@@ -151,7 +151,12 @@ def discounted_turn_returns(token_rewards: Tensor, loss_mask: Tensor, gamma: flo
 
     Returns:
         (returns (B, K) float64, exists (B, K) bool); 0 where a row has no turn k.
+
+    Raises:
+        ValueError: gamma outside [0, 1].
     """
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"gamma must be in [0, 1], got {gamma}")
     turn = turn_index(loss_mask)
     b = loss_mask.shape[0]
     k_max = int(turn.max()) + 1 if turn.numel() and int(turn.max()) >= 0 else 0

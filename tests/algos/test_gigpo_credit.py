@@ -173,3 +173,18 @@ def test_overlong_filtered_rows_still_count_in_the_turn_statistics():
         adv, _ = get_algorithm(cfg.name).advantages(b, cfg)
         assert adv[:, 2].tolist() == pytest.approx(exp, abs=1e-5)
         assert torch.all(adv[b["loss_mask"] == 0] == 0)
+
+
+def test_gamma_outside_the_unit_interval_is_refused():
+    """GiGPO's discount (and PPO's, REINFORCE++'s) must be in [0, 1]: a gamma of 1.5 made later
+    rewards weigh more than near ones and was used as given."""
+    from agentrl.algos.turns import discounted_turn_returns
+
+    for kw in ({"name": "gigpo", "gamma": 1.5}, {"turn_credit": "gigpo", "gamma": -0.5},
+               {"name": "ppo", "gamma": 2.0}):
+        with pytest.raises(ValueError, match="gamma"):
+            algo_config(**kw)
+    b = _batch(_tree_group())
+    with pytest.raises(ValueError, match=r"gamma must be in \[0, 1\]"):
+        discounted_turn_returns(b["token_rewards"], b["loss_mask"], 1.5)
+    assert algo_config(name="gigpo", gamma=0.0).gamma == 0.0
