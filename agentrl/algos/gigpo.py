@@ -24,8 +24,16 @@ The same advantages are an option of grpo, dr_grpo and cispo, `algo.turn_credit=
 in `turns.py`): `--algo grpo algo.turn_credit=gigpo` is this
 algorithm (same defaults, same run; `--algo gigpo` has `turn_credit=gigpo` always).
 
-For single-turn episodes A^S_i0 = A^E_i up to the discount (all turn-0 states are the prompt),
-so the advantage is (1 + omega) A^E.
+For single-turn episodes A^S_i0 = A^E_i exactly (all turn-0 states are the prompt, and one
+turn's return is its reward), so the advantage is (1 + omega) A^E.
+
+Rows whose loss mask overlong filtering zeroed (`algo.mask_truncated`) keep their turns in the
+anchor groups (`turns.turn_mask`), as their returns stay in A^E's group; DAPO's dynamic
+sampling keeps a group whose returns are equal when its A^S is not all 0
+(`shaping.flat_groups`). The reference implementation is verl-agent's `core_gigpo.py`
+(`compute_gigpo_outcome_advantage`); it differs from this on a group with one valid episode
+(there A^E = R; here 0, as every GRPO group). Hand-computed cases: tests/algos/test_gigpo_credit.py
+and tests/algos/test_algorithm_options.py.
 """
 
 from __future__ import annotations
