@@ -48,7 +48,7 @@ class AlgoBase(BaseModel):
     minibatches: int = Field(default=1, ge=1)
     """Optimizer steps per epoch (the batch is split into this many minibatches)."""
     dynamic_sampling: bool = False
-    """Drop the groups that carry no gradient from the batch and refill it (DAPO dynamic sampling): groups whose episode returns are all equal, except, under `turn_credit=gigpo`, those with a nonzero step-level advantage (`shaping.flat_groups`)."""
+    """Drop the groups that carry no gradient from the batch and refill it (DAPO dynamic sampling): groups whose episode returns are all equal, except, under `turn_credit=gigpo` or `turn_advantages`, those with a nonzero turn-level advantage (`shaping.flat_groups`)."""
     overlong_buffer: int = Field(default=0, ge=0)
     """DAPO overlong reward shaping (Yu et al. 2025, eq. 13): a turn of L sampled tokens gets `-overlong_penalty * min(1, (L - (max_tokens - buffer)) / buffer)` added to its reward when L > `rollout.max_tokens` - buffer (0: off). Applied before the advantages, for every algorithm."""
     overlong_penalty: float = Field(default=1.0, ge=0)

@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from agentrl.algos.advantages import zero_variance_mask
-from agentrl.algos.turns import step_advantages, turn_index
+from agentrl.algos.turns import step_advantages, turn_group_advantages, turn_index
 from agentrl.types import Trajectory, collate
 
 DYNAMIC_SAMPLING_MAX_ROUNDS = 3
@@ -182,11 +182,13 @@ def build_batch(trajs: list[Trajectory], pad_id: int) -> dict[str, Any]:
 
 def flat_groups(trajs: list[Trajectory], cfg: Any = None) -> list[bool]:
     """Per trajectory: does its group carry no gradient? Its episode returns are all equal or
-    fewer than two are valid (`zero_variance_mask`), and, under GiGPO's step-level credit
-    (`cfg.turn_credit == "gigpo"`, `cfg.gamma`), every step-level advantage of its episodes is
-    0 too: a group whose episodes all return the same can still differ in the discounted
-    returns of the turns of one anchor state (a pass at attempt 1 and one at attempt 3 of the
-    same task, gamma < 1), and is then trained on (Feng et al. 2025, sec. 4.2).
+    fewer than two are valid (`zero_variance_mask`), and, under a turn-level credit of `cfg`,
+    every turn-level advantage of its episodes is 0 too: a group whose episodes all return the
+    same can still differ in the discounted returns of the turns of one anchor state (GiGPO,
+    `cfg.turn_credit == "gigpo"`, Feng et al. 2025, sec. 4.2: a pass at attempt 1 and one at
+    attempt 3 of the same task, gamma < 1) or in the returns-to-go of one turn (per-turn
+    groups, `cfg.turn_advantages`: turn rewards that sum alike along different paths), and is
+    then trained on.
 
     Args:
         trajs: the episodes (any order; groups by `group_keys`).
@@ -197,12 +199,16 @@ def flat_groups(trajs: list[Trajectory], cfg: Any = None) -> list[bool]:
     scores = torch.tensor([t.episode_return if t.num_sampled > 0 else float("nan") for t in trajs])
     keys = group_keys(trajs)
     flat = zero_variance_mask(scores, keys).tolist()
-    if getattr(cfg, "turn_credit", "episode") != "gigpo" or all(not f for f in flat):
+    gigpo = getattr(cfg, "turn_credit", "episode") == "gigpo"
+    if not (gigpo or getattr(cfg, "turn_advantages", False)) or not any(flat):
         return flat
     b = build_batch(trajs, pad_id=0)  # the pad id is never part of a turn's state
-    step = step_advantages(b["input_ids"], b["token_rewards"], b["loss_mask"], keys,
-                           gamma=cfg.gamma, scale="none")
-    signal = {k for k, s in zip(keys, (step != 0).any(dim=1).tolist()) if s}
+    if gigpo:
+        adv = step_advantages(b["input_ids"], b["token_rewards"], b["loss_mask"], keys,
+                              gamma=cfg.gamma, scale="none")
+    else:
+        adv = turn_group_advantages(b["token_rewards"], b["loss_mask"], keys, scale="none")
+    signal = {k for k, s in zip(keys, (adv != 0).any(dim=1).tolist()) if s}
     return [f and k not in signal for f, k in zip(flat, keys)]
 
 
@@ -211,7 +217,7 @@ def dynamic_sampling(trajs: list[Trajectory], more: Callable[[int], list[Traject
                      ) -> tuple[list[Trajectory], int]:
     """DAPO dynamic sampling (Yu et al. 2025, sec. 3.2): keep only the groups that carry a
     gradient (`flat_groups`: groups with all-equal or fewer than two valid returns carry none,
-    unless, under GiGPO's credit given by `cfg`, their step-level advantages do) and call
+    unless, under the turn-level credit `cfg` names, their turn-level advantages do) and call
     `more(round)` for fresh groups until `want` trajectories are kept or `max_rounds` refills
     were made. Whole groups are kept, in order, up to `want` episodes.
 

@@ -145,6 +145,21 @@ def test_dynamic_sampling_keeps_groups_with_a_step_level_signal():
     assert kept == []
 
 
+def test_dynamic_sampling_keeps_groups_with_a_per_turn_signal():
+    """Per-turn groups (`turn_advantages`): turn rewards (0.25, 0.75) and (0.5, 0.5) both return
+    1, so the episode advantages and turn 0's returns-to-go (1, 1) are flat, but turn 1's (0.75,
+    0.5) are not: the group is kept. Episode credit drops it."""
+    pair = [_episode(0, [([10], 0.25, [7, 8]), ([11], 0.75, None)]),
+            _episode(0, [([12], 0.5, [7, 9]), ([13], 0.5, None)])]
+    per_turn = algo_config(turn_advantages=True, dynamic_sampling=True)
+    adv, _ = get_algorithm("grpo").advantages(_batch(pair), per_turn)
+    # turn 1 (position 5): returns [0.75, 0.5], std 0.176777 -> [0.707103, -0.707103]; turn 0: 0
+    assert adv[:, 2].tolist() == [0.0, 0.0] and adv[:, 5].tolist() == pytest.approx([0.707103, -0.707103], abs=1e-5)
+    kept, _ = filter_groups(pair, lambda r: [], per_turn, 2)
+    assert len(kept) == 2
+    assert filter_groups(pair, lambda r: [], algo_config(dynamic_sampling=True), 2)[0] == []
+
+
 def test_collated_rows_hold_the_turns_rewards():
     """The env's per-turn rewards reach the advantages on each turn's last sampled token."""
     trajs = _tree_group(penalty=0.2)
