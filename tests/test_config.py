@@ -194,3 +194,13 @@ def test_a_validators_message_comes_without_pydantics_prefix():
     with pytest.raises(ConfigError) as e:
         load_config(None, ["algo.group_size=4", "rollout.branch=3", "env.max_turns=3"])
     assert str(e.value).startswith("config error: rollout.branch=3 must divide algo.group_size")
+
+
+def test_turn_advantages_with_template_history_is_refused():
+    """Under rollout.history=template each turn is a sample with the episode's return: the per-turn
+    groups would be the episode groups and algo.turn_advantages would silently do nothing."""
+    with pytest.raises(ConfigError, match="algo.turn_advantages=true has no effect with rollout.history=template"):
+        load_config(None, ["env.max_turns=3", "algo.turn_advantages=true", "rollout.history=template"])
+    cfg = load_config(None, ["env.max_turns=3", "algo.turn_advantages=true"])  # exact history: kept
+    assert cfg.algo.turn_advantages and cfg.rollout.history == "exact"
+    assert load_config(None, ["env.max_turns=3", "rollout.history=template"]).rollout.history == "template"

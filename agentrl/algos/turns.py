@@ -182,12 +182,41 @@ def step_advantages(input_ids: Tensor, token_rewards: Tensor, loss_mask: Tensor,
     Raises:
         ValueError: group_ids of another length than the batch.
     """
+    return _step_advantages(input_ids, token_rewards, loss_mask, group_ids, gamma=gamma, scale=scale)[0]
+
+
+def anchor_stats(keys: list[tuple[Any, ...]], turns: list[int]) -> dict[str, float]:
+    """How much step-level credit the anchor groups can give (verl-agent logs the mean step
+    group size): `step_group_size_mean`, the mean over turns of the number of turns in the
+    turn's anchor group (1: a state nobody else reached, so A^S = 0), and
+    `later_turns_anchored_frac`, the share of turns after the first (k >= 1: repairs on
+    code_repair) whose anchor group has another turn (absent when there is none).
+
+    Args:
+        keys: one anchor key (group id, state) per turn.
+        turns: each turn's index in its episode (0 for the first), aligned with `keys`.
+    """
+    if not keys:
+        return {}
+    size: dict[Any, int] = {}
+    for k in keys:
+        size[k] = size.get(k, 0) + 1
+    out = {"step_group_size_mean": sum(size[k] for k in keys) / len(keys)}
+    later = [size[k] > 1 for k, t in zip(keys, turns) if t >= 1]
+    if later:
+        out["later_turns_anchored_frac"] = sum(later) / len(later)
+    return out
+
+
+def _step_advantages(input_ids: Tensor, token_rewards: Tensor, loss_mask: Tensor, group_ids: GroupIds, *,
+                     gamma: float, scale: str = "std") -> tuple[Tensor, dict[str, float]]:
+    """`step_advantages` and the `anchor_stats` of its anchor groups."""
     gids = group_ids.tolist() if isinstance(group_ids, Tensor) else list(group_ids)
     if len(gids) != loss_mask.shape[0]:
         raise ValueError(f"group_ids has {len(gids)} entries, batch has {loss_mask.shape[0]} rows")
     returns, exists = discounted_turn_returns(token_rewards, loss_mask, gamma)
     if returns.shape[1] == 0:
-        return torch.zeros(loss_mask.shape, dtype=torch.float32)
+        return torch.zeros(loss_mask.shape, dtype=torch.float32), {}
     states = turn_states(input_ids, loss_mask)
     rows, turns = exists.nonzero(as_tuple=True)
     keys = [(gids[r], states[r][k]) for r, k in zip(rows.tolist(), turns.tolist())]
@@ -195,7 +224,7 @@ def step_advantages(input_ids: Tensor, token_rewards: Tensor, loss_mask: Tensor,
     adv_turn[rows, turns] = group_advantages(returns[rows, turns], keys, scale=scale)
     turn = turn_index(loss_mask)
     adv = adv_turn.gather(1, turn.clamp(min=0))
-    return torch.where(turn >= 0, adv, 0.0).to(torch.float32)
+    return torch.where(turn >= 0, adv, 0.0).to(torch.float32), anchor_stats(keys, turns.tolist())
 
 
 def gigpo_advantages(batch: dict[str, Any], cfg: Any, *, scale: str | None = None
@@ -212,14 +241,15 @@ def gigpo_advantages(batch: dict[str, Any], cfg: Any, *, scale: str | None = Non
 
     Returns:
         (B, T) advantages (0 off the mask) and the group metrics plus `step_adv_abs_mean`
-        (mean |A^S| over agent tokens).
+        (mean |A^S| over agent tokens) and `anchor_stats` (`step_group_size_mean`,
+        `later_turns_anchored_frac`).
     """
     scale = scale or cfg.scale
     m = batch["loss_mask"] != 0
     ep = expand_to_tokens(group_advantages(batch["scores"], batch["group_ids"], scale=scale), m)
-    step = step_advantages(batch["input_ids"], batch["token_rewards"], turn_mask(batch),
-                           batch["group_ids"], gamma=cfg.gamma, scale=scale)
+    step, anchors = _step_advantages(batch["input_ids"], batch["token_rewards"], turn_mask(batch),
+                                     batch["group_ids"], gamma=cfg.gamma, scale=scale)
     step = torch.where(m, step, 0.0)
-    stats = group_stats(batch["scores"], batch["group_ids"])
+    stats = {**group_stats(batch["scores"], batch["group_ids"]), **anchors}
     stats["step_adv_abs_mean"] = float(step[m].abs().mean()) if bool(m.any()) else 0.0
     return ep.to(torch.float32) + cfg.step_weight * step, stats

@@ -498,6 +498,15 @@ class Config(_Section):
         return self
 
     @model_validator(mode="after")
+    def _turn_advantages_need_exact_history(self) -> Config:
+        if getattr(self.algo, "turn_advantages", False) and self.rollout.history == "template":
+            raise ValueError("algo.turn_advantages=true has no effect with rollout.history=template: each turn "
+                             "is then its own sample carrying the episode's return, so the per-turn groups are "
+                             "the episode groups (plain GRPO); set rollout.history=exact, or "
+                             "algo.turn_advantages=false")
+        return self
+
+    @model_validator(mode="after")
     def _branch_fits_groups(self) -> Config:
         b = self.rollout.branch
         if b == 1:

@@ -203,3 +203,25 @@ def test_gamma_outside_the_unit_interval_is_refused():
     with pytest.raises(ValueError, match=r"gamma must be in \[0, 1\]"):
         discounted_turn_returns(b["token_rewards"], b["loss_mask"], 1.5)
     assert algo_config(name="gigpo", gamma=0.0).gamma == 0.0
+
+
+def test_anchor_stats_show_whether_repairs_share_a_state():
+    """The tree group: turns (row, k) with anchors prompt x4 (A1 0, A2 0, B1 0, B2 0), [7, 8] x2
+    (A1 1, A2 1), [7, 9] x1 (A2 2): 7 turns, sizes 4,4,4,4,2,2,1 -> mean 21/7 = 3.0; later turns
+    (k >= 1): A1 1, A2 1 anchored, A2 2 alone -> 2/3. Without branching (four distinct first
+    attempts and feedbacks) no later turn shares a state: 0, and the mean size is that of the
+    prompt group's 4 turns and the later turns' 1s."""
+    from agentrl.algos.turns import anchor_stats
+
+    cfg = algo_config(turn_credit="gigpo")
+    _, stats = get_algorithm("grpo").advantages(_batch(_tree_group()), cfg)
+    assert stats["step_group_size_mean"] == pytest.approx(3.0)
+    assert stats["later_turns_anchored_frac"] == pytest.approx(2 / 3)
+    flat = [_episode(0, [([10 + i], 0.0, [7, 8 + i]), ([20 + i], 1.0, None)]) for i in range(4)]
+    _, stats = get_algorithm("grpo").advantages(_batch(flat), cfg)
+    assert stats["later_turns_anchored_frac"] == 0.0
+    assert stats["step_group_size_mean"] == pytest.approx((4 * 4 + 4 * 1) / 8)
+    # single-turn episodes: no later turn, no key
+    _, stats = get_algorithm("grpo").advantages(_batch([_episode(0, [([20], 1.0, None)])] * 2), cfg)
+    assert "later_turns_anchored_frac" not in stats and stats["step_group_size_mean"] == 2.0
+    assert anchor_stats([], []) == {}
