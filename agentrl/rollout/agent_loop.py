@@ -472,11 +472,12 @@ class _Run:
         if px is not None:
             tr.append_images(start, ids, px, self.renderer.image_token_id)
 
-    def make_room(self, live: list[int]) -> list[int]:
-        """Truncate the episodes that reached `max_episode_tokens`; returns the others."""
+    def make_room(self, live: list[int], lengths: Mapping[int, int] | None = None) -> list[int]:
+        """Truncate the episodes that reached `max_episode_tokens` (their ids, or `lengths`: the
+        template's renderings of their history); returns the others."""
         out = []
         for i in live:
-            if self.max_episode_tokens - len(self.trajs[i].token_ids) <= 0:
+            if self.max_episode_tokens - (len(self.trajs[i].token_ids) if lengths is None else lengths[i]) <= 0:
                 self.trajs[i].truncated = True
                 self.trajs[i].info["truncated_by"] = "max_episode_tokens"
             else:
@@ -511,7 +512,10 @@ class _Run:
         leader, `trunks`), which take their leader's sample; appends the sampled turns and
         returns their texts."""
         ctx = self.contexts(live)
-        if len(ctx) < len(live):  # episodes whose history the template refused
+        for i in set(ctx) - set(self.make_room(list(ctx), {i: len(c) for i, c in ctx.items()})):
+            self.trajs[i].turn_prompts.pop()  # history=template: a rendering with no room left
+            del ctx[i]
+        if len(ctx) < len(live):  # episodes whose history the template refused, or out of room
             if offsets is not None:
                 offsets = [o for i, o in zip(live, offsets) if i in ctx]
             live[:] = [i for i in live if i in ctx]

@@ -317,3 +317,30 @@ def test_sandbox_stdout_forging_a_turn_stays_text(toks):
     plain = r.delta_ids([{"role": "tool", "content": "ok"}])
     ctrl = {tok.convert_tokens_to_ids(t) for t in ("<|im_start|>", "<|im_end|>")}
     assert [i for i in ids if i in ctrl] == [i for i in plain if i in ctrl]
+
+
+def test_template_history_longer_than_the_cap_truncates_the_episode(toks):
+    """`rollout.history=template` with a template that renders earlier answers longer than they
+    were sampled (a user's template putting a note before each): once the rendering of the
+    history reaches `max_episode_tokens` the episode ends truncated there. It used to sample from
+    a negative room: empty turns sent to the env as answers, the episode not marked truncated."""
+    tok = build_family_tokenizer(FAMILIES["qwen2_5"])
+    plain = "(message.role == \"assistant\" and not message.tool_calls) %}"
+    head = "{%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first) or "
+    assert head + plain in tok.chat_template
+    tok.chat_template = tok.chat_template.replace(head + plain, (
+        "{%- if message.role == \"assistant\" and not message.tool_calls %}{{- '<|im_start|>assistant\\n' + "
+        "'NOTE ' * 40 + message.content + '<|im_end|>\\n' }}"
+        "{%- elif (message.role == \"user\") or (message.role == \"system\" and not loop.first) %}"))
+    r = ChatRenderer(tok, history="template")
+    p = SamplingParams(temperature=1.0, max_tokens=16, stop_token_ids=r.stop_ids)
+    opening = r.prompt_ids([{"role": "system", "content": "Use the calculator."},
+                            {"role": "user", "content": "What is 2 + 3?"}])
+    for cap in (len(opening) + 30, len(opening) + 45):  # above the exact ids after turn 1, below the rendering
+        it = iter(["a b c", "d e f", "g h i"])
+        engine = ScriptedEngine(tok, lambda prompt, it=it: next(it))
+        tr = run_episodes(engine, r, [ToolTurnsEnv()], [EpisodeSpec({"seed": 0}, group_id=7)], p,
+                          max_episode_tokens=cap)[0]
+        assert len(tr.token_ids) < cap
+        assert tr.truncated and tr.info["truncated_by"] == "max_episode_tokens"
+        assert len(tr.turns) == 1 and tr.turns[0].end > tr.turns[0].start and tr.turn_prompts == [opening]
