@@ -217,3 +217,38 @@ def test_check_task_feedback_shows_public_assert_only(pool):
     for secret in ("1000003", "2000003", "77777", "x + 1"):
         assert secret not in text
     assert "got 40" in text and "got 2" in text  # the public run's output
+
+
+# One-process runs (the built-in tasks: every test decided by runner-held sites) share the
+# solution's process with the harness, so the solution can write the report's lines itself:
+# an `S` line turns the run of every test into a `syntax_error` whose reason it wrote, while
+# it prints the arguments of every test, hidden ones included.
+FORGE_SYNTAX_ERROR = '''import os
+def {f}(*a):
+    os.write(3, ("S forged " + repr(a) + "\\n").encode())
+    print("ARGS", a)
+    return None
+'''
+
+
+def test_a_forged_syntax_error_shows_the_public_run_only(pool):
+    """The feedback after a run of every test whose verdict is `syntax_error` quotes a run of
+    the public tests alone, like every other verdict: no hidden argument (e.g. `[2, 8, 6, 4]`,
+    the third input of held-out task 0, not in its prompt or its 2 public asserts) reaches
+    the agent, while the public ones do. A real syntax error reads as before."""
+    env = CodeSandboxEnv(split="heldout", max_turns=2, pool=pool)
+    for t in env.tasks()[:3]:
+        public = public_tests(t).tests
+        secret = _hidden_literals(t, t.prompt + "\n".join(public))
+        assert secret, t.task_id
+        env.reset(options={"task": t})
+        obs, r, _, _, info = env.step(FORGE_SYNTAX_ERROR.format(f=t.entry_point))
+        text = obs[0]["content"]
+        assert (r, info["verdict"]) == (0.0, "syntax_error")  # the run of every test, forged
+        assert not [s for s in secret if s in text], (t.task_id, text)
+        assert "ARGS" in text  # the public run's output
+    assert "[2, 8, 6, 4]" in str(env.tasks()[0].tests[2])
+    env.reset(options={"task": env.tasks()[0]})
+    obs, *_ = env.step("def answer(xs) return xs")
+    assert obs[0]["content"] == ("Your code failed: SyntaxError: expected ':' (<solution>, line 1)\n"
+                                 "Fix the function and answer with the complete code.")
