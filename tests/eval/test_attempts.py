@@ -166,3 +166,27 @@ def test_the_tables_of_a_multi_turn_evaluation_show_the_repair_metrics(tmp_path)
     d = compare(a, b)["metrics"]
     assert d["repair_rate"]["diff"] == pytest.approx(4 / 9 - 3 / 9)  # one more of 9 repaired
     assert d["first_attempt_pass@1"]["diff"] == pytest.approx(0.0)
+
+
+def test_one_sample_per_task_and_episodes_cut_short_by_hand():
+    """One episode per task: [P]; [F, P]; [F, F, F]; the first attempt cut by the episode's
+    token cap (1 turn, verdict fail, end max_episode_tokens); an env that timed out on the
+    first attempt (no verdict, reward 0, end step_timeout). The last two are failed first
+    attempts that were never repaired (each the policy's or the env's fault, as in pass@1).
+    first attempt: per task [1, 0, 0, 0, 0]: 1/5, se std(ddof=1) / sqrt(5) = sqrt(0.2) / sqrt(5) = 0.2.
+    repair: x = [0, 1, 1, 1, 1], y = [0, 1, 0, 0, 0]: R = 1/4; residuals 0, 3/4, -1/4 x 3:
+    sqrt((9/16 + 3/16) / (5 * 4)) / (4/5) = sqrt(3/80) * 5/4."""
+    base = rows()[0]
+    eps = [[P], [F, P], [F, F, F]]
+    rs = [{**base, "task_index": i, "success": vs[-1] == P, "turns": len(vs), "turn_verdicts": vs,
+           "turn_rewards": [float(v == P) for v in vs]} for i, vs in enumerate(eps)]
+    rs.append({**base, "task_index": 3, "success": False, "turns": 1, "turn_verdicts": [F],
+               "turn_rewards": [0.0], "end": "max_episode_tokens"})
+    rs.append({**base, "task_index": 4, "success": False, "turns": 1, "turn_verdicts": [None],
+               "turn_rewards": [0.0], "end": "step_timeout"})
+    m = attempt_metrics(rs)
+    assert m["first_attempt_pass@1"] == pytest.approx(0.2)
+    assert m["first_attempt_pass@1_se"] == pytest.approx(0.2)
+    assert (m["first_attempt_failures"], m["repaired"], m["repair_rate"]) == (4, 1, 0.25)
+    assert m["repair_rate_se"] == pytest.approx(math.sqrt(3 / 80) * 5 / 4)
+    assert m["attempts_mean"] == pytest.approx(8 / 5)
