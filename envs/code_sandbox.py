@@ -48,7 +48,7 @@ TRIVIAL_MODES = ("auto", "drop", "flag", "off")
 BACKENDS = ("auto", "bwrap", "docker", "subprocess")
 #: Verdicts the env adds to the sandbox's: nothing to run, or an action that is not text.
 ENV_VERDICTS = ("no_code", "bad_action")
-#: Verdicts where no test ran: their feedback quotes the verdict's reason as it is.
+#: Verdicts where no test ran (a syntax error only when the public run confirms it: `_feedback`).
 NO_TEST_VERDICTS = ("no_code", "bad_action", "syntax_error", "sandbox_error")
 
 _FENCE_TAG = re.compile(r"[ \t]*([\w+-]*)")
@@ -511,17 +511,24 @@ class CodeSandboxEnv(TextEnv):
     def _feedback(self, task: CodeTask, code: str, result: SandboxResult | None, verdict: str,
                   reason: str) -> str:
         """The feedback after a failed attempt with turns left, from the task's public tests
-        only (`code_tests_split`): verdicts where no test ran (no code, a syntax error, a
-        sandbox failure) are explained as they are; otherwise the answer is run again on the
+        only (`code_tests_split`): no code, a non-str action or a sandbox failure are explained
+        as they are (nothing of the solution ran); otherwise the answer is run again on the
         public tests alone and the message quotes that run (its failing public assertion, its
-        output), never the hidden tests' source, values or output."""
-        if result is None or verdict in NO_TEST_VERDICTS:
+        output), never the hidden tests' source, values or output.
+
+        A syntax error is run again too (on no test when the task has no public one): in a
+        one-process run (tests decided by runner-held sites, `agentrl.sandbox.judge`) the
+        solution can write the report's syntax-error line itself while the hidden tests run,
+        so the run of every test's reason and output are never quoted; a real syntax error
+        reads the same from the public run."""
+        if result is None or verdict in ("no_code", "bad_action", "sandbox_error"):
             return feedback_message(result, verdict, reason, self.feedback_chars)
         split = public_tests(task)
-        public = None
-        if split.tests:
+        if split.tests or verdict == "syntax_error":
             public = self._run(task, code, tests=split.tests, names=split.names)
-        return public_feedback(result, public, verdict, self.feedback_chars)
+            if split.tests or public.verdict in NO_TEST_VERDICTS:
+                return public_feedback(result, public, verdict, self.feedback_chars)
+        return public_feedback(result, None, verdict, self.feedback_chars)
 
     def _run(self, task: CodeTask, code: str, tests: list[str] | None = None,
              names: list[str] | None = None) -> SandboxResult:

@@ -7,7 +7,9 @@ Definitions, per episode (an attempt is an agent turn; its verdict is the env's
 `info["verdict"]`, else `info["success"]`):
 - first-attempt success: the first turn's verdict is `pass`;
 - a *first-attempt failure* is an episode whose first attempt failed; it is *repaired* when
-  the episode still succeeds (`success`, a later attempt passed).
+  the episode still succeeds (`success`, a later attempt passed). An episode without an
+  attempt (its reset failed: 0 turns) is no first-attempt failure: it fails pass@1 and
+  first-attempt pass@1 as every unsolved episode, but there was no attempt to repair.
 
 Over an evaluation (`attempt_metrics`), with tasks i = 1..m, n_i episodes each:
 - `first_attempt_pass@1`: mean over tasks of (first-attempt successes_i / n_i), and
@@ -17,8 +19,9 @@ Over an evaluation (`attempt_metrics`), with tasks i = 1..m, n_i episodes each:
   episodes of task i (the share of failed first attempts fixed later, pooled over episodes),
   and `repair_rate_se` its standard error over tasks as a ratio estimator (Cochran, Sampling
   Techniques, 3rd ed. 1977, eq. 6.13, without the finite-population factor):
-  `sqrt(sum_i (y_i - R x_i)^2 / (m (m - 1))) / mean_i(x_i)`; None without a first-attempt
-  failure or with fewer than two tasks;
+  `sqrt(sum_i (y_i - R x_i)^2 / (m (m - 1))) / mean_i(x_i)` (tasks without a failure count in
+  m and in mean(x) with x_i = y_i = 0); None when fewer than two tasks have a first-attempt
+  failure (with one, R = y_k / x_k and every residual is 0: an SE of 0 that measures nothing);
 - `attempts_mean`: attempts per episode; `first_attempt_failures`, `repaired`: the totals.
 """
 
@@ -41,11 +44,11 @@ def first_attempt_passed(verdicts: Sequence[Any], rewards: Sequence[Any] = ()) -
 
 
 def ratio_se(x: Sequence[float], y: Sequence[float]) -> float | None:
-    """Standard error over clusters of R = sum(y) / sum(x) (module doc), None when sum(x) == 0
-    or there are fewer than two clusters."""
+    """Standard error over clusters of R = sum(y) / sum(x) (module doc), None when fewer than
+    two clusters have x > 0 (none: no ratio; one: every residual is 0)."""
     xa, ya = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     m = xa.size
-    if m < 2 or xa.sum() <= 0:
+    if int((xa > 0).sum()) < 2:
         return None
     r = ya.sum() / xa.sum()
     return float(math.sqrt(((ya - r * xa) ** 2).sum() / (m * (m - 1))) / xa.mean())
@@ -59,13 +62,14 @@ def attempt_metrics(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         `first_attempt_pass@1`, `first_attempt_pass@1_se`, `repair_rate`, `repair_rate_se`,
         `attempts_mean`, `first_attempt_failures`, `repaired` (None where undefined).
     """
-    by_task: dict[int, list[tuple[bool, bool]]] = {}
+    by_task: dict[int, list[tuple[bool, bool, bool]]] = {}
     for r in rows:
         first = first_attempt_passed(r.get("turn_verdicts") or [], r.get("turn_rewards") or [])
-        by_task.setdefault(int(r["task_index"]), []).append((first, bool(r["success"])))
-    first_rate = np.array([np.mean([f for f, _ in g]) for g in by_task.values()], dtype=float)
-    x = [sum(not f for f, _ in g) for g in by_task.values()]
-    y = [sum((not f) and s for f, s in g) for g in by_task.values()]
+        tried = int(r.get("turns") or 0) > 0
+        by_task.setdefault(int(r["task_index"]), []).append((first, tried, bool(r["success"])))
+    first_rate = np.array([np.mean([f for f, _, _ in g]) for g in by_task.values()], dtype=float)
+    x = [sum(t and not f for f, t, _ in g) for g in by_task.values()]
+    y = [sum(t and not f and s for f, t, s in g) for g in by_task.values()]
     m = first_rate.size
     return {
         "first_attempt_pass@1": float(first_rate.mean()) if m else None,
@@ -95,8 +99,9 @@ def is_multi_attempt(rows: Sequence[dict[str, Any]], max_attempts: int | None = 
 def step_attempt_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     """Per-step training metrics of a multi-turn batch ({} when every episode took one turn):
     `rollout/reward_turn_<t>` (mean reward of turn t, 1-based, over the episodes that reached
-    it), `rollout/first_attempt_pass_rate`, `rollout/repair_rate` (repaired / first-attempt
-    failures; NaN without a failure). Attempts used per episode is `rollout/turns`. Only envs
+    it), `rollout/first_attempt_pass_rate` (over every episode, as `rollout/pass_rate`),
+    `rollout/repair_rate` (repaired / first-attempt failures, episodes without a turn in
+    neither; NaN without a failure). Attempts used per episode is `rollout/turns`. Only envs
     that grade their turns as attempts (a turn's `info["verdict"]`, `has_attempts`)."""
     if not any(len(t.turns) > 1 for t in trajs) or not any(
             tn.info.get("verdict") is not None for t in trajs for tn in t.turns):
@@ -116,7 +121,6 @@ def step_attempt_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
         firsts += first
         fails += not first
         repaired += (not first) and success
-    with_turns = sum(bool(t.turns) for t in trajs)
-    m["rollout/first_attempt_pass_rate"] = firsts / with_turns if with_turns else float("nan")
+    m["rollout/first_attempt_pass_rate"] = firsts / len(trajs)
     m["rollout/repair_rate"] = repaired / fails if fails else float("nan")
     return m

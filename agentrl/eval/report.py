@@ -27,8 +27,8 @@ Metric definitions (overall and per task):
 - multi-attempt evaluations only (an env that grades its turns, a verdict per turn, and
   `meta["max_turns"]` > 1 or an episode of more than one turn; not a tool env's steps):
   `first_attempt_pass@1` (± `_se`), `repair_rate` (± `_se`), `attempts_mean`,
-  `first_attempt_failures`, `repaired` (`agentrl.eval.attempts`); `pass@k` is then pass within
-  the allowed attempts.
+  `first_attempt_failures`, `repaired` (`agentrl.eval.attempts`), shown in the overall table
+  after pass@k (`REPAIR_ROWS`); `pass@k` is then pass within the allowed attempts.
 - `errors`: episodes with at least one recorded error message (`agentrl.types.episode_errors`:
   env exceptions, tool-call errors, envs that explain a failed attempt, e.g. code_sandbox's
   failing assertion, a failed reset, the user's agent's failure), what training's `env/errors`
@@ -56,6 +56,11 @@ ENV_ERROR_ENDS = ("env_error", "reset_error", "step_timeout", "reset_timeout", "
 # Numeric overall metrics shown in tables and compared by `compare` (pass@k keys are added).
 _NUMERIC = ("success_rate", "reward_mean", "reward_std", "turns_mean", "tokens_mean",
             "total_tokens_mean", "errors", "env_errors", "nan_rewards", "episodes", "tasks")
+REPAIR_ROWS = ("first_attempt_pass@1", "first_attempt_pass@1_se", "repair_rate", "repair_rate_se",
+               "attempts_mean", "first_attempt_failures", "repaired")
+"""The repair metrics of a multi-attempt evaluation (`agentrl.eval.attempts`), shown in its
+tables (after pass@k, as the training run's end table shows them) and compared by `compare`
+when both evaluations have them."""
 
 
 def read_results(out_dir: str | Path) -> list[dict[str, Any]]:
@@ -167,6 +172,7 @@ def overall_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     """(metric, formatted value) pairs of the overall summary, in display order."""
     o = summary["overall"]
     keys = [m for k in summary["k"] for m in (f"pass@{k}", f"pass@{k}_se")]
+    keys += [k for k in REPAIR_ROWS if k in o]  # multi-attempt evaluations only
     keys += [k for k in ("tasks", "episodes", "success_rate", "reward_mean", "reward_std",
                          "turns_mean", "tokens_mean", "total_tokens_mean", "finish_reasons",
                          "end_reasons", "verdicts", "errors", "env_errors", "nan_rewards")]
@@ -273,7 +279,7 @@ def compare(dir_a: str | Path, dir_b: str | Path) -> dict[str, Any]:
     Returns:
         `{"a", "b", "metrics", "tasks", "flipped", "only_a", "only_b"}`:
         `metrics[name] = {"a", "b", "diff"}` for every overall number (pass@k of the k's both
-        runs have, success rate, reward, turns, tokens, errors, ...; `diff = b - a`, None when
+        runs have, the repair metrics `REPAIR_ROWS` both have, success rate, reward, turns, tokens, errors, ...; `diff = b - a`, None when
         either side is None); `tasks` is a list of `{"task_id", "<metric>": {"a", "b", "diff"}}`
         over the common tasks for pass@k, success_rate and reward_mean; `flipped` is
         `{"gained": [task ids solved in B, not in A], "lost": [solved in A, not in B]}`;
@@ -285,7 +291,8 @@ def compare(dir_a: str | Path, dir_b: str | Path) -> dict[str, Any]:
     """
     sa, sb = _load_summary(dir_a), _load_summary(dir_b)
     ks = [k for k in sa["k"] if k in sb["k"]]
-    names = [f"pass@{k}" for k in ks] + list(_NUMERIC)
+    names = [f"pass@{k}" for k in ks] + [m for m in REPAIR_ROWS if m in sa["overall"] and m in sb["overall"]]
+    names += list(_NUMERIC)
     metrics = {m: {"a": sa["overall"].get(m), "b": sb["overall"].get(m),
                    "diff": _diff(sa["overall"].get(m), sb["overall"].get(m))} for m in names}
     ta = {t["task_id"]: t for t in sa["tasks"]}

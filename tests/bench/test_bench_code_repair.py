@@ -46,3 +46,19 @@ def test_step_profile_means_over_step_rows_only(tmp_path):
     p.write_text("".join(json.dumps(r) + "\n" for r in rows))
     prof = step_profile(p)
     assert prof == {"generate_s": 4.5, "env_s": 2.5, "update_s": 4.0, "step_s": 11.0, "turns": 1.75, "steps": 2}
+
+
+def test_no_repair_rate_before_gives_no_ratio():
+    """summary.json keeps an undefined repair rate (no failed first attempt) as NaN (the
+    evaluation's None logged under eval/): the ratio is then `–`, not `nanx`."""
+    nan = float("nan")
+    run = {"arm": "gigpo", "seed": 0, "sft_steps": 400, "wall_s": 60.0, "step_profile": PROFILE,
+           "before": {"first_attempt_pass@1": 1.0, "first_attempt_pass@1_se": 0.0, "pass@1": 1.0,
+                      "pass@1_se": 0.0, "repair_rate": nan, "repair_rate_se": nan},
+           "after": {"first_attempt_pass@1": 0.5, "first_attempt_pass@1_se": 0.1, "pass@1": 0.75,
+                     "pass@1_se": 0.1, "repair_rate": 0.5, "repair_rate_se": nan}}
+    cells = [c.strip() for c in table([run]).splitlines()[-1].split("|")]
+    assert cells[6:9] == ["0.250", "– -> 0.500", "–"]  # gap 0.75 - 0.5; repair rate; ratio
+    run["before"]["repair_rate"], run["after"]["repair_rate"] = 0.25, nan
+    cells = [c.strip() for c in table([run]).splitlines()[-1].split("|")]
+    assert cells[7:9] == ["0.250 -> –", "–"]

@@ -137,10 +137,12 @@ def run_lookup_policy(env: CodeSandboxEnv, task: CodeTask) -> tuple[float, list[
 
 
 def test_lookup_policy_scores_zero_on_hidden_tests(pool):
-    """The attack of issue 40 on 15 held-out tasks with 4 attempts: it reads the public
+    """The attack of issue 40 on 15 held-out tasks with 6 attempts: it reads the public
     asserts and passes them (checked), and scores 0, since the reward counts the hidden tests.
-    Control: when every test is public (the old feedback), the same policy scores 1.0."""
-    env = CodeSandboxEnv(split="heldout", max_turns=4, pool=pool)
+    Control: when every test is public (the old feedback), the same policy scores 1.0.
+    6 attempts: a leak of one hidden assert per failed attempt would be learnt too (2 public
+    and 3 hidden asserts read, then a pass), where 4 attempts ran out before the pass."""
+    env = CodeSandboxEnv(split="heldout", max_turns=6, pool=pool)
     tasks = env.tasks()[:15]
     for t in tasks:
         ret, seen = run_lookup_policy(env, t)
@@ -174,24 +176,38 @@ ADVERSARIES = {
     "print_args": "def {f}(*a):\n    print('ARGS', a)\n    return 0",
     "raise_args": "def {f}(*a):\n    raise ValueError(repr(a))",
     "reference_off_by_one": None,  # the reference, made wrong by + 1 on the result
+    "public_lookup": None,  # answers the public asserts from a table, printing its arguments
 }
 
 
+def adversary_answer(kind: str, task: CodeTask, public: list[str]) -> str:
+    """The answer of adversary `kind` (`ADVERSARIES`) to `task` with public tests `public`.
+    `public_lookup` passes the public tests and fails the hidden ones on every built-in task,
+    so that the feedback of a run where only hidden tests fail is checked on every task."""
+    if kind == "reference_off_by_one":
+        return task.solution.replace("    return ", "    return 1 + ", 1)
+    if kind == "public_lookup":
+        table = lookup_answer(task.entry_point, [f"{p}`" for p in public])
+        return table.replace("    return ", "    print('ARGS', a)\n    return ", 1)
+    return ADVERSARIES[kind].format(f=task.entry_point)
+
+
 def test_no_hidden_test_reaches_any_observation(pool):
-    """Across 25 held-out built-in tasks and four adversarial policies (a wrong answer, one
-    that prints its arguments, one that raises them, a mutated reference), with 2 attempts:
-    no hidden assert's text and no hidden literal appears in any observation (prompt or
-    feedback); the public assertion does appear (so the check can see one)."""
+    """Across 25 held-out built-in tasks and five adversarial policies (a wrong answer, one
+    that prints its arguments, one that raises them, a mutated reference, one that passes the
+    public tests only and prints its arguments), with 2 attempts: no hidden assert's text and
+    no hidden literal appears in any observation (prompt or feedback); the public assertion
+    does appear (so the check can see one), and every task's feedback says that only hidden
+    tests fail at least once (so the check sees that case on every task)."""
     env = CodeSandboxEnv(split="heldout", max_turns=2, pool=pool)
     tasks = env.tasks()[:25]
-    shown_public = 0
+    shown_public = hidden_only = 0
     for t in tasks:
         public = public_tests(t).tests
         secret = _hidden_literals(t, t.prompt + "\n".join(public))
         hidden_src = [x for x in t.tests if x not in public]
-        for kind, tmpl in ADVERSARIES.items():
-            answer = (tmpl.format(f=t.entry_point) if tmpl
-                      else t.solution.replace("    return ", "    return 1 + ", 1))
+        for kind in ADVERSARIES:
+            answer = adversary_answer(kind, t, public)
             obs, _ = env.reset(options={"task": t})
             texts = [m["content"] for m in obs]
             for _ in range(2):
@@ -204,7 +220,9 @@ def test_no_hidden_test_reaches_any_observation(pool):
             leaked = [s for s in secret if s in joined]
             assert not leaked, (t.task_id, kind, leaked)
             shown_public += any(p in joined for p in public)
+            hidden_only += kind == "public_lookup" and "the public tests pass, but hidden tests fail" in joined
     assert shown_public >= 25  # the feedback quotes public asserts
+    assert hidden_only == 25
 
 
 def test_check_task_feedback_shows_public_assert_only(pool):
@@ -217,3 +235,38 @@ def test_check_task_feedback_shows_public_assert_only(pool):
     for secret in ("1000003", "2000003", "77777", "x + 1"):
         assert secret not in text
     assert "got 40" in text and "got 2" in text  # the public run's output
+
+
+# One-process runs (the built-in tasks: every test decided by runner-held sites) share the
+# solution's process with the harness, so the solution can write the report's lines itself:
+# an `S` line turns the run of every test into a `syntax_error` whose reason it wrote, while
+# it prints the arguments of every test, hidden ones included.
+FORGE_SYNTAX_ERROR = '''import os
+def {f}(*a):
+    os.write(3, ("S forged " + repr(a) + "\\n").encode())
+    print("ARGS", a)
+    return None
+'''
+
+
+def test_a_forged_syntax_error_shows_the_public_run_only(pool):
+    """The feedback after a run of every test whose verdict is `syntax_error` quotes a run of
+    the public tests alone, like every other verdict: no hidden argument (e.g. `[2, 8, 6, 4]`,
+    the third input of held-out task 0, not in its prompt or its 2 public asserts) reaches
+    the agent, while the public ones do. A real syntax error reads as before."""
+    env = CodeSandboxEnv(split="heldout", max_turns=2, pool=pool)
+    for t in env.tasks()[:3]:
+        public = public_tests(t).tests
+        secret = _hidden_literals(t, t.prompt + "\n".join(public))
+        assert secret, t.task_id
+        env.reset(options={"task": t})
+        obs, r, _, _, info = env.step(FORGE_SYNTAX_ERROR.format(f=t.entry_point))
+        text = obs[0]["content"]
+        assert (r, info["verdict"]) == (0.0, "syntax_error")  # the run of every test, forged
+        assert not [s for s in secret if s in text], (t.task_id, text)
+        assert "ARGS" in text  # the public run's output
+    assert "[2, 8, 6, 4]" in str(env.tasks()[0].tests[2])
+    env.reset(options={"task": env.tasks()[0]})
+    obs, *_ = env.step("def answer(xs) return xs")
+    assert obs[0]["content"] == ("Your code failed: SyntaxError: expected ':' (<solution>, line 1)\n"
+                                 "Fix the function and answer with the complete code.")

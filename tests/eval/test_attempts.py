@@ -8,8 +8,8 @@ import math
 import pytest
 
 from agentrl.eval.attempts import attempt_metrics, ratio_se, step_attempt_metrics
-from agentrl.eval.harness import training_metrics
-from agentrl.eval.report import summarize
+from agentrl.eval.harness import training_metrics, write_outputs
+from agentrl.eval.report import compare, overall_rows, summarize, summary_markdown
 from agentrl.types import Trajectory, Turn
 
 P, F = "pass", "fail"
@@ -103,3 +103,90 @@ def test_a_tool_env_has_no_attempts():
         return tr
 
     assert step_attempt_metrics([tool_traj(3), tool_traj(2)]) == {}
+
+
+def test_repair_rate_se_needs_two_tasks_with_a_failed_first_attempt():
+    """Task 0 fails first once and is repaired, task 1 passes first twice: the repair rate is
+    1/1 from one task. The ratio estimator's residuals are then all 0 (y - R x = 1 - 1 * 1 and
+    0 - 1 * 0), an SE of 0 that only says one task had a failure: no SE (None)."""
+    assert ratio_se([1, 0], [1, 0]) is None
+    assert ratio_se([0, 2, 0], [0, 1, 0]) is None
+    one = [r for r in rows() if r["task_index"] in (0, 1) and r["sample"] < 2]  # [P], [F, P]; [P], [P]
+    m = attempt_metrics(one)
+    assert (m["repair_rate"], m["repair_rate_se"]) == (1.0, None)
+    assert m["first_attempt_pass@1"] == pytest.approx(0.75)  # mean(1/2, 2/2)
+    # two tasks with failures still get one: x = [1, 1], y = [1, 0], R = 1/2, residuals
+    # +1/2, -1/2: sqrt((1/4 + 1/4) / (2 * 1)) / mean(x) = 1/2
+    assert ratio_se([1, 1], [1, 0]) == pytest.approx(0.5)
+
+
+def test_an_episode_without_an_attempt_is_no_failed_first_attempt():
+    """A reset that failed (0 turns, `end` reset_error) counts as a failure in pass@1 and in
+    first-attempt pass@1, as every unsolved episode, but it is no failed first attempt: the
+    repair rate's denominator leaves it out, in evaluation and in the per-step metrics."""
+    broken = {**rows()[0], "sample": 4, "success": False, "reward": 0.0, "turns": 0, "tokens": 0,
+              "finish_reasons": [], "end": "reset_error", "verdict": None, "turn_verdicts": [],
+              "turn_rewards": []}
+    m = attempt_metrics([r for r in rows() if r["task_index"] == 0] + [broken])
+    assert m["first_attempt_pass@1"] == pytest.approx(1 / 5)  # 1 of 5 episodes
+    assert (m["first_attempt_failures"], m["repaired"]) == (3, 2)  # [F,P], [F,F,F], [F,P]
+    assert m["repair_rate"] == pytest.approx(2 / 3)
+
+    def traj(vs):
+        tr = Trajectory()
+        for i, v in enumerate(vs):
+            tr.turns.append(Turn(start=i, end=i + 1, reward=float(v == P), info={"verdict": v, "success": v == P}))
+        return tr
+
+    s = step_attempt_metrics([traj(vs) for vs in TABLE[0]] + [Trajectory()])
+    assert s["rollout/first_attempt_pass_rate"] == pytest.approx(1 / 5)  # as rollout/pass_rate
+    assert s["rollout/repair_rate"] == pytest.approx(2 / 3)
+
+
+def test_the_tables_of_a_multi_turn_evaluation_show_the_repair_metrics(tmp_path):
+    """`agentrl eval`'s printed table and summary.md show what the training run's end table
+    shows of a multi-turn evaluation (first-attempt pass@1 and the repair rate, each with its
+    standard error, attempts per episode), and `compare` compares them; a single-turn
+    evaluation shows none. Values: `TABLE` (first attempt 1/4, repair rate 1/3, 28/12 attempts)."""
+    s = summarize(rows(), [1, 4], {"max_turns": 3})
+    shown = dict(overall_rows(s))
+    assert shown["first_attempt_pass@1"] == "0.2500"
+    assert shown["first_attempt_pass@1_se"] == f"{0.25 / math.sqrt(3):.4f}"
+    assert shown["repair_rate_se"] == f"{math.sqrt(26 / 54) / 3:.4f}"
+    assert (shown["repair_rate"], shown["attempts_mean"]) == ("0.3333", "2.3333")
+    assert (shown["first_attempt_failures"], shown["repaired"]) == ("9", "3")
+    assert "| repair_rate | 0.3333 |" in summary_markdown(s)
+    single = [{**r, "turns": 1, "turn_verdicts": r["turn_verdicts"][:1]} for r in rows()]
+    assert "repair_rate" not in dict(overall_rows(summarize(single, [1], {})))
+    a, b = tmp_path / "a", tmp_path / "b"
+    write_outputs(a, rows(), s)
+    better = [{**r, "success": True} if r["task_index"] == 2 and r["sample"] == 0 else r for r in rows()]
+    better[8] = {**better[8], "turn_verdicts": ["fail", "pass"], "turns": 2}
+    write_outputs(b, better, summarize(better, [1, 4], {"max_turns": 3}))
+    d = compare(a, b)["metrics"]
+    assert d["repair_rate"]["diff"] == pytest.approx(4 / 9 - 3 / 9)  # one more of 9 repaired
+    assert d["first_attempt_pass@1"]["diff"] == pytest.approx(0.0)
+
+
+def test_one_sample_per_task_and_episodes_cut_short_by_hand():
+    """One episode per task: [P]; [F, P]; [F, F, F]; the first attempt cut by the episode's
+    token cap (1 turn, verdict fail, end max_episode_tokens); an env that timed out on the
+    first attempt (no verdict, reward 0, end step_timeout). The last two are failed first
+    attempts that were never repaired (each the policy's or the env's fault, as in pass@1).
+    first attempt: per task [1, 0, 0, 0, 0]: 1/5, se std(ddof=1) / sqrt(5) = sqrt(0.2) / sqrt(5) = 0.2.
+    repair: x = [0, 1, 1, 1, 1], y = [0, 1, 0, 0, 0]: R = 1/4; residuals 0, 3/4, -1/4 x 3:
+    sqrt((9/16 + 3/16) / (5 * 4)) / (4/5) = sqrt(3/80) * 5/4."""
+    base = rows()[0]
+    eps = [[P], [F, P], [F, F, F]]
+    rs = [{**base, "task_index": i, "success": vs[-1] == P, "turns": len(vs), "turn_verdicts": vs,
+           "turn_rewards": [float(v == P) for v in vs]} for i, vs in enumerate(eps)]
+    rs.append({**base, "task_index": 3, "success": False, "turns": 1, "turn_verdicts": [F],
+               "turn_rewards": [0.0], "end": "max_episode_tokens"})
+    rs.append({**base, "task_index": 4, "success": False, "turns": 1, "turn_verdicts": [None],
+               "turn_rewards": [0.0], "end": "step_timeout"})
+    m = attempt_metrics(rs)
+    assert m["first_attempt_pass@1"] == pytest.approx(0.2)
+    assert m["first_attempt_pass@1_se"] == pytest.approx(0.2)
+    assert (m["first_attempt_failures"], m["repaired"], m["repair_rate"]) == (4, 1, 0.25)
+    assert m["repair_rate_se"] == pytest.approx(math.sqrt(3 / 80) * 5 / 4)
+    assert m["attempts_mean"] == pytest.approx(8 / 5)
