@@ -225,3 +225,27 @@ def test_anchor_stats_show_whether_repairs_share_a_state():
     _, stats = get_algorithm("grpo").advantages(_batch([_episode(0, [([20], 1.0, None)])] * 2), cfg)
     assert "later_turns_anchored_frac" not in stats and stats["step_group_size_mean"] == 2.0
     assert anchor_stats([], []) == {}
+
+
+def test_dynamic_sampling_under_template_history_drops_groups_with_equal_returns():
+    """`rollout.history=template`: each turn becomes its own sample carrying the episode's
+    return (`turn_samples`), so GiGPO's step returns are the episode returns and gamma plays no
+    part: the tree group (every episode returns 1) has A^E = A^S = 0 on every turn sample and
+    carries no gradient. Dynamic sampling drops it (it was kept: its discounted returns of the
+    exact history, 1 vs 0.95^2 at the first anchor, were read as a step-level signal)."""
+    from agentrl.rollout.agent_loop import turn_samples
+
+    def templated(trajs):
+        for tr in trajs:  # each turn sampled from the ids before it (the rendering, here exact)
+            tr.turn_prompts = [list(tr.token_ids[:t.start]) for t in tr.turns]
+        return trajs
+
+    cfg = algo_config(name="gigpo", dynamic_sampling=True)
+    group = templated(_tree_group())
+    adv, _ = get_algorithm("gigpo").advantages(_batch(turn_samples(group)), cfg)
+    assert torch.all(adv == 0)
+    assert filter_groups(group, lambda r: [], cfg, 4)[0] == []
+    # a group whose returns differ is kept, and the exact-history tree group still is
+    mixed = templated([_episode(2, [([20], r, None)]) for r in (1.0, 0.0)])
+    assert len(filter_groups(mixed, lambda r: [], cfg, 2)[0]) == 2
+    assert len(filter_groups(_tree_group(), lambda r: [], cfg, 4)[0]) == 4
