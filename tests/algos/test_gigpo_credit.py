@@ -205,6 +205,15 @@ def test_gamma_outside_the_unit_interval_is_refused():
     assert algo_config(name="gigpo", gamma=0.0).gamma == 0.0
 
 
+def test_gae_lambda_outside_the_unit_interval_is_refused_at_start_up():
+    """PPO's GAE lambda, like gamma, must be in [0, 1]: a lambda of 1.5 passed the config and
+    failed only at the first update (`advantages.gae`), after the evaluation before RL."""
+    for lam in (1.5, -0.1, float("nan")):
+        with pytest.raises(ValueError, match="algo.lam"):
+            algo_config(name="ppo", lam=lam)
+    assert algo_config(name="ppo", lam=1.0).lam == 1.0
+
+
 def test_anchor_stats_show_whether_repairs_share_a_state():
     """The tree group: turns (row, k) with anchors prompt x4 (A1 0, A2 0, B1 0, B2 0), [7, 8] x2
     (A1 1, A2 1), [7, 9] x1 (A2 2): 7 turns, sizes 4,4,4,4,2,2,1 -> mean 21/7 = 3.0; later turns
