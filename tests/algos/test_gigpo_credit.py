@@ -17,6 +17,7 @@ import torch
 from agentrl.algos import get_algorithm
 from agentrl.algos.shaping import dynamic_sampling, filter_groups
 from agentrl.config import algo_config
+from agentrl.env.base import TextEnv
 from agentrl.types import Trajectory, collate
 
 PROMPT = [1, 2]
@@ -258,3 +259,34 @@ def test_dynamic_sampling_under_template_history_drops_groups_with_equal_returns
     mixed = templated([_episode(2, [([20], r, None)]) for r in (1.0, 0.0)])
     assert len(filter_groups(mixed, lambda r: [], cfg, 2)[0]) == 2
     assert len(filter_groups(_tree_group(), lambda r: [], cfg, 4)[0]) == 4
+
+
+class FlatEnv(TextEnv):
+    """One turn, reward 1 whatever the answer: every group scores alike."""
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return [{"role": "user", "content": "Say hi."}], {"task_id": f"t{seed}"}
+
+    def step(self, action):
+        return [], 1.0, True, False, {}
+
+
+def test_a_step_where_dynamic_sampling_kept_no_group_says_so(tmp_path, tiny_model_dir):
+    """Every group flat after the refills: the update is skipped and the warning says that
+    dynamic sampling dropped the groups (it said "0 episodes, 0 with an env error", as if
+    nothing had been sampled)."""
+    from rich.console import Console
+
+    from agentrl.config import load_config
+    from agentrl.train import train
+
+    cfg = load_config(None, ["env.name=test_gigpo_credit:FlatEnv", "sft.steps=0", "rollout.tasks_per_step=1",
+                             "algo.group_size=2", "algo.dynamic_sampling=true", "train.steps=1",
+                             "train.eval_tasks=1", "train.eval_samples=1", "rollout.max_tokens=4",
+                             f"model.path={tiny_model_dir}", f"out={tmp_path / 'run'}"])
+    console = Console(width=400, record=True)
+    train(cfg, console=console)
+    text = " ".join(console.export_text().split())
+    assert ("update skipped: the batch has no trainable tokens (dynamic sampling (algo.dynamic_sampling) "
+            "kept no group: 2 episodes sampled, 3 refill rounds, in every group the episodes scored alike)") in text
