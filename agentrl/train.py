@@ -148,6 +148,7 @@ def update(lp: Loop, trajs: list[Trajectory], step: int, m: dict[str, float]) ->
     and its episodes are returned marked untrained, so that rollouts/ records them)."""
     cfg, algo, learner = lp.cfg, lp.algo, lp.learner
     t0 = time.perf_counter()
+    sampled = len(trajs)
     trajs, fm = filter_groups(trajs, partial(refill, lp, step), cfg.algo,
                               cfg.rollout.tasks_per_step * cfg.algo.group_size)
     m.update({f"rollout/{k}": v for k, v in fm.items()})
@@ -156,9 +157,14 @@ def update(lp: Loop, trajs: list[Trajectory], step: int, m: dict[str, float]) ->
     if not bool((batch["loss_mask"] != 0).any()):  # e.g. every reset failed: nothing to learn from
         m["loss/skipped_empty_batch"] = 1.0
         errs = [str(t.info["error"]) for t in trajs if t.info.get("error")]
+        if not trajs and sampled and "refill_rounds" in fm:
+            why = (f"dynamic sampling (algo.dynamic_sampling) kept no group: {sampled} episodes sampled, "
+                   f"{fm['refill_rounds']} refill rounds, in every group the episodes scored alike")
+        else:
+            why = (f"{len(trajs)} episodes, {len(errs)} with an env error"
+                   + (f"; first: {errs[0][:200]}" if errs else ""))
         lp.say(f"[warning] step {step + 1}: update skipped: the batch has no trainable tokens "
-               f"({len(trajs)} episodes, {len(errs)} with an env error"
-               + (f"; first: {errs[0][:200]}" if errs else "") + ") (loss/skipped_empty_batch)")
+               f"({why}) (loss/skipped_empty_batch)")
         m.update({"loss/lr": learner.lr, "perf/policy_update_s": 0.0,
                   "perf/update_s": time.perf_counter() - t0, "perf/update_tokens": 0.0})
         for t in trajs:  # recorded in rollouts/ as any step's episodes (with their errors)

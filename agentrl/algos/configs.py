@@ -217,8 +217,8 @@ class PPOConfig(_Gamma, _DualClip, _KLInReward, _KLInLoss, TokenLossBase):
     """Passes over each batch (PPO's sample reuse: 2)."""
     minibatches: int = Field(default=2, ge=1)
     """Optimizer steps per epoch (the batch is split into this many minibatches; PPO: 2)."""
-    lam: float = 0.95
-    """GAE lambda."""
+    lam: float = Field(default=0.95, ge=0.0, le=1.0)
+    """GAE lambda, in [0, 1]."""
     vf_coef: float = 0.5
     """Value loss coefficient."""
     value_clip: float | None = 0.2

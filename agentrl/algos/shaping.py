@@ -188,7 +188,9 @@ def flat_groups(trajs: list[Trajectory], cfg: Any = None) -> list[bool]:
     `cfg.turn_credit == "gigpo"`, Feng et al. 2025, sec. 4.2: a pass at attempt 1 and one at
     attempt 3 of the same task, gamma < 1) or in the returns-to-go of one turn (per-turn
     groups, `cfg.turn_advantages`: turn rewards that sum alike along different paths), and is
-    then trained on.
+    then trained on. Episodes sampled with `rollout.history=template` (`turn_prompts`) have
+    no turn-level signal beyond their returns: each of their turns is trained as a sample
+    carrying the episode's return (`agentrl.rollout.agent_loop.turn_samples`).
 
     Args:
         trajs: the episodes (any order; groups by `group_keys`).
@@ -202,6 +204,8 @@ def flat_groups(trajs: list[Trajectory], cfg: Any = None) -> list[bool]:
     gigpo = getattr(cfg, "turn_credit", "episode") == "gigpo"
     if not (gigpo or getattr(cfg, "turn_advantages", False)) or not any(flat):
         return flat
+    if any(t.turn_prompts for t in trajs):  # history=template: every turn sample carries its
+        return flat  # episode's return (`turn_samples`), so equal returns leave no turn signal
     b = build_batch(trajs, pad_id=0)  # the pad id is never part of a turn's state
     if gigpo:
         adv = step_advantages(b["input_ids"], b["token_rewards"], b["loss_mask"], keys,

@@ -248,10 +248,22 @@ def print_summary(summary: dict[str, Any], console: Any = None, *, max_task_rows
 # Comparison
 # ---------------------------------------------------------------------------------------------
 
+def _inner_evals(d: str | Path) -> list[str]:
+    """The evaluation folders inside `d` when it is a training run's folder (`d/eval/before`,
+    `d/eval/after`) or its `eval` folder (`d/before`, `d/after`): those with a summary.json."""
+    d = Path(d)
+    return [str(p) for p in (d / "eval" / "before", d / "eval" / "after", d / "before", d / "after")
+            if (p / "summary.json").is_file()]
+
+
 def _load_summary(d: str | Path) -> dict[str, Any]:
     path = Path(d) / "summary.json"
+    inner = _inner_evals(d)
+    hint = (f"its held-out evaluations are {' and '.join(inner)}: compare those, e.g. "
+            f"`agentrl eval --compare {inner[0]} {inner[-1]}`") if inner else ""
     if not path.exists():
-        raise FileNotFoundError(f"compare: {path} not found (run `agentrl eval --out {d}` first)")
+        raise FileNotFoundError(f"compare: {path} not found ("
+                                + (hint or f"run `agentrl eval --out {d}` first") + ")")
     try:
         data = json.loads(path.read_text())
     except (ValueError, OSError) as e:
@@ -259,8 +271,9 @@ def _load_summary(d: str | Path) -> dict[str, Any]:
     if not (isinstance(data, dict) and isinstance(data.get("k"), list)
             and isinstance(data.get("overall"), dict) and isinstance(data.get("tasks"), list)):
         raise ValueError(f"compare: {d} is not an evaluation folder (its summary.json has no "
-                         "pass@k results; a training run's folder?). Evaluate it first: "
-                         f"`agentrl eval --model {d} --out EVAL_DIR`, then compare the EVAL_DIRs")
+                         "pass@k results; a training run's folder?). "
+                         + (hint[0].upper() + hint[1:] if hint else
+                            f"Evaluate it first: `agentrl eval --model {d} --out EVAL_DIR`, then compare the EVAL_DIRs"))
     return data
 
 

@@ -26,15 +26,15 @@ from agentrl.types import Trajectory, episode_errors
 
 def format_eval(ev: dict[str, float], samples: int) -> str:
     """`pass@1 0.203 ± 0.021, pass@4 0.412 ± 0.030` from evaluation metrics (± one standard
-    error over tasks)."""
+    error over tasks; `n/a` for an undefined value, e.g. the repair rate of an evaluation
+    without a failed first attempt)."""
+    shown = [(f"pass@{k}", f"pass@{k}") for k in sorted({1, samples})]
+    shown += [(key, label) for key, label in (("first_attempt_pass@1", "first attempt"),
+                                              ("repair_rate", "repair rate")) if key in ev]  # multi-turn
     parts = []
-    for k in sorted({1, samples}):
-        v, se = ev.get(f"pass@{k}", float("nan")), ev.get(f"pass@{k}_se", float("nan"))
-        parts.append(f"pass@{k} {v:.3f}" + (f" ± {se:.3f}" if se == se else ""))
-    for key, label in (("first_attempt_pass@1", "first attempt"), ("repair_rate", "repair rate")):
-        if key in ev:  # a multi-turn evaluation
-            v, se = ev[key], ev.get(f"{key}_se", float("nan"))
-            parts.append(f"{label} {v:.3f}" + (f" ± {se:.3f}" if se == se else ""))
+    for key, label in shown:
+        v, se = ev.get(key, float("nan")), ev.get(f"{key}_se", float("nan"))
+        parts.append(f"{label} " + (f"{v:.3f}" if v == v else "n/a") + (f" ± {se:.3f}" if se == se else ""))
     return ", ".join(parts)
 
 

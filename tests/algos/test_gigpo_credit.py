@@ -17,6 +17,7 @@ import torch
 from agentrl.algos import get_algorithm
 from agentrl.algos.shaping import dynamic_sampling, filter_groups
 from agentrl.config import algo_config
+from agentrl.env.base import TextEnv
 from agentrl.types import Trajectory, collate
 
 PROMPT = [1, 2]
@@ -205,6 +206,15 @@ def test_gamma_outside_the_unit_interval_is_refused():
     assert algo_config(name="gigpo", gamma=0.0).gamma == 0.0
 
 
+def test_gae_lambda_outside_the_unit_interval_is_refused_at_start_up():
+    """PPO's GAE lambda, like gamma, must be in [0, 1]: a lambda of 1.5 passed the config and
+    failed only at the first update (`advantages.gae`), after the evaluation before RL."""
+    for lam in (1.5, -0.1, float("nan")):
+        with pytest.raises(ValueError, match="algo.lam"):
+            algo_config(name="ppo", lam=lam)
+    assert algo_config(name="ppo", lam=1.0).lam == 1.0
+
+
 def test_anchor_stats_show_whether_repairs_share_a_state():
     """The tree group: turns (row, k) with anchors prompt x4 (A1 0, A2 0, B1 0, B2 0), [7, 8] x2
     (A1 1, A2 1), [7, 9] x1 (A2 2): 7 turns, sizes 4,4,4,4,2,2,1 -> mean 21/7 = 3.0; later turns
@@ -225,3 +235,58 @@ def test_anchor_stats_show_whether_repairs_share_a_state():
     _, stats = get_algorithm("grpo").advantages(_batch([_episode(0, [([20], 1.0, None)])] * 2), cfg)
     assert "later_turns_anchored_frac" not in stats and stats["step_group_size_mean"] == 2.0
     assert anchor_stats([], []) == {}
+
+
+def test_dynamic_sampling_under_template_history_drops_groups_with_equal_returns():
+    """`rollout.history=template`: each turn becomes its own sample carrying the episode's
+    return (`turn_samples`), so GiGPO's step returns are the episode returns and gamma plays no
+    part: the tree group (every episode returns 1) has A^E = A^S = 0 on every turn sample and
+    carries no gradient. Dynamic sampling drops it (it was kept: its discounted returns of the
+    exact history, 1 vs 0.95^2 at the first anchor, were read as a step-level signal)."""
+    from agentrl.rollout.agent_loop import turn_samples
+
+    def templated(trajs):
+        for tr in trajs:  # each turn sampled from the ids before it (the rendering, here exact)
+            tr.turn_prompts = [list(tr.token_ids[:t.start]) for t in tr.turns]
+        return trajs
+
+    cfg = algo_config(name="gigpo", dynamic_sampling=True)
+    group = templated(_tree_group())
+    adv, _ = get_algorithm("gigpo").advantages(_batch(turn_samples(group)), cfg)
+    assert torch.all(adv == 0)
+    assert filter_groups(group, lambda r: [], cfg, 4)[0] == []
+    # a group whose returns differ is kept, and the exact-history tree group still is
+    mixed = templated([_episode(2, [([20], r, None)]) for r in (1.0, 0.0)])
+    assert len(filter_groups(mixed, lambda r: [], cfg, 2)[0]) == 2
+    assert len(filter_groups(_tree_group(), lambda r: [], cfg, 4)[0]) == 4
+
+
+class FlatEnv(TextEnv):
+    """One turn, reward 1 whatever the answer: every group scores alike."""
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return [{"role": "user", "content": "Say hi."}], {"task_id": f"t{seed}"}
+
+    def step(self, action):
+        return [], 1.0, True, False, {}
+
+
+def test_a_step_where_dynamic_sampling_kept_no_group_says_so(tmp_path, tiny_model_dir):
+    """Every group flat after the refills: the update is skipped and the warning says that
+    dynamic sampling dropped the groups (it said "0 episodes, 0 with an env error", as if
+    nothing had been sampled)."""
+    from rich.console import Console
+
+    from agentrl.config import load_config
+    from agentrl.train import train
+
+    cfg = load_config(None, ["env.name=test_gigpo_credit:FlatEnv", "sft.steps=0", "rollout.tasks_per_step=1",
+                             "algo.group_size=2", "algo.dynamic_sampling=true", "train.steps=1",
+                             "train.eval_tasks=1", "train.eval_samples=1", "rollout.max_tokens=4",
+                             f"model.path={tiny_model_dir}", f"out={tmp_path / 'run'}"])
+    console = Console(width=400, record=True)
+    train(cfg, console=console)
+    text = " ".join(console.export_text().split())
+    assert ("update skipped: the batch has no trainable tokens (dynamic sampling (algo.dynamic_sampling) "
+            "kept no group: 2 episodes sampled, 3 refill rounds, in every group the episodes scored alike)") in text

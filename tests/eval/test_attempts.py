@@ -190,3 +190,16 @@ def test_one_sample_per_task_and_episodes_cut_short_by_hand():
     assert (m["first_attempt_failures"], m["repaired"], m["repair_rate"]) == (4, 1, 0.25)
     assert m["repair_rate_se"] == pytest.approx(math.sqrt(3 / 80) * 5 / 4)
     assert m["attempts_mean"] == pytest.approx(8 / 5)
+
+
+def test_the_training_log_line_says_n_a_for_an_undefined_repair_rate():
+    """Every first attempt passed: the repair rate is undefined (NaN in eval/ metrics); the
+    `[eval]` line says `n/a`, as the end table says `–` (it said `repair rate nan`)."""
+    from agentrl.log.steps import format_eval
+
+    nan = float("nan")
+    ev = {"pass@1": 1.0, "pass@1_se": nan, "pass@2": 1.0, "pass@2_se": nan, "first_attempt_pass@1": 1.0,
+          "first_attempt_pass@1_se": nan, "repair_rate": nan, "repair_rate_se": nan}
+    assert format_eval(ev, 2) == "pass@1 1.000, pass@2 1.000, first attempt 1.000, repair rate n/a"
+    ev.update({"repair_rate": 0.5, "repair_rate_se": 0.25, "pass@1_se": 0.1})
+    assert format_eval(ev, 1) == "pass@1 1.000 ± 0.100, first attempt 1.000, repair rate 0.500 ± 0.250"

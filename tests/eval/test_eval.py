@@ -228,3 +228,24 @@ def test_compare_flipped_tasks(tmp_path, capsys):
 def test_compare_missing_dir(tmp_path):
     with pytest.raises(FileNotFoundError, match="summary.json"):
         compare(tmp_path / "nope", tmp_path / "nope2")
+
+
+def test_compare_on_a_training_run_names_its_evaluations(tmp_path):
+    """`--compare RUN` or `--compare RUN/eval` (the folder the training run's last line names)
+    points at the run's own held-out evaluations, RUN/eval/before and RUN/eval/after, instead of
+    asking to evaluate into the run's folder."""
+    run = tmp_path / "run"
+    for side in ("before", "after"):
+        write_run(run / "eval" / side, three_task_rows(), [1])
+    (run / "summary.json").write_text(json.dumps({"algo": "grpo", "eval_after": {"pass@1": 0.5}}))
+    before, after = run / "eval" / "before", run / "eval" / "after"
+    want = f"agentrl eval --compare {before} {after}"
+    with pytest.raises(ValueError, match="is not an evaluation folder") as e:
+        compare(run, after)
+    assert want in str(e.value)
+    with pytest.raises(FileNotFoundError) as e:
+        compare(run / "eval", after)
+    assert want in str(e.value) and "--out" not in str(e.value)
+    assert compare(before, after)["metrics"]["pass@1"]["diff"] == 0.0
+    with pytest.raises(FileNotFoundError, match=r"run `agentrl eval --out"):
+        compare(tmp_path / "nope", after)
