@@ -435,9 +435,10 @@ def side_curves(res: dict[str, dict[str, Any]], warm_point: dict[str, Any], warm
     fine checkpoints (every `--fine-s`) evaluated by `first_reach` near each side's first reach
     of TRL's best (the coarse grid's best)."""
     done: dict[str, dict[int, dict[str, Any]]] = {side: {} for side in SIDES}
+    co = {side: coarse_indices(res[side]["checkpoints"], a.every_s) for side in SIDES}
 
     def getter(side: str) -> Any:
-        cks, co = res[side]["checkpoints"], set(coarse_indices(res[side]["checkpoints"], a.every_s))
+        cks = res[side]["checkpoints"]
 
         def get(i: int) -> dict[str, Any]:
             if i < 0:
@@ -446,12 +447,11 @@ def side_curves(res: dict[str, dict[str, Any]], warm_point: dict[str, Any], warm
                 path = Path(cks[i]["path"])
                 o = evaluate(path, warm, path.parent.parent / "eval" / f"{path.name}_{tag}", a)
                 done[side][i] = point(path.name, o, cks[i]["wall_s"], cks[i]["samples"], cks[i]["step"],
-                                      "coarse" if i in co else "fine")
+                                      "coarse" if i in co[side] else "fine")
             return done[side][i]
         return get
 
     gets = {side: getter(side) for side in SIDES}
-    co = {side: coarse_indices(res[side]["checkpoints"], a.every_s) for side in SIDES}
     for side in SIDES:
         for i in co[side]:
             gets[side](i)
