@@ -93,7 +93,9 @@ class CodeReward:
         if not code.strip():
             return 0.0
         try:
-            res = default_pool(self.backend).run_tests(**sandbox_job(task, code, self.limits))
+            # every answer is run (cache=False): a TRL reward function as a user writes it,
+            # without agentrl's verdict cache, as the comparison has measured it since it began
+            res = default_pool(self.backend).run_tests(**sandbox_job(task, code, self.limits), cache=False)
         except Exception:  # noqa: BLE001 - the env records a failing sandbox as 0 (sandbox_error)
             return 0.0
         if res.verdict == "pass":

@@ -244,6 +244,11 @@ class CodeSandboxEnv(TextEnv):
             disk); `reference_answer()` is None for a task whose reference fails, so the warm
             start leaves it out (counted in `startup_notes`). The built-in tasks are not run
             (generated with their references; `benchmarks/builtin_reference_check.py`).
+        cache_verdicts: answer an attempt that the pool already judged (the same program on
+            the same tests and limits, e.g. twins in a group of samples) from the pool's
+            verdict cache instead of running it again (`SandboxPool`, docs/sandbox.md,
+            "Verdict cache"); `false` runs every attempt. The verdict is the same either way
+            for a program whose result does not depend on chance or time.
 
     Raises:
         ValueError: a bad argument, naming it and the allowed values.
@@ -259,7 +264,7 @@ class CodeSandboxEnv(TextEnv):
                  pool: SandboxPool | None = None, heldout_fraction: float = 0.2,
                  num_tasks: int = 500, families: list[str] | None = None,
                  levels: list[int] | None = None, trivial_tasks: str = "auto",
-                 check_references: bool = True):
+                 check_references: bool = True, cache_verdicts: bool = True):
         if reward not in REWARDS:
             raise ValueError(f"reward: unknown mode {reward!r}; allowed: {', '.join(REWARDS)}")
         if int(max_turns) < 1:
@@ -287,6 +292,9 @@ class CodeSandboxEnv(TextEnv):
 
             resolve_backend(backend)
         self._pool = pool
+        if not isinstance(cache_verdicts, bool):
+            raise ValueError(f"cache_verdicts: must be true or false, got {cache_verdicts!r}")
+        self.cache_verdicts = cache_verdicts
         self.dataset = dataset
         self.heldout_fraction = heldout_fraction
         self.num_tasks = int(num_tasks)
@@ -461,8 +469,10 @@ class CodeSandboxEnv(TextEnv):
     def step(self, action: str):
         """Run one attempt. Returns (feedback messages or [], reward, terminated, truncated,
         info) with info `verdict`, `passed`, `total`, `error`, `wall_s`, `task_id`, `turn`,
-        `success`, `backend` and `unisolated` (True when the code ran without a sandbox: the
-        explicitly named `subprocess` backend; the trainer counts these as `sandbox/unisolated`).
+        `success`, `backend`, `unisolated` (True when the code ran without a sandbox: the
+        explicitly named `subprocess` backend; the trainer counts these as `sandbox/unisolated`)
+        and `cached` (the verdict came from the pool's verdict cache, `cache_verdicts`; counted
+        as `sandbox/cached`).
 
         Raises:
             RuntimeError: `step` before `reset`.
@@ -496,7 +506,8 @@ class CodeSandboxEnv(TextEnv):
                 "total": result.total if result else len(task.tests),
                 "error": reason, "wall_s": result.wall_s if result else 0.0,
                 "backend": result.backend if result else None, "success": success,
-                "unisolated": bool(result.unisolated) if result else False}
+                "unisolated": bool(result.unisolated) if result else False,
+                "cached": bool(result.cached) if result else False}
         # A pass ends the task. Failing the last allowed attempt is a truncation (a turn limit
         # was hit), except in single-attempt mode (max_turns == 1), where the one answer is the
         # whole task: it is graded and the episode terminates (nothing to bootstrap from).
@@ -537,7 +548,7 @@ class CodeSandboxEnv(TextEnv):
             job["tests"], job["names"] = list(tests), names
         try:
             pool = self._pool or default_pool(self.backend)
-            return pool.run_tests(**job)
+            return pool.run_tests(**job, cache=self.cache_verdicts)
         except Exception as e:  # noqa: BLE001 - contract 7: a failing sandbox is a recorded step
             n = len(task.tests)
             return SandboxResult("sandbox_error", 0, n, error=f"{type(e).__name__}: {e}"[:500])

@@ -45,7 +45,8 @@ def rollout_metrics(trajs: list[Trajectory], success: Callable[[Trajectory], boo
     the non-NaN episode returns (NaN when there are none), `rollout/pass_rate` (`success(traj)`:
     did it solve its task, `agentrl.eval.episodes.episode_success`), `env/errors` (the
     episodes with a recorded error, `agentrl.types.episode_errors`: an env's, a tool's or the
-    user's agent's), `env/timeouts`, ..., `rollout/template_drift` (the share of episodes checked by
+    user's agent's), `env/timeouts`, `sandbox/unisolated` and `sandbox/cached` (env steps run without a sandbox /
+    answered from the verdict cache), ..., `rollout/template_drift` (the share of episodes checked by
     `agentrl.rollout.drift` whose ids differ from the chat template's rendering; absent when
     none was checked), then the dicts of `more` (e.g. the algorithm's and the reward
     components'), then `group_key_metrics`."""
@@ -63,6 +64,8 @@ def rollout_metrics(trajs: list[Trajectory], success: Callable[[Trajectory], boo
     # env steps whose code ran WITHOUT a sandbox (code_sandbox with backend='subprocess')
     m["sandbox/unisolated"] = float(sum(bool((turn.info or {}).get("unisolated"))
                                         for t in trajs for turn in t.turns))
+    # env steps answered from the sandbox's verdict cache (code_sandbox's `cache_verdicts`)
+    m["sandbox/cached"] = float(sum(bool((turn.info or {}).get("cached")) for t in trajs for turn in t.turns))
     m["rollout/nan_rewards"] = float(np.isnan(rets).sum())
     drift = [t.info["template_drift"] for t in trajs if "template_drift" in t.info]
     if drift:  # share of checked episodes whose ids differ from the template (rollout/drift.py)

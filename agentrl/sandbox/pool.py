@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import atexit
+import copy
+import hashlib
+import json
 import logging
 import os
 import queue
 import secrets
 import threading
+from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from .backends import BACKENDS, BackendError, warn_unisolated
-from .judge import judge, make_job
+from .judge import judge, make_job, source_text
 from .probe import probe
 from .result import Limits, SandboxResult, TestOutcome
 from .worker import GRACE_S, Worker
@@ -69,10 +74,20 @@ class SandboxPool:
     (default True): a run that the wall-clock limit stopped while it had less CPU than it
     could have used (``starved_timeout``) runs once more, so that a verdict does not depend
     on the machine's load (docs/sandbox.md, "Verdicts and load").
+
+    ``cache_size`` (default 2048; 0 turns it off): ``run_tests(..., cache=True)`` keeps the
+    verdicts of the last ``cache_size`` distinct such jobs (the same solution source, tests,
+    setup, names, limits and split) and answers the same job again from it, without running
+    it; a job asked while its twin runs waits for the twin's verdict (docs/sandbox.md,
+    "Verdict cache"). A group of samples repeats programs (the main job: 87 distinct of 128
+    at step 5, 33 at step 325), so the cache saves their runs. Not cached: what `cacheable`
+    refuses (a ``sandbox_error``, a timeout the machine's load may have caused, much output);
+    ``run_code`` (the agent's tool runs) never is.
     """
 
     def __init__(self, workers: int | None = None, backend: str = "auto",
-                 limits: Limits | None = None, tmpfs_mb: int = 128, retry_starved: bool = True):
+                 limits: Limits | None = None, tmpfs_mb: int = 128, retry_starved: bool = True,
+                 cache_size: int = 2048):
         self.backend = resolve_backend(backend)
         if self.backend == "subprocess":
             warn_unisolated()
@@ -80,6 +95,8 @@ class SandboxPool:
         n = workers or os.cpu_count() or 1
         if n < 1:
             raise ValueError(f"workers must be >= 1, got {n}")
+        if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 0:
+            raise ValueError(f"cache_size must be an int >= 0, got {cache_size!r}")
         self._workers = [Worker(self.backend, tmpfs_mb) for _ in range(n)]
         # LIFO: the most recently used (warm) worker is reused first.
         self._idle: queue.LifoQueue[Worker] = queue.LifoQueue()
@@ -91,6 +108,11 @@ class SandboxPool:
         self.retry_starved = retry_starved
         #: runs made again after a starved wall-clock timeout (`starved_timeout`)
         self.starved_retries = 0
+        self.cache_size = cache_size
+        self._cache: OrderedDict[str, SandboxResult] = OrderedDict()
+        self._inflight: dict[str, threading.Event] = {}
+        #: `run_tests` calls answered from the verdict cache (or by a twin run in flight)
+        self.cache_hits = 0
 
     @property
     def size(self) -> int:
@@ -153,15 +175,54 @@ class SandboxPool:
 
     def run_tests(self, code: str, tests: list[str], *, setup: str = "",
                   names: list[str] | None = None, limits: Limits | None = None,
-                  backend: str | None = None, force_split: bool = False) -> SandboxResult:
+                  backend: str | None = None, force_split: bool = False,
+                  cache: bool = False) -> SandboxResult:
         """See :func:`agentrl.sandbox.run_tests` (``backend`` must be None or this pool's;
         ``force_split``: two processes even where every test is runner-decided,
-        :func:`agentrl.sandbox.judge.make_job`)."""
+        :func:`agentrl.sandbox.judge.make_job`; ``cache=True``: answer from the verdict cache
+        when it holds the same job, and keep this verdict there; see the class)."""
         self._check_backend(backend)
         if names is not None and len(names) != len(tests):
             raise ValueError(f"names has {len(names)} entries for {len(tests)} tests")
-        job = make_job("tests", code, tests, setup, "", limits or self.limits, force_split)
-        return self._run(job, names)
+        limits = limits or self.limits
+
+        def run() -> SandboxResult:
+            return self._run(make_job("tests", code, tests, setup, "", limits, force_split), names)
+
+        if not cache or not self.cache_size:
+            return run()
+        return self._cached(job_key(code, tests, setup, names, limits, force_split), limits, run)
+
+    def _cached(self, key: str, limits: Limits, run: Callable[[], SandboxResult]) -> SandboxResult:
+        """`run()`'s result, or a copy of the cached one for `key` (marked `cached`); a call
+        whose key is running in another thread waits for that run and takes its verdict (a
+        `sandbox_error` there, which is not cached: this call runs it itself)."""
+        while True:
+            with self._lock:
+                hit = self._cache.get(key)
+                if hit is not None:
+                    self._cache.move_to_end(key)
+                    self.cache_hits += 1
+                    out = copy.deepcopy(hit)
+                    out.cached = True
+                    return out
+                twin = self._inflight.get(key)
+                if twin is None:
+                    mine = self._inflight[key] = threading.Event()
+                    break
+            twin.wait()
+        res: SandboxResult | None = None
+        try:
+            res = run()
+            return res
+        finally:
+            with self._lock:
+                del self._inflight[key]
+                if res is not None and cacheable(res, limits):
+                    self._cache[key] = copy.deepcopy(res)
+                    while len(self._cache) > self.cache_size:
+                        self._cache.popitem(last=False)
+            mine.set()
 
     def run_code(self, code: str, *, stdin: str = "", limits: Limits | None = None,
                  backend: str | None = None) -> SandboxResult:
@@ -197,6 +258,38 @@ class SandboxPool:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+#: Results with more characters of stdout + stderr than this are not cached (memory: the cache
+#: holds at most `cache_size` x this much output).
+CACHE_MAX_OUTPUT = 16_384
+#: A timeout is cached when its run used at least this share of min(wall_s, cpu_s) CPU seconds.
+CACHE_TIMEOUT_CPU_SHARE = 0.8
+
+
+def job_key(code: str | bytes, tests: list[str], setup: str, names: list[str] | None,
+            limits: Limits, force_split: bool) -> str:
+    """The verdict cache's key of a `run_tests` job: a SHA-256 over everything that decides
+    its verdict (the sources as the sandbox runs them, `source_text`; the names, every limit
+    and `force_split`). Per-run tokens are not part of it: they are drawn anew for every run.
+    Raises TypeError for a source that is neither str nor bytes (as `make_job` does)."""
+    blob = json.dumps([source_text(code, "code"), [source_text(t, "tests[]") for t in tests],
+                       source_text(setup, "setup"), names, limits.to_dict(), bool(force_split)],
+                      sort_keys=True)
+    return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def cacheable(res: SandboxResult, limits: Limits) -> bool:
+    """May `res` (a run under `limits`) answer the same job again? Not a `sandbox_error` (the
+    sandbox failed, not the code); a `timeout` only when the run had at least
+    `CACHE_TIMEOUT_CPU_SHARE` of the CPU seconds it could have used (a CPU-bound loop, which
+    an idle machine stops the same way; a run the load slowed may pass next time); not output
+    beyond `CACHE_MAX_OUTPUT` characters (memory)."""
+    if res.verdict == "sandbox_error" or len(res.stdout) + len(res.stderr) > CACHE_MAX_OUTPUT:
+        return False
+    if res.verdict == "timeout":
+        return res.cpu_s >= CACHE_TIMEOUT_CPU_SHARE * min(limits.wall_s, limits.cpu_s)
+    return True
 
 
 #: A wall-clock timeout is starved (`starved_timeout`) when the run had less than this share of

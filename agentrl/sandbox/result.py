@@ -72,6 +72,8 @@ class SandboxResult:
       backend): it could read and write the trainer's files and reach the network.
     retried: True when this is the verdict of a second run: the first was stopped by the
       wall-clock limit while starved of CPU (``agentrl.sandbox.pool.starved_timeout``).
+    cached: True when the pool's verdict cache answered (the same job ran before, or at the
+      same time in another thread; ``wall_s``/``cpu_s`` are that run's).
     """
 
     verdict: str
@@ -86,6 +88,7 @@ class SandboxResult:
     error: str | None = None
     unisolated: bool = False
     retried: bool = False
+    cached: bool = False
 
     @property
     def pass_fraction(self) -> float:

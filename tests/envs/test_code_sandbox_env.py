@@ -293,9 +293,32 @@ def test_task_time_limit_replaces_env_limits():
     assert sandbox_job(task_from_dict(ADD7), "x", Limits(wall_s=2.0)).get("limits").wall_s == 2.0
 
 
+def test_twin_attempts_share_one_verdict_unless_asked_not_to():
+    """`cache_verdicts` (default on): the same answer to the same task is judged once per pool;
+    the twin's step reads the same and says `cached`; `sandbox/cached` counts such steps."""
+    from agentrl.log.steps import rollout_metrics
+    from agentrl.sandbox import SandboxPool
+    from agentrl.types import Trajectory, Turn
+
+    with SandboxPool(workers=1, backend="auto") as own:
+        steps = []
+        for cache in (True, True, False):
+            env = CodeSandboxEnv(max_turns=2, pool=own, cache_verdicts=cache)
+            env.reset(options={"task": ADD7})
+            steps.append(env.step(WRONG))
+        assert own.cache_hits == 2  # the second env's attempt and its public-test feedback run
+        assert [s[4]["cached"] for s in steps] == [False, True, False]
+        assert steps[0][:4] == steps[1][:4] == steps[2][:4]  # feedback, reward, flags
+        assert {k: v for k, v in steps[0][4].items() if k not in ("cached", "wall_s")} == \
+            {k: v for k, v in steps[1][4].items() if k not in ("cached", "wall_s")}
+    trajs = [Trajectory(turns=[Turn(start=0, end=0, info=s[4])]) for s in steps]
+    assert rollout_metrics(trajs, lambda t: False)["sandbox/cached"] == 1.0
+
+
 def test_bad_constructor_arguments():
     for kw, key in (({"max_turns": 0}, "max_turns"), ({"split": "dev"}, "split"),
-                    ({"backend": "chroot"}, "backend"), ({"families": ["graph"]}, "families")):
+                    ({"backend": "chroot"}, "backend"), ({"families": ["graph"]}, "families"),
+                    ({"cache_verdicts": "yes"}, "cache_verdicts")):
         with pytest.raises(ValueError, match=key):
             CodeSandboxEnv(**kw)
 

@@ -1,0 +1,165 @@
+"""The pool's verdict cache (`SandboxPool(cache_size=...)`, `run_tests(..., cache=True)`): the
+same job is judged once, its twins (asked later, or at the same time from other threads) get
+that verdict; what may differ next time (a sandbox failure, a load-dependent timeout) or is large
+is not kept. Real bwrap sandbox; runs are counted by wrapping the pool's own `_run`."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+
+import pytest
+
+from agentrl.sandbox import Limits, SandboxPool, SandboxResult
+from agentrl.sandbox.pool import CACHE_MAX_OUTPUT, cacheable, job_key
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+
+DOUBLE = "def f(x):\n    return 2 * x\n"
+WRONG = "def f(x):\n    return x + 2\n"
+TESTS = ["assert f(2) == 4", "assert f(3) == 6"]
+
+
+def counting(pool: SandboxPool) -> list[int]:
+    """Count the pool's real runs (`_run` calls) in the returned one-item list."""
+    runs = [0]
+    inner = pool._run
+
+    def run(job, names):
+        runs[0] += 1
+        return inner(job, names)
+
+    pool._run = run  # type: ignore[method-assign]
+    return runs
+
+
+@pytest.fixture
+def pool():
+    with SandboxPool(workers=2, backend="bwrap", cache_size=8) as p:
+        yield p
+
+
+def test_twin_answered_from_cache_with_same_verdict(pool):
+    runs = counting(pool)
+    first = pool.run_tests(WRONG, TESTS, cache=True)
+    second = pool.run_tests(WRONG, TESTS, cache=True)
+    assert runs[0] == 1 and pool.cache_hits == 1
+    assert (first.verdict, first.passed, first.total) == ("fail", 1, 2)
+    assert not first.cached and second.cached
+    assert [(t.name, t.passed, t.error) for t in second.tests] == [(t.name, t.passed, t.error) for t in first.tests]
+    second.tests[1].passed = True  # a caller's edit does not reach the cache
+    assert not pool.run_tests(WRONG, TESTS, cache=True).tests[1].passed
+
+
+def test_anything_that_decides_the_verdict_is_in_the_key(pool):
+    runs = counting(pool)
+    pool.run_tests(DOUBLE, TESTS, cache=True)
+    pool.run_tests(DOUBLE + "\n", TESTS, cache=True)  # another source
+    pool.run_tests(DOUBLE, TESTS[:1], cache=True)  # other tests
+    pool.run_tests(DOUBLE, TESTS, names=["a", "b"], cache=True)  # other names
+    pool.run_tests(DOUBLE, TESTS, limits=Limits(wall_s=4.0), cache=True)  # other limits
+    pool.run_tests(DOUBLE, TESTS, setup="X = 1", cache=True)  # other setup
+    pool.run_tests(DOUBLE, TESTS, force_split=True, cache=True)  # split run
+    assert runs[0] == 7 and pool.cache_hits == 0
+    assert pool.run_tests(DOUBLE.encode(), TESTS, cache=True).cached  # bytes run as the same text
+
+
+def test_cache_false_runs_and_leaves_the_cache_alone(pool):
+    runs = counting(pool)
+    assert not pool.run_tests(DOUBLE, TESTS).cached  # the default: no cache
+    assert not pool.run_tests(DOUBLE, TESTS).cached
+    assert runs[0] == 2 and not pool._cache
+    pool.run_tests(DOUBLE, TESTS, cache=True)
+    assert not pool.run_tests(DOUBLE, TESTS, cache=False).cached and runs[0] == 4
+
+
+def test_concurrent_twins_run_once():
+    slow = "import time\ntime.sleep(0.4)\n" + DOUBLE
+    with SandboxPool(workers=2, backend="bwrap", cache_size=8) as pool:
+        runs = counting(pool)
+        out: list[SandboxResult] = []
+        threads = [threading.Thread(target=lambda: out.append(pool.run_tests(slow, TESTS, cache=True)))
+                   for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert runs[0] == 1 and pool.cache_hits == 3
+        assert sorted(r.cached for r in out) == [False, True, True, True]
+        assert {r.verdict for r in out} == {"pass"}
+        assert not pool._inflight
+
+
+def test_sandbox_error_is_run_again(pool):
+    inner, runs = pool._run, [0]
+
+    def failing_once(job, names):  # injects the sandbox's own failure, once
+        runs[0] += 1
+        if runs[0] == 1:
+            return SandboxResult("sandbox_error", 0, len(job["tests"]), error="injected")
+        return inner(job, names)
+
+    pool._run = failing_once
+    assert pool.run_tests(DOUBLE, TESTS, cache=True).verdict == "sandbox_error"
+    again = pool.run_tests(DOUBLE, TESTS, cache=True)
+    assert (again.verdict, again.cached, runs[0]) == ("pass", False, 2)
+    assert pool.run_tests(DOUBLE, TESTS, cache=True).cached
+
+
+def test_a_raising_run_frees_its_twins(pool):
+    def boom(job, names):
+        raise RuntimeError("injected")
+
+    pool._run = boom
+    with pytest.raises(RuntimeError):
+        pool.run_tests(DOUBLE, TESTS, cache=True)
+    assert not pool._inflight and not pool._cache
+
+
+def test_least_recently_used_is_evicted():
+    with SandboxPool(workers=1, backend="bwrap", cache_size=2) as pool:
+        runs = counting(pool)
+        a, b, c = (f"def f(x):\n    return 2 * x  # {i}\n" for i in range(3))
+        pool.run_tests(a, TESTS, cache=True)
+        pool.run_tests(b, TESTS, cache=True)
+        pool.run_tests(a, TESTS, cache=True)  # a is now the most recent
+        pool.run_tests(c, TESTS, cache=True)  # evicts b
+        assert runs[0] == 3 and len(pool._cache) == 2
+        assert pool.run_tests(a, TESTS, cache=True).cached
+        assert not pool.run_tests(b, TESTS, cache=True).cached and runs[0] == 4
+
+
+def test_cpu_bound_timeout_is_cached_and_large_output_is_not(pool):
+    limits = Limits(wall_s=1.0, cpu_s=1.0)
+    loop = "while True:\n    pass\n" + DOUBLE
+    first = pool.run_tests(loop, TESTS, limits=limits, cache=True)
+    assert first.verdict == "timeout" and first.cpu_s >= 0.8
+    assert pool.run_tests(loop, TESTS, limits=limits, cache=True).cached
+    loud = f"print('x' * {CACHE_MAX_OUTPUT})\n" + DOUBLE
+    assert pool.run_tests(loud, TESTS, cache=True).verdict == "pass"
+    assert not pool.run_tests(loud, TESTS, cache=True).cached
+
+
+def test_cacheable_by_hand():
+    lim = Limits(wall_s=2.0, cpu_s=5.0)  # a run could use at most min(2, 5) = 2 CPU seconds
+
+    def res(verdict, cpu_s=0.0, stdout=""):
+        return SandboxResult(verdict, 0, 1, stdout=stdout, cpu_s=cpu_s)
+
+    assert cacheable(res("fail"), lim) and cacheable(res("memory_limit"), lim)
+    assert not cacheable(res("sandbox_error"), lim)
+    assert cacheable(res("timeout", cpu_s=1.6), lim)  # 0.8 x 2 s: a CPU-bound loop
+    assert not cacheable(res("timeout", cpu_s=1.59), lim)  # slept, blocked or starved
+    assert cacheable(res("pass", stdout="x" * CACHE_MAX_OUTPUT), lim)
+    assert not cacheable(res("pass", stdout="x" * (CACHE_MAX_OUTPUT + 1)), lim)
+
+
+def test_job_key_and_bad_arguments():
+    lim = Limits()
+    assert job_key(DOUBLE, TESTS, "", None, lim, False) == job_key(DOUBLE.encode(), TESTS, "", None, lim, False)
+    assert job_key("\ufeff" + DOUBLE, TESTS, "", None, lim, False) == job_key(DOUBLE, TESTS, "", None, lim, False)
+    assert job_key(DOUBLE, TESTS, "", None, lim, False) != job_key(DOUBLE, TESTS, "", None, lim, True)
+    with pytest.raises(TypeError, match="code must be str or bytes"):
+        job_key(5, TESTS, "", None, lim, False)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="cache_size"):
+        SandboxPool(workers=1, backend="bwrap", cache_size=-1)
