@@ -364,8 +364,11 @@ def settings_table(cfg: Any, trl: dict[str, Any], ours: dict[str, Any], checks: 
          f"`rollout.max_tokens={r['max_tokens']}`, stop ids <|im_end|>, eos"),
         ("sampling", f"temperature {d['temperature']}, top_p {d['top_p']}, top_k {d['top_k']}",
          f"temperature {r['temperature']}, top_p {r['top_p']}"),
-        ("reward", "env's `extract_code` + `sandbox_job` + sandbox pool on the answer decoded as agentrl decodes it",
-         f"the env's `step` (`reward={c['env']['kwargs'].get('reward', 'binary')}`)"),
+        ("reward", "env's `extract_code` + `sandbox_job` + sandbox pool on the answer decoded as agentrl decodes it "
+         "(every answer run: `run_tests(cache=False)`, TRL has no verdict cache)",
+         f"the env's `step` (`reward={c['env']['kwargs'].get('reward', 'binary')}`, `cache_verdicts="
+         f"{str(c['env']['kwargs'].get('cache_verdicts', True)).lower()}`: an answer equal to one already judged "
+         "takes that verdict)"),
         ("optimizer", f"AdamW (`{d['optim']}`), lr {d['learning_rate']}, `{d['lr_scheduler_type']}`, wd {d['weight_decay']}, "
          f"betas {d['adam_beta1']}/{d['adam_beta2']}, eps {d['adam_epsilon']}, `max_grad_norm={d['max_grad_norm']}`",
          f"AdamW (fused), `train.lr={tr['lr']}`, constant, wd {tr['weight_decay']}, `grad_clip={tr['grad_clip']}`"),
@@ -503,6 +506,27 @@ def run_repeat(r: int, order: list[str], warm: Path, work: Path, cfg: Any, warm_
                      for s, res in results.items()}}
 
 
+def step_profile(steps: list[dict[str, Any]]) -> dict[str, float] | None:
+    """agentrl's mean seconds per step in generation, the env (the sandbox) and the update, and
+    the share of env steps the verdict cache answered, from the worker's per-step records
+    (`learning_vs_trl_ours`: `perf/generate_s`, `perf/env_s`, `perf/update_s`, `sandbox/cached`
+    over `episodes`); None for records without them (runs before they were recorded)."""
+    rows = [r for r in steps if "env_s" in r]
+    if not rows:
+        return None
+    mean = {k: sum(float(r[k]) for r in rows) / len(rows) for k in ("generate_s", "env_s", "update_s")}
+    mean["cached_share"] = float(sum(r["cached"] for r in rows) / max(sum(r["episodes"] for r in rows), 1))
+    return mean
+
+
+def profile_text(p: dict[str, float] | None) -> str:
+    """One line of `step_profile`."""
+    if p is None:
+        return "agentrl's step profile: not recorded"
+    return (f"agentrl per step: generation {p['generate_s']:.2f} s, env (sandbox) {p['env_s']:.2f} s, update "
+            f"{p['update_s']:.2f} s; the verdict cache answered {p['cached_share']:.0%} of the env steps")
+
+
 def repeats_table(reps: list[dict[str, Any]]) -> str:
     """One row per repeat: order, TRL's best and when each side reached it, the ratio, the
     per-sample difference, steps and s/step, and the loads."""
@@ -592,6 +616,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parts += [f"## Repeat {rep['repeat']} ({LABEL[rep['order'][0]]} first)", curves_table(rep["curves"]),
                   "; ".join(f"{LABEL[x]}: {rep['speed'][x]['steps']} steps, {rep['speed'][x]['s_per_step']:.2f} "
                             f"s/step, peak RSS {rep['speed'][x]['peak_rss_mb']:.0f} MB" for x in SIDES),
+                  profile_text(step_profile(rep["results"]["ours"].get("train_rewards", []))),
                   "\n".join(f"- {ln}" for ln in rep["check_lines"]), verdict_text(rep["verdict"])]
     md = "\n\n".join(parts) + "\n"
     out = {"args": vars(a), "settings_table": settings, "repeats_table": rtable, "summary": s, "summary_text": st,

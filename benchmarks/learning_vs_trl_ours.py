@@ -87,7 +87,10 @@ def main(argv: list[str] | None = None) -> dict:
         if "perf/loop_s" not in metrics:
             return
         t = metrics["perf/loop_s"] - clock.saved_s
-        rewards.append({"step": step, "wall_s": t, "reward": metrics["rollout/reward_mean"]})
+        rewards.append({"step": step, "wall_s": t, "reward": metrics["rollout/reward_mean"],
+                        "generate_s": metrics.get("perf/generate_s", 0.0), "env_s": metrics.get("perf/env_s", 0.0),
+                        "update_s": metrics.get("perf/update_s", 0.0), "cached": metrics.get("sandbox/cached", 0.0),
+                        "episodes": n_eps})
         save, stop = clock.due(t)
         if save:
             meta = {"step": step, "wall_s": t, "samples": step * n_eps}

@@ -29,6 +29,7 @@ from agentrl.models.vlm import ImageProcessorError
 from agentrl.rollout.chat import ChatRenderer, RenderError
 from agentrl.rollout.drift import check_episodes
 from agentrl.rollout.engines.base import Engine, SamplingParams, prompt_key
+from agentrl.rollout.spread import map_spread
 from agentrl.types import Trajectory
 
 
@@ -562,8 +563,8 @@ class _Run:
     def step_all(self, live: list[int], actions: list[str]) -> list[int]:
         """Step every live env with its text, concurrently; returns the episodes that go on."""
         t0 = time.perf_counter()
-        results = list(self.pool.map(lambda a: _safe_step(self.envs[a[0]], a[1], self.step_timeout_s),
-                                     zip(live, actions)))
+        results = map_spread(self.pool, lambda i, a: _safe_step(self.envs[i], a, self.step_timeout_s), live,
+                             actions, [self.trajs[i].group_id for i in live])  # a group's twins apart
         env_s = time.perf_counter() - t0
         still = []
         for i, (obs, reward, terminated, truncated, info) in zip(live, results):

@@ -219,3 +219,16 @@ def test_smoke_run_end_to_end(tmp_path):
         assert rep["curves"]["trl"][0]["pass@1"] == rep["curves"]["ours"][0]["pass@1"]  # one warm start
         assert set(rep["verdict"]) >= {"met", "time_met", "per_sample_met", "trl_best_pass@1", "trl_reach_wall_s"}
     assert res["summary"]["repeats"] == 2 and "Over 2 repeats" in proc.stdout
+
+
+def test_step_profile_means_and_cached_share():
+    steps = [{"step": 1, "wall_s": 1.0, "reward": 0.5, "generate_s": 0.2, "env_s": 0.6, "update_s": 0.3,
+              "cached": 32.0, "episodes": 128},
+             {"step": 2, "wall_s": 2.0, "reward": 0.5, "generate_s": 0.4, "env_s": 0.2, "update_s": 0.5,
+              "cached": 96.0, "episodes": 128}]
+    p = lvt.step_profile(steps)
+    assert p == pytest.approx({"generate_s": 0.3, "env_s": 0.4, "update_s": 0.4, "cached_share": 0.5})
+    assert lvt.profile_text(p) == ("agentrl per step: generation 0.30 s, env (sandbox) 0.40 s, update 0.40 s; "
+                                   "the verdict cache answered 50% of the env steps")
+    assert lvt.step_profile([{"step": 1, "wall_s": 1.0, "reward": 0.0}]) is None  # an older run's records
+    assert lvt.profile_text(None) == "agentrl's step profile: not recorded"
