@@ -111,7 +111,7 @@ def table(results: list[dict]) -> str:
         rb, ra = b.get("repair_rate"), a.get("repair_rate")
         gap = (a["pass@1"] - a["first_attempt_pass@1"]
                if None not in (a.get("pass@1"), a.get("first_attempt_pass@1")) else None)
-        # summary.json holds an undefined repair rate as NaN (no failed first attempt): no ratio
+        # an undefined repair rate (no failed first attempt) is null in summary.json (NaN in older runs): no ratio
         ratio = f"{ra / rb:.2f}x" if rb and rb == rb and ra is not None and ra == ra else "–"
         lines.append(
             f"| {r['arm']} | {r['seed']} | {r.get('sft_steps')} | "

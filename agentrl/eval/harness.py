@@ -14,7 +14,6 @@ size changes which rows share a generate call, hence the draws.
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +26,7 @@ import numpy as np
 from agentrl.eval.episodes import episode_success, extrinsic_return
 from agentrl.eval.report import print_summary, summarize, summary_markdown
 from agentrl.eval.tasks import list_tasks
+from agentrl.infra.jsonl import jsonable
 from agentrl.log.progress import Reporter
 from agentrl.rollout.agent_loop import EpisodeSpec, run_episodes
 from agentrl.rollout.chat import ChatRenderer
@@ -128,24 +128,6 @@ def _unique_task_ids(rows: list[dict[str, Any]]) -> None:
     for r in rows:
         tid = first[r["task_index"]]
         r["task_id"] = tid if count[tid] == 1 else f"{tid}#{r['task_index']}"
-
-
-def jsonable(x: Any) -> Any:
-    """`x` with NaN/inf floats as None, numpy scalars/arrays as Python values, tuples as lists
-    and any other object as its `str` (so rows always serialise as strict JSON)."""
-    if isinstance(x, dict):
-        return {str(k): jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [jsonable(v) for v in x]
-    if isinstance(x, np.ndarray):
-        return jsonable(x.tolist())
-    if isinstance(x, np.generic):
-        x = x.item()
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if x is None or isinstance(x, (str, int, bool)):
-        return x
-    return str(x)
 
 
 def check_k(k_list: Sequence[int], samples: int) -> list[int]:

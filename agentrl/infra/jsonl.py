@@ -1,10 +1,13 @@
-"""Reading a JSON Lines file whose errors name the file and line."""
+"""Reading a JSON Lines file whose errors name the file and line; `jsonable`: values as strict JSON."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 
 def jsonl_rows(path: str | Path) -> list[tuple[str, Any]]:
@@ -26,3 +29,21 @@ def jsonl_rows(path: str | Path) -> list[tuple[str, Any]]:
         except json.JSONDecodeError as e:
             raise ValueError(f"{where}: invalid JSON ({e.msg})") from None
     return rows
+
+
+def jsonable(x: Any) -> Any:
+    """`x` with NaN/inf floats as None, numpy scalars/arrays as Python values, tuples as lists
+    and any other object as its `str` (so rows always serialise as strict JSON)."""
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return jsonable(x.tolist())
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if x is None or isinstance(x, (str, int, bool)):
+        return x
+    return str(x)

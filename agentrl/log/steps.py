@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from agentrl.infra.jsonl import jsonable
 from agentrl.log.summary import (
     cost_profile,
     format_profile,
@@ -26,15 +27,19 @@ from agentrl.types import Trajectory, episode_errors
 
 def format_eval(ev: dict[str, float], samples: int) -> str:
     """`pass@1 0.203 ± 0.021, pass@4 0.412 ± 0.030` from evaluation metrics (± one standard
-    error over tasks; `n/a` for an undefined value, e.g. the repair rate of an evaluation
-    without a failed first attempt)."""
+    error over tasks; `n/a` for an undefined value, NaN or None, e.g. the repair rate of an
+    evaluation without a failed first attempt; no ± for an undefined standard error, e.g. the
+    repair rate's when one task has a failed first attempt)."""
     shown = [(f"pass@{k}", f"pass@{k}") for k in sorted({1, samples})]
     shown += [(key, label) for key, label in (("first_attempt_pass@1", "first attempt"),
                                               ("repair_rate", "repair rate")) if key in ev]  # multi-turn
+    def defined(x: Any) -> bool:  # None (e.g. a repair-rate SE from one task) and NaN are not
+        return isinstance(x, (int, float)) and x == x
+
     parts = []
     for key, label in shown:
-        v, se = ev.get(key, float("nan")), ev.get(f"{key}_se", float("nan"))
-        parts.append(f"{label} " + (f"{v:.3f}" if v == v else "n/a") + (f" ± {se:.3f}" if se == se else ""))
+        v, se = ev.get(key), ev.get(f"{key}_se")
+        parts.append(f"{label} " + (f"{v:.3f}" if defined(v) else "n/a") + (f" ± {se:.3f}" if defined(se) else ""))
     return ", ".join(parts)
 
 
@@ -197,7 +202,8 @@ def eval_temperatures(t_before: float | None, t_after: float) -> str:
 
 def report(lp: Any, before: dict[str, float], after: dict[str, float], final: Path,
            extra: dict[str, Any], console: Any, n_tasks: int | None = None) -> dict[str, Any]:
-    """The run's summary (written to OUT/summary.json) and its closing lines (`lp`: the run's
+    """The run's summary (written to OUT/summary.json as strict JSON: an undefined figure, NaN, is
+    null there) and its closing lines (`lp`: the run's
     `agentrl.rollout.stages.Loop`; `n_tasks`: the held-out tasks evaluated, default
     `train.eval_tasks`). The held-out evaluations' `reward_mean` is left out of the
     summary when it equals their pass@1 (`heldout_reward_is_pass@1`; OUT/eval/*/summary.json
@@ -218,7 +224,7 @@ def report(lp: Any, before: dict[str, float], after: dict[str, float], final: Pa
         summary["max_turns"] = cfg.env.max_turns
     summary["cost_profile"] = {label: {"seconds": sec, "share": share}
                                for label, sec, share in cost_profile(summary["stage_seconds"])}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    (out / "summary.json").write_text(json.dumps(jsonable(summary), indent=1, allow_nan=False))  # NaN -> null
     ratio = f"{a / b:.2f}x" if b > 0 else "n/a"
     temps = eval_temperatures(before_temperature(out), cfg.rollout.temperature)
     say(f"[eval] held-out ({temps}, {n_tasks} tasks x "

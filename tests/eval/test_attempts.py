@@ -203,3 +203,5 @@ def test_the_training_log_line_says_n_a_for_an_undefined_repair_rate():
     assert format_eval(ev, 2) == "pass@1 1.000, pass@2 1.000, first attempt 1.000, repair rate n/a"
     ev.update({"repair_rate": 0.5, "repair_rate_se": 0.25, "pass@1_se": 0.1})
     assert format_eval(ev, 1) == "pass@1 1.000 ± 0.100, first attempt 1.000, repair rate 0.500 ± 0.250"
+    ev.update({"repair_rate_se": None})  # `ratio_se` with one failing task (eval summaries hold None)
+    assert format_eval(ev, 1) == "pass@1 1.000 ± 0.100, first attempt 1.000, repair rate 0.500"

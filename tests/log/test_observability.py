@@ -76,6 +76,29 @@ def test_summary_screen_at_the_end(run):
     assert summary["stage_seconds"]["eval"] == sum(evals)
 
 
+def test_run_summary_is_strict_json_with_null_for_undefined_figures(tmp_path):
+    """An undefined figure (the repair rate with no failed first attempt: NaN) is null in
+    OUT/summary.json, which strict JSON readers (`allow_nan` off, jq, JavaScript) accept."""
+    from types import SimpleNamespace
+
+    from agentrl.log.steps import report
+
+    said: list[str] = []
+    lp = SimpleNamespace(cfg=load_config(None, ["quiet=true"]), out=tmp_path, say=said.append)
+    nan = float("nan")
+    before = {"pass@1": 0.25, "pass@1_se": 0.05, "repair_rate": nan, "repair_rate_se": None}
+    after = {"pass@1": 0.5, "pass@1_se": 0.05, "repair_rate": 0.4, "repair_rate_se": float("inf")}
+    report(lp, before, after, tmp_path / "final", {}, None, n_tasks=4)
+
+    def refuse(name: str) -> None:
+        raise ValueError(f"not strict JSON: {name}")
+
+    summary = json.loads((tmp_path / "summary.json").read_text(), parse_constant=refuse)
+    assert summary["eval_before"]["repair_rate"] is None and summary["eval_after"]["repair_rate_se"] is None
+    assert summary["eval_after"]["repair_rate"] == 0.4 and summary["pass@1_ratio"] == 2.0
+    assert any("before RL 0.250 -> after RL 0.500" in line for line in said)
+
+
 def test_stage_seconds_sums_perf_keys(tmp_path):
     rows = [{"step": 1, "perf/rollout_s": 1.5, "perf/update_s": 0.5, "rollout/reward_mean": 0.0},
             {"step": 2, "perf/rollout_s": 2.0, "perf/update_s": 0.25, "eval/seconds": 3.0}]
