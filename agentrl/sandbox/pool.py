@@ -195,22 +195,28 @@ class SandboxPool:
 
     def _cached(self, key: str, limits: Limits, run: Callable[[], SandboxResult]) -> SandboxResult:
         """`run()`'s result, or a copy of the cached one for `key` (marked `cached`); a call
-        whose key is running in another thread waits for that run and takes its verdict (a
-        `sandbox_error` there, which is not cached: this call runs it itself)."""
-        while True:
-            with self._lock:
-                hit = self._cache.get(key)
-                if hit is not None:
-                    self._cache.move_to_end(key)
-                    self.cache_hits += 1
-                    out = copy.deepcopy(hit)
-                    out.cached = True
-                    return out
-                twin = self._inflight.get(key)
-                if twin is None:
-                    mine = self._inflight[key] = threading.Event()
-                    break
+        whose key is running in another thread waits for that run and takes its verdict. When
+        that run's verdict is not kept (`cacheable` refuses it, e.g. a `sandbox_error` or a
+        starved timeout, or the run raised), the waiters run the job themselves, side by side
+        (not one after another: N twins of a slow uncacheable program would take N runs' time
+        and could pass the agent loop's step timeout)."""
+        with self._lock:
+            hit = self._hit(key)
+            if hit is not None:
+                return hit
+            twin = self._inflight.get(key)
+            if twin is None:
+                mine = self._inflight[key] = threading.Event()
+        if twin is not None:
             twin.wait()
+            with self._lock:
+                hit = self._hit(key)
+            if hit is not None:
+                return hit
+            res = run()
+            with self._lock:
+                self._keep(key, res, limits)
+            return res
         res: SandboxResult | None = None
         try:
             res = run()
@@ -218,11 +224,29 @@ class SandboxPool:
         finally:
             with self._lock:
                 del self._inflight[key]
-                if res is not None and cacheable(res, limits):
-                    self._cache[key] = copy.deepcopy(res)
-                    while len(self._cache) > self.cache_size:
-                        self._cache.popitem(last=False)
+                if res is not None:
+                    self._keep(key, res, limits)
             mine.set()
+
+    def _hit(self, key: str) -> SandboxResult | None:
+        """A copy of the cached result of `key` marked `cached` (counted in `cache_hits`), or
+        None. Call with `_lock` held."""
+        hit = self._cache.get(key)
+        if hit is None:
+            return None
+        self._cache.move_to_end(key)
+        self.cache_hits += 1
+        out = copy.deepcopy(hit)
+        out.cached = True
+        return out
+
+    def _keep(self, key: str, res: SandboxResult, limits: Limits) -> None:
+        """Cache a copy of `res` under `key` when `cacheable`, evicting the least recently used
+        beyond `cache_size`. Call with `_lock` held."""
+        if cacheable(res, limits):
+            self._cache[key] = copy.deepcopy(res)
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
 
     def run_code(self, code: str, *, stdin: str = "", limits: Limits | None = None,
                  backend: str | None = None) -> SandboxResult:

@@ -90,6 +90,40 @@ def test_concurrent_twins_run_once():
         assert not pool._inflight
 
 
+def test_twins_of_an_uncacheable_run_run_side_by_side():
+    """A twin waits for the run in flight; when that verdict is not kept (here a timeout of a
+    program that sleeps: it may pass next time) the waiting twins run together, not one after
+    another (3 twins of a 1 s run took 3 s in a row, which a group of 8 slow answers turned
+    into a step past the agent loop's step timeout)."""
+    sleeper = "import time\ntime.sleep(30)\n" + DOUBLE
+    limits = Limits(wall_s=1.0, cpu_s=1.0)
+    with SandboxPool(workers=3, backend="bwrap", cache_size=8, retry_starved=False) as pool:
+        inner, lock, active, most = pool._run, threading.Lock(), [0], [0]
+
+        def run(job, names):  # the most runs at once
+            with lock:
+                active[0] += 1
+                most[0] = max(most[0], active[0])
+            try:
+                return inner(job, names)
+            finally:
+                with lock:
+                    active[0] -= 1
+
+        pool._run = run  # type: ignore[method-assign]
+        out: list[SandboxResult] = []
+        threads = [threading.Thread(target=lambda: out.append(pool.run_tests(sleeper, TESTS, limits=limits,
+                                                                             cache=True)))
+                   for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert [r.verdict for r in out] == ["timeout"] * 3 and not any(r.cached for r in out)
+        assert most[0] == 2  # the first alone, then its two waiting twins together
+        assert not pool._inflight and not pool._cache
+
+
 def test_sandbox_error_is_run_again(pool):
     inner, runs = pool._run, [0]
 
