@@ -284,8 +284,8 @@ class SandboxPool:
         self.close()
 
 
-#: Results with more characters of stdout + stderr than this are not cached (memory: the cache
-#: holds at most `cache_size` x this much output).
+#: Results with more characters of text than this (`result_chars`: stdout, stderr and the error
+#: texts) are not cached (memory: the cache holds at most `cache_size` x this much text).
 CACHE_MAX_OUTPUT = 16_384
 #: A timeout is cached when its run used at least this share of min(wall_s, cpu_s) CPU seconds.
 CACHE_TIMEOUT_CPU_SHARE = 0.8
@@ -308,12 +308,20 @@ def cacheable(res: SandboxResult, limits: Limits) -> bool:
     sandbox failed, not the code); a `timeout` only when the run had at least
     `CACHE_TIMEOUT_CPU_SHARE` of the CPU seconds it could have used (a CPU-bound loop, which
     an idle machine stops the same way; a run the load slowed may pass next time); not output
-    beyond `CACHE_MAX_OUTPUT` characters (memory)."""
-    if res.verdict == "sandbox_error" or len(res.stdout) + len(res.stderr) > CACHE_MAX_OUTPUT:
+    beyond `CACHE_MAX_OUTPUT` characters of text (`result_chars`, memory)."""
+    if res.verdict == "sandbox_error" or result_chars(res) > CACHE_MAX_OUTPUT:
         return False
     if res.verdict == "timeout":
         return res.cpu_s >= CACHE_TIMEOUT_CPU_SHARE * min(limits.wall_s, limits.cpu_s)
     return True
+
+
+def result_chars(res: SandboxResult) -> int:
+    """Characters of text `res` holds: stdout, stderr, its error and every test's name and error
+    (a task with many tests, or a one-process solution writing report lines, can put up to the
+    report's 1 MiB into the error texts while printing nothing)."""
+    return (len(res.stdout) + len(res.stderr) + len(res.error or "")
+            + sum(len(t.name) + len(t.error or "") for t in res.tests))
 
 
 #: A wall-clock timeout is starved (`starved_timeout`) when the run had less than this share of

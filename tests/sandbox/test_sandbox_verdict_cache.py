@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from agentrl.sandbox import Limits, SandboxPool, SandboxResult
+from agentrl.sandbox import Limits, SandboxPool, SandboxResult, TestOutcome
 from agentrl.sandbox.pool import CACHE_MAX_OUTPUT, cacheable, job_key
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
@@ -172,6 +172,11 @@ def test_cpu_bound_timeout_is_cached_and_large_output_is_not(pool):
     loud = f"print('x' * {CACHE_MAX_OUTPUT})\n" + DOUBLE
     assert pool.run_tests(loud, TESTS, cache=True).verdict == "pass"
     assert not pool.run_tests(loud, TESTS, cache=True).cached
+    # no output, but 40 failing tests with 490-character messages: ~33 000 characters of error text
+    many = [f"assert f({i}) == -1, '{'x' * 490}'" for i in range(40)]
+    wordy = pool.run_tests(DOUBLE, many, cache=True)
+    assert wordy.verdict == "fail" and not wordy.stdout + wordy.stderr
+    assert not pool.run_tests(DOUBLE, many, cache=True).cached
 
 
 def test_cacheable_by_hand():
@@ -186,6 +191,8 @@ def test_cacheable_by_hand():
     assert not cacheable(res("timeout", cpu_s=1.59), lim)  # slept, blocked or starved
     assert cacheable(res("pass", stdout="x" * CACHE_MAX_OUTPUT), lim)
     assert not cacheable(res("pass", stdout="x" * (CACHE_MAX_OUTPUT + 1)), lim)
+    wordy = SandboxResult("fail", 0, 1, tests=[TestOutcome("t", False, "x" * CACHE_MAX_OUTPUT)])
+    assert not cacheable(wordy, lim)  # the error texts count too
 
 
 def test_job_key_and_bad_arguments():
