@@ -81,7 +81,7 @@ class SandboxPool:
     it; a job asked while its twin runs waits for the twin's verdict (docs/sandbox.md,
     "Verdict cache"). A group of samples repeats programs (the main job: 87 distinct of 128
     at step 5, 33 at step 325), so the cache saves their runs. Not cached: what `cacheable`
-    refuses (a ``sandbox_error``, a timeout the machine's load may have caused, much output);
+    refuses (a ``sandbox_error``, a timeout the machine's load may have caused, much text);
     ``run_code`` (the agent's tool runs) never is.
     """
 
