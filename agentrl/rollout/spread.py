@@ -15,7 +15,7 @@ def spread_order(groups: Sequence[Hashable]) -> list[int]:
     (in the order groups first appear), then the second of every group, and so on.
 
     E.g. groups [7, 7, 7, 9, 9, 4] -> [0, 3, 5, 1, 4, 2]. Episodes of a group are the same task,
-    and their answers repeat (the main job: 87 distinct of 128 at step 5, 26 at step 245); run
+    and their answers repeat (benchmarks/results/verdict_cache.md); run
     in the given order, the threads of a pool all wait on the one run of a repeated answer
     while the other sandbox workers idle."""
     rank: dict[Hashable, int] = {}

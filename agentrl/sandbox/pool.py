@@ -77,10 +77,10 @@ class SandboxPool:
 
     ``cache_size`` (default 2048; 0 turns it off): ``run_tests(..., cache=True)`` keeps the
     verdicts of the last ``cache_size`` distinct such jobs (the same solution source, tests,
-    setup, names, limits and split) and answers the same job again from it, without running
-    it; a job asked while its twin runs waits for the twin's verdict (docs/sandbox.md,
-    "Verdict cache"). A group of samples repeats programs (the main job: 87 distinct of 128
-    at step 5, 33 at step 325), so the cache saves their runs. Not cached: what `cacheable`
+    setup, names, limits, split and ``cache_scope``) and answers the same job again from it,
+    without running it; a job asked while its twin runs waits for the twin's verdict
+    (docs/sandbox.md, "Verdict cache"). A group of samples repeats programs
+    (benchmarks/results/verdict_cache.md), so the cache saves their runs. Not cached: what `cacheable`
     refuses (a ``sandbox_error``, a timeout the machine's load may have caused, much text);
     ``run_code`` (the agent's tool runs) never is.
     """
@@ -176,11 +176,13 @@ class SandboxPool:
     def run_tests(self, code: str, tests: list[str], *, setup: str = "",
                   names: list[str] | None = None, limits: Limits | None = None,
                   backend: str | None = None, force_split: bool = False,
-                  cache: bool = False) -> SandboxResult:
+                  cache: bool = False, cache_scope: int | str | None = None) -> SandboxResult:
         """See :func:`agentrl.sandbox.run_tests` (``backend`` must be None or this pool's;
         ``force_split``: two processes even where every test is runner-decided,
         :func:`agentrl.sandbox.judge.make_job`; ``cache=True``: answer from the verdict cache
-        when it holds the same job, and keep this verdict there; see the class)."""
+        when it holds the same job, and keep this verdict there; see the class;
+        ``cache_scope``: part of the cache key, so that only calls of the same scope share a
+        verdict, e.g. code_sandbox's episodes of one reset seed: one group of one step)."""
         self._check_backend(backend)
         if names is not None and len(names) != len(tests):
             raise ValueError(f"names has {len(names)} entries for {len(tests)} tests")
@@ -191,7 +193,7 @@ class SandboxPool:
 
         if not cache or not self.cache_size:
             return run()
-        return self._cached(job_key(code, tests, setup, names, limits, force_split), limits, run)
+        return self._cached(job_key(code, tests, setup, names, limits, force_split, cache_scope), limits, run)
 
     def _cached(self, key: str, limits: Limits, run: Callable[[], SandboxResult]) -> SandboxResult:
         """`run()`'s result, or a copy of the cached one for `key` (marked `cached`); a call
@@ -292,13 +294,17 @@ CACHE_TIMEOUT_CPU_SHARE = 0.8
 
 
 def job_key(code: str | bytes, tests: list[str], setup: str, names: list[str] | None,
-            limits: Limits, force_split: bool) -> str:
+            limits: Limits, force_split: bool, scope: int | str | None = None) -> str:
     """The verdict cache's key of a `run_tests` job: a SHA-256 over everything that decides
     its verdict (the sources as the sandbox runs them, `source_text`; the names, every limit
-    and `force_split`). Per-run tokens are not part of it: they are drawn anew for every run.
-    Raises TypeError for a source that is neither str nor bytes (as `make_job` does)."""
+    and `force_split`) and the caller's `scope` (`run_tests`'s `cache_scope`). Per-run tokens
+    are not part of it: they are drawn anew for every run. Raises TypeError for a source that
+    is neither str nor bytes (as `make_job` does), or a scope that is not an int, str or None."""
+    if scope is not None and (isinstance(scope, bool) or not isinstance(scope, (int, str))):
+        raise TypeError(f"cache_scope must be an int, str or None, got {type(scope).__name__}")
     blob = json.dumps([source_text(code, "code"), [source_text(t, "tests[]") for t in tests],
-                       source_text(setup, "setup"), names, limits.to_dict(), bool(force_split)],
+                       source_text(setup, "setup"), names, limits.to_dict(), bool(force_split),
+                       scope if scope is None or isinstance(scope, str) else int(scope)],
                       sort_keys=True)
     return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
 

@@ -35,7 +35,7 @@ def counting(pool: SandboxPool) -> list[int]:
 
 @pytest.fixture
 def pool():
-    with SandboxPool(workers=2, backend="bwrap", cache_size=8) as p:
+    with SandboxPool(workers=2, backend="bwrap", cache_size=16) as p:
         yield p
 
 
@@ -60,8 +60,11 @@ def test_anything_that_decides_the_verdict_is_in_the_key(pool):
     pool.run_tests(DOUBLE, TESTS, limits=Limits(wall_s=4.0), cache=True)  # other limits
     pool.run_tests(DOUBLE, TESTS, setup="X = 1", cache=True)  # other setup
     pool.run_tests(DOUBLE, TESTS, force_split=True, cache=True)  # split run
-    assert runs[0] == 7 and pool.cache_hits == 0
+    pool.run_tests(DOUBLE, TESTS, cache=True, cache_scope=7)  # another scope (a reset seed)
+    pool.run_tests(DOUBLE, TESTS, cache=True, cache_scope="7")  # a str scope is another scope
+    assert runs[0] == 9 and pool.cache_hits == 0
     assert pool.run_tests(DOUBLE.encode(), TESTS, cache=True).cached  # bytes run as the same text
+    assert pool.run_tests(DOUBLE, TESTS, cache=True, cache_scope=7).cached  # the same scope
 
 
 def test_cache_false_runs_and_leaves_the_cache_alone(pool):
@@ -202,5 +205,8 @@ def test_job_key_and_bad_arguments():
     assert job_key(DOUBLE, TESTS, "", None, lim, False) != job_key(DOUBLE, TESTS, "", None, lim, True)
     with pytest.raises(TypeError, match="code must be str or bytes"):
         job_key(5, TESTS, "", None, lim, False)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="cache_scope"):
+        job_key(DOUBLE, TESTS, "", None, lim, False, 1.5)  # type: ignore[arg-type]
+    assert job_key(DOUBLE, TESTS, "", None, lim, False, None) == job_key(DOUBLE, TESTS, "", None, lim, False)
     with pytest.raises(ValueError, match="cache_size"):
         SandboxPool(workers=1, backend="bwrap", cache_size=-1)
