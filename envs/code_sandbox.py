@@ -245,10 +245,12 @@ class CodeSandboxEnv(TextEnv):
             start leaves it out (counted in `startup_notes`). The built-in tasks are not run
             (generated with their references; `benchmarks/builtin_reference_check.py`).
         cache_verdicts: answer an attempt that the pool already judged (the same program on
-            the same tests and limits, e.g. twins in a group of samples) from the pool's
+            the same tests and limits) in an episode reset with the same seed (a group of
+            samples of one step; `reset()` without a seed: any episode) from the pool's
             verdict cache instead of running it again (`SandboxPool`, docs/sandbox.md,
             "Verdict cache"); `false` runs every attempt. The verdict is the same either way
-            for a program whose result does not depend on chance or time.
+            for a program whose result does not depend on chance or time; one that passes by
+            chance is not paid again in later steps (their seeds differ).
 
     Raises:
         ValueError: a bad argument, naming it and the allowed values.
@@ -295,6 +297,7 @@ class CodeSandboxEnv(TextEnv):
         if not isinstance(cache_verdicts, bool):
             raise ValueError(f"cache_verdicts: must be true or false, got {cache_verdicts!r}")
         self.cache_verdicts = cache_verdicts
+        self._cache_scope: int | None = None
         self.dataset = dataset
         self.heldout_fraction = heldout_fraction
         self.num_tasks = int(num_tasks)
@@ -454,6 +457,7 @@ class CodeSandboxEnv(TextEnv):
             ValueError: bad `options` (unknown format, index out of range).
         """
         super().reset(seed=seed)
+        self._cache_scope = None if seed is None else int(seed)  # twins share verdicts within a seed
         self.task = self._draw(options or {})
         self.turn = 0
         self._done = False
@@ -548,7 +552,7 @@ class CodeSandboxEnv(TextEnv):
             job["tests"], job["names"] = list(tests), names
         try:
             pool = self._pool or default_pool(self.backend)
-            return pool.run_tests(**job, cache=self.cache_verdicts)
+            return pool.run_tests(**job, cache=self.cache_verdicts, cache_scope=self._cache_scope)
         except Exception as e:  # noqa: BLE001 - contract 7: a failing sandbox is a recorded step
             n = len(task.tests)
             return SandboxResult("sandbox_error", 0, n, error=f"{type(e).__name__}: {e}"[:500])

@@ -315,6 +315,20 @@ def test_twin_attempts_share_one_verdict_unless_asked_not_to():
     assert rollout_metrics(trajs, lambda t: False)["sandbox/cached"] == 1.0
 
 
+def test_verdicts_are_shared_within_a_reset_seed_only():
+    """A group's episodes (one reset seed) share a verdict; a later step's episodes (another
+    seed) run the same answer again, so a program that passed by chance is not paid again."""
+    from agentrl.sandbox import SandboxPool
+
+    with SandboxPool(workers=1, backend="auto") as own:
+        cached = []
+        for seed in (11, 11, 12, 12):
+            env = CodeSandboxEnv(pool=own)
+            env.reset(seed=seed, options={"task": ADD7})
+            cached.append(env.step(RIGHT)[4]["cached"])
+        assert cached == [False, True, False, True]
+
+
 def test_bad_constructor_arguments():
     for kw, key in (({"max_turns": 0}, "max_turns"), ({"split": "dev"}, "split"),
                     ({"backend": "chroot"}, "backend"), ({"families": ["graph"]}, "families"),
