@@ -277,10 +277,21 @@ def _load_summary(d: str | Path) -> dict[str, Any]:
     return data
 
 
-def _diff(a: Any, b: Any) -> float | None:
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
-        return float(b) - float(a)
-    return None
+def _diff(a: Any, b: Any) -> float | int | None:
+    """b - a: an int for two counts (episodes, errors, ...), a float otherwise, None when
+    either is missing or not a number."""
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (a, b)):
+        return None
+    if isinstance(a, int) and isinstance(b, int):
+        return b - a
+    return float(b) - float(a)
+
+
+def _fmt_diff(d: float | int | None) -> str:
+    """A difference as the table shows it: `+3` for counts, `+0.0417` otherwise, `n/a`."""
+    if d is None:
+        return "n/a"
+    return f"{d:+d}" if isinstance(d, int) else f"{d:+.4f}"
 
 
 def compare(dir_a: str | Path, dir_b: str | Path) -> dict[str, Any]:
@@ -338,7 +349,7 @@ def print_compare(result: dict[str, Any], console: Any = None, *, max_task_rows:
         table.add_column(c, justify="left" if c == "metric" else "right")
     for m, v in result["metrics"].items():
         d = v["diff"]
-        table.add_row(m, _fmt(v["a"]), _fmt(v["b"]), "n/a" if d is None else f"{d:+.4f}")
+        table.add_row(m, _fmt(v["a"]), _fmt(v["b"]), _fmt_diff(d))
     console.print(table)
     key = next((m for m in (result["tasks"][0] if result["tasks"] else {}) if m.startswith("pass@")), None)
     changed = [t for t in result["tasks"] if key and t[key]["diff"]]
@@ -347,7 +358,7 @@ def print_compare(result: dict[str, Any], console: Any = None, *, max_task_rows:
         for c in ("task_id", "A", "B", "B - A"):
             per.add_column(c, justify="left" if c == "task_id" else "right")
         for t in changed[:max_task_rows]:
-            per.add_row(str(t["task_id"]), _fmt(t[key]["a"]), _fmt(t[key]["b"]), f"{t[key]['diff']:+.4f}")
+            per.add_row(str(t["task_id"]), _fmt(t[key]["a"]), _fmt(t[key]["b"]), _fmt_diff(t[key]["diff"]))
         console.print(per)
     f = result["flipped"]
     console.print(f"solved in B only (gained, {len(f['gained'])}): {', '.join(map(str, f['gained'])) or '-'}",

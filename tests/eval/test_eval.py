@@ -4,6 +4,7 @@ computed from result rows, and the comparison of two evaluation directories. No 
 from __future__ import annotations
 
 import json
+import re
 from fractions import Fraction
 from math import comb
 
@@ -223,6 +224,9 @@ def test_compare_flipped_tasks(tmp_path, capsys):
     print_compare(res, console)
     text = console.export_text()
     assert "gained, 1): b" in text and "lost, 1): a" in text
+    # counts differ by whole numbers (B has one more task and episode): `+1`, not `+1.0000`
+    assert res["metrics"]["episodes"]["diff"] == 1 and isinstance(res["metrics"]["episodes"]["diff"], int)
+    assert re.search(r"episodes\s.*\s\+1\s", text) and "+1.0000" not in text
 
 
 def test_compare_missing_dir(tmp_path):
