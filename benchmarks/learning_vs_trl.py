@@ -5,9 +5,10 @@
     python benchmarks/learning_vs_trl.py --budget-s 40 --every-s 20 --eval-tasks 16 --repeats 1   # smoke run
     python benchmarks/learning_vs_trl.py --reuse   # re-evaluate / re-plot the runs already in --work
 
-About an hour with the defaults on 2 cores (3687 s measured at c482981): the warm start
-(~2 min, once; reused from `--work` afterwards), then per repeat 2 x (360 s + set-up) of
-training and about 28 evaluations of 256 tasks x 4 samples (~16 s each). Nothing else should
+About an hour with the defaults on 2 cores (3687 s measured at c482981, 3291 s at 757bf06
+with the warm start reused): the warm start (~2 min, once; reused from `--work` afterwards),
+then per repeat 2 x (360 s + set-up) of training and about 28 evaluations of 256 tasks x 4
+samples (~12-16 s each). Nothing else should
 run on the machine meanwhile (the figure is wall time).
 
 What it does (benchmarks/README.md has the settings table):
