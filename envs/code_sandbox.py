@@ -83,6 +83,20 @@ def _fenced_blocks(text: str) -> list[tuple[str, str]]:
         pos = end + 3
 
 
+_WARNED: set[str] = set()
+"""The warnings `warn_once` has logged in this process."""
+
+
+def warn_once(message: str) -> None:
+    """Log `message` as a warning the first time this process asks, not again: a run makes
+    many env instances (rollout threads, evaluations, warm-start checks), and each one's
+    trivial-probe finding on the same split and data reads the same (26 identical lines in a
+    one-step MBPP+ run)."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        log.warning("%s", message)
+
+
 def extract_code(text: str) -> str:
     """The code in an agent's answer: the last fenced block tagged python (or untagged; the
     last block of any tag when none is), where a final opening fence that is never closed
@@ -346,9 +360,9 @@ class CodeSandboxEnv(TextEnv):
             self._tasks[split] = [t for t in tasks if t.task_id not in found]
         if found:
             shown = ", ".join(f"{k} ({v[0]})" for k, v in list(found.items())[:5])
-            log.warning("[env] code_sandbox %s: %d of %d tasks pass a trivial solution, %s: %s%s",
-                        split, len(found), len(tasks), "left out of training" if drop else "flagged",
-                        shown, ", ..." if len(found) > 5 else "")
+            warn_once(f"[env] code_sandbox {split}: {len(found)} of {len(tasks)} tasks pass a trivial "
+                      f"solution, {'left out of training' if drop else 'flagged'}: {shown}"
+                      f"{', ...' if len(found) > 5 else ''}")
 
     def reference_failures(self, split: str | None = None) -> dict[str, str]:
         """{task_id: verdict} of `split`'s tasks (default: the env's split) whose reference

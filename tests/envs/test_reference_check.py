@@ -143,3 +143,20 @@ def test_a_timeout_is_not_cached(pool, tmp_path, monkeypatch):
         counting = CountingPool(pool)
         got = check_references([slow, broken], counting, sandbox_job, extract_code, Limits())
         assert got == {"custom/slow": "timeout", "custom/broken_add": "fail"} and counting.runs == runs
+
+
+@needs
+def test_trivial_finding_is_logged_once_per_process(pool, tmp_path, monkeypatch, caplog):
+    """A run makes many envs on one data file (rollout threads, evaluations, checks); the
+    guard's finding on a split is one warning, not one per env (was 26 in a one-step run)."""
+    import agentrl_envs.code_sandbox as cs
+
+    monkeypatch.setenv("AGENTRL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(cs, "_WARNED", set(), raising=False)
+    path = six_tasks(tmp_path)
+    with caplog.at_level("WARNING", logger=cs.log.name):
+        for _ in range(3):
+            CodeSandboxEnv(dataset=str(path), split="train", heldout_fraction=0.0, pool=pool).tasks()
+    lines = [r.getMessage() for r in caplog.records if "trivial solution" in r.getMessage()]
+    assert lines == ["[env] code_sandbox train: 2 of 6 tasks pass a trivial solution, left out of "
+                     "training: Mbpp/164 (return True), Mbpp/295 (return False)"]
