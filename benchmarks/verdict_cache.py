@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +28,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from overhead_common import provenance  # noqa: E402  (commit, dirty tree, command, load)
+
 ARMS = ("every answer run", "cache", "cache + spread")
 
 
@@ -89,14 +91,6 @@ def step_batch(pool: Any, threads: ThreadPoolExecutor, tasks: list[Any], answers
     return wall, [(r, info["verdict"], info["passed"], json.dumps(obs)) for obs, r, _, _, info in out]
 
 
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rollouts", required=True, help="a run's rollouts/ folder")
@@ -138,12 +132,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         lines.append(f"| {r['step']} | {r['episodes']} ({r['distinct']}) | {w[ARMS[0]]:.3f} s | {w[ARMS[1]]:.3f} s | "
                      f"{w[ARMS[2]]:.3f} s | {r['ratio_cache']:.2f}x | {r['ratio_spread']:.2f}x | "
                      f"{'yes' if r['same_steps'] else 'NO'} |")
-    header = (f"Measured by `python benchmarks/verdict_cache.py` on commit `{git_commit()}`, "
+    prov = provenance()
+    header = (f"Measured by `python benchmarks/verdict_cache.py` on commit `{prov['commit']}`, "
               f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores: the recorded answers of `{a.rollouts}` "
               f"stepped through code_sandbox envs, {a.workers} sandbox workers, {a.threads} env threads, "
               f"least wall time of {a.repeats} (arms alternating).")
     md = "# Verdict cache: one batch's env steps\n\n" + header + "\n\n" + "\n".join(lines) + "\n"
-    out = {"args": vars(a), "rows": rows, "same_steps": same, "header": header}
+    out = {"args": vars(a), "rows": rows, "same_steps": same, "header": header, "provenance": prov}
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     Path(a.json).write_text(json.dumps(out, indent=1))
     Path(a.md).write_text(md)
