@@ -18,27 +18,6 @@ from pathlib import Path
 from typing import Any
 
 
-def eval_curve(rows: list[dict], after: dict, metric: str,
-               batch: int | None = None) -> list[tuple[float, float]]:
-    """(x, held-out `metric`) after each evaluation of a run (metrics.jsonl `rows`): the
-    evaluation before RL at x = 0, then each evaluated step, then the final evaluation (`after`)
-    at the last step. x is training seconds when `batch` is None (`perf/loop_s` at the step
-    minus the seconds of the evaluations before it), else episodes sampled (`step * batch`,
-    `step` 1-based)."""
-    out, evals, last = [], 0.0, 0.0
-    for r in rows:
-        if "perf/loop_s" not in r:
-            if r.get("step") == 0 and f"eval/{metric}" in r:
-                out.append((0, r[f"eval/{metric}"]))
-            continue
-        last = r["perf/loop_s"] - evals if batch is None else int(r["step"]) * batch
-        if f"eval/{metric}" in r:
-            out.append((last, r[f"eval/{metric}"]))
-            evals += r.get("eval/seconds", 0.0)
-    out.append((last, after[metric]))
-    return out
-
-
 def task_se(tasks: list[dict], key: str = "reward_mean") -> float | None:
     """Standard error over held-out tasks of the mean of per-task `key`: std(ddof=1) / sqrt(m)
     over the m tasks with a value (as `pass@k_se` in `agentrl.eval.report`); None when m < 2."""
@@ -108,7 +87,7 @@ def plot(path: Path, record: dict) -> None:
             axes[i][j].set_ylabel(f"held-out {metric}")
             axes[i][j].legend(fontsize=7)
         axes[0][j].set_title(f"seed {s}: target {rs['target']:.3f} (sync's final)", fontsize=9)
-        axes[0][j].set_xlabel("training seconds (evaluations excluded)")
+        axes[0][j].set_xlabel("training seconds")
         axes[1][j].set_xlabel("episodes sampled")
     la = record["load_average"]
     fig.suptitle(f"time to accuracy, rollout-bound job (async_vs_sync.py), commit {record['commit']}; "

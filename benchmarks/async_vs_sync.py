@@ -16,16 +16,20 @@ episodes wait on the env, batch s+1's generate; K=2 lets both sample while the l
 running generation).
 
 Time to accuracy (`--tta`, issue 43; AReaL and verl report this rather than samples/s): every
-mode also evaluates on the held-out split every `--eval-every` steps (`--eval-tasks` tasks x 1
-sample), and for each mode the script reports the training wall time (`perf/loop_s`, the
-evaluations' own seconds taken out) at which its held-out `--tta-metric` first reaches the sync
-run's final value, and that time over sync's. The metric defaults to `reward_mean`: this env's
-reward is the fraction of 'a' characters, so pass@1 (a return of 1) is 0 for every run.
+mode keeps its policy at every step end (`policy_snapshots.keep_snapshots`: a copy of the weights
+in memory, its milliseconds taken out of the clock; nothing is evaluated while the run trains,
+so an asynchronous run's actor gets no free seconds) and evaluates each afterwards on the
+held-out split (`--eval-tasks` tasks x 1 sample, `agentrl eval` on the run's config; the last
+one must equal the run's own evaluation after RL, checked). For each mode the script reports
+the training wall time (`perf/loop_s` at the step end) at which its held-out `--tta-metric`
+first reaches the sync run's final value, and that time over sync's. The metric defaults to
+`reward_mean`: this env's reward is the fraction of 'a' characters, so pass@1 (a return of 1)
+is 0 for every run.
 
     python benchmarks/async_vs_sync.py [--steps 12] [--latency 0.5] [--turns 3] [--tokens 48] [--rounds 1]
     python benchmarks/async_vs_sync.py --tta --modes sync,async-2,async-2p --steps 30
     python benchmarks/async_vs_sync.py --seeds 0 1 2 --modes sync,async-2,async-2p --steps 30 \
-        --async-steps 42 --eval-every 3 --eval-tasks 32
+        --async-steps 42 --eval-tasks 32
 
 `--seeds`: the time to accuracy on each seed (`seed=`; one embedded model per seed, built by the
 seed's first run and reused by its other modes; the order of the modes reversed on every other
@@ -49,7 +53,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from async_tta import aggregate, eval_curve, plot, task_se, write_json  # noqa: E402
+from async_tta import aggregate, plot, task_se, write_json  # noqa: E402
+from policy_snapshots import Snapshots, answers, eval_policies, keep_snapshots, write_snapshots  # noqa: E402
 
 BATCH = 16  # rollout.tasks_per_step=4 x algo.group_size=4
 MODES = {  # name -> overrides
@@ -83,23 +88,20 @@ def run(mode: str, out: Path, model: str | None, args: argparse.Namespace, seed:
           "rollout.tasks_per_step=4", "algo.group_size=4", f"rollout.max_tokens={args.tokens}",
           "train.eval_tasks=2", "train.eval_samples=1", "train.log_rollouts_every=0", "quiet=true",
           "rollout.env_threads=16", "log.tensorboard=false", *MODES[mode]]
-    if args.tta:
+    if args.tta:  # no evaluation inside the loop: the policy of every step is evaluated afterwards
         ov[ov.index("train.eval_tasks=2")] = f"train.eval_tasks={args.eval_tasks}"
-        ov.append(f"train.eval_every={args.eval_every}")
+        ov.append("train.eval_every=0")
     if model is not None:
         ov.append(f"model.path={model}")
     if seed is not None:
         ov.append(f"seed={seed}")
-    summary = train(load_config(None, ov))
+    with keep_snapshots() as snaps:
+        summary = train(load_config(None, ov))
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "perf/loop_s" in r]
     steady = (steps[-1]["perf/loop_s"] - steps[0]["perf/loop_s"]) / (len(steps) - 1)
     n = len(steps)
-    after = {**summary["eval_after"], "reward_mean": summary["eval_after"].get(
-        "reward_mean", summary["eval_after"].get("pass@1"))}
-    tasks = json.loads((out / "eval" / "after" / "summary.json").read_text())["tasks"] if args.tta else []
-    mid = out / "eval" / f"step_{args.steps}" / "summary.json"  # a longer mode's evaluation at sync's steps
-    mid_tasks = json.loads(mid.read_text())["tasks"] if args.tta and mid.exists() else tasks
+    curves = snapshot_curves(snaps, summary, out, model, args) if args.tta else {}
     return {"mode": mode, "samples_per_s": BATCH * n / summary["rl_s"], "rl_s": summary["rl_s"],
             "steady_samples_per_s": BATCH / steady,
             "update_s": sum(r["perf/update_s"] for r in steps) / n,
@@ -111,10 +113,37 @@ def run(mode: str, out: Path, model: str | None, args: argparse.Namespace, seed:
             "reward": sum(r["rollout/reward_mean"] for r in steps) / n,
             "turns": steps[-1]["rollout/turns"],
             "staleness_tokens_mean": sum(r.get("rollout/staleness_tokens_mean", 0) for r in steps) / n,
-            "curve": eval_curve(rows, after, args.tta_metric) if args.tta else None,
-            "curve_samples": eval_curve(rows, after, args.tta_metric, BATCH) if args.tta else None,
-            "final_se": task_se(tasks, args.tta_metric) if args.tta else None,
-            "at_sync_steps_se": task_se(mid_tasks, args.tta_metric) if args.tta else None}
+            "curve": curves.get("curve"), "curve_samples": curves.get("curve_samples"),
+            "final_se": curves.get("final_se"), "at_sync_steps_se": curves.get("at_sync_steps_se"),
+            "eval_s": curves.get("eval_s")}
+
+
+def snapshot_curves(snaps: Snapshots, summary: dict, out: Path, model: str | None,
+                    args: argparse.Namespace) -> dict:
+    """The held-out curves of one run from its per-step policies (`policy_snapshots`): each
+    written to OUT/snaps/step_N and evaluated with `agentrl eval` on the run's config (the first
+    `--eval-tasks` held-out tasks x 1 sample, the run's seed) into OUT/evals/step_N; the point
+    before RL is the run's own evaluation before RL. Returns "curve" ((training seconds, value)
+    per step, `Snapshot.t`), "curve_samples" ((episodes sampled, value)), the standard errors
+    over tasks of the last step's value ("final_se") and of the value at `--steps`
+    ("at_sync_steps_se"), and the evaluations' seconds. Raises SystemExit when the last policy's
+    answers differ from those of the run's own evaluation after RL (both evaluate the final
+    weights on the same tasks and sampler seeds)."""
+    metric = args.tta_metric
+    t0 = time.perf_counter()
+    paths = write_snapshots(snaps, Path(model) if model else out / "base_model", out / "snaps")
+    evals = eval_policies(paths, out / "config.json", out / "evals", args.eval_tasks, env_threads=32)
+    values = [e["overall"][metric] for e in evals]
+    if answers(out / "evals" / paths[-1].name) != answers(out / "eval" / "after"):
+        raise SystemExit(f"{out}: the last step's policy answers the held-out tasks otherwise than the run's "
+                         "own evaluation after RL: the snapshots are not the policy trained")
+    before = json.loads((out / "eval" / "before" / "summary.json").read_text())["overall"][metric]
+    steps = [s.step for s in snaps.items]
+    mid = steps.index(args.steps) if args.steps in steps else len(steps) - 1
+    return {"curve": [(0.0, before)] + [(s.t, v) for s, v in zip(snaps.items, values)],
+            "curve_samples": [(0, before)] + [(s.step * BATCH, v) for s, v in zip(snaps.items, values)],
+            "final_se": task_se(evals[-1]["tasks"], metric), "at_sync_steps_se": task_se(evals[mid]["tasks"], metric),
+            "eval_s": time.perf_counter() - t0}
 
 
 def main() -> None:
@@ -128,7 +157,6 @@ def main() -> None:
                    help="run every mode this many times, the order reversed every other round; "
                         "the median samples/s per mode is reported (load on shared cores drifts)")
     p.add_argument("--tta", action="store_true", help="also report time to accuracy (see module doc)")
-    p.add_argument("--eval-every", type=int, default=3)
     p.add_argument("--eval-tasks", type=int, default=16)
     p.add_argument("--tta-metric", default="reward_mean", help="held-out metric: reward_mean or pass@1")
     p.add_argument("--seeds", type=int, nargs="+", default=None,
@@ -193,7 +221,7 @@ def run_seeds(args: argparse.Namespace, modes: list[str]) -> None:
     load0 = os.getloadavg()
     print(f"load average at start: {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}; seeds {args.seeds}, "
           f"{args.steps} steps (other modes {steps_of('async', args)}) x {BATCH} episodes x {args.turns} turns, env latency {args.latency} s/step, "
-          f"max {args.tokens} tokens/turn, eval every {args.eval_every} steps on {args.eval_tasks} tasks",
+          f"max {args.tokens} tokens/turn, every step's policy evaluated afterwards on {args.eval_tasks} tasks",
           flush=True)
     seeds: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as d:
@@ -213,7 +241,7 @@ def run_seeds(args: argparse.Namespace, modes: list[str]) -> None:
     record = {"commit": git_commit(), "command": "python benchmarks/async_vs_sync.py " + " ".join(sys.argv[1:]),
               "load_average": {"start": list(load0), "end": list(load1)},
               "settings": {"steps": args.steps, "async_steps": args.async_steps, "latency_s": args.latency, "turns": args.turns,
-                           "tokens": args.tokens, "eval_every": args.eval_every,
+                           "tokens": args.tokens, "evaluated": "every step's policy, after the run",
                            "eval_tasks": args.eval_tasks, "metric": args.tta_metric, "modes": modes,
                            "model": "embedded tiny model, built once per seed (its seed= run)"},
               "seeds": seeds, "summary": summary, "summary_value": key}

@@ -1,36 +1,63 @@
-"""Tests of the time-to-accuracy pieces of benchmarks/async_vs_sync.py (`async_tta`): the curves
-per second and per sample, the standard error over tasks, the aggregation over seeds, against
-hand-computed values."""
+"""Tests of the time-to-accuracy pieces of benchmarks/async_vs_sync.py (`async_tta`,
+`policy_snapshots`): the policy of every step of a real async run, evaluated afterwards; the
+standard error over tasks and the aggregation over seeds against hand-computed values."""
 
 from __future__ import annotations
 
+import io
 import math
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from async_tta import aggregate, eval_curve, task_se  # noqa: E402
+from async_tta import aggregate, task_se  # noqa: E402
 from async_vs_sync import time_to  # noqa: E402
 
-# metrics.jsonl of a 4-step run evaluated every 2 steps: step 0 (before RL), steps 1-4, the final row
-ROWS = [{"step": 0, "eval/reward_mean": 0.1, "eval/seconds": 3.0},
-        {"step": 1, "perf/loop_s": 2.0},
-        {"step": 2, "perf/loop_s": 4.0, "eval/reward_mean": 0.2, "eval/seconds": 5.0},
-        {"step": 3, "perf/loop_s": 11.0},
-        {"step": 4, "perf/loop_s": 13.0},
-        {"step": 4, "eval/reward_mean": 0.35}]
 
-
-def test_curves_in_seconds_and_in_samples():
-    # seconds: the step-2 evaluation's 5 s are taken out of the later times (11 - 5, 13 - 5)
-    assert eval_curve(ROWS, {"reward_mean": 0.35}, "reward_mean") == [(0.0, 0.1), (4.0, 0.2), (8.0, 0.35)]
-    assert eval_curve(ROWS, {"reward_mean": 0.35}, "reward_mean", 16) == [(0, 0.1), (32, 0.2), (64, 0.35)]
+def test_time_to():
     assert time_to([(0.0, 0.1), (4.0, 0.2), (8.0, 0.35)], 0.2) == 4.0
     assert time_to([(0.0, 0.1), (4.0, 0.2)], 0.3) is None
+
+
+def test_snapshots_are_the_policy_of_every_step_of_an_async_run(tmp_path, tiny_model_dir):
+    """A 3-step async run (2 batches in flight, partial rollouts) under `keep_snapshots`: one
+    snapshot per step, at increasing training seconds; the last one evaluated afterwards with
+    `agentrl eval` answers as the run's own evaluation after RL, word for word, and an earlier one
+    does not (its weights differ)."""
+    from policy_snapshots import answers, eval_policies, keep_snapshots, write_snapshots
+    from rich.console import Console
+
+    from agentrl.config import load_config
+    from agentrl.train import train
+
+    out = tmp_path / "run"
+    cfg = load_config(None, [
+        "env.name=toy", "sft.steps=0", "rollout.tasks_per_step=2", "algo.group_size=2", "train.eval_tasks=4",
+        "train.eval_samples=1", "rollout.max_tokens=16", "env.kwargs={words: [x, the, def, return]}",
+        "train.steps=3", "rollout.mode=async", "train.max_staleness=2", "rollout.batches_in_flight=2",
+        "rollout.partial=true", "train.lr=0.05", f"model.path={tiny_model_dir}", f"out={out}", "quiet=true"])
+    with keep_snapshots() as snaps:
+        summary = train(cfg, console=Console(file=io.StringIO()))
+    assert [s.step for s in snaps.items] == [1, 2, 3]
+    ts = [s.t for s in snaps.items]
+    assert 0 < ts[0] < ts[1] < ts[2]
+    first = snaps.items[0].state
+    assert any(not torch.equal(first[k], v) for k, v in snaps.items[-1].state.items())
+    paths = write_snapshots(snaps, Path(tiny_model_dir), tmp_path / "snaps")
+    assert [p.name for p in paths] == ["step_1", "step_2", "step_3"]
+    evals = eval_policies(paths, out / "config.json", tmp_path / "evals", tasks=4, env_threads=2)
+    assert evals[-1]["overall"]["pass@1"] == summary["eval_after"]["pass@1"]
+    assert len(evals[-1]["tasks"]) == 4
+
+    after = answers(out / "eval" / "after")
+    assert len(after) == 4
+    assert answers(tmp_path / "evals" / "step_3") == after  # the same sampled text, token for token
+    assert answers(tmp_path / "evals" / "step_1") != after
 
 
 def test_task_se():
