@@ -50,10 +50,11 @@ class Snapshots:
 
 
 @contextlib.contextmanager
-def keep_snapshots() -> Iterator[Snapshots]:
-    """Within the block, every `train` step end (a `MetricsLog.log` call carrying `perf/loop_s`)
-    copies the in-process learner's weights into the yielded `Snapshots`. Raises RuntimeError at
-    a step end when no in-process learner was built (`train.learner_workers` > 0)."""
+def keep_snapshots(every: int = 1, last: int | None = None) -> Iterator[Snapshots]:
+    """Within the block, every `every`-th `train` step end (a `MetricsLog.log` call carrying
+    `perf/loop_s`; step `last` too) copies the in-process learner's weights into the yielded
+    `Snapshots`. Raises RuntimeError at a step end when no in-process learner was built
+    (`train.learner_workers` > 0)."""
     import agentrl.learner.local as learner_mod
     from agentrl.log.metrics import MetricsLog
 
@@ -66,7 +67,7 @@ def keep_snapshots() -> Iterator[Snapshots]:
 
     def log_step(self: Any, step: int, metrics: dict[str, float]) -> None:
         log(self, step, metrics)
-        if "perf/loop_s" not in metrics:
+        if "perf/loop_s" not in metrics or (step % every and step != last):
             return
         if snaps.learner is None:
             raise RuntimeError("keep_snapshots: no in-process learner (learner ranks are not supported)")
@@ -99,10 +100,11 @@ def write_snapshots(snaps: Snapshots, tokenizer_dir: Path, root: Path) -> list[P
     return [s.path for s in snaps.items if s.path is not None]
 
 
-def eval_policies(paths: list[Path], config: Path, out: Path, tasks: int, env_threads: int) -> list[dict]:
-    """`agentrl eval --model P -c CONFIG --max-tasks TASKS --samples 1` for each P of `paths`,
-    in this process, one after another (OUT/<P's name>); returns each evaluation's summary
-    ("overall" and "tasks")."""
+def eval_policies(paths: list[Path], config: Path, out: Path, tasks: int, env_threads: int | None,
+                  samples: int = 1) -> list[dict]:
+    """`agentrl eval --model P -c CONFIG --max-tasks TASKS --samples SAMPLES` for each P of
+    `paths` (`env_threads` None: the config's), in this process, one after another
+    (OUT/<P's name>); returns each evaluation's summary ("overall" and "tasks")."""
     from rich.console import Console
 
     from agentrl.eval.cli import eval_command
@@ -110,7 +112,7 @@ def eval_policies(paths: list[Path], config: Path, out: Path, tasks: int, env_th
     res = []
     for p in paths:
         s = eval_command(model=str(p), config=str(config), out=str(out / p.name), max_tasks=tasks,
-                         samples=1, env_threads=env_threads, console=Console(file=io.StringIO()))
+                         samples=samples, env_threads=env_threads, console=Console(file=io.StringIO()))
         res.append(json.loads((out / p.name / "summary.json").read_text()) if (out / p.name / "summary.json").exists()
                    else s)
     return res

@@ -1,0 +1,169 @@
+"""Time to accuracy on the main job (issue 43): sync vs async (K=2) vs async with partial
+rollouts, to the sync run's final held-out pass@1.
+
+    python benchmarks/async_tta_main.py --work DIR [--seeds 0] [--steps 360] [--async-steps 432]
+        [--coarse 40] [--fine 10] [--eval-tasks 256] [--eval-samples 4]
+
+Per seed: the main job's warm start once (`agentrl train --env code_sandbox --algo grpo --steps
+0 seed=S`, reused from DIR/warm_S when there), then from it, one mode at a time, the default
+main job's RL (`--steps`, the main job's 360) in sync mode, and `--async-steps` steps (the
+async modes may learn less per sample; they get the room to reach sync's value) with
+`rollout.mode=async train.max_staleness=2 rollout.batches_in_flight=2` (`async-2`) and that with
+`rollout.partial=true` (`async-2p`). Nothing is evaluated while a run trains: the learner's
+weights are kept every `--fine` steps (`policy_snapshots.keep_snapshots`, in memory, the copy's
+milliseconds taken out of the clock) and evaluated afterwards with `agentrl eval` on the run's
+config (its held-out evaluation: `--eval-tasks` tasks x `--eval-samples`, the run's seed).
+The target is the sync run's final held-out pass@1 (its own evaluation after RL; the last
+snapshot of every run must answer as that run's own evaluation, checked). Each mode's policy is
+evaluated every `--coarse` steps and at its last step; then, where a coarse point first reaches
+the target, the `--fine` points between it and the coarse point before, in order, until one
+reaches it. Time to target: `perf/loop_s` (training seconds) at that step; ratio: over sync's.
+Writes DIR/async_tta_main.json (commit, command, load averages, per seed and mode the
+evaluated points, time to target, ratio, final pass@1 and its standard error, seconds per
+step) and prints the table. Nothing else should run on the machine (the figure is wall time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from async_tta import task_se, write_json  # noqa: E402
+from async_vs_sync import MODES, time_to  # noqa: E402
+from overhead_common import provenance  # noqa: E402
+from policy_snapshots import answers, eval_policies, keep_snapshots, write_snapshots  # noqa: E402
+
+
+def warm_start(work: Path, seed: int) -> Path:
+    """WORK/warm_SEED: the main job's warm start on `seed` (reused when there)."""
+    warm = work / f"warm_{seed}"
+    if (warm / "sft_model" / "config.json").exists() and (warm / "config.json").exists():
+        print(f"[warm] reusing {warm}", flush=True)
+        return warm
+    cmd = [sys.executable, "-m", "agentrl.cli", "train", "--env", "code_sandbox", "--algo", "grpo",
+           "--steps", "0", "--out", str(warm), "--quiet", f"seed={seed}"]
+    print(f"[warm] {' '.join(cmd[1:])}", flush=True)
+    subprocess.run(cmd, check=True)
+    return warm
+
+
+def train_mode(mode: str, warm: Path, out: Path, steps: int, a: argparse.Namespace) -> dict[str, Any]:
+    """One RL run of `mode` from WARM's warm start into OUT, its policy kept every `a.fine`
+    steps and at its last; returns the snapshots' (step, seconds, path), the run's summary
+    and its per-step seconds."""
+    from rich.console import Console
+
+    from agentrl.config import load_config
+    from agentrl.train import train
+
+    ov = [f"model.path={warm / 'sft_model'}", "sft.steps=0", f"train.steps={steps}", "train.eval_every=0",
+          "train.save_every=0", "train.log_rollouts_every=0", "log.tensorboard=false", "quiet=true",
+          f"train.eval_tasks={a.eval_tasks}", f"train.eval_samples={a.eval_samples}", f"out={out}",
+          *MODES[mode]]
+    cfg = load_config(str(warm / "config.json"), ov)
+    with keep_snapshots(every=a.fine, last=steps) as snaps:
+        summary = train(cfg, console=Console(file=open(os.devnull, "w")))
+    paths = write_snapshots(snaps, warm / "sft_model", out / "snaps")
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    loop = [r for r in rows if "perf/loop_s" in r]
+    return {"points": {s.step: (s.t, str(p)) for s, p in zip(snaps.items, paths)}, "summary": summary,
+            "s_per_step": loop[-1]["perf/loop_s"] / len(loop), "rl_s": summary.get("rl_s")}
+
+
+def value(run: dict[str, Any], step: int, out: Path, a: argparse.Namespace, cache: dict) -> tuple[float, float | None]:
+    """Held-out pass@1 (and its standard error over tasks) of `run`'s policy at `step`,
+    evaluated once (OUT/evals/step_N)."""
+    if step not in cache:
+        path = Path(run["points"][step][1])
+        e = eval_policies([path], out / "config.json", out / "evals", a.eval_tasks, None, a.eval_samples)[0]
+        cache[step] = (e["overall"]["pass@1"], task_se(e["tasks"], "pass@1"))
+        print(f"  [eval] {out.name} step {step}: pass@1 {cache[step][0]:.3f}", flush=True)
+    return cache[step]
+
+
+def curve_to(run: dict[str, Any], out: Path, target: float | None, a: argparse.Namespace) -> dict[str, Any]:
+    """The coarse points of `run` (every `a.coarse` steps and the last), then the fine points
+    before the first coarse point reaching `target`; the time to target (None: not reached)."""
+    steps = sorted(run["points"])
+    last = steps[-1]
+    cache: dict[int, tuple[float, float | None]] = {}
+    coarse = [s for s in steps if s % a.coarse == 0 or s == last]
+    for s in coarse:
+        value(run, s, out, a, cache)
+    if answers(out / "evals" / f"step_{last}") != answers(out / "eval" / "after"):
+        raise SystemExit(f"{out}: the last policy answers otherwise than the run's own evaluation after RL")
+    if target is not None:
+        hit = next((s for s in coarse if cache[s][0] >= target - 1e-12), None)
+        if hit is not None:
+            before = max([s for s in coarse if s < hit], default=0)
+            for s in [s for s in steps if before < s < hit]:
+                if value(run, s, out, a, cache)[0] >= target - 1e-12:
+                    break
+    pts = sorted((run["points"][s][0], cache[s][0], s) for s in cache)
+    t = time_to([(x, v) for x, v, _ in pts], target) if target is not None else None
+    return {"points": [{"step": s, "t": x, "pass@1": v, "se": cache[s][1]} for x, v, s in pts],
+            "time_to_target_s": t, "final": cache[last][0], "final_se": cache[last][1],
+            "s_per_step": run["s_per_step"], "rl_s": run["rl_s"], "steps": last}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--work", required=True)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--modes", default="sync,async-2,async-2p")
+    p.add_argument("--steps", type=int, default=360, help="sync's RL steps (the main job's train.steps)")
+    p.add_argument("--async-steps", type=int, default=432)
+    p.add_argument("--coarse", type=int, default=40)
+    p.add_argument("--fine", type=int, default=10)
+    p.add_argument("--eval-tasks", type=int, default=256)
+    p.add_argument("--eval-samples", type=int, default=4)
+    a = p.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)
+    work = Path(a.work)
+    work.mkdir(parents=True, exist_ok=True)
+    modes = a.modes.split(",")
+    if modes[0] != "sync":
+        p.error("--modes must start with sync (the target is its final value)")
+    prov, load0 = provenance(), os.getloadavg()
+    seeds: dict[str, Any] = {}
+    for k, seed in enumerate(a.seeds):
+        warm = warm_start(work, seed)
+        runs = {}
+        for m in (modes if k % 2 == 0 else [modes[0], *modes[:0:-1]]):  # sync first: its value is the target
+            t0 = time.perf_counter()
+            out = work / f"s{seed}_{m}"
+            runs[m] = train_mode(m, warm, out, a.steps if m == "sync" else a.async_steps, a)
+            print(f"[{m}] seed {seed}: trained in {time.perf_counter() - t0:.0f} s "
+                  f"({runs[m]['s_per_step']:.2f} s/step), load {os.getloadavg()[0]:.2f}", flush=True)
+        target = runs["sync"]["summary"]["eval_after"]["pass@1"]
+        res = {m: curve_to(runs[m], work / f"s{seed}_{m}", target, a) for m in modes}
+        t_sync = res["sync"]["time_to_target_s"]
+        for r in res.values():
+            r["ratio"] = r["time_to_target_s"] / t_sync if r["time_to_target_s"] and t_sync else None
+        seeds[str(seed)] = {"target": target, "modes": res}
+    record = {**prov, "command": "python benchmarks/async_tta_main.py " + " ".join(argv or sys.argv[1:]),
+              "load_average": {"start": list(load0), "end": list(os.getloadavg())},
+              "settings": vars(a), "seeds": seeds}
+    write_json(work / "async_tta_main.json", record)
+    print(f"time to the sync run's final held-out pass@1 ({a.eval_tasks} tasks x {a.eval_samples})")
+    for s, r in seeds.items():
+        for m, x in r["modes"].items():
+            t = "-" if x["time_to_target_s"] is None else f"{x['time_to_target_s']:.0f} s"
+            ratio = "-" if x["ratio"] is None else f"{x['ratio']:.2f}x"
+            print(f"seed {s} {m:8s} target {r['target']:.3f}: {t:>7s} {ratio:>6s}  final {x['final']:.3f} "
+                  f"± {x['final_se'] or 0:.3f} (step {x['steps']}), {x['s_per_step']:.2f} s/step")
+    return record
+
+
+if __name__ == "__main__":
+    main()
