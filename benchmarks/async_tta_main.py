@@ -89,6 +89,23 @@ def value(run: dict[str, Any], step: int, out: Path, a: argparse.Namespace, cach
     return cache[step]
 
 
+def fine_steps(steps: list[int], coarse: dict[int, float], target: float) -> list[int]:
+    """The kept steps to evaluate, in order, after the coarse ones: those between the first
+    coarse step whose value reaches `target` and the coarse step before it (0: before RL);
+    none when no coarse value reaches it.
+
+    Args:
+        steps: every kept step, ascending.
+        coarse: coarse step -> held-out value.
+        target: the value to reach.
+    """
+    hit = next((s for s in sorted(coarse) if coarse[s] >= target - 1e-12), None)
+    if hit is None:
+        return []
+    before = max([s for s in coarse if s < hit], default=0)
+    return [s for s in steps if before < s < hit]
+
+
 def curve_to(run: dict[str, Any], out: Path, target: float | None, a: argparse.Namespace) -> dict[str, Any]:
     """The coarse points of `run` (every `a.coarse` steps and the last), then the fine points
     before the first coarse point reaching `target`; the time to target (None: not reached)."""
@@ -101,12 +118,9 @@ def curve_to(run: dict[str, Any], out: Path, target: float | None, a: argparse.N
     if answers(out / "evals" / f"step_{last}") != answers(out / "eval" / "after"):
         raise SystemExit(f"{out}: the last policy answers otherwise than the run's own evaluation after RL")
     if target is not None:
-        hit = next((s for s in coarse if cache[s][0] >= target - 1e-12), None)
-        if hit is not None:
-            before = max([s for s in coarse if s < hit], default=0)
-            for s in [s for s in steps if before < s < hit]:
-                if value(run, s, out, a, cache)[0] >= target - 1e-12:
-                    break
+        for s in fine_steps(steps, {s: cache[s][0] for s in coarse}, target):
+            if value(run, s, out, a, cache)[0] >= target - 1e-12:
+                break
     pts = sorted((run["points"][s][0], cache[s][0], s) for s in cache)
     t = time_to([(x, v) for x, v, _ in pts], target) if target is not None else None
     return {"points": [{"step": s, "t": x, "pass@1": v, "se": cache[s][1]} for x, v, s in pts],

@@ -24,6 +24,19 @@ def test_time_to():
     assert time_to([(0.0, 0.1), (4.0, 0.2)], 0.3) is None
 
 
+def test_fine_steps_between_the_crossing_and_the_coarse_point_before():
+    from async_tta_main import fine_steps
+
+    steps = [10, 20, 30, 40, 50, 60, 70, 80]
+    # coarse every 40 and the last: 40 -> 0.50, 80 -> 0.70; target 0.60: the fine steps 50-70
+    assert fine_steps(steps, {40: 0.5, 80: 0.7}, 0.6) == [50, 60, 70]
+    # the first coarse point reaches it: the steps from 0 (before RL) to it
+    assert fine_steps(steps, {40: 0.65, 80: 0.7}, 0.6) == [10, 20, 30]
+    # reached exactly (ties count), and never reached
+    assert fine_steps(steps, {40: 0.5, 80: 0.6}, 0.6) == [50, 60, 70]
+    assert fine_steps(steps, {40: 0.5, 80: 0.55}, 0.6) == []
+
+
 def test_snapshots_are_the_policy_of_every_step_of_an_async_run(tmp_path, tiny_model_dir):
     """A 3-step async run (2 batches in flight, partial rollouts) under `keep_snapshots`: one
     snapshot per step, at increasing training seconds; the last one evaluated afterwards with
@@ -36,14 +49,17 @@ def test_snapshots_are_the_policy_of_every_step_of_an_async_run(tmp_path, tiny_m
     from agentrl.train import train
 
     out = tmp_path / "run"
-    cfg = load_config(None, [
-        "env.name=toy", "sft.steps=0", "rollout.tasks_per_step=2", "algo.group_size=2", "train.eval_tasks=4",
-        "train.eval_samples=1", "rollout.max_tokens=16", "env.kwargs={words: [x, the, def, return]}",
-        "train.steps=3", "rollout.mode=async", "train.max_staleness=2", "rollout.batches_in_flight=2",
-        "rollout.partial=true", "train.lr=0.05", f"model.path={tiny_model_dir}", f"out={out}", "quiet=true"])
+    cfg_args = ["env.name=toy", "sft.steps=0", "rollout.tasks_per_step=2", "algo.group_size=2", "train.eval_tasks=4",
+                "train.eval_samples=1", "rollout.max_tokens=16", "env.kwargs={words: [x, the, def, return]}",
+                "train.steps=3", "rollout.mode=async", "train.max_staleness=2", "rollout.batches_in_flight=2",
+                "rollout.partial=true", "train.lr=0.05", f"model.path={tiny_model_dir}", "quiet=true"]
+    cfg = load_config(None, [*cfg_args, f"out={out}"])
     with keep_snapshots() as snaps:
         summary = train(cfg, console=Console(file=io.StringIO()))
     assert [s.step for s in snaps.items] == [1, 2, 3]
+    with keep_snapshots(every=2, last=3) as sparse:  # every 2nd step and the last
+        train(load_config(None, [*cfg_args, f"out={tmp_path / 'run2'}"]), console=Console(file=io.StringIO()))
+    assert [s.step for s in sparse.items] == [2, 3]
     ts = [s.t for s in snaps.items]
     assert 0 < ts[0] < ts[1] < ts[2]
     first = snaps.items[0].state
