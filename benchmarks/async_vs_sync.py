@@ -43,6 +43,7 @@ time to target, ratio, final value and its standard error over held-out tasks) a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -95,7 +96,7 @@ def run(mode: str, out: Path, model: str | None, args: argparse.Namespace, seed:
         ov.append(f"model.path={model}")
     if seed is not None:
         ov.append(f"seed={seed}")
-    with keep_snapshots() as snaps:
+    with keep_snapshots() if args.tta else contextlib.nullcontext(Snapshots()) as snaps:  # none for samples/s
         summary = train(load_config(None, ov))
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "perf/loop_s" in r]
