@@ -1,5 +1,5 @@
 """Time to accuracy over seeds for `benchmarks/async_vs_sync.py --seeds ...` (issue 43): the pure
-pieces (curves per sample, the standard error over held-out tasks, the aggregation over seeds),
+pieces (the standard error over held-out tasks, the aggregation over seeds),
 the JSON record and the plot of the held-out curves (modes overlaid, one column per seed).
 
 The target of every seed is that seed's sync run's final held-out value; a mode's ratio is its
