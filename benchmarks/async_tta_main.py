@@ -17,7 +17,8 @@ The target is the sync run's final held-out pass@1 (its own evaluation after RL;
 snapshot of every run must answer as that run's own evaluation, checked). Each mode's policy is
 evaluated every `--coarse` steps and at its last step; then, where a coarse point first reaches
 the target, the `--fine` points between it and the coarse point before, in order, until one
-reaches it. Time to target: `perf/loop_s` (training seconds) at that step; ratio: over sync's.
+reaches it. Time to target: the training seconds at that step (`perf/loop_s` less the copies'
+seconds, `Snapshot.t`); ratio: over sync's.
 Writes DIR/async_tta_main.json (commit, command, load averages, per seed and mode the
 evaluated points, time to target, ratio, final pass@1 and its standard error, seconds per
 step) and prints the table. Nothing else should run on the machine (the figure is wall time).

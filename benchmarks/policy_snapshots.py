@@ -41,8 +41,8 @@ class Snapshot:
 
 @dataclass
 class Snapshots:
-    """What `keep_snapshots` collected: the snapshots in step order and the learner (its model
-    writes them)."""
+    """What `keep_snapshots` collected: the snapshots in step order, the learner (its model
+    writes them) and `copy_s`, the seconds the copies took so far (taken out of `Snapshot.t`)."""
 
     items: list[Snapshot] = field(default_factory=list)
     learner: Any = None
