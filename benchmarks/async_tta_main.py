@@ -2,7 +2,7 @@
 rollouts, to the sync run's final held-out pass@1.
 
     python benchmarks/async_tta_main.py --work DIR [--seeds 0] [--steps 360] [--async-steps 432]
-        [--coarse 40] [--fine 10] [--eval-tasks 256] [--eval-samples 4]
+        [--coarse 40] [--fine 10] [--margin 0.1] [--eval-tasks 256] [--eval-samples 4] [--reuse]
 
 Per seed: the main job's warm start once (`agentrl train --env code_sandbox --algo grpo --steps
 0 seed=S`, reused from DIR/warm_S when there), then from it, one mode at a time, the default
@@ -15,10 +15,13 @@ milliseconds taken out of the clock) and evaluated afterwards with `agentrl eval
 config (its held-out evaluation: `--eval-tasks` tasks x `--eval-samples`, the run's seed).
 The target is the sync run's final held-out pass@1 (its own evaluation after RL; the last
 snapshot of every run must answer as that run's own evaluation, checked). Each mode's policy is
-evaluated every `--coarse` steps and at its last step; then, where a coarse point first reaches
-the target, the `--fine` points between it and the coarse point before, in order, until one
-reaches it. Time to target: the training seconds at that step (`perf/loop_s` less the copies'
-seconds, `Snapshot.t`); ratio: over sync's.
+evaluated every `--coarse` steps and at its last step; then every kept step (`--fine` apart)
+from the last coarse point more than `--margin` below the target (0.1, about 4 standard errors
+of an evaluation: no step near it can reach the target by noise) up to the first coarse point
+that reaches it, in order, until one reaches it (`fine_steps`): the time to target is that of
+the first kept step that reaches it. Time to target: the training seconds at that step
+(`perf/loop_s` less the copies' seconds, `Snapshot.t`); ratio: over sync's. `--reuse`: the
+runs already in DIR are not trained again and their evaluations on disk are read, not redone.
 Writes DIR/async_tta_main.json (commit, command, load averages, per seed and mode the
 evaluated points, time to target, ratio, final pass@1 and its standard error, seconds per
 step) and prints the table. Nothing else should run on the machine (the figure is wall time).
@@ -69,14 +72,29 @@ def train_mode(mode: str, warm: Path, out: Path, steps: int, a: argparse.Namespa
           "train.save_every=0", "train.log_rollouts_every=0", "log.tensorboard=false", "quiet=true",
           f"train.eval_tasks={a.eval_tasks}", f"train.eval_samples={a.eval_samples}", f"out={out}",
           *MODES[mode]]
+    if a.reuse and (out / "summary.json").exists():
+        return reused_run(out)
     cfg = load_config(str(warm / "config.json"), ov)
     with keep_snapshots(every=a.fine, last=steps) as snaps:
-        summary = train(cfg, console=Console(file=open(os.devnull, "w")))
-    paths = write_snapshots(snaps, warm / "sft_model", out / "snaps")
+        train(cfg, console=Console(file=open(os.devnull, "w")))
+    write_snapshots(snaps, warm / "sft_model", out / "snaps")
+    (out / "snaps" / "index.json").write_text(json.dumps({s.step: s.t for s in snaps.items}))
+    return reused_run(out)
+
+
+def reused_run(out: Path) -> dict[str, Any]:
+    """A finished run of `train_mode` in OUT: its kept policies (step -> (training seconds, path):
+    OUT/snaps/index.json, written with them; for a run of 88e7ead, which wrote none,
+    `perf/loop_s` of the step, the copies' seconds, at most 0.2 s a run, not taken out), the
+    run's summary and its seconds per step."""
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    loop = [r for r in rows if "perf/loop_s" in r]
-    return {"points": {s.step: (s.t, str(p)) for s, p in zip(snaps.items, paths)}, "summary": summary,
-            "s_per_step": loop[-1]["perf/loop_s"] / len(loop), "rl_s": summary.get("rl_s")}
+    loop = {int(r["step"]): r["perf/loop_s"] for r in rows if "perf/loop_s" in r}
+    index = out / "snaps" / "index.json"
+    ts = {int(k): v for k, v in json.loads(index.read_text()).items()} if index.exists() else loop
+    kept = sorted(int(d.name.removeprefix("step_")) for d in (out / "snaps").glob("step_*"))
+    summary = json.loads((out / "summary.json").read_text())
+    return {"points": {k: (ts[k], str(out / "snaps" / f"step_{k}")) for k in kept}, "summary": summary,
+            "s_per_step": loop[max(loop)] / len(loop), "rl_s": summary.get("rl_s")}
 
 
 def value(run: dict[str, Any], step: int, out: Path, a: argparse.Namespace, cache: dict) -> tuple[float, float | None]:
@@ -84,27 +102,31 @@ def value(run: dict[str, Any], step: int, out: Path, a: argparse.Namespace, cach
     evaluated once (OUT/evals/step_N)."""
     if step not in cache:
         path = Path(run["points"][step][1])
-        e = eval_policies([path], out / "config.json", out / "evals", a.eval_tasks, None, a.eval_samples)[0]
+        done = out / "evals" / path.name / "summary.json"  # `--reuse`: evaluated by an earlier call
+        e = (json.loads(done.read_text()) if a.reuse and done.exists() else
+             eval_policies([path], out / "config.json", out / "evals", a.eval_tasks, None, a.eval_samples)[0])
         cache[step] = (e["overall"]["pass@1"], task_se(e["tasks"], "pass@1"))
         print(f"  [eval] {out.name} step {step}: pass@1 {cache[step][0]:.3f}", flush=True)
     return cache[step]
 
 
-def fine_steps(steps: list[int], coarse: dict[int, float], target: float) -> list[int]:
-    """The kept steps to evaluate, in order, after the coarse ones: those between the first
-    coarse step whose value reaches `target` and the coarse step before it (0: before RL);
-    none when no coarse value reaches it.
+def fine_steps(steps: list[int], coarse: dict[int, float], target: float, margin: float) -> list[int]:
+    """The kept steps to evaluate, in order, after the coarse ones: every kept step after the
+    last coarse step whose value is more than `margin` below `target` (0: before RL), up to
+    the first coarse step that reaches `target` (to the last kept step when none does). A
+    step between two coarse points can reach the target only by the evaluation's noise; with
+    `margin` at about 4 standard errors of an evaluation, the steps left out cannot.
 
     Args:
         steps: every kept step, ascending.
         coarse: coarse step -> held-out value.
         target: the value to reach.
+        margin: how far below `target` a coarse value rules its neighbours out.
     """
     hit = next((s for s in sorted(coarse) if coarse[s] >= target - 1e-12), None)
-    if hit is None:
-        return []
-    before = max([s for s in coarse if s < hit], default=0)
-    return [s for s in steps if before < s < hit]
+    end = hit if hit is not None else steps[-1] + 1
+    start = max([s for s in coarse if s < end and coarse[s] < target - margin], default=0)
+    return [s for s in steps if start < s < end and s not in coarse]
 
 
 def curve_to(run: dict[str, Any], out: Path, target: float | None, a: argparse.Namespace) -> dict[str, Any]:
@@ -119,7 +141,7 @@ def curve_to(run: dict[str, Any], out: Path, target: float | None, a: argparse.N
     if answers(out / "evals" / f"step_{last}") != answers(out / "eval" / "after"):
         raise SystemExit(f"{out}: the last policy answers otherwise than the run's own evaluation after RL")
     if target is not None:
-        for s in fine_steps(steps, {s: cache[s][0] for s in coarse}, target):
+        for s in fine_steps(steps, {s: cache[s][0] for s in coarse}, target, a.margin):
             if value(run, s, out, a, cache)[0] >= target - 1e-12:
                 break
     pts = sorted((run["points"][s][0], cache[s][0], s) for s in cache)
@@ -138,6 +160,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--async-steps", type=int, default=432)
     p.add_argument("--coarse", type=int, default=40)
     p.add_argument("--fine", type=int, default=10)
+    p.add_argument("--margin", type=float, default=0.1,
+                   help="fine grid: every kept step after the last coarse value this far below the target")
+    p.add_argument("--reuse", action="store_true",
+                   help="reuse the runs and evaluations already in --work (a finished run is not trained again)")
     p.add_argument("--eval-tasks", type=int, default=256)
     p.add_argument("--eval-samples", type=int, default=4)
     a = p.parse_args(argv)

@@ -24,17 +24,22 @@ def test_time_to():
     assert time_to([(0.0, 0.1), (4.0, 0.2)], 0.3) is None
 
 
-def test_fine_steps_between_the_crossing_and_the_coarse_point_before():
+def test_fine_steps_from_the_last_coarse_value_far_below_the_target():
     from async_tta_main import fine_steps
 
     steps = [10, 20, 30, 40, 50, 60, 70, 80]
-    # coarse every 40 and the last: 40 -> 0.50, 80 -> 0.70; target 0.60: the fine steps 50-70
-    assert fine_steps(steps, {40: 0.5, 80: 0.7}, 0.6) == [50, 60, 70]
+    # coarse every 40 and the last: 40 -> 0.50, 80 -> 0.70; target 0.60, margin 0.05: 40 is far
+    # below, so the fine steps are 50-70
+    assert fine_steps(steps, {40: 0.5, 80: 0.7}, 0.6, 0.05) == [50, 60, 70]
+    # 40 within the margin (0.58 > 0.55): steps 10-30 could reach the target by noise too
+    assert fine_steps(steps, {40: 0.58, 80: 0.7}, 0.6, 0.05) == [10, 20, 30, 50, 60, 70]
     # the first coarse point reaches it: the steps from 0 (before RL) to it
-    assert fine_steps(steps, {40: 0.65, 80: 0.7}, 0.6) == [10, 20, 30]
-    # reached exactly (ties count), and never reached
-    assert fine_steps(steps, {40: 0.5, 80: 0.6}, 0.6) == [50, 60, 70]
-    assert fine_steps(steps, {40: 0.5, 80: 0.55}, 0.6) == []
+    assert fine_steps(steps, {40: 0.65, 80: 0.7}, 0.6, 0.05) == [10, 20, 30]
+    # reached exactly at the last (ties count)
+    assert fine_steps(steps, {40: 0.5, 80: 0.6}, 0.6, 0.05) == [50, 60, 70]
+    # never reached: the steps after the last coarse value far below it, to the end
+    assert fine_steps(steps, {40: 0.5, 80: 0.56}, 0.6, 0.05) == [50, 60, 70]
+    assert fine_steps(steps, {40: 0.5, 80: 0.5}, 0.6, 0.05) == []
 
 
 def test_snapshots_are_the_policy_of_every_step_of_an_async_run(tmp_path, tiny_model_dir):
