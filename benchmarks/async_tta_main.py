@@ -24,7 +24,9 @@ the first kept step that reaches it. Time to target: the training seconds at tha
 runs already in DIR are not trained again and their evaluations on disk are read, not redone.
 Writes DIR/async_tta_main.json (commit, command, load averages, per seed and mode the
 evaluated points, time to target, ratio, final pass@1 and its standard error, seconds per
-step) and prints the table. Nothing else should run on the machine (the figure is wall time).
+step; with `--reuse`, under "training", the commit, command and load averages of the record
+that trained the runs) and prints the table. Nothing else should run on the machine while
+runs train (the figure is wall time).
 """
 
 from __future__ import annotations
@@ -195,6 +197,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     record = {**prov, "command": "python benchmarks/async_tta_main.py " + " ".join(argv or sys.argv[1:]),
               "load_average": {"start": list(load0), "end": list(os.getloadavg())},
               "settings": vars(a), "seeds": seeds}
+    if a.reuse and (old := work / "async_tta_main.json").exists():  # where the runs were trained
+        prev = json.loads(old.read_text())
+        record["training"] = prev.get("training") or {k: prev.get(k) for k in ("commit", "command", "load_average")}
     write_json(work / "async_tta_main.json", record)
     print(f"time to the sync run's final held-out pass@1 ({a.eval_tasks} tasks x {a.eval_samples})")
     for s, r in seeds.items():
