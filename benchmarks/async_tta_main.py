@@ -21,7 +21,9 @@ of an evaluation: no step near it can reach the target by noise) up to the first
 that reaches it, in order, until one reaches it (`fine_steps`): the time to target is that of
 the first kept step that reaches it. Time to target: the training seconds at that step
 (`perf/loop_s` less the copies' seconds, `Snapshot.t`); ratio: over sync's. `--reuse`: the
-runs already in DIR are not trained again and their evaluations on disk are read, not redone.
+runs already in DIR are not trained again and their evaluations on disk are read, not redone
+(refused, naming the difference, for a run trained with other `--steps`/`--async-steps`,
+`--eval-tasks` or `--eval-samples`, or an evaluation of other tasks or samples than its run's).
 Writes DIR/async_tta_main.json (commit, command, load averages, per seed and mode the
 evaluated points, time to target, ratio, final pass@1 and its standard error, seconds per
 step; with `--reuse`, under "training", the commit, command and load averages of the record
@@ -43,7 +45,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 
 from async_tta import task_se, write_json  # noqa: E402
-from async_vs_sync import MODES, time_to  # noqa: E402
+from async_vs_sync import MODES, time_to, unknown_modes  # noqa: E402
 from overhead_common import provenance  # noqa: E402
 from policy_snapshots import answers, eval_policies, keep_snapshots, write_snapshots  # noqa: E402
 
@@ -75,6 +77,7 @@ def train_mode(mode: str, warm: Path, out: Path, steps: int, a: argparse.Namespa
           f"train.eval_tasks={a.eval_tasks}", f"train.eval_samples={a.eval_samples}", f"out={out}",
           *MODES[mode]]
     if a.reuse and (out / "summary.json").exists():
+        check_settings(out, steps, a)
         return reused_run(out)
     cfg = load_config(str(warm / "config.json"), ov)
     with keep_snapshots(every=a.fine, last=steps) as snaps:
@@ -82,6 +85,31 @@ def train_mode(mode: str, warm: Path, out: Path, steps: int, a: argparse.Namespa
     write_snapshots(snaps, warm / "sft_model", out / "snaps")
     (out / "snaps" / "index.json").write_text(json.dumps({s.step: s.t for s in snaps.items}))
     return reused_run(out)
+
+
+def check_settings(out: Path, steps: int, a: argparse.Namespace) -> None:
+    """`--reuse`: raise SystemExit, naming each difference, when the finished run in OUT was
+    trained (OUT/config.json) with other `train.steps` than `steps` or other held-out
+    evaluation settings (`train.eval_tasks`, `train.eval_samples`) than `a`'s: its target and
+    its evaluations on disk would not be those of this call."""
+    train = json.loads((out / "config.json").read_text())["train"]
+    want = {"steps": steps, "eval_tasks": a.eval_tasks, "eval_samples": a.eval_samples}
+    diff = [f"train.{k}={train.get(k)} (this call: {v})" for k, v in want.items() if train.get(k) != v]
+    if diff:
+        raise SystemExit(f"--reuse: {out} was trained with {', '.join(diff)}; run with its settings "
+                         "or another --work")
+
+
+def check_eval(done: Path, out: Path) -> dict[str, Any]:
+    """`--reuse`: the evaluation summary DONE (OUT/evals/step_N/summary.json), read; raises
+    SystemExit when its task count or samples per task differ from those of the run's own
+    evaluation after RL (OUT/eval/after), so that no value on other tasks is mixed in."""
+    e, after = (json.loads(p.read_text()) for p in (done, out / "eval" / "after" / "summary.json"))
+    got, want = ((x["overall"]["tasks"], x["meta"]["samples"]) for x in (e, after))
+    if got != want:
+        raise SystemExit(f"--reuse: {done.parent} evaluated {got[0]} tasks x {got[1]} samples, the run's "
+                         f"evaluation after RL {want[0]} x {want[1]}: delete it to evaluate it again")
+    return e
 
 
 def reused_run(out: Path) -> dict[str, Any]:
@@ -105,7 +133,7 @@ def value(run: dict[str, Any], step: int, out: Path, a: argparse.Namespace, cach
     if step not in cache:
         path = Path(run["points"][step][1])
         done = out / "evals" / path.name / "summary.json"  # `--reuse`: evaluated by an earlier call
-        e = (json.loads(done.read_text()) if a.reuse and done.exists() else
+        e = (check_eval(done, out) if a.reuse and done.exists() else
              eval_policies([path], out / "config.json", out / "evals", a.eval_tasks, None, a.eval_samples)[0])
         cache[step] = (e["overall"]["pass@1"], task_se(e["tasks"], "pass@1"))
         print(f"  [eval] {out.name} step {step}: pass@1 {cache[step][0]:.3f}", flush=True)
@@ -153,6 +181,17 @@ def curve_to(run: dict[str, Any], out: Path, target: float | None, a: argparse.N
             "s_per_step": run["s_per_step"], "rl_s": run["rl_s"], "steps": last}
 
 
+def args_error(modes: list[str], coarse: int, fine: int) -> str | None:
+    """The error for `--modes` (sync first, every name a key of MODES) and the grid (`--coarse` a
+    multiple of `--fine`: only kept steps can be coarse points, else the coarse grid is silently
+    their least common multiple), None when they are right."""
+    if modes[0] != "sync":
+        return "--modes must start with sync (the target is its final value)"
+    if fine < 1 or coarse % fine:
+        return f"--coarse ({coarse}) must be a multiple of --fine ({fine}): the coarse steps are kept steps"
+    return unknown_modes(modes)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--work", required=True)
@@ -175,8 +214,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
     modes = a.modes.split(",")
-    if modes[0] != "sync":
-        p.error("--modes must start with sync (the target is its final value)")
+    if bad := args_error(modes, a.coarse, a.fine):
+        p.error(bad)
     prov, load0 = provenance(), os.getloadavg()
     seeds: dict[str, Any] = {}
     for k, seed in enumerate(a.seeds):

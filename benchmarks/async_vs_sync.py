@@ -73,6 +73,13 @@ def time_to(curve: list[tuple[float, float]], target: float) -> float | None:
     return next((t for t, v in curve if v >= target - 1e-12), None)
 
 
+def unknown_modes(modes: list[str]) -> str | None:
+    """The error for the names of `modes` that are not keys of MODES (naming them and the known
+    ones), None when all are known: checked before any run, not when the unknown one starts."""
+    unknown = [m for m in modes if m not in MODES]
+    return f"--modes: unknown {', '.join(unknown)} (known: {', '.join(MODES)})" if unknown else None
+
+
 def steps_of(mode: str, args: argparse.Namespace) -> int:
     """The RL steps `mode` runs: `--steps`, or `--async-steps` for a mode other than sync."""
     return args.steps if mode == "sync" or args.async_steps is None else args.async_steps
@@ -173,6 +180,8 @@ def main() -> None:
 
     torch.set_num_threads(1)
     modes = args.modes.split(",")
+    if bad := unknown_modes(modes):
+        p.error(bad)
     if args.seeds is not None:
         args.tta = True
         if modes[0] != "sync":

@@ -115,3 +115,47 @@ def test_aggregate_over_seeds():
     b = aggregate(at, ["a"], key="at_sync_steps")["a"]
     assert b["final_mean"] == pytest.approx(0.34) and b["final_delta_mean"] == pytest.approx(-0.01)
     assert b["final_delta_se"] == pytest.approx(math.sqrt(2) * 0.01)
+
+
+def test_main_job_arguments_refused_before_any_run():
+    from async_tta_main import args_error
+
+    assert args_error(["sync", "async-2", "async-2p"], 40, 10) is None
+    assert "start with sync" in args_error(["async-2", "sync"], 40, 10)
+    # an unknown mode was a KeyError once sync had trained (hours on the main job)
+    assert "unknown async2" in args_error(["sync", "async2"], 40, 10)
+    # coarse 3, fine 2: the coarse points were silently every 6 steps
+    assert "multiple of --fine" in args_error(["sync"], 3, 2)
+
+
+def test_reuse_refuses_a_run_or_evaluation_of_other_settings(tmp_path):
+    import argparse
+    import json
+
+    from async_tta_main import check_eval, check_settings
+
+    from agentrl.config import load_config
+
+    out = tmp_path / "s0_sync"
+    (out / "eval" / "after").mkdir(parents=True)
+    cfg = load_config(None, ["train.steps=3", "train.eval_tasks=8", "train.eval_samples=1"])
+    (out / "config.json").write_text(cfg.model_dump_json())
+    a = argparse.Namespace(eval_tasks=8, eval_samples=1)
+    check_settings(out, 3, a)
+    # --eval-tasks 4 on a run trained with 8: its target and evaluations were read as if on 4 tasks
+    with pytest.raises(SystemExit, match=r"train.eval_tasks=8 \(this call: 4\)"):
+        check_settings(out, 3, argparse.Namespace(eval_tasks=4, eval_samples=1))
+    with pytest.raises(SystemExit, match=r"train.steps=3 \(this call: 5\)"):
+        check_settings(out, 5, a)
+
+    def summary(path: Path, tasks: int, samples: int) -> Path:
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "summary.json").write_text(json.dumps({"meta": {"samples": samples},
+                                                       "overall": {"tasks": tasks, "pass@1": 0.5}}))
+        return path / "summary.json"
+
+    summary(out / "eval" / "after", 8, 1)
+    assert check_eval(summary(out / "evals" / "step_2", 8, 1), out)["overall"]["tasks"] == 8
+    # an evaluation left by an earlier call on 4 tasks was mixed into an 8-task curve
+    with pytest.raises(SystemExit, match="evaluated 4 tasks x 1 samples"):
+        check_eval(summary(out / "evals" / "step_1", 4, 1), out)
