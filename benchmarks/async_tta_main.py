@@ -161,7 +161,9 @@ def fine_steps(steps: list[int], coarse: dict[int, float], target: float, margin
 
 def curve_to(run: dict[str, Any], out: Path, target: float | None, a: argparse.Namespace) -> dict[str, Any]:
     """The coarse points of `run` (every `a.coarse` steps and the last), then the fine points
-    before the first coarse point reaching `target`; the time to target (None: not reached)."""
+    of `fine_steps` in order until one reaches `target`; the evaluated points, the time to
+    target (None: not reached), the final value and the run's seconds. Raises SystemExit when
+    the last policy answers otherwise than the run's own evaluation after RL."""
     steps = sorted(run["points"])
     last = steps[-1]
     cache: dict[int, tuple[float, float | None]] = {}
