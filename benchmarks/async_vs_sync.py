@@ -46,7 +46,6 @@ import argparse
 import contextlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -55,6 +54,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 from async_tta import aggregate, plot, task_se, write_json  # noqa: E402
+from overhead_common import provenance  # noqa: E402
 from policy_snapshots import Snapshots, answers, eval_policies, keep_snapshots, write_snapshots  # noqa: E402
 
 BATCH = 16  # rollout.tasks_per_step=4 x algo.group_size=4
@@ -248,7 +248,8 @@ def run_seeds(args: argparse.Namespace, modes: list[str]) -> None:
     key = "at_sync_steps" if all(r["modes"][m]["at_sync_steps"] is not None for r in seeds.values()
                                  for m in modes) else "final"  # compare at equal samples when evaluated there
     summary = aggregate({s: r["modes"] for s, r in seeds.items()}, modes, key=key)
-    record = {"commit": git_commit(), "command": "python benchmarks/async_vs_sync.py " + " ".join(sys.argv[1:]),
+    prov = provenance()
+    record = {"commit": prov["commit"] + ("+dirty" if prov["dirty"] else ""), "command": "python benchmarks/async_vs_sync.py " + " ".join(sys.argv[1:]),
               "load_average": {"start": list(load0), "end": list(load1)},
               "settings": {"steps": args.steps, "async_steps": args.async_steps, "latency_s": args.latency, "turns": args.turns,
                            "tokens": args.tokens, "evaluated": "every step's policy, after the run",
@@ -299,16 +300,6 @@ def print_seeds(record: dict) -> None:
         se = "" if a["final_delta_se"] is None else f" (se {a['final_delta_se']:.4f})"
         print(f"  {m:8s} median ratio {med}{rng}, no ratio on {a['no_ratio']} seed(s); final "
               f"{a['final_mean']:.4f} ({record['summary_value']}), minus sync's {a['final_delta_mean']:+.4f}{se}")
-
-
-def git_commit() -> str:
-    """The short commit of the repository this script is in, `+dirty` when its tree has changes."""
-    root = Path(__file__).resolve().parents[1]
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
-                          text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                           capture_output=True, text=True).stdout.strip()
-    return head + ("+dirty" if dirty else "")
 
 
 def report_tta(by: dict[str, dict], modes: list[str], metric: str) -> None:
