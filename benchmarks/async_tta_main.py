@@ -26,8 +26,9 @@ runs already in DIR are not trained again and their evaluations on disk are read
 `--eval-tasks` or `--eval-samples`, or an evaluation of other tasks or samples than its run's).
 Writes DIR/async_tta_main.json (commit, command, load averages, per seed and mode the
 evaluated points, time to target, ratio, final pass@1 and its standard error, seconds per
-step; with `--reuse`, under "training", the commit, command and load averages of the record
-that trained the runs) and prints the table. Nothing else should run on the machine while
+step, and under "trained" the commit, command and load averages of the call that trained the
+run: this call's, or with `--reuse` that of the record already in DIR, per run) and prints
+the table. Nothing else should run on the machine while
 runs train (the figure is wall time).
 """
 
@@ -183,6 +184,19 @@ def curve_to(run: dict[str, Any], out: Path, target: float | None, a: argparse.N
             "s_per_step": run["s_per_step"], "rl_s": run["rl_s"], "steps": last}
 
 
+def trained_by(prev: dict[str, Any] | None, seed: int, mode: str) -> dict[str, Any] | None:
+    """`--reuse`: the record of the call that trained the run of `seed` and `mode`, from PREV (the
+    record already in the work dir): its per-run "trained", or for a record written before runs
+    carried one, the record's "training" (a call that reused them) or its own commit, command
+    and load averages; None when PREV holds no such run."""
+    run = ((prev or {}).get("seeds") or {}).get(str(seed), {}).get("modes", {}).get(mode)
+    if run is None:
+        return None
+    if "trained" in run:
+        return run["trained"]
+    return prev.get("training") or {k: prev.get(k) for k in ("commit", "dirty", "command", "load_average")}
+
+
 def args_error(modes: list[str], coarse: int, fine: int) -> str | None:
     """The error for `--modes` (sync first, every name a key of MODES) and the grid (`--coarse` a
     multiple of `--fine`: only kept steps can be coarse points, else the coarse grid is silently
@@ -219,28 +233,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if bad := args_error(modes, a.coarse, a.fine):
         p.error(bad)
     prov, load0 = provenance(), os.getloadavg()
+    command = "python benchmarks/async_tta_main.py " + " ".join(argv or sys.argv[1:])
+    prev = json.loads(old.read_text()) if a.reuse and (old := work / "async_tta_main.json").exists() else None
     seeds: dict[str, Any] = {}
     for k, seed in enumerate(a.seeds):
         warm = warm_start(work, seed)
-        runs = {}
+        runs, trained = {}, {}
         for m in (modes if k % 2 == 0 else [modes[0], *modes[:0:-1]]):  # sync first: its value is the target
-            t0 = time.perf_counter()
-            out = work / f"s{seed}_{m}"
+            t0, out = time.perf_counter(), work / f"s{seed}_{m}"
+            fresh = not (a.reuse and (out / "summary.json").exists())
+            l0 = os.getloadavg()
             runs[m] = train_mode(m, warm, out, a.steps if m == "sync" else a.async_steps, a)
-            print(f"[{m}] seed {seed}: trained in {time.perf_counter() - t0:.0f} s "
+            trained[m] = ({**prov, "command": command, "load_average": {"start": list(l0), "end": list(os.getloadavg())}}
+                          if fresh else trained_by(prev, seed, m))
+            print(f"[{m}] seed {seed}: {'trained' if fresh else 'reused'} in {time.perf_counter() - t0:.0f} s "
                   f"({runs[m]['s_per_step']:.2f} s/step), load {os.getloadavg()[0]:.2f}", flush=True)
         target = runs["sync"]["summary"]["eval_after"]["pass@1"]
-        res = {m: curve_to(runs[m], work / f"s{seed}_{m}", target, a) for m in modes}
+        res = {m: {**curve_to(runs[m], work / f"s{seed}_{m}", target, a), "trained": trained[m]} for m in modes}
         t_sync = res["sync"]["time_to_target_s"]
         for r in res.values():
             r["ratio"] = r["time_to_target_s"] / t_sync if r["time_to_target_s"] and t_sync else None
         seeds[str(seed)] = {"target": target, "modes": res}
-    record = {**prov, "command": "python benchmarks/async_tta_main.py " + " ".join(argv or sys.argv[1:]),
-              "load_average": {"start": list(load0), "end": list(os.getloadavg())},
+    record = {**prov, "command": command, "load_average": {"start": list(load0), "end": list(os.getloadavg())},
               "settings": vars(a), "seeds": seeds}
-    if a.reuse and (old := work / "async_tta_main.json").exists():  # where the runs were trained
-        prev = json.loads(old.read_text())
-        record["training"] = prev.get("training") or {k: prev.get(k) for k in ("commit", "command", "load_average")}
     write_json(work / "async_tta_main.json", record)
     print(f"time to the sync run's final held-out pass@1 ({a.eval_tasks} tasks x {a.eval_samples})")
     for s, r in seeds.items():

@@ -159,3 +159,22 @@ def test_reuse_refuses_a_run_or_evaluation_of_other_settings(tmp_path):
     # an evaluation left by an earlier call on 4 tasks was mixed into an 8-task curve
     with pytest.raises(SystemExit, match="evaluated 4 tasks x 1 samples"):
         check_eval(summary(out / "evals" / "step_1", 4, 1), out)
+
+
+def test_reused_runs_keep_the_record_of_the_call_that_trained_them():
+    from async_tta_main import trained_by
+
+    t0 = {"commit": "88e7ead", "command": "first", "load_average": {"start": [0.6]}}
+    old = {"commit": "ff1c1c3", "command": "reuse", "training": t0,  # a record before per-run "trained"
+           "seeds": {"0": {"modes": {"sync": {}, "async-2": {}}}}}
+    assert trained_by(old, 0, "sync") == t0 and trained_by(old, 0, "async-2") == t0
+    assert trained_by(old, 1, "sync") is None and trained_by(old, 0, "async-2p") is None
+    assert trained_by(None, 0, "sync") is None
+    # written by a call that trained runs itself: its own commit, not a later --reuse call's
+    first = {"commit": "88e7ead", "dirty": False, "command": "first", "load_average": {"start": [0.6]},
+             "seeds": {"0": {"modes": {"sync": {}}}}}
+    assert trained_by(first, 0, "sync") == {k: first[k] for k in ("commit", "dirty", "command", "load_average")}
+    t1 = {"commit": "abc1234", "command": "second"}
+    per_run = {"commit": "later", "seeds": {"0": {"modes": {"sync": {"trained": t0}}},
+                                            "1": {"modes": {"sync": {"trained": t1}}}}}
+    assert trained_by(per_run, 0, "sync") == t0 and trained_by(per_run, 1, "sync") == t1
