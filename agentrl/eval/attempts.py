@@ -23,6 +23,22 @@ Over an evaluation (`attempt_metrics`), with tasks i = 1..m, n_i episodes each:
   m and in mean(x) with x_i = y_i = 0); None when fewer than two tasks have a first-attempt
   failure (with one, R = y_k / x_k and every residual is 0: an SE of 0 that measures nothing);
 - `attempts_mean`: attempts per episode; `first_attempt_failures`, `repaired`: the totals.
+
+Against independent attempts (`independent_metrics`, with k = the allowed attempts, `max_turns`):
+does the feedback help, or would k fresh attempts at the task do as well? The comparison at
+equal attempts of Olausson et al., "Is Self-Repair a Silver Bullet for Code Generation?"
+(ICLR 2024, arXiv:2306.09896), from the same episodes: task i's n_i first attempts are n_i
+independent samples of a first attempt (c_i of them pass), so
+- `independent_pass` = mean over tasks of pass@k(n_i, c_i) (`agentrl.eval.metrics.pass_at_k`,
+  Chen et al. 2021's unbiased estimator): pass within k attempts made *without* feedback
+  (`independent_k` = k); `_se` over tasks;
+- `feedback_gain` = mean over tasks of (pass within k attempts_i - pass@k(n_i, c_i)), `_se` the
+  standard error of that paired difference over tasks: > 0 when the feedback turns did better
+  than fresh attempts;
+- `independent_repair_rate` = sum_i x_i q_i / sum_i x_i with q_i = pass@(k-1)(n_i - 1, c_i): the
+  share of failed first attempts that k - 1 fresh attempts (drawn from the task's other
+  first attempts) would have fixed, to set beside `repair_rate`;
+- `independent_excluded`: tasks with fewer episodes than k (no estimate; left out of all three).
 """
 
 from __future__ import annotations
@@ -33,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from agentrl.eval.metrics import pass_at_k
 from agentrl.types import Trajectory
 
 
@@ -80,6 +97,46 @@ def attempt_metrics(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "first_attempt_failures": int(sum(x)),
         "repaired": int(sum(y)),
     }
+
+
+def independent_metrics(rows: Sequence[dict[str, Any]], k: int) -> dict[str, Any]:
+    """Pass within `k` attempts with feedback against `k` independent first attempts (module
+    doc): `independent_k` (= k), `independent_pass`, `independent_pass_se`, `feedback_gain`,
+    `feedback_gain_se`, `independent_repair_rate`, `independent_excluded`. Rows as `attempt_metrics`'s; an episode
+    without an attempt counts as a failed first attempt in c_i's n_i (as in
+    `first_attempt_pass@1`) and is no failure to repair (as in `repair_rate`). Values are None
+    where undefined (no task with k episodes; an SE from one task; no failed first attempt).
+
+    Raises:
+        ValueError: `k` < 2 (one attempt has nothing to compare).
+    """
+    if k < 2:
+        raise ValueError(f"independent_metrics: k must be >= 2 (the allowed attempts), got {k}")
+    by_task: dict[int, list[tuple[bool, bool, bool]]] = {}
+    for r in rows:
+        first = first_attempt_passed(r.get("turn_verdicts") or [], r.get("turn_rewards") or [])
+        by_task.setdefault(int(r["task_index"]), []).append((first, int(r.get("turns") or 0) > 0, bool(r["success"])))
+    indep, gain, x, xq = [], [], 0, 0.0
+    for g in by_task.values():
+        n, c = len(g), sum(f for f, _, _ in g)
+        if n < k:
+            continue
+        p = pass_at_k(n, c, k)
+        indep.append(p)
+        gain.append(sum(s for _, _, s in g) / n - p)
+        fails = sum(t and not f for f, t, _ in g)
+        x += fails
+        xq += fails * pass_at_k(n - 1, c, k - 1) if fails else 0.0
+
+    def mean_se(v: list[float]) -> tuple[float | None, float | None]:
+        a = np.asarray(v, dtype=float)
+        return (float(a.mean()) if a.size else None,
+                float(a.std(ddof=1) / math.sqrt(a.size)) if a.size > 1 else None)
+
+    (ip, ip_se), (fg, fg_se) = mean_se(indep), mean_se(gain)
+    return {"independent_k": k, "independent_pass": ip, "independent_pass_se": ip_se, "feedback_gain": fg,
+            "feedback_gain_se": fg_se, "independent_repair_rate": xq / x if x else None,
+            "independent_excluded": len(by_task) - len(indep)}
 
 
 def has_attempts(rows: Sequence[dict[str, Any]]) -> bool:

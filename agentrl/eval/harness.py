@@ -35,7 +35,8 @@ from agentrl.rollout.envs import build_env
 from agentrl.types import Trajectory, episode_errors, json_message
 
 REPAIR_KEYS = ("first_attempt_pass@1", "first_attempt_pass@1_se", "repair_rate", "repair_rate_se",
-               "attempts_mean")
+               "attempts_mean", "independent_pass", "independent_pass_se", "feedback_gain", "feedback_gain_se",
+               "independent_repair_rate")
 """The repair metrics (`agentrl.eval.attempts`) a multi-turn evaluation logs under `eval/`."""
 
 

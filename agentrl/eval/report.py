@@ -27,8 +27,11 @@ Metric definitions (overall and per task):
 - multi-attempt evaluations only (an env that grades its turns, a verdict per turn, and
   `meta["max_turns"]` > 1 or an episode of more than one turn; not a tool env's steps):
   `first_attempt_pass@1` (± `_se`), `repair_rate` (± `_se`), `attempts_mean`,
-  `first_attempt_failures`, `repaired` (`agentrl.eval.attempts`), shown in the overall table
-  after pass@k (`REPAIR_ROWS`); `pass@k` is then pass within the allowed attempts.
+  `first_attempt_failures`, `repaired` (`agentrl.eval.attempts`), and with `meta["max_turns"]`
+  = k > 1 the same k attempts made without feedback (`independent_metrics`: `independent_k`,
+  `independent_pass` ± `_se`, `feedback_gain` ± `_se`, `independent_repair_rate`,
+  `independent_excluded`), shown in the overall table after pass@k (`REPAIR_ROWS`); `pass@k`
+  is then pass within the allowed attempts.
 - `errors`: episodes with at least one recorded error message (`agentrl.types.episode_errors`:
   env exceptions, tool-call errors, envs that explain a failed attempt, e.g. code_sandbox's
   failing assertion, a failed reset, the user's agent's failure), what training's `env/errors`
@@ -47,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from agentrl.eval.attempts import attempt_metrics, is_multi_attempt
+from agentrl.eval.attempts import attempt_metrics, independent_metrics, is_multi_attempt
 from agentrl.eval.metrics import pass_at_k_many
 
 ENV_ERROR_ENDS = ("env_error", "reset_error", "step_timeout", "reset_timeout", "agent_error", "agent_timeout")
@@ -57,7 +60,9 @@ ENV_ERROR_ENDS = ("env_error", "reset_error", "step_timeout", "reset_timeout", "
 _NUMERIC = ("success_rate", "reward_mean", "reward_std", "turns_mean", "tokens_mean",
             "total_tokens_mean", "errors", "env_errors", "nan_rewards", "episodes", "tasks")
 REPAIR_ROWS = ("first_attempt_pass@1", "first_attempt_pass@1_se", "repair_rate", "repair_rate_se",
-               "attempts_mean", "first_attempt_failures", "repaired")
+               "attempts_mean", "first_attempt_failures", "repaired", "independent_k", "independent_pass",
+               "independent_pass_se", "feedback_gain", "feedback_gain_se", "independent_repair_rate",
+               "independent_excluded")
 """The repair metrics of a multi-attempt evaluation (`agentrl.eval.attempts`), shown in its
 tables (after pass@k, as the training run's end table shows them) and compared by `compare`
 when both evaluations have them."""
@@ -147,6 +152,8 @@ def summarize(rows: Sequence[dict[str, Any]], k_list: Sequence[int],
     overall.update(_episode_stats(rows))
     if is_multi_attempt(rows, (meta or {}).get("max_turns")):
         overall.update(attempt_metrics(rows))
+        if int((meta or {}).get("max_turns") or 0) > 1:  # against as many attempts without feedback
+            overall.update(independent_metrics(rows, int(meta["max_turns"])))
     examples = list(dict.fromkeys(e for r in rows for e in r.get("errors", [])))
     overall["error_examples"] = examples[:5]
     return {"meta": dict(meta or {}), "k": ks, "overall": overall, "tasks": tasks}

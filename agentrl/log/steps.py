@@ -32,7 +32,8 @@ def format_eval(ev: dict[str, float], samples: int) -> str:
     repair rate's when one task has a failed first attempt)."""
     shown = [(f"pass@{k}", f"pass@{k}") for k in sorted({1, samples})]
     shown += [(key, label) for key, label in (("first_attempt_pass@1", "first attempt"),
-                                              ("repair_rate", "repair rate")) if key in ev]  # multi-turn
+                                              ("repair_rate", "repair rate"),
+                                              ("feedback_gain", "feedback gain")) if key in ev]  # multi-turn
     def defined(x: Any) -> bool:  # None (e.g. a repair-rate SE from one task) and NaN are not
         return isinstance(x, (int, float)) and x == x
 

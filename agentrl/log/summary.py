@@ -120,7 +120,8 @@ def reward_repeats_pass1(*evals: dict[str, Any]) -> bool:
 def summary_panel(summary: dict[str, Any], out: str | Path) -> Any:
     """A rich renderable of a finished run: held-out pass@1 and pass@k before/after RL with ±
     one standard error over tasks (a multi-turn run adds first-attempt pass@1, pass within
-    `max_turns` attempts, the repair rate and attempts per episode), the held-out reward (only when it is not the same number as
+    `max_turns` attempts, the repair rate and attempts per episode, and against as many fresh
+    attempts without feedback: their pass rate, the feedback gain, their repair rate), the held-out reward (only when it is not the same number as
     pass@1), the training reward and pass rate of the first and last step, seconds per stage
     (`summary["stage_seconds"]`: each evaluation counted once), and where the checkpoint,
     metrics and TensorBoard files are."""
@@ -146,6 +147,12 @@ def summary_panel(summary: dict[str, Any], out: str | Path) -> Any:
                       _with_se(after, "first_attempt_pass@1"))
         table.add_row(f"  pass within {n} attempts", _with_se(before, "pass@1"), _with_se(after, "pass@1"))
         table.add_row("  repair rate", _with_se(before, "repair_rate"), _with_se(after, "repair_rate"))
+        if "feedback_gain" in before or "feedback_gain" in after:  # against attempts without feedback
+            table.add_row(f"  pass within {n} fresh attempts", _with_se(before, "independent_pass"),
+                          _with_se(after, "independent_pass"))
+            table.add_row("  feedback gain", _with_se(before, "feedback_gain"), _with_se(after, "feedback_gain"))
+            table.add_row("  repair rate of fresh attempts", _fmt(before.get("independent_repair_rate")),
+                          _fmt(after.get("independent_repair_rate")))
         table.add_row("  attempts per episode", _fmt(before.get("attempts_mean"), 2),
                       _fmt(after.get("attempts_mean"), 2))
     if not (summary.get("heldout_reward_is_pass@1") or reward_repeats_pass1(before, after)):

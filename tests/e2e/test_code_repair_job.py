@@ -22,7 +22,7 @@ def test_one_step_multi_turn_run_and_eval_reproduces_repair_metrics(tmp_path):
     out = tmp_path / "run"
     tiny = [a for a in TINY if not a.startswith("train.eval_")]
     # repair_fraction 0.05 (the config's 0.5 builds 1000 repairs, about 35 s of sandbox runs)
-    cfg = load_config(str(CONFIG), [*tiny, "train.steps=1", "train.eval_tasks=4", "train.eval_samples=2",
+    cfg = load_config(str(CONFIG), [*tiny, "train.steps=1", "train.eval_tasks=4", "train.eval_samples=3",
                                     "train.eval_batch_size=4", "sft.repair_fraction=0.05", f"out={out}",
                                     "quiet=true", "sft.min_steps=0", "sft.check_every=1",
                                     "sft.check_tasks=2", "sft.check_samples=2"])
@@ -37,7 +37,7 @@ def test_one_step_multi_turn_run_and_eval_reproduces_repair_metrics(tmp_path):
     assert [r["sft/train_turns"] for r in checks] == [1.0, 1.0]
     assert summary["eval_before"]["attempts_mean"] > 1
     for key in ("first_attempt_pass@1", "first_attempt_pass@1_se", "repair_rate", "repair_rate_se",
-                "attempts_mean"):
+                "attempts_mean", "independent_pass", "feedback_gain", "independent_repair_rate"):
         assert key in after and key in summary["eval_before"], key
     assert after["attempts_mean"] > 1  # an untrained tiny model fails, so it gets more attempts
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
@@ -45,7 +45,8 @@ def test_one_step_multi_turn_run_and_eval_reproduces_repair_metrics(tmp_path):
     assert step["rollout/turns"] > 1 and "rollout/reward_turn_2" in step and "rollout/repair_rate" in step
     s = eval_command(model=str(out), out=str(tmp_path / "ev"),
                      console=Console(file=open(tmp_path / "eval.log", "w")))
-    for key in ("pass@1", "first_attempt_pass@1", "repair_rate", "attempts_mean"):
+    for key in ("pass@1", "first_attempt_pass@1", "repair_rate", "attempts_mean", "independent_pass",
+                "feedback_gain", "independent_repair_rate"):
         a, b = s["overall"][key], after[key]
         assert (a == b) or (a is None and b != b), key  # NaN in eval/ is None in the summary
 

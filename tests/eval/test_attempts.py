@@ -4,10 +4,11 @@ table of episode outcomes; single-turn summaries carry none of them."""
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 
-from agentrl.eval.attempts import attempt_metrics, ratio_se, step_attempt_metrics
+from agentrl.eval.attempts import attempt_metrics, independent_metrics, ratio_se, step_attempt_metrics
 from agentrl.eval.harness import training_metrics, write_outputs
 from agentrl.eval.report import compare, overall_rows, summarize, summary_markdown
 from agentrl.types import Trajectory, Turn
@@ -66,6 +67,44 @@ def test_summary_carries_them_only_when_multi_turn():
     o1 = summarize(single, [1], {})["overall"]
     assert "repair_rate" not in o1 and "first_attempt_pass@1" not in o1
     assert "repair_rate" not in training_metrics(summarize(single, [1], {}))
+    assert "feedback_gain" not in o1 and flat["feedback_gain"] == pytest.approx(-0.25 / 3)
+
+
+def test_against_as_many_attempts_without_feedback_by_hand():
+    """k = 3 fresh first attempts per task, from TABLE's first attempts (Chen et al.'s pass@k):
+    task 0 (n 4, c 1): pass@3 = 1 - C(3,3)/C(4,3) = 3/4, with feedback 3/4 solved: gain 0;
+    task 1 (c 2): pass@3 = 1 (any 3 of 4 hold a pass), with feedback 3/4: gain -1/4;
+    task 2 (c 0): 0 and 0. Repair by 2 fresh attempts from the other 3: task 0's 3 failures
+    pass@2(3, 1) = 1 - C(2,2)/C(3,2) = 2/3 each, task 1's 2 failures pass@2(3, 2) = 1, task 2's
+    4 failures 0: (3 * 2/3 + 2) / 9 = 4/9 (the feedback's repair rate: 3/9)."""
+    m = independent_metrics(rows(), 3)
+    assert m["independent_k"] == 3 and m["independent_excluded"] == 0
+    assert m["independent_pass"] == pytest.approx(1.75 / 3)
+    assert m["independent_pass_se"] == pytest.approx(statistics.stdev([0.75, 1.0, 0.0]) / math.sqrt(3))
+    assert m["feedback_gain"] == pytest.approx(-0.25 / 3)
+    assert m["feedback_gain_se"] == pytest.approx(statistics.stdev([0.0, -0.25, 0.0]) / math.sqrt(3))
+    assert m["independent_repair_rate"] == pytest.approx(4 / 9)
+    # k = 2: task 0 pass@2(4, 1) = 1/2, task 1 pass@2(4, 2) = 5/6; repair by 1 fresh attempt
+    # from the other 3: 1/3 (task 0), 2/3 (task 1), 0: (3/3 + 2 * 2/3) / 9 = 7/27
+    m2 = independent_metrics(rows(), 2)
+    assert m2["independent_pass"] == pytest.approx((0.5 + 5 / 6 + 0) / 3)
+    assert m2["independent_repair_rate"] == pytest.approx(7 / 27)
+    # a task with fewer episodes than k has no estimate: left out, counted
+    few = [r for r in rows() if not (r["task_index"] == 2 and r["sample"] > 1)]
+    m3 = independent_metrics(few, 3)
+    assert m3["independent_excluded"] == 1 and m3["independent_pass"] == pytest.approx(1.75 / 2)
+    assert independent_metrics(few[:2], 3)["independent_pass"] is None  # no task with 3 episodes
+    only = independent_metrics([r for r in rows() if r["task_index"] == 1], 3)
+    assert only["independent_pass"] == 1.0 and only["independent_pass_se"] is None  # one task: no SE
+    with pytest.raises(ValueError, match="k must be >= 2"):
+        independent_metrics(rows(), 1)
+    # the summary of a multi-turn evaluation carries them for its max_turns, and shows them
+    o = summarize(rows(), [1, 4], {"max_turns": 3})["overall"]
+    assert o["feedback_gain"] == pytest.approx(-0.25 / 3) and o["independent_k"] == 3
+    shown = dict(overall_rows(summarize(rows(), [1, 4], {"max_turns": 3})))
+    assert shown["independent_repair_rate"] == "0.4444"
+    # without the allowed attempts (an evaluation of unknown max_turns) there is no k
+    assert "feedback_gain" not in summarize(rows(), [1, 4], {})["overall"]
 
 
 def test_step_attempt_metrics_by_hand():
@@ -205,3 +244,23 @@ def test_the_training_log_line_says_n_a_for_an_undefined_repair_rate():
     assert format_eval(ev, 1) == "pass@1 1.000 ± 0.100, first attempt 1.000, repair rate 0.500 ± 0.250"
     ev.update({"repair_rate_se": None})  # `ratio_se` with one failing task (eval summaries hold None)
     assert format_eval(ev, 1) == "pass@1 1.000 ± 0.100, first attempt 1.000, repair rate 0.500"
+
+
+def test_the_end_of_run_panel_sets_repair_beside_fresh_attempts(tmp_path):
+    import io
+    import json
+
+    from rich.console import Console
+
+    from agentrl.log.summary import summary_panel
+
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "rollout/reward_mean": 0.1}) + "\n")
+    flat = training_metrics(summarize(rows(), [1, 4], {"max_turns": 3}))
+    summary = {"algo": "grpo", "env": "code_sandbox", "steps": 1, "max_turns": 3, "eval_before": flat,
+               "eval_after": {**flat, "feedback_gain": 0.125, "feedback_gain_se": 0.03}}
+    buf = io.StringIO()
+    Console(file=buf, width=200).print(summary_panel(summary, tmp_path))
+    text = buf.getvalue()
+    assert "pass within 3 fresh attempts" in text and f"{1.75 / 3:.3f} ± " in text
+    assert "feedback gain" in text and "-0.083 ± " in text and "0.125 ± 0.030" in text
+    assert "repair rate of fresh attempts" in text and "0.444" in text
