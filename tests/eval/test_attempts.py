@@ -8,7 +8,12 @@ import statistics
 
 import pytest
 
-from agentrl.eval.attempts import attempt_metrics, independent_metrics, ratio_se, step_attempt_metrics
+from agentrl.eval.attempts import (
+    attempt_metrics,
+    independent_metrics,
+    ratio_se,
+    step_attempt_metrics,
+)
 from agentrl.eval.harness import training_metrics, write_outputs
 from agentrl.eval.report import compare, overall_rows, summarize, summary_markdown
 from agentrl.types import Trajectory, Turn
