@@ -33,6 +33,7 @@ from agentrl.rollout.collect import collect
 from agentrl.rollout.engines.base import SamplingParams
 from agentrl.rollout.engines.make import make_engine
 from agentrl.rollout.envs import build_env, build_named_env
+from agentrl.sft_repairs import policy_repair_examples
 from agentrl.types import Trajectory, collate
 
 
@@ -249,6 +250,47 @@ def evaluate(engine: Any, renderer: ChatRenderer, envs: list[Any], cfg: Config,
             "turns_mean": float(np.mean([len(t.turns) for t in trajs]))}
 
 
+def policy_repair_phase(cfg: Config, model: Any, tok: Any, renderer: ChatRenderer, pad_id: int,
+                        examples: list[Trajectory], slog: Any, step0: int, say: Callable[[str], None]
+                        ) -> dict[str, Any]:
+    """The warm start's second phase (`sft.policy_repair_tasks` > 0 on a multi-turn run): repair
+    examples from the policy's own episodes on that many training tasks
+    (`agentrl.sft_repairs.policy_repair_examples`: the exact context of every answer after
+    failed feedback, the task's reference as the target), mixed with as many of the first
+    phase's `examples` (drawn with the run's seed, so its first-attempt skill is rehearsed), and
+    `sft.policy_repair_steps` steps of `sft_train` on them (`sft.lr`, `sft.batch_size`, no stop
+    checks). Losses go to SLOG (`sft/loss`, steps after STEP0, with `sft/phase` 2).
+
+    Returns:
+        `sft_policy_repairs` (examples), `sft_policy_first_attempt` (the policy's first-attempt
+        pass rate on those tasks before the phase), `sft_policy_repair_steps`,
+        `sft_policy_repair_loss_first` / `_last`.
+    """
+    sc = cfg.sft
+    reps, st = policy_repair_examples(cfg, model, tok, renderer, tasks=sc.policy_repair_tasks,
+                                      seed=cfg.seed * 7919 + 1)
+    info: dict[str, Any] = {"sft_policy_repairs": len(reps), "sft_policy_first_attempt": st["first_attempt_pass_rate"],
+                            "sft_policy_repair_steps": 0}
+    if not reps:
+        say("[sft] policy repairs: no failed attempt to learn from; second phase skipped")
+        return info
+    rng = np.random.default_rng(cfg.seed + 4099)
+    keep = rng.choice(len(examples), size=min(len(examples), len(reps)), replace=False)
+    mix = [examples[int(i)] for i in keep] + reps
+
+    def log(s: int, loss: float) -> None:
+        slog.write(json.dumps({"step": step0 + s, "sft/loss": loss, "sft/phase": 2}) + "\n")
+
+    losses = sft_train(model, mix, steps=sc.policy_repair_steps, lr=sc.lr, batch_size=sc.batch_size,
+                       pad_id=pad_id, seed=cfg.seed + 1, log=log, device=stage_device(cfg),
+                       precision=cfg.train.precision)
+    say(f"[sft] policy repairs: {len(reps)} contexts after a failed attempt on {int(st['episodes'])} "
+        f"training tasks (first attempts passed {st['first_attempt_pass_rate']:.3f}); "
+        f"{len(losses)} steps on them and as many first-phase examples: loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    return {**info, "sft_policy_repair_steps": len(losses), "sft_policy_repair_loss_first": losses[0],
+            "sft_policy_repair_loss_last": losses[-1]}
+
+
 def warm_start(cfg: Config, model: Any, tok: Any, renderer: ChatRenderer, pad_id: int, out: Path,
                say: Callable[[str], None], reporter: Any = None) -> dict[str, Any]:
     """The warm start of a run (`cfg.sft`): `sft_train` on `warm_start_examples` of training
@@ -257,15 +299,18 @@ def warm_start(cfg: Config, model: Any, tok: Any, renderer: ChatRenderer, pad_id
     when set, e.g. first attempts only), pass@1 reaches
     `sft.stop_pass_rate` and pass@k (k = `sft.check_samples`) reaches `sft.stop_pass_at_k`
     (each when set; checked every `sft.check_every` steps from `sft.min_steps` on, on
-    `sft.check_tasks` tasks x k samples).
+    `sft.check_tasks` tasks x k samples). Then, on a multi-turn run with
+    `sft.policy_repair_tasks` > 0, the second phase `policy_repair_phase` (also when
+    `sft.steps` is 0: on the loaded model).
     Trains `model` in place, writes OUT/sft_metrics.jsonl (line-buffered: each row is on disk
     when written) and saves OUT/sft_model. Progress (steps, ETA, loss) goes to `reporter`
     (`agentrl.log.progress.Reporter`; None: silent).
 
     Returns:
-        `sft_loss_first`, `sft_loss_last` (nats per answer token), `sft_steps`, `sft_seconds`,
+        `sft_loss_first`, `sft_loss_last` (nats per answer token; None without a first phase),
+        `sft_steps`, `sft_seconds` (both phases),
         `sft_train_pass@1` (the last stop check's, None without one), `sft_examples` (examples
-        per env).
+        per env), and the second phase's keys (`policy_repair_phase`) when it ran.
 
     Raises:
         ValueError: the env offers no reference answers (`sft_examples`).
@@ -313,16 +358,23 @@ def warm_start(cfg: Config, model: Any, tok: Any, renderer: ChatRenderer, pad_id
         losses = sft_train(model, examples, steps=cfg.sft.steps, lr=cfg.sft.lr,
                            batch_size=cfg.sft.batch_size, pad_id=pad_id, seed=cfg.seed,
                            log=log, stop=stop, check_every=cfg.sft.check_every,
-                           device=stage_device(cfg), precision=cfg.train.precision)
+                           device=stage_device(cfg), precision=cfg.train.precision) if cfg.sft.steps else []
     finally:
         bar.close()
-        slog.close()
     seconds = time.perf_counter() - t0
-    info = {"sft_loss_first": losses[0], "sft_loss_last": losses[-1],
-            "sft_steps": len(losses), "sft_seconds": seconds,
-            "sft_train_pass@1": checks[-1][1] if checks else None, "sft_examples": counts}
-    say(f"[sft] {len(losses)} steps: loss {losses[0]:.3f} -> {losses[-1]:.3f} "
-        f"({seconds:.0f} s)" + (f", train pass@1 {checks[-1][1]:.3f}" if checks else ""))
+    info: dict[str, Any] = {"sft_loss_first": losses[0] if losses else None,
+                            "sft_loss_last": losses[-1] if losses else None, "sft_steps": len(losses),
+                            "sft_seconds": seconds, "sft_train_pass@1": checks[-1][1] if checks else None,
+                            "sft_examples": counts}
+    if losses:
+        say(f"[sft] {len(losses)} steps: loss {losses[0]:.3f} -> {losses[-1]:.3f} "
+            f"({seconds:.0f} s)" + (f", train pass@1 {checks[-1][1]:.3f}" if checks else ""))
+    try:
+        if sc.policy_repair_tasks > 0 and (cfg.env.max_turns or 1) > 1:
+            info.update(policy_repair_phase(cfg, model, tok, renderer, pad_id, examples, slog, len(losses), say))
+            info["sft_seconds"] = time.perf_counter() - t0
+    finally:
+        slog.close()
     model.save_pretrained(out / "sft_model")
     tok.save_pretrained(out / "sft_model")
     if getattr(tok, "image_processor", None) is not None:

@@ -305,6 +305,10 @@ class SFTConfig(_Section):
     """Warm-start sequences per step."""
     repair_fraction: float = Field(default=0.5, ge=0.0, le=1.0)
     """Multi-turn runs only (`env.max_turns` > 1) on an env that offers reference repairs (code_sandbox): the share of warm-start examples that are repairs, i.e. a wrong attempt (the reference solution with one small mutation), the env's real feedback on it (a sandbox run, public tests only) and the fix as the target (`agentrl.sft.repair_example`, `envs/code_repair.py`), so that RL starts from a policy that sometimes repairs. Single-turn runs ignore it (their examples are unchanged)."""
+    policy_repair_tasks: int = Field(default=0, ge=0)
+    """Multi-turn runs only (`env.max_turns` > 1) on an env with reference solutions: a second warm-start phase after the first (also when `sft.steps` is 0, on the loaded `model.path`), on repair examples from the policy's *own* failed attempts: it runs one episode on each of this many training tasks, and every context in which it answered after failed feedback becomes an example with the task's reference as the target (`agentrl.sft_repairs`), mixed with as many first-phase examples, for `policy_repair_steps` steps. Conditioned on its own failures a repair turn did worse than a fresh attempt; this is the fix tried for it (docs/learning.md). 0: no second phase."""
+    policy_repair_steps: int = Field(default=120, ge=1)
+    """Steps of the second warm-start phase (`policy_repair_tasks`)."""
     mix_envs: dict[str, float] = Field(default_factory=dict)
     """Other envs whose reference answers join the warm start in one mixed stage, each with its number of examples relative to the run's own env (`{self_propose: 1.0}`: as many self_propose examples as `env.name` ones, shuffled together), e.g. to learn a second env's answer formats without forgetting the first. Each is made by name on its training split with its default kwargs (`env.kwargs`, `env.dataset` and the wrappers are the run's env's only); the stop checks stay on `env.name`; the embedded model's tokenizer also trains on their texts."""
 

@@ -89,3 +89,61 @@ def test_repair_examples_are_rendered_like_an_episode(tiny_tokenizer):
         want = (r.prompt_ids(opening) + attempt + list(r.glue_ids) + r.delta_ids([feedback]) + ans)
         assert tr.token_ids == want
         assert tr.loss_mask == [0] * (len(want) - len(ans)) + [1] * len(ans)
+
+
+def test_repair_contexts_are_the_turns_after_a_failed_attempt():
+    from agentrl.sft_repairs import repair_contexts
+    from agentrl.types import Trajectory
+
+    tr = Trajectory(task_id="t")
+    tr.append_context([1, 2])
+    for k, (ids, verdict) in enumerate([([3, 4], "fail"), ([5], "syntax_error"), ([6, 7], "pass")]):
+        tr.append_sampled(ids, [0.0] * len(ids), text=f"a{k}")
+        tr.turns[-1].info["verdict"] = verdict
+        if k < 2:
+            tr.append_context([90 + k])  # the feedback
+    # turn 1 starts after [1, 2, 3, 4, 90], turn 2 after [..., 5, 91]; the passing turn 2 ends it
+    assert repair_contexts(tr) == [[1, 2, 3, 4, 90], [1, 2, 3, 4, 90, 5, 91]]
+    tr.turns[0].info["verdict"] = "pass"  # (an env that goes on after a pass: no repair there)
+    assert repair_contexts(tr) == [[1, 2, 3, 4, 90, 5, 91]]
+
+
+def test_policy_repairs_are_the_policy_s_own_failed_contexts_with_the_reference(tmp_path, tiny_model_dir):
+    """The second warm-start phase's examples on an untrained tiny model (it fails, so it gets
+    feedback): each is the exact ids of one of the policy's episodes up to a turn after failed
+    feedback (mask 0), then its task's reference solution and the end of turn (mask 1); a
+    one-step run with the phase logs its steps after the first phase's and trains from it."""
+    from agentrl.config import load_config
+    from agentrl.models.tiny import load_model
+    from agentrl.rollout.envs import build_env
+    from agentrl.run import policy_renderer
+    from agentrl.sft_repairs import policy_repair_examples
+    from agentrl.train import train
+
+    tiny = [a for a in TINY if not a.startswith("train.eval_")]
+    cfg = load_config(str(CONFIG), [*tiny, "seed=3"])
+    model, tok = load_model(tiny_model_dir)
+    r = policy_renderer(cfg, tok)
+    ex, st = policy_repair_examples(cfg, model, tok, r, tasks=6, seed=11)
+    assert st["episodes"] == 6 and st["repair_contexts"] == len(ex) > 6  # up to 2 per failed episode
+    env = build_env(cfg, "train")
+    refs, opening = {}, {}
+    for s in range(11, 17):
+        obs, info = env.reset(seed=s)
+        refs[str(info["task_id"])] = env.unwrapped.reference_answer()
+        opening[str(info["task_id"])] = r.prompt_ids(obs)
+    for e in ex:
+        ids = tok.encode(refs[e.task_id], add_special_tokens=False) + [r.end_of_turn_id]
+        n = len(e.token_ids) - len(ids)
+        assert e.turns[0].text == refs[e.task_id] and e.token_ids[n:] == ids
+        assert e.loss_mask == [0] * n + [1] * len(ids)
+        assert e.token_ids[: len(opening[e.task_id])] == opening[e.task_id]  # the episode's own prompt first
+    out = tmp_path / "run"
+    cfg = load_config(str(CONFIG), [*tiny, "train.steps=1", "train.eval_tasks=2", "train.eval_samples=3",
+                                    "train.eval_batch_size=6", "sft.repair_fraction=0.05", f"out={out}",
+                                    "quiet=true", "sft.steps=2", "sft.min_steps=5",
+                                    "sft.policy_repair_tasks=4", "sft.policy_repair_steps=3"])
+    summary = train(cfg)
+    rows = [json.loads(x) for x in (out / "sft_metrics.jsonl").read_text().splitlines()]
+    assert [r_["step"] for r_ in rows if r_.get("sft/phase") == 2] == [2, 3, 4]
+    assert summary["steps"] == 1 and (out / "sft_model" / "config.json").exists()
