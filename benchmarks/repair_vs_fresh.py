@@ -44,8 +44,9 @@ def second_attempt(rows: list[dict[str, Any]]) -> dict[str, float | None]:
     """Of the failed first attempts with a second attempt: the share whose second attempt
     passed (`second_attempt_pass`), against the pass rate of one fresh first attempt at the
     same tasks (`one_fresh_attempt`: per failed episode of task i, c_i / (n_i - 1), the pass
-    rate of the task's other first attempts), pooled over those episodes; None without one."""
-    got, fresh, n = 0, 0.0, 0
+    rate of the task's other first attempts), pooled over those episodes; None without one;
+    and how many of those second attempts repeated the first word for word (`repeats`)."""
+    got, fresh, n, same = 0, 0.0, 0, 0
     for g in group_by_task(rows).values():
         firsts = [first_attempt_passed(r.get("turn_verdicts") or [], r.get("turn_rewards") or []) for r in g]
         c = sum(firsts)
@@ -55,9 +56,11 @@ def second_attempt(rows: list[dict[str, Any]]) -> dict[str, float | None]:
                 continue
             n += 1
             got += v[1] == "pass"
+            said = [m["content"] for m in r.get("messages") or [] if m.get("role") == "assistant"]
+            same += len(said) > 1 and said[-len(v)] == said[-len(v) + 1]
             fresh += c / (len(g) - 1)
     return {"second_attempt_pass": got / n if n else None, "one_fresh_attempt": fresh / n if n else None,
-            "second_attempts": n}
+            "second_attempts": n, "repeats": same}
 
 
 def run_figures(run: Path) -> dict[str, Any]:
