@@ -27,8 +27,10 @@ runs already in DIR are not trained again and their evaluations on disk are read
 Writes DIR/async_tta_main.json (commit, command, load averages, per seed and mode the
 evaluated points, time to target, ratio, final pass@1 and its standard error, seconds per
 step, and under "trained" the commit, command and load averages of the call that trained the
-run: this call's, or with `--reuse` that of the record already in DIR, per run) and prints
-the table. Nothing else should run on the machine while
+run: this call's, or with `--reuse` that of the record already in DIR, per run; under
+"summary", per mode over the seeds, the median and range of the ratios and the seeds that did
+not reach the target, `async_tta.aggregate`), prints the table, and with `--png` plots the
+curves (`plot`). Nothing else should run on the machine while
 runs train (the figure is wall time).
 """
 
@@ -45,7 +47,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from async_tta import task_se, write_json  # noqa: E402
+from async_tta import aggregate, task_se, write_json  # noqa: E402
 from async_vs_sync import MODES, time_to, unknown_modes  # noqa: E402
 from overhead_common import provenance  # noqa: E402
 from policy_snapshots import answers, eval_policies, keep_snapshots, write_snapshots  # noqa: E402
@@ -197,6 +199,42 @@ def trained_by(prev: dict[str, Any] | None, seed: int, mode: str) -> dict[str, A
     return prev.get("training") or {k: prev.get(k) for k in ("commit", "dirty", "command", "load_average")}
 
 
+def plot(path: Path, record: dict[str, Any]) -> None:
+    """Held-out pass@1 of every evaluated policy vs training seconds (top row) and vs RL step
+    (bottom row: equal samples, each step the same batch), one column per seed, the modes
+    overlaid, ± one standard error as bars; a dashed line at each seed's target (sync's final)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    seeds = list(record["seeds"])
+    fig, axes = plt.subplots(2, len(seeds), figsize=(4.4 * len(seeds), 6.6), squeeze=False)
+    for j, s in enumerate(seeds):
+        rs = record["seeds"][s]
+        for m, r in rs["modes"].items():
+            t = f"{r['time_to_target_s']:.0f} s" if r["time_to_target_s"] is not None else "not reached"
+            ratio = f", {r['ratio']:.2f}x" if r["ratio"] is not None else ""
+            pts = sorted(r["points"], key=lambda q: q["step"])
+            ys, es = [q["pass@1"] for q in pts], [q["se"] or 0.0 for q in pts]
+            axes[0][j].errorbar([q["t"] for q in pts], ys, yerr=es, marker="o", ms=2.5, lw=1, elinewidth=0.5,
+                                label=f"{m}: {t}{ratio}")
+            axes[1][j].errorbar([q["step"] for q in pts], ys, yerr=es, marker="o", ms=2.5, lw=1, elinewidth=0.5,
+                                label=m)
+        for i in (0, 1):
+            axes[i][j].axhline(rs["target"], ls="--", c="grey", lw=0.8)
+            axes[i][j].set_ylabel("held-out pass@1 (256 x 4)")
+            axes[i][j].legend(fontsize=7)
+        axes[0][j].set_title(f"seed {s}: target {rs['target']:.3f} (sync's final)", fontsize=9)
+        axes[0][j].set_xlabel("training seconds")
+        axes[1][j].set_xlabel("RL step (16 tasks x 8 samples each)")
+    fig.suptitle(f"main job, time to accuracy (async_tta_main.py, evaluated on {record['commit']})", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def args_error(modes: list[str], coarse: int, fine: int) -> str | None:
     """The error for `--modes` (sync first, every name a key of MODES) and the grid (`--coarse` a
     multiple of `--fine`: only kept steps can be coarse points, else the coarse grid is silently
@@ -223,6 +261,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="reuse the runs and evaluations already in --work (a finished run is not trained again)")
     p.add_argument("--eval-tasks", type=int, default=256)
     p.add_argument("--eval-samples", type=int, default=4)
+    p.add_argument("--png", default=None, help="also plot the curves there (docs/async_tta_main.png)")
     a = p.parse_args(argv)
     import torch
 
@@ -256,7 +295,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         seeds[str(seed)] = {"target": target, "modes": res}
     record = {**prov, "command": command, "load_average": {"start": list(load0), "end": list(os.getloadavg())},
               "settings": vars(a), "seeds": seeds}
+    record["summary"] = aggregate({s: r["modes"] for s, r in seeds.items()}, modes)
     write_json(work / "async_tta_main.json", record)
+    if a.png:
+        plot(Path(a.png), record)
     print(f"time to the sync run's final held-out pass@1 ({a.eval_tasks} tasks x {a.eval_samples})")
     for s, r in seeds.items():
         for m, x in r["modes"].items():
@@ -264,6 +306,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ratio = "-" if x["ratio"] is None else f"{x['ratio']:.2f}x"
             print(f"seed {s} {m:8s} target {r['target']:.3f}: {t:>7s} {ratio:>6s}  final {x['final']:.3f} "
                   f"± {x['final_se'] or 0:.3f} (step {x['steps']}), {x['s_per_step']:.2f} s/step")
+    for m, x in record["summary"].items():
+        med = "-" if x["median_ratio"] is None else f"{x['median_ratio']:.2f}x"
+        print(f"{m:8s} median ratio {med} over the seeds that reached the target, range {x['range']}, "
+              f"not reached on {x['no_ratio']} of {len(seeds)}")
     return record
 
 
