@@ -236,11 +236,13 @@ def plot(path: Path, record: dict[str, Any]) -> None:
 
 
 def args_error(modes: list[str], coarse: int, fine: int) -> str | None:
-    """The error for `--modes` (sync first, every name a key of MODES) and the grid (`--coarse` a
+    """The error for `--modes` (sync first, each once, every name a key of MODES) and the grid (`--coarse` a
     multiple of `--fine`: only kept steps can be coarse points, else the coarse grid is silently
     their least common multiple), None when they are right."""
     if modes[0] != "sync":
         return "--modes must start with sync (the target is its final value)"
+    if len(set(modes)) < len(modes):
+        return f"--modes names a mode twice ({','.join(modes)}): its second run would overwrite the first's folder"
     if fine < 1 or coarse % fine:
         return f"--coarse ({coarse}) must be a multiple of --fine ({fine}): the coarse steps are kept steps"
     return unknown_modes(modes)

@@ -126,6 +126,7 @@ def test_main_job_arguments_refused_before_any_run():
     assert "unknown async2" in args_error(["sync", "async2"], 40, 10)
     # coarse 3, fine 2: the coarse points were silently every 6 steps
     assert "multiple of --fine" in args_error(["sync"], 3, 2)
+    assert "names a mode twice" in args_error(["sync", "async-2", "async-2"], 40, 10)
 
 
 def test_reuse_refuses_a_run_or_evaluation_of_other_settings(tmp_path):
