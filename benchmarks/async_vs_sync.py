@@ -13,7 +13,9 @@ Modes: `sync`; `async` with one batch in flight (the single-actor design: only t
 update is hidden); `async` with 2 batches in flight and `train.max_staleness=2` (while batch s's
 episodes wait on the env, batch s+1's generate; K=2 lets both sample while the learner trains);
 `async-2p`: the same with partial rollouts (`rollout.partial=true`: a push lands inside the
-running generation).
+running generation); `async-2p-tis`: that with truncated importance sampling (`algo.tis_cap=2`:
+each token's loss weighted by min(exp(learner logp - sampler logp), 2), which corrects for the
+tokens sampled by older weights).
 
 Time to accuracy (`--tta`, issue 43; AReaL and verl report this rather than samples/s): every
 mode keeps its policy at every step end (`policy_snapshots.keep_snapshots`: a copy of the weights
@@ -65,6 +67,8 @@ MODES = {  # name -> overrides
     "async-3": ["rollout.mode=async", "train.max_staleness=3", "rollout.batches_in_flight=3"],
     "async-2p": ["rollout.mode=async", "train.max_staleness=2", "rollout.batches_in_flight=2",
                  "rollout.partial=true"],
+    "async-2p-tis": ["rollout.mode=async", "train.max_staleness=2", "rollout.batches_in_flight=2",
+                     "rollout.partial=true", "algo.tis_cap=2"],
 }
 
 
