@@ -25,7 +25,8 @@ def test_one_step_multi_turn_run_and_eval_reproduces_repair_metrics(tmp_path):
     cfg = load_config(str(CONFIG), [*tiny, "train.steps=1", "train.eval_tasks=4", "train.eval_samples=3",
                                     "train.eval_batch_size=4", "sft.repair_fraction=0.05", f"out={out}",
                                     "quiet=true", "sft.min_steps=0", "sft.check_every=1",
-                                    "sft.check_tasks=2", "sft.check_samples=2"])
+                                    "sft.check_tasks=2", "sft.check_samples=2", "sft.policy_repair_tasks=4",
+                                    "sft.policy_repair_steps=2"])
     assert cfg.env.max_turns == 3
     summary = train(cfg)
     assert summary["max_turns"] == 3
@@ -59,6 +60,7 @@ def test_the_config_is_the_multi_turn_job():
         "code_sandbox", 3, "grpo", 0.5)
     assert (cfg.algo.turn_credit, cfg.sft.check_turns, cfg.env.kwargs.get("turn_penalty", 0.0),
             cfg.train.steps) == ("gigpo", 1, 0.0, 300)
+    assert (cfg.sft.policy_repair_tasks, cfg.sft.policy_repair_steps) == (768, 120)
 
 
 def test_repair_examples_are_rendered_like_an_episode(tiny_tokenizer):
