@@ -281,12 +281,7 @@ class SFTConfig(_Section):
     steps: int = Field(default=500, ge=0)
     """Most supervised warm-start steps on reference solutions of the training split (0: skip). When not set and the policy is the embedded vision-language model: 300 (`VISION_DEFAULTS`)."""
     stop_pass_rate: float | None = Field(default=0.2, ge=0.0, le=1.0)
-    """End the warm start once pass@1 (rollout temperature) on training tasks reaches this, so
-    RL starts with room to improve (None: no pass@1 condition; with `stop_pass_at_k` also None,
-    every step runs). Checked every `check_every` steps. When not set and the policy is the
-    embedded vision-language model: None, with `stop_pass_at_k` None too (`VISION_DEFAULTS`:
-    on `visual_count` an image-blind model passes the checks on the answer prior, so they ended
-    the warm start before the model read the board)."""
+    """End the warm start once pass@1 (rollout temperature) on training tasks reaches this, so RL starts with room to improve (None: no pass@1 condition; with `stop_pass_at_k` also None, every step runs). Checked every `check_every` steps. When not set and the policy is the embedded vision-language model: None, with `stop_pass_at_k` None too (`VISION_DEFAULTS`: on `visual_count` an image-blind model passes the checks on the answer prior, so they ended the warm start before the model read the board)."""
     check_every: int = Field(default=20, ge=1)
     """Warm-start steps between pass-rate checks."""
     min_steps: int = Field(default=150, ge=0)
