@@ -149,3 +149,18 @@ def test_policy_repairs_are_the_policy_s_own_failed_contexts_with_the_reference(
     rows = [json.loads(x) for x in (out / "sft_metrics.jsonl").read_text().splitlines()]
     assert [r_["step"] for r_ in rows if r_.get("sft/phase") == 2] == [2, 3, 4]
     assert summary["steps"] == 1 and (out / "sft_model" / "config.json").exists()
+
+
+def test_a_single_turn_run_ignores_policy_repairs(tmp_path):
+    """`sft.policy_repair_tasks` is for multi-turn runs: a single-turn run with `sft.steps=0`
+    makes no warm start at all (no sft_metrics.jsonl, no sft_model), as without it."""
+    from agentrl.config import load_config
+    from agentrl.train import train
+
+    out = tmp_path / "run"
+    tiny = [a for a in TINY if not a.startswith("train.eval_")]
+    cfg = load_config(None, [*tiny, "env.name=code_sandbox", "train.steps=1", "train.eval_tasks=2",
+                             "train.eval_samples=1", f"out={out}", "quiet=true", "sft.steps=0",
+                             "sft.policy_repair_tasks=4"])
+    train(cfg)
+    assert not (out / "sft_metrics.jsonl").exists() and not (out / "sft_model").exists()
