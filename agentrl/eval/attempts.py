@@ -71,6 +71,16 @@ def ratio_se(x: Sequence[float], y: Sequence[float]) -> float | None:
     return float(math.sqrt(((ya - r * xa) ** 2).sum() / (m * (m - 1))) / xa.mean())
 
 
+def _outcomes_by_task(rows: Sequence[dict[str, Any]]) -> dict[int, list[tuple[bool, bool, bool]]]:
+    """Per `task_index`, each episode's (first attempt passed, made an attempt, succeeded)."""
+    by_task: dict[int, list[tuple[bool, bool, bool]]] = {}
+    for r in rows:
+        first = first_attempt_passed(r.get("turn_verdicts") or [], r.get("turn_rewards") or [])
+        tried = int(r.get("turns") or 0) > 0
+        by_task.setdefault(int(r["task_index"]), []).append((first, tried, bool(r["success"])))
+    return by_task
+
+
 def attempt_metrics(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The repair metrics of evaluation rows (module doc). Each row needs `task_index`,
     `success`, `turns`, `turn_verdicts` and `turn_rewards`.
@@ -79,11 +89,7 @@ def attempt_metrics(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         `first_attempt_pass@1`, `first_attempt_pass@1_se`, `repair_rate`, `repair_rate_se`,
         `attempts_mean`, `first_attempt_failures`, `repaired` (None where undefined).
     """
-    by_task: dict[int, list[tuple[bool, bool, bool]]] = {}
-    for r in rows:
-        first = first_attempt_passed(r.get("turn_verdicts") or [], r.get("turn_rewards") or [])
-        tried = int(r.get("turns") or 0) > 0
-        by_task.setdefault(int(r["task_index"]), []).append((first, tried, bool(r["success"])))
+    by_task = _outcomes_by_task(rows)
     first_rate = np.array([np.mean([f for f, _, _ in g]) for g in by_task.values()], dtype=float)
     x = [sum(t and not f for f, t, _ in g) for g in by_task.values()]
     y = [sum(t and not f and s for f, t, s in g) for g in by_task.values()]
@@ -112,10 +118,7 @@ def independent_metrics(rows: Sequence[dict[str, Any]], k: int) -> dict[str, Any
     """
     if k < 2:
         raise ValueError(f"independent_metrics: k must be >= 2 (the allowed attempts), got {k}")
-    by_task: dict[int, list[tuple[bool, bool, bool]]] = {}
-    for r in rows:
-        first = first_attempt_passed(r.get("turn_verdicts") or [], r.get("turn_rewards") or [])
-        by_task.setdefault(int(r["task_index"]), []).append((first, int(r.get("turns") or 0) > 0, bool(r["success"])))
+    by_task = _outcomes_by_task(rows)
     indep, gain, x, xq = [], [], 0, 0.0
     for g in by_task.values():
         n, c = len(g), sum(f for f, _, _ in g)
