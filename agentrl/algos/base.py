@@ -15,10 +15,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
-TIS = tuple[float, str, str]
-"""Truncated importance sampling settings: (cap C, level `token|sequence`, mode `truncate|mask`)."""
-
-
 class Algorithm(ABC):
     """The default needs (none) and the steps every algorithm provides.
 
@@ -34,9 +30,8 @@ class Algorithm(ABC):
     - loop hooks of a second sampler (distill's GKD mixture; no-ops by default):
       `check_tokenizer(cfg, tok)` at start-up, `mark_mixture_rows(trajs, version)` on the
       second sampler's episodes, `mixture_metrics(trajs, success)` with the rollout metrics.
-    - `tis(cfg)`, `norm_len(cfg)`, `entropy_coef(cfg)`, `masks_truncated(cfg)`: the settings
-      of the learner's TIS weights, Dr. GRPO's L_max, the entropy bonus and DAPO's overlong
-      filtering, for algorithms whose config has those keys (None / 0 / False otherwise).
+    - `norm_len(cfg)`, `entropy_coef(cfg)`, `masks_truncated(cfg)`: the settings of Dr.
+      GRPO's L_max, the entropy bonus and DAPO's overlong filtering, for algorithms whose config has those keys (None / 0 / False otherwise).
     """
 
     name: str = ""
@@ -60,10 +55,6 @@ class Algorithm(ABC):
     def turn_advantages(self, cfg: Any) -> bool:
         """Are the advantages computed per turn? (No.)"""
         return False
-
-    def tis(self, cfg: Any) -> TIS | None:
-        """Truncated importance sampling settings, or None (off)."""
-        return None
 
     def norm_len(self, cfg: Any) -> int | None:
         """L_max of `agg=seq-mean-token-sum-norm` (None: the batch's padded width)."""
@@ -127,10 +118,6 @@ class PolicyGradient(Algorithm):
 class TokenLoss(PolicyGradient):
     """Policy-gradient algorithms whose loss sums over tokens (`configs.TokenLossBase`: `agg`,
     `norm_len`, TIS)."""
-
-    def tis(self, cfg: Any) -> TIS | None:
-        """(`tis_cap`, `tis_level`, `tis_mode`) when `tis_cap` is set, else None."""
-        return None if cfg.tis_cap is None else (cfg.tis_cap, cfg.tis_level, cfg.tis_mode)
 
     def norm_len(self, cfg: Any) -> int | None:
         """`cfg.norm_len`."""

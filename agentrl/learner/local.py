@@ -324,8 +324,11 @@ class Learner:
         """Run `epochs` x `minibatches` optimizer steps of `algo.loss(logp, rows, cfg, ...)`.
 
         `old_logprobs` (contract 3) are recomputed first unless the batch has them or, with one
-        step and no importance correction, the update's own forward gives them
-        (`on_policy_shortcut`). A micro-batch's loss is normalised by its minibatch's counts and
+        optimizer step, the update's own forward gives them (`on_policy_shortcut`): before the
+        only step the weights are the ones `old_logprobs` would be computed with, so the
+        micro-batch's detached forward logprobs are its `old_logprobs` -- also for the truncated
+        importance weights (`algo.tis_cap`) and the sampler/learner mismatch, which are then
+        computed per micro-batch from them (one learner forward per update instead of two). A micro-batch's loss is normalised by its minibatch's counts and
         gets `max_len` = `cfg.norm_len` or the padded width. Rows `k*u .. k*u+u-1`
         (`batch["unit_size"]` u, default 1; DPO pairs 2) stay in one micro-batch.
 
@@ -338,8 +341,7 @@ class Learner:
             return {}
         if B % unit:
             raise ValueError(f"batch of {B} rows is not a whole number of units of {unit}")
-        single = (epochs * minibatches == 1 and on_policy_shortcut and algo.tis(cfg) is None
-                  and "tis_weights" not in batch)
+        single = epochs * minibatches == 1 and on_policy_shortcut
         if not single and "old_logprobs" not in batch:
             batch["old_logprobs"] = self.logprobs(batch)
         stats = UpdateStats()

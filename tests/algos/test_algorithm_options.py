@@ -180,7 +180,7 @@ def test_tis_level_and_mode_reach_the_learner(tiny_model_dir):
     grpo = get_algorithm("grpo")
     batch["advantages"], _ = grpo.advantages(batch, cfg)
     learner.update(batch, grpo, cfg)
-    w = tis_weights_of(batch, cfg)  # what grpo.loss weighs with (old_logprobs: the update's)
+    w = tis_weights_of({**batch, "old_logprobs": true}, cfg)  # what grpo.loss weighed with
     assert torch.all(w[0] == 0)  # masked: the whole row drops out
     assert torch.allclose(w[1][mask[1] != 0], torch.tensor(math.exp(0.3)), atol=1e-4)
     assert torch.allclose(w[2:][mask[2:] != 0], torch.tensor(1.0), atol=1e-4)

@@ -354,7 +354,8 @@ def test_tis_weights_and_mismatch_in_the_update(tiny_model_dir):
     grpo = get_algorithm("grpo")
     batch["advantages"], _ = grpo.advantages(batch, cfg)
     m = learner.update(batch, grpo, cfg)
-    w = tis_weights_of(batch, cfg)  # what grpo.loss weighs with (old_logprobs: the update's)
+    assert "old_logprobs" not in batch  # one step: the update's own forward gave them
+    w = tis_weights_of({**batch, "old_logprobs": true}, cfg)  # what grpo.loss weighed with
     # rows 1-3: min(exp(0.5), 1.5) = 1.5 (capped); row 0: exp(-1) = 0.367879; 0 off the mask
     assert torch.allclose(w[1:][mask[1:] != 0], torch.tensor(1.5))
     assert torch.allclose(w[0][mask[0] != 0], torch.tensor(math.exp(-1.0)), atol=1e-5)
@@ -371,6 +372,44 @@ def test_tis_weights_and_mismatch_in_the_update(tiny_model_dir):
     gap2 = (true2 + 3.0).abs()[batch2["loss_mask"] != 0]
     assert m2["logp_mismatch"] == pytest.approx(float(gap2.mean()), abs=1e-4)
     assert m2["logp_mismatch_max"] == pytest.approx(float(gap2.max()), abs=1e-4)
+
+
+def test_tis_update_with_one_forward_equals_the_recomputed_old_logprobs(tiny_model_dir):
+    """With one optimizer step and TIS (`tis_cap`), the update takes `old_logprobs` from its own
+    forward (one learner forward per micro-batch), and its step, loss and mismatch equal the
+    path that recomputes them first (`on_policy_shortcut=False`, two forwards)."""
+    import copy
+
+    from agentrl.algos.shaping import build_batch
+
+    grpo = get_algorithm("grpo")
+    model, _ = load_model(tiny_model_dir)
+    results = []
+    for shortcut in (True, False):
+        learner = Learner(copy.deepcopy(model), lr=1e-2, micro_batch_size=2)
+        calls = []
+        learner.model.get_input_embeddings().register_forward_hook(lambda *a: calls.append(1))
+        batch = build_batch(_trajs(rewards=[1.0, 0.0, 0.0, 1.0]), pad_id=0)
+        # sampler logprobs: the learner's own -0.3 (rows 0-1) and +0.9 (rows 2-3): weights
+        # exp(0.3) = 1.35 and exp(-0.9) = 0.41 under the cap 1.5
+        with torch.no_grad():
+            true = learner.logprobs(batch)
+        calls.clear()
+        shift = t([[-0.3], [-0.3], [0.9], [0.9]])
+        batch["sampler_logprobs"] = torch.where(batch["loss_mask"] != 0, true + shift, 0.0)
+        cfg = algo_config(name="grpo", tis_cap=1.5)
+        batch["advantages"], _ = grpo.advantages(batch, cfg)
+        m = learner.update(batch, grpo, cfg, on_policy_shortcut=shortcut)
+        results.append((m, [p.detach().clone() for p in learner.model.parameters()], len(calls)))
+    (m1, p1, n1), (m2, p2, n2) = results
+    assert (n1, n2) == (2, 4)  # 4 rows in micro-batches of 2: one forward each, or two
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(p1, p2))
+    assert any(not torch.equal(a, b) for a, b in zip(p1, model.parameters()))  # it stepped
+    for key in ("loss", "logp_mismatch", "logp_mismatch_max"):
+        assert m1[key] == pytest.approx(m2[key], abs=1e-5), key
+    mask = batch["loss_mask"]
+    n01, n = float(mask[:2].sum()), float(mask.sum())
+    assert m1["logp_mismatch"] == pytest.approx((0.3 * n01 + 0.9 * (n - n01)) / n, abs=1e-4)
 
 
 # -- per-turn group advantages -------------------------------------------------------------------
