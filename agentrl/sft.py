@@ -29,8 +29,7 @@ from agentrl.learner.optim import NonFiniteLossError
 from agentrl.log.progress import Reporter
 from agentrl.rollout.agent_loop import check_images_allowed
 from agentrl.rollout.chat import ChatRenderer
-from agentrl.rollout.collect import collect
-from agentrl.rollout.engines.base import SamplingParams
+from agentrl.rollout.collect import collect_independent
 from agentrl.rollout.engines.make import make_engine
 from agentrl.rollout.envs import build_env, build_named_env
 from agentrl.sft_repairs import policy_repair_examples
@@ -231,15 +230,9 @@ def evaluate(engine: Any, renderer: ChatRenderer, envs: list[Any], cfg: Config,
     held-out figure of a run is `agentrl.eval.harness.evaluate_heldout` (the env's fixed
     held-out list). The samples are independent whatever `rollout.branch` (tree rollouts
     shape training groups: here they would copy first turns and bias pass@k)."""
-    cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"branch": 1})})
-    params = SamplingParams(temperature=temperature, top_p=cfg.rollout.top_p,
-                            max_tokens=cfg.rollout.max_tokens, stop_token_ids=renderer.stop_ids)
-    seeds = [EVAL_SEED + i for i in range(n_tasks)]
-    trajs: list[Trajectory] = []
-    per_call = len(envs) // samples
-    for s in range(0, n_tasks, per_call):
-        trajs += collect(engine, renderer, envs, seeds[s:s + per_call], samples, params, cfg, pool,
-                         group_base=0, sample_seed=cfg.seed + 777 + s, split="train")
+    trajs = collect_independent(engine, renderer, envs, [EVAL_SEED + i for i in range(n_tasks)],
+                                samples, cfg, pool, temperature=temperature,
+                                sample_seed=cfg.seed + 777)
     succ = np.array([episode_success(t) for t in trajs], dtype=float)
     rets = np.array([extrinsic_return(t) for t in trajs], dtype=float)
     per_task = succ.reshape(-1, samples).sum(axis=1)  # collect is group-major

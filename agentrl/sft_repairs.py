@@ -24,8 +24,7 @@ from typing import Any
 from agentrl.config import Config
 from agentrl.learner.lora import plain_copy
 from agentrl.rollout.chat import ChatRenderer
-from agentrl.rollout.collect import collect
-from agentrl.rollout.engines.base import SamplingParams
+from agentrl.rollout.collect import collect_independent
 from agentrl.rollout.engines.make import make_engine
 from agentrl.rollout.envs import build_env
 from agentrl.types import Trajectory
@@ -60,16 +59,11 @@ def policy_repair_examples(cfg: Config, model: Any, tok: Any, renderer: ChatRend
     if renderer.accepts_images:
         return [], {"episodes": 0.0, "first_attempt_pass_rate": float("nan"), "repair_contexts": 0.0}
     eng, _ = make_engine(cfg, plain_copy(model).cpu().eval(), tok, cast=False)
-    params = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                            max_tokens=cfg.rollout.max_tokens, stop_token_ids=renderer.stop_ids)
-    cfg1 = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"branch": 1})})
     seeds = [seed + i for i in range(tasks)]
     envs = [build_env(cfg, "train") for _ in range(min(CHUNK, tasks))]
-    trajs: list[Trajectory] = []
     with ThreadPoolExecutor(cfg.rollout.env_threads) as pool:
-        for s in range(0, tasks, CHUNK):
-            trajs += collect(eng, renderer, envs, seeds[s:s + CHUNK], 1, params, cfg1, pool, group_base=0,
-                             sample_seed=cfg.seed + 991 + s, split="train")
+        trajs = collect_independent(eng, renderer, envs, seeds, 1, cfg, pool,
+                                    temperature=cfg.rollout.temperature, sample_seed=cfg.seed + 991)
     ref_env = build_env(cfg, "train")
     get = getattr(ref_env.unwrapped, "reference_answer", None)
     if get is None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
+
 class Algorithm(ABC):
     """The default needs (none) and the steps every algorithm provides.
 

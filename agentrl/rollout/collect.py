@@ -68,6 +68,26 @@ def collect(engine: Any, renderer: ChatRenderer, envs: list[Any], seeds: list[in
     return trajs
 
 
+def collect_independent(engine: Any, renderer: ChatRenderer, envs: list[Any], seeds: list[int],
+                        samples: int, cfg: Config, pool: ThreadPoolExecutor, *, temperature: float,
+                        sample_seed: int, split: str = "train") -> list[Trajectory]:
+    """`samples` independent episodes of each task seed (`rollout.branch` set to 1 whatever the
+    config: tree rollouts would copy first turns), sampled at `temperature` with the run's
+    `rollout.top_p` and `rollout.max_tokens`, in `collect` calls of `len(envs) // samples` tasks;
+    the call starting at task index s samples with `sample_seed + s`. For a plain copy of a model
+    sampling training tasks (the warm start's checks, its policy-repair episodes). Returns
+    `len(seeds) * samples` trajectories, group-major."""
+    cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"branch": 1})})
+    params = SamplingParams(temperature=temperature, top_p=cfg.rollout.top_p,
+                            max_tokens=cfg.rollout.max_tokens, stop_token_ids=renderer.stop_ids)
+    per_call = max(1, len(envs) // samples)
+    trajs: list[Trajectory] = []
+    for s in range(0, len(seeds), per_call):
+        trajs += collect(engine, renderer, envs, seeds[s:s + per_call], samples, params, cfg, pool,
+                         group_base=0, sample_seed=sample_seed + s, split=split)
+    return trajs
+
+
 def group_specs(seeds: list[int], group_size: int, group_base: int, branch: int = 1,
                 options: Callable[[int], dict[str, Any]] | None = None) -> list[EpisodeSpec]:
     """`group_size` episodes of each task seed, group-major: group `group_base + j` for

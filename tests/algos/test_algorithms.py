@@ -387,8 +387,8 @@ def test_tis_update_with_one_forward_equals_the_recomputed_old_logprobs(tiny_mod
     results = []
     for shortcut in (True, False):
         learner = Learner(copy.deepcopy(model), lr=1e-2, micro_batch_size=2)
-        calls = []
-        learner.model.get_input_embeddings().register_forward_hook(lambda *a: calls.append(1))
+        calls: list[int] = []
+        learner.model.get_input_embeddings().register_forward_hook(lambda *a, c=calls: c.append(1))
         batch = build_batch(_trajs(rewards=[1.0, 0.0, 0.0, 1.0]), pad_id=0)
         # sampler logprobs: the learner's own -0.3 (rows 0-1) and +0.9 (rows 2-3): weights
         # exp(0.3) = 1.35 and exp(-0.9) = 0.41 under the cap 1.5

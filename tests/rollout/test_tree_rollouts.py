@@ -291,3 +291,33 @@ def test_show_names_the_episodes_that_share_a_first_turn(engine, tmp_path):
             assert want in buf.getvalue()
         else:
             assert "first turn shared" not in buf.getvalue()
+
+
+def test_collect_independent_samples_every_episode_apart(engine):
+    """`collect_independent` (the warm start's checks and policy-repair episodes) ignores a
+    config's `rollout.branch`: with branch 2, 3 tasks x 4 samples on 4 envs run as 3 calls of
+    one task, every episode samples its own first turn (4 rows in each call's first generate),
+    group-major; the call starting at task index s samples with `sample_seed + s`."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from agentrl.rollout.collect import collect, collect_independent
+
+    cfg = Config.model_validate({"env": {"name": "code_sandbox", "max_turns": 3}, "rollout": {"branch": 2}})
+    r = ChatRenderer(engine.tokenizer)
+    seeds = [1000, 1001, 1002]
+    with ThreadPoolExecutor(2) as pool:
+        engine.rows.clear()
+        got = collect_independent(engine, r, [RepairEnv() for _ in range(4)], seeds, 4, cfg, pool,
+                                  temperature=1.0, sample_seed=50)
+        rows = list(engine.rows)
+        one = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"branch": 1})})
+        p = SamplingParams(temperature=1.0, top_p=one.rollout.top_p, max_tokens=one.rollout.max_tokens,
+                           stop_token_ids=r.stop_ids)
+        want = collect(engine, r, [RepairEnv() for _ in range(4)], seeds[1:2], 4, p, one, pool,
+                       group_base=0, sample_seed=51)
+    assert len(got) == 12 and rows == [4, 4] * 3  # per call: 4 first turns, then 4 second turns
+    assert [t.task_id for t in got] == [t.task_id for t in got[::4] for _ in range(4)]
+    assert len({t.task_id for t in got}) == 3
+    assert not any(t.info.get("shared_first_turn") for t in got)
+    assert len({tuple(first(t)[0]) for t in got}) == 12  # twelve first turns sampled apart
+    assert [t.token_ids for t in got[4:8]] == [t.token_ids for t in want]
