@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from agentrl.eval.metrics import pass_at_k
+from agentrl.eval.metrics import mean_se, pass_at_k
 from agentrl.types import Trajectory
 
 
@@ -93,10 +93,10 @@ def attempt_metrics(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     first_rate = np.array([np.mean([f for f, _, _ in g]) for g in by_task.values()], dtype=float)
     x = [sum(t and not f for f, t, _ in g) for g in by_task.values()]
     y = [sum(t and not f and s for f, t, s in g) for g in by_task.values()]
-    m = first_rate.size
+    first, first_se = mean_se(first_rate)
     return {
-        "first_attempt_pass@1": float(first_rate.mean()) if m else None,
-        "first_attempt_pass@1_se": float(first_rate.std(ddof=1) / math.sqrt(m)) if m > 1 else None,
+        "first_attempt_pass@1": first,
+        "first_attempt_pass@1_se": first_se,
         "repair_rate": float(sum(y) / sum(x)) if sum(x) else None,
         "repair_rate_se": ratio_se(x, y),
         "attempts_mean": float(np.mean([r["turns"] for r in rows])) if rows else None,
@@ -130,11 +130,6 @@ def independent_metrics(rows: Sequence[dict[str, Any]], k: int) -> dict[str, Any
         fails = sum(t and not f for f, t, _ in g)
         x += fails
         xq += fails * pass_at_k(n - 1, c, k - 1) if fails else 0.0
-
-    def mean_se(v: list[float]) -> tuple[float | None, float | None]:
-        a = np.asarray(v, dtype=float)
-        return (float(a.mean()) if a.size else None,
-                float(a.std(ddof=1) / math.sqrt(a.size)) if a.size > 1 else None)
 
     (ip, ip_se), (fg, fg_se) = mean_se(indep), mean_se(gain)
     return {"independent_k": k, "independent_pass": ip, "independent_pass_se": ip_se, "feedback_gain": fg,

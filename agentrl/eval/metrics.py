@@ -18,6 +18,7 @@ the problem and counts it (case E5). Nothing here imports torch.
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Sequence
 from typing import Any
@@ -109,3 +110,13 @@ def pass_at_k_many(ns: Sequence[int] | int, cs: Sequence[int], k: int) -> tuple[
             continue
         values.append(pass_at_k(n, c, k))
     return np.asarray(values, dtype=np.float64), excluded
+
+
+def mean_se(values: Sequence[float] | np.ndarray) -> tuple[float | None, float | None]:
+    """The mean of per-task values and its standard error over tasks,
+    `std(values, ddof=1) / sqrt(m)` for m values (the spread a different draw of m tasks would
+    give; Miller 2024, "Adding Error Bars to Evals", eq. 1). `(None, None)` for no value, SE
+    None for one."""
+    a = np.asarray(values, dtype=float)
+    return (float(a.mean()) if a.size else None,
+            float(a.std(ddof=1) / math.sqrt(a.size)) if a.size > 1 else None)

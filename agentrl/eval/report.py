@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from agentrl.eval.attempts import attempt_metrics, independent_metrics, is_multi_attempt
-from agentrl.eval.metrics import pass_at_k_many
+from agentrl.eval.metrics import mean_se, pass_at_k_many
 
 ENV_ERROR_ENDS = ("env_error", "reset_error", "step_timeout", "reset_timeout", "agent_error", "agent_timeout")
 """Episode endings (`end`) where the env broke, counted in `env_errors`."""
@@ -146,8 +146,7 @@ def summarize(rows: Sequence[dict[str, Any]], k_list: Sequence[int],
     overall: dict[str, Any] = {"tasks": len(groups)}
     for k in ks:
         vals, excluded = pass_at_k_many([t["n"] for t in tasks], [t["c"] for t in tasks], k)
-        overall[f"pass@{k}"] = float(vals.mean()) if vals.size else None
-        overall[f"pass@{k}_se"] = float(vals.std(ddof=1) / math.sqrt(vals.size)) if vals.size > 1 else None
+        overall[f"pass@{k}"], overall[f"pass@{k}_se"] = mean_se(vals)
         overall[f"excluded@{k}"] = excluded
     overall.update(_episode_stats(rows))
     if is_multi_attempt(rows, (meta or {}).get("max_turns")):

@@ -114,6 +114,17 @@ def test_pass_at_k_many_broadcasts_n_and_handles_all_excluded():
     assert vals.shape == (0,) and excluded == 2
 
 
+def test_mean_se_over_tasks_by_hand():
+    """[1, 0, 1, 0]: mean 0.5, std(ddof=1) = sqrt(1/3), SE = sqrt(1/3) / 2 = 0.288675; one
+    value has no SE, none has no mean."""
+    from agentrl.eval.metrics import mean_se
+
+    m, se = mean_se([1.0, 0.0, 1.0, 0.0])
+    assert m == 0.5 and se == pytest.approx((1 / 3) ** 0.5 / 2, abs=1e-12)
+    assert mean_se(np.array([0.3])) == (pytest.approx(0.3), None)
+    assert mean_se([]) == (None, None)
+
+
 def test_pass_at_k_many_errors():
     with pytest.raises(ValueError, match="2 sample counts but 3"):
         pass_at_k_many([5, 5], [1, 2, 3], 1)
