@@ -331,11 +331,15 @@ def _clear_keyrings():
     _keyctl(KEYCTL_CLEAR, KEY_SPEC_USER_KEYRING)
 
 
-# Signal dispositions the interpreter started with (SIGINT -> KeyboardInterrupt, SIGPIPE and
-# SIGXFSZ ignored); main() records them, ignores every catchable signal in the server (a pid 1
-# with a handler, such as Python's SIGINT one, can be signalled from inside its namespace) and
-# each run's child gets the originals back.
-_SIGNALS = {}
+# main() ignores every catchable signal in the server (a pid 1 with a handler, such as Python's
+# SIGINT one, can be signalled from inside its namespace); each run's child gets the
+# dispositions a Python interpreter starts with (SIGINT -> KeyboardInterrupt, SIGPIPE and SIGXFSZ
+# ignored, the rest default) -- not the ones this server inherited: a run launched with SIGINT
+# ignored (a background job of a shell, `nohup ... &`) would otherwise hand that to the code it
+# tests.
+_SIGNALS = []
+_PYTHON_START = {signal.SIGINT: signal.default_int_handler, signal.SIGPIPE: signal.SIG_IGN,
+                 signal.SIGXFSZ: signal.SIG_IGN}
 
 
 def _ignore_signals():
@@ -343,16 +347,16 @@ def _ignore_signals():
         if sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD):
             continue
         try:
-            _SIGNALS[sig] = signal.getsignal(sig)
             signal.signal(sig, signal.SIG_IGN)
+            _SIGNALS.append(sig)
         except (OSError, ValueError, RuntimeError):
-            _SIGNALS.pop(sig, None)
+            pass
 
 
 def _restore_signals():
-    for sig, handler in _SIGNALS.items():
+    for sig in _SIGNALS:
         try:
-            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+            signal.signal(sig, _PYTHON_START.get(sig, signal.SIG_DFL))
         except (OSError, ValueError, TypeError, RuntimeError):
             pass
     signal.pthread_sigmask(signal.SIG_SETMASK, ())

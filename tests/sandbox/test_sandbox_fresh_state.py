@@ -118,6 +118,27 @@ def test_signals_to_pid_1_do_not_disturb_the_server(pool):
     assert r.stdout == "True True True True\n", r
 
 
+def test_a_run_gets_python_s_dispositions_whatever_the_trainer_inherited():
+    """A trainer started with SIGINT ignored (a shell's background job, `nohup ... &`) does not
+    hand that to the code it tests: the run's SIGINT is still KeyboardInterrupt."""
+    import subprocess
+    import sys
+
+    prog = ("from agentrl.sandbox import SandboxPool\n"
+            "with SandboxPool(workers=1, backend='bwrap') as p:\n"
+            "    r = p.run_code('import signal as s\\nprint(s.getsignal(s.SIGINT) is s.default_int_handler, '\n"
+            "                   's.getsignal(s.SIGPIPE) == s.SIG_IGN, s.getsignal(s.SIGHUP) == s.SIG_DFL)')\n"
+            "print(repr(r.stdout))\n")
+
+    def ignore() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    out = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=120,
+                         preexec_fn=ignore)
+    assert out.stdout.strip() == repr("True True True\n"), out.stderr[-2000:]
+
+
 # -- B: a run's total memory and process count --------------------------------------------------
 
 cgroups = pytest.mark.skipif(run_cgroup.create() is None,
