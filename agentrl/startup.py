@@ -17,6 +17,7 @@ import gymnasium as gym
 import yaml
 from gymnasium.envs.registration import load_env_creator
 
+from agentrl.algos import get_algorithm
 from agentrl.config import (  # the overrides as load_config reads them
     Config,
     ConfigError,
@@ -25,7 +26,7 @@ from agentrl.config import (  # the overrides as load_config reads them
 )
 from agentrl.env.content import message_images
 from agentrl.env.registry import resolve_env_id
-from agentrl.infra.cluster import local_cluster_cpus
+from agentrl.infra.cluster import local_cluster_cpus, local_cluster_gpus
 from agentrl.infra.devices import resolve_device
 from agentrl.learner.checkpoints import RUN_CONFIG, run_checkpoint
 from agentrl.learner.local import latest_checkpoint
@@ -73,39 +74,64 @@ def check_settings(cfg: Config) -> None:
                                   "(reference_answer()) to mix into the warm start")
 
 
-def check_local_cluster_fits(cfg: Config, cpus: float | None = None) -> None:
-    """The CPUs the run's rollout workers and learner ranks reserve fit the local Ray cluster
-    (`rollout.ray_address` unset): Ray waits for CPUs that no node has without a word, so
-    `rollout.num_workers=3` at `rollout.worker_cpus=1` on a 2-CPU machine hung at start-up
-    with no output (the learner ranks' placement gives up after 60 s, the rollout workers
-    never). Other actors (reference, teacher, reward model) are not counted: the refusal is
-    only for a demand that can never be placed. A joined cluster may grow: not checked.
+def _ray_demands(cfg: Config) -> list[tuple[str, str, float, float]]:
+    """The Ray actors a run starts and keeps for the whole run, as (CPU key, GPU key, CPUs, GPUs)
+    per role: rollout workers, learner ranks, and the reference / teacher / reward-model
+    workers where `placement.*=worker` starts one (a reward-model worker is one per model
+    path: counted once, the least it needs)."""
+    r, t, pl = cfg.rollout, cfg.train, cfg.placement
+    out = [(f"rollout.num_workers={r.num_workers} x rollout.worker_cpus={r.worker_cpus:g}",
+            f"rollout.num_workers={r.num_workers} x rollout.worker_gpus={r.worker_gpus:g}",
+            r.num_workers * r.worker_cpus, r.num_workers * r.worker_gpus),
+           (f"train.learner_workers={t.learner_workers} x train.learner_cpus={t.learner_cpus:g}",
+            f"train.learner_workers={t.learner_workers} x train.learner_gpus={t.learner_gpus:g}",
+            t.learner_workers * t.learner_cpus, t.learner_workers * t.learner_gpus)]
+    roles = [("reference", pl.reference == "worker" and get_algorithm(cfg.algo.name).needs_reference(cfg.algo)),
+             ("teacher", pl.teacher == "worker"), ("reward_model", pl.reward_model == "worker")]
+    for role, on in roles:
+        if on:
+            cpus, gpus = getattr(pl, f"{role}_cpus"), getattr(pl, f"{role}_gpus")
+            out.append((f"placement.{role}_cpus={cpus:g}", f"placement.{role}_gpus={gpus:g}", cpus, gpus))
+    return out
+
+
+def check_local_cluster_fits(cfg: Config, cpus: float | None = None, gpus: float | None = None) -> None:
+    """The CPUs and GPUs the run's Ray actors reserve fit the local Ray cluster
+    (`rollout.ray_address` unset): Ray waits for resources that no node has without a word,
+    so `rollout.num_workers=3` at `rollout.worker_cpus=1` on a 2-CPU machine, or a worker
+    reserving a GPU on a machine without one, hung at start-up with no output (the learner
+    ranks' placement gives up after 60 s, the other workers never). Every actor that lives for
+    the whole run counts (`_ray_demands`): rollout workers, learner ranks, and the reference,
+    teacher and reward-model workers where `placement` starts them. The refusal is only for
+    a demand that can never be placed. A joined cluster may grow: not checked.
 
     Args:
-        cpus: the local cluster's CPUs (default `agentrl.infra.cluster.local_cluster_cpus`).
+        cpus, gpus: the local cluster's CPUs / GPUs (default
+            `agentrl.infra.cluster.local_cluster_cpus` / `local_cluster_gpus`).
 
     Raises:
-        ConfigError: naming `rollout.num_workers` / `rollout.worker_cpus` and
-            `train.learner_workers` / `train.learner_cpus`, the CPUs asked and those there.
+        ConfigError: naming the keys of every role that reserves some (`rollout.num_workers` /
+            `rollout.worker_cpus`, `train.learner_workers` / `train.learner_cpus`,
+            `placement.reference_cpus`, ..., and the `*_gpus` keys), what they ask and what
+            is there.
     """
-    r, t = cfg.rollout, cfg.train
-    if r.ray_address:
+    if cfg.rollout.ray_address:
         return
-    asks = [(f"rollout.num_workers={r.num_workers} x rollout.worker_cpus={r.worker_cpus:g}",
-             r.num_workers * r.worker_cpus),
-            (f"train.learner_workers={t.learner_workers} x train.learner_cpus={t.learner_cpus:g}",
-             t.learner_workers * t.learner_cpus)]
-    asks = [(what, n) for what, n in asks if n > 0]
-    need = sum(n for _, n in asks)
-    if not asks:
-        return
-    have = local_cluster_cpus() if cpus is None else cpus
-    if need <= have + 1e-9:
-        return
-    raise ConfigError(f"config error: {' + '.join(what for what, _ in asks)} reserve {need:g} CPUs but "
-                      f"the local Ray cluster has {have:g} (Ray would wait for them forever): lower "
-                      "them (fractions are allowed, e.g. rollout.worker_cpus=0.5) or join a larger "
-                      "cluster (rollout.ray_address)")
+    demands = _ray_demands(cfg)
+    for unit, col, have_fn, given in (("CPUs", 0, local_cluster_cpus, cpus), ("GPUs", 1, local_cluster_gpus, gpus)):
+        asks = [(d[col], d[col + 2]) for d in demands if d[col + 2] > 0]
+        need = sum(n for _, n in asks)
+        if not asks:
+            continue
+        have = have_fn() if given is None else given
+        if need <= have + 1e-9:
+            continue
+        hint = ("lower them (fractions are allowed, e.g. rollout.worker_cpus=0.5) or join a larger "
+                "cluster (rollout.ray_address)" if unit == "CPUs" else
+                "set them to 0 (the workers run on the CPU), run where the GPUs are, or join a "
+                "cluster that has them (rollout.ray_address)")
+        raise ConfigError(f"config error: {' + '.join(what for what, _ in asks)} reserve {need:g} {unit} "
+                          f"but the local Ray cluster has {have:g} (Ray would wait for them forever): {hint}")
 
 
 def check_learner_device(cfg: Config) -> None:

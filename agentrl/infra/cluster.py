@@ -59,6 +59,21 @@ def local_cluster_cpus() -> float:
     return float(get_num_cpus())
 
 
+def local_cluster_gpus() -> float:
+    """GPUs of the local cluster `ensure_ray(None)` starts or has started: `ray.cluster_resources()`
+    when this process already runs Ray, else the CUDA devices this process's torch sees
+    (`CUDA_VISIBLE_DEVICES` applies to both; a CPU build of torch sees none, and a worker
+    reserving a GPU needs torch's CUDA to use it)."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        return float(ray.cluster_resources().get("GPU", 0.0))
+    import torch
+
+    return float(torch.cuda.device_count()) if torch.cuda.is_available() else 0.0
+
+
 def actor_options(cpus: float, gpus: float) -> dict[str, Any]:
     """Ray actor options of a worker role: its reserved CPUs / GPUs, no restarts (a dead worker
     fails the step with Ray's error, the run's checkpoint stays)."""

@@ -440,14 +440,55 @@ def test_more_worker_cpus_than_the_local_cluster_has_is_refused_before_out_is_wr
     startup.check_local_cluster_fits(joined)  # a joined cluster may grow: not checked
 
 
+def test_gpus_no_node_has_and_placement_workers_are_refused_before_out_is_written(tmp_path):
+    """A rollout worker reserving a GPU on a machine without one (or more GPUs than the local
+    cluster has), and the reference / teacher / reward-model workers' reservations, count like
+    the rollout workers' CPUs: one line naming every key that reserves some."""
+    from agentrl.config import Config
+
+    out = tmp_path / "r"
+    gpus = startup.local_cluster_gpus()
+    n = int(gpus) + 1
+    cfg = load_config(None, TOY + ["rollout.num_workers=1", f"rollout.worker_gpus={n}", f"out={out}"])
+    with pytest.raises(ConfigError, match=rf"^config error: rollout.num_workers=1 x rollout.worker_gpus={n} "
+                                          rf"reserve {n} GPUs but the local Ray cluster has {gpus:g} "
+                                          r"\(Ray would wait for them forever\): set them to 0"):
+        run_mod.set_up(cfg)
+    assert not out.exists()
+    # the reference worker counts when the algorithm needs a reference (grpo with a KL term)
+    ref = Config.model_validate({"algo": {"name": "grpo", "kl_coef": 0.1}, "rollout": {"num_workers": 1},
+                                 "placement": {"reference": "worker", "reference_cpus": 1.5}})
+    with pytest.raises(ConfigError, match=r"rollout.num_workers=1 x rollout.worker_cpus=1 \+ "
+                                          r"placement.reference_cpus=1.5 reserve 2.5 CPUs but the local "
+                                          r"Ray cluster has 2 "):
+        startup.check_local_cluster_fits(ref, cpus=2.0, gpus=0.0)
+    no_kl = ref.model_copy(update={"algo": ref.algo.model_copy(update={"kl_coef": 0.0})})
+    startup.check_local_cluster_fits(no_kl, cpus=2.0, gpus=0.0)  # no reference: no worker
+    with pytest.raises(ConfigError, match=r"placement.reference_gpus=0.5 reserve 0.5 GPUs but the local Ray "
+                                          r"cluster has 0 "):
+        startup.check_local_cluster_fits(
+            ref.model_copy(update={"placement": ref.placement.model_copy(update={"reference_gpus": 0.5})}),
+            cpus=4.0, gpus=0.0)
+    startup.check_local_cluster_fits(ref, cpus=4.0, gpus=0.0)  # fits
+    fits = load_config(None, TOY + ["rollout.num_workers=2", "rollout.worker_cpus=0.5", "rollout.worker_gpus=0.5"])
+    startup.check_local_cluster_fits(fits, cpus=2.0, gpus=1.0)  # fractions of one GPU fit
+    joined = load_config(None, TOY + ["rollout.num_workers=1", "rollout.worker_gpus=1", "rollout.ray_address=auto"])
+    startup.check_local_cluster_fits(joined, cpus=2.0, gpus=0.0)  # a joined cluster may grow: not checked
+
+
 RAY_CPUS = """
 import sys, ray
 from agentrl.config import ConfigError, load_config
 from agentrl.startup import check_local_cluster_fits
-ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+ray.init(address="local", num_cpus=1, num_gpus=0, include_dashboard=False, log_to_driver=False)
 check_local_cluster_fits(load_config(None, ["rollout.num_workers=1"]))
 try:
     check_local_cluster_fits(load_config(None, ["rollout.num_workers=2"]))
+except ConfigError as e:
+    print(e)
+try:
+    check_local_cluster_fits(load_config(None, ["rollout.num_workers=1", "rollout.worker_cpus=0.5",
+                                                "rollout.worker_gpus=1"]))
 except ConfigError as e:
     print(e)
 """
@@ -455,8 +496,8 @@ except ConfigError as e:
 
 @pytest.mark.slow
 def test_the_cluster_check_reads_a_running_local_clusters_cpus(tmp_path):
-    """With Ray already up in the process (a test's `ray.init(num_cpus=1)`), its CPUs count,
-    not the machine's."""
+    """With Ray already up in the process (a test's `ray.init(num_cpus=1)`), its CPUs and GPUs
+    count, not the machine's."""
     import os
     import subprocess
     import sys
@@ -467,3 +508,5 @@ def test_the_cluster_check_reads_a_running_local_clusters_cpus(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "rollout.num_workers=2 x rollout.worker_cpus=1 reserve 2 CPUs but the local Ray cluster has 1 " \
         in done.stdout
+    assert "rollout.num_workers=1 x rollout.worker_gpus=1 reserve 1 GPUs but the local Ray cluster has 0 " \
+        in done.stdout  # ray.init(num_gpus=0)
