@@ -10,7 +10,8 @@ training tasks with the agent loop; every context in which it was given feedback
 failed attempt becomes an example whose target is the task's reference solution. The context
 is the episode's exact ids up to that turn (the opening, the sampled attempts as sampled, the
 template's glue, the env's real feedback, the generation prompt: what the agent loop feeds the
-policy at a repair turn, contract 1), mask 0; the target is the reference's ids and the end of
+policy at a repair turn, contract 1; with `rollout.history=template` the prompt that turn was
+sampled from, `Trajectory.turn_prompts`), mask 0; the target is the reference's ids and the end of
 turn, mask 1. The idea is on-policy self-correction data in the manner of RISE (Qu et al.,
 "Recursive Introspection", NeurIPS 2024, arXiv:2407.18219), with the task's reference as the
 improved answer instead of a better policy's sample.
@@ -35,10 +36,13 @@ CHUNK = 64
 
 def repair_contexts(tr: Trajectory) -> list[list[int]]:
     """The contexts of `tr` in which the policy answered after a failed attempt: for every turn
-    j >= 1 whose previous turn did not pass (`info["verdict"]` != "pass"), `tr.token_ids` up to
-    turn j's first sampled id (its generation prompt included)."""
-    return [list(tr.token_ids[: tr.turns[j].start]) for j in range(1, len(tr.turns))
-            if tr.turns[j - 1].info.get("verdict") != "pass"]
+    j >= 1 whose previous turn did not pass (`info["verdict"]` != "pass"), the ids turn j was
+    sampled from -- `tr.turn_prompts[j]` when the episode has them (`rollout.history=template`:
+    the template's rendering of the history, which may move the system prompt or re-encode
+    earlier turns), else `tr.token_ids` up to turn j's first sampled id (`exact`: the
+    generation prompt included)."""
+    return [list(tr.turn_prompts[j]) if tr.turn_prompts else list(tr.token_ids[: tr.turns[j].start])
+            for j in range(1, len(tr.turns)) if tr.turns[j - 1].info.get("verdict") != "pass"]
 
 
 def policy_repair_examples(cfg: Config, model: Any, tok: Any, renderer: ChatRenderer, *, tasks: int,

@@ -108,6 +108,11 @@ def test_repair_contexts_are_the_turns_after_a_failed_attempt():
     assert repair_contexts(tr) == [[1, 2, 3, 4, 90], [1, 2, 3, 4, 90, 5, 91]]
     tr.turns[0].info["verdict"] = "pass"  # (an env that goes on after a pass: no repair there)
     assert repair_contexts(tr) == [[1, 2, 3, 4, 90, 5, 91]]
+    # rollout.history=template: each turn was sampled from the template's rendering of the
+    # history (here with the system prompt moved and turn 0 re-encoded), not from token_ids
+    tr.turns[0].info["verdict"] = "fail"
+    tr.turn_prompts = [[1, 2], [2, 1, 33, 90], [2, 1, 33, 90, 5, 91]]
+    assert repair_contexts(tr) == [[2, 1, 33, 90], [2, 1, 33, 90, 5, 91]]
 
 
 def test_policy_repairs_are_the_policy_s_own_failed_contexts_with_the_reference(tmp_path, tiny_model_dir):
