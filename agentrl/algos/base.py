@@ -32,7 +32,9 @@ class Algorithm(ABC):
       `check_tokenizer(cfg, tok)` at start-up, `mark_mixture_rows(trajs, version)` on the
       second sampler's episodes, `mixture_metrics(trajs, success)` with the rollout metrics.
     - `norm_len(cfg)`, `entropy_coef(cfg)`, `masks_truncated(cfg)`: the settings of Dr.
-      GRPO's L_max, the entropy bonus and DAPO's overlong filtering, for algorithms whose config has those keys (None / 0 / False otherwise).
+      GRPO's L_max, the entropy bonus and DAPO's overlong filtering, for algorithms whose
+      config has those keys (None / 0 / False otherwise). (The truncated importance weights
+      read `tis_cap`, `tis_level`, `tis_mode` from the config itself: `agentrl.algos.tis`.)
     """
 
     name: str = ""

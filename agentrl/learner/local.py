@@ -328,7 +328,8 @@ class Learner:
         only step the weights are the ones `old_logprobs` would be computed with, so the
         micro-batch's detached forward logprobs are its `old_logprobs` -- also for the truncated
         importance weights (`algo.tis_cap`) and the sampler/learner mismatch, which are then
-        computed per micro-batch from them (one learner forward per update instead of two). A micro-batch's loss is normalised by its minibatch's counts and
+        computed per micro-batch from them (one learner forward per update instead of two). A
+        micro-batch's loss is normalised by its minibatch's counts and
         gets `max_len` = `cfg.norm_len` or the padded width. Rows `k*u .. k*u+u-1`
         (`batch["unit_size"]` u, default 1; DPO pairs 2) stay in one micro-batch.
 
