@@ -30,8 +30,10 @@ step, and under "trained" the commit, command and load averages of the call that
 run: this call's, or with `--reuse` that of the record already in DIR, per run; under
 "summary", per mode over the seeds, the median and range of the ratios and the seeds that did
 not reach the target, `async_tta.aggregate`), prints the table, and with `--png` plots the
-curves (`plot`). Nothing else should run on the machine while
-runs train (the figure is wall time).
+curves (`plot`). `--speed-check N` (with `--reuse`): the first seed's runs trained by an earlier
+call are trained again for N steps and their seconds per step set beside the record's
+(`speed_check`, under "speed_check"): is the machine as fast as when they were trained? Nothing
+else should run on the machine while runs train (the figure is wall time).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -235,6 +238,34 @@ def plot(path: Path, record: dict[str, Any]) -> None:
     plt.close(fig)
 
 
+def step_seconds(out: Path, last: int) -> list[float]:
+    """`perf/step_s` of steps 2..`last` of the run in OUT (step 1 holds the start-up)."""
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return [r["perf/step_s"] for r in rows if "perf/step_s" in r and 2 <= int(r["step"]) <= last]
+
+
+def speed_check(work: Path, seed: int, modes: list[str], steps: int) -> dict[str, Any]:
+    """Is the machine as fast now as when the reused runs were trained? Each mode of `modes`
+    trains `steps` steps again from WORK/warm_SEED into WORK/check_SEED_MODE (same settings as
+    its run, a 8-task evaluation), and the median seconds of its steps 2..`steps` are set beside
+    those of the same steps of the run in WORK/sSEED_MODE (same warm start; a sync run samples
+    the same batches). Returns per mode `now_s`, `record_s`, `ratio` (now / record)."""
+    import statistics
+
+    a = argparse.Namespace(reuse=False, fine=steps, eval_tasks=8, eval_samples=1)
+    out: dict[str, Any] = {}
+    for m in modes:
+        check = work / f"check_{seed}_{m}"
+        shutil.rmtree(check, ignore_errors=True)
+        train_mode(m, work / f"warm_{seed}", check, steps, a)
+        now = statistics.median(step_seconds(check, steps))
+        rec = statistics.median(step_seconds(work / f"s{seed}_{m}", steps))
+        out[m] = {"now_s": now, "record_s": rec, "ratio": now / rec}
+        print(f"[speed check] seed {seed} {m}: steps 2-{steps} median {now:.3f} s now, {rec:.3f} s in the "
+              f"record ({now / rec:.2f}x)", flush=True)
+    return out
+
+
 def args_error(modes: list[str], coarse: int, fine: int) -> str | None:
     """The error for `--modes` (sync first, each once, every name a key of MODES) and the grid (`--coarse` a
     multiple of `--fine`: only kept steps can be coarse points, else the coarse grid is silently
@@ -264,6 +295,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--eval-tasks", type=int, default=256)
     p.add_argument("--eval-samples", type=int, default=4)
     p.add_argument("--png", default=None, help="also plot the curves there (docs/async_tta_main.png)")
+    p.add_argument("--speed-check", type=int, default=0, metavar="N",
+                   help="with --reuse: retrain the first seed's reused runs for N steps and compare their "
+                        "seconds per step with the record's (speed_check; 0: off)")
     a = p.parse_args(argv)
     import torch
 
@@ -277,12 +311,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     command = "python benchmarks/async_tta_main.py " + " ".join(argv or sys.argv[1:])
     prev = json.loads(old.read_text()) if a.reuse and (old := work / "async_tta_main.json").exists() else None
     seeds: dict[str, Any] = {}
+    reused_first: list[str] = []  # the first seed's runs trained by an earlier call
     for k, seed in enumerate(a.seeds):
         warm = warm_start(work, seed)
         runs, trained = {}, {}
         for m in (modes if k % 2 == 0 else [modes[0], *modes[:0:-1]]):  # sync first: its value is the target
             t0, out = time.perf_counter(), work / f"s{seed}_{m}"
             fresh = not (a.reuse and (out / "summary.json").exists())
+            if k == 0 and not fresh:
+                reused_first.append(m)
             l0 = os.getloadavg()
             runs[m] = train_mode(m, warm, out, a.steps if m == "sync" else a.async_steps, a)
             trained[m] = ({**prov, "command": command, "load_average": {"start": list(l0), "end": list(os.getloadavg())}}
@@ -298,6 +335,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     record = {**prov, "command": command, "load_average": {"start": list(load0), "end": list(os.getloadavg())},
               "settings": vars(a), "seeds": seeds}
     record["summary"] = aggregate({s: r["modes"] for s, r in seeds.items()}, modes)
+    if a.speed_check and (reused := reused_first):
+        l0 = os.getloadavg()
+        record["speed_check"] = {"seed": a.seeds[0], "steps": a.speed_check, "commit": prov.get("commit"),
+                                 "modes": speed_check(work, a.seeds[0], reused, a.speed_check),
+                                 "load_average": {"start": list(l0), "end": list(os.getloadavg())}}
     write_json(work / "async_tta_main.json", record)
     if a.png:
         plot(Path(a.png), record)

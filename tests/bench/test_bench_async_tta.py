@@ -5,6 +5,7 @@ standard error over tasks and the aggregation over seeds against hand-computed v
 from __future__ import annotations
 
 import io
+import json
 import math
 import sys
 from pathlib import Path
@@ -179,3 +180,14 @@ def test_reused_runs_keep_the_record_of_the_call_that_trained_them():
     per_run = {"commit": "later", "seeds": {"0": {"modes": {"sync": {"trained": t0}}},
                                             "1": {"modes": {"sync": {"trained": t1}}}}}
     assert trained_by(per_run, 0, "sync") == t0 and trained_by(per_run, 1, "sync") == t1
+
+
+def test_speed_check_reads_steps_two_to_n(tmp_path):
+    """`step_seconds`: `perf/step_s` of steps 2..N (step 1 holds the start-up), rows without it
+    (evaluations) skipped."""
+    from async_tta_main import step_seconds
+
+    rows = [{"step": 1, "perf/step_s": 9.0}, {"step": 2, "perf/step_s": 0.5}, {"step": 2, "eval/pass@1": 0.3},
+            {"step": 3, "perf/step_s": 0.7}, {"step": 4, "perf/step_s": 0.9}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert step_seconds(tmp_path, 3) == [0.5, 0.7]
