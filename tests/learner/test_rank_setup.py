@@ -98,17 +98,26 @@ def test_a_driver_without_cuda_accepts_ranks_that_check_their_own_device(device,
 
 @pytest.mark.skipif(CUDA, reason="checks a driver without a CUDA device")
 def test_set_up_on_a_cpu_only_head_node_accepts_cuda_ranks(tmp_path):
-    """The documented multi-node command on a CPU-only head node: `set_up` (every start-up
-    check, before Ray starts) passes; the in-process learner on CUDA is still refused."""
+    """The documented multi-node command on a CPU-only head node (joining the cluster,
+    `rollout.ray_address=auto`): `set_up` (every start-up check, before Ray starts) passes; the
+    in-process learner on CUDA is still refused, and so are GPU ranks on a local cluster of a
+    machine without a GPU (it can never place them)."""
     from agentrl.run import set_up
 
     ranks = load_config(None, ["env.name=toy", "sft.steps=0", "train.device=cuda", "train.learner_workers=2",
-                               "train.learner_gpus=1", f"out={tmp_path / 'ranks'}"])
+                               "train.learner_gpus=1", "rollout.ray_address=auto", f"out={tmp_path / 'ranks'}"])
     set_up(ranks)
     assert (tmp_path / "ranks" / "config.json").is_file()
     local = load_config(None, ["env.name=toy", "train.device=cuda", f"out={tmp_path / 'local'}"])
     with pytest.raises(ConfigError, match="train.device=cuda: no CUDA device"):
         set_up(local)
+    if not CUDA:
+        alone = load_config(None, ["env.name=toy", "sft.steps=0", "train.device=cuda", "train.learner_workers=2",
+                                   "train.learner_gpus=1", f"out={tmp_path / 'alone'}"])
+        with pytest.raises(ConfigError, match=r"train.learner_workers=2 x train.learner_gpus=1 reserve 2 GPUs "
+                                              r"but the local Ray cluster has 0"):
+            set_up(alone)
+        assert not (tmp_path / "alone").exists()
 
 
 @pytest.mark.skipif(CUDA, reason="checks a rank without a CUDA device")
