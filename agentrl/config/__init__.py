@@ -164,7 +164,7 @@ class RolloutConfig(_Section):
     compile: bool = False
     """HF engine: run each decode step and its sampling as one torch.compile graph (inductor with its C++ wrapper; float32 Qwen2/Llama, the static decoder's models): 30 s to 1 min of compiling at the first generate (a `[compile]` line says so, or why it has no effect), then about 0.5-0.65x the eager time per token at batch 8 and 0.8-0.9x at batch 64 on the TRL benchmark's model (`benchmarks/decode_step.py --compile`). Same tokens up to float32 rounding. Falls back to eager with a warning if compiling fails."""
     mode: Literal["sync", "async"] = "sync"
-    """`sync`: sample then train (on-policy); `async`: actor threads (`batches_in_flight`) sample ahead with bounded staleness."""
+    """`sync`: sample then train (on-policy); `async`: actor threads (`batches_in_flight`) sample ahead with bounded staleness (`train.max_staleness`); stale batches are treated as on-policy unless `algo.tis_cap` is set (the main job's async reached sync's accuracy sooner only with `rollout.partial=true algo.tis_cap=2`: docs/scale_out.md)."""
     sync_every: int = Field(default=1, ge=1)
     """Async: push the learner's weights to the actor every N learner steps."""
     queue_size: int = Field(default=2, ge=1)
