@@ -32,7 +32,7 @@ from agentrl.rollout.chat import ChatRenderer
 from agentrl.rollout.collect import collect_independent
 from agentrl.rollout.engines.make import make_engine
 from agentrl.rollout.envs import build_env, build_named_env
-from agentrl.sft_repairs import policy_repair_examples
+from agentrl.sft_repairs import policy_repair_examples, wants_policy_repairs
 from agentrl.types import Trajectory, collate
 
 
@@ -363,7 +363,7 @@ def warm_start(cfg: Config, model: Any, tok: Any, renderer: ChatRenderer, pad_id
         say(f"[sft] {len(losses)} steps: loss {losses[0]:.3f} -> {losses[-1]:.3f} "
             f"({seconds:.0f} s)" + (f", train pass@1 {checks[-1][1]:.3f}" if checks else ""))
     try:
-        if sc.policy_repair_tasks > 0 and (cfg.env.max_turns or 1) > 1:
+        if wants_policy_repairs(cfg):
             info.update(policy_repair_phase(cfg, model, tok, renderer, pad_id, examples, slog, len(losses), say))
             info["sft_seconds"] = time.perf_counter() - t0
     finally:

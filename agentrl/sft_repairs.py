@@ -34,6 +34,13 @@ CHUNK = 64
 """Episodes per `collect` call."""
 
 
+def wants_policy_repairs(cfg: Config) -> bool:
+    """Does the run's warm start have the second phase? `sft.policy_repair_tasks` > 0 on a
+    multi-turn run (`env.max_turns` > 1); a single-turn run ignores the key (no feedback to
+    repair from)."""
+    return cfg.sft.policy_repair_tasks > 0 and (cfg.env.max_turns or 1) > 1
+
+
 def repair_contexts(tr: Trajectory) -> list[list[int]]:
     """The contexts of `tr` in which the policy answered after a failed attempt: for every turn
     j >= 1 whose previous turn did not pass (`info["verdict"]` != "pass"), the ids turn j was

@@ -335,10 +335,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     record = {**prov, "command": command, "load_average": {"start": list(load0), "end": list(os.getloadavg())},
               "settings": vars(a), "seeds": seeds}
     record["summary"] = aggregate({s: r["modes"] for s, r in seeds.items()}, modes)
-    if a.speed_check and (reused := reused_first):
+    if a.speed_check and reused_first:
         l0 = os.getloadavg()
         record["speed_check"] = {"seed": a.seeds[0], "steps": a.speed_check, "commit": prov.get("commit"),
-                                 "modes": speed_check(work, a.seeds[0], reused, a.speed_check),
+                                 "modes": speed_check(work, a.seeds[0], reused_first, a.speed_check),
                                  "load_average": {"start": list(l0), "end": list(os.getloadavg())}}
     write_json(work / "async_tta_main.json", record)
     if a.png:

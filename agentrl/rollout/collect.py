@@ -75,8 +75,14 @@ def collect_independent(engine: Any, renderer: ChatRenderer, envs: list[Any], se
     config: tree rollouts would copy first turns), sampled at `temperature` with the run's
     `rollout.top_p` and `rollout.max_tokens`, in `collect` calls of `len(envs) // samples` tasks;
     the call starting at task index s samples with `sample_seed + s`. For a plain copy of a model
-    sampling training tasks (the warm start's checks, its policy-repair episodes). Returns
-    `len(seeds) * samples` trajectories, group-major."""
+    sampling training tasks (the warm start's checks, its policy-repair episodes).
+
+    Returns:
+        `len(seeds) * samples` trajectories, group-major.
+
+    Raises:
+        ValueError: as `collect` (e.g. an env's batch hooks on a worker pool).
+    """
     cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"branch": 1})})
     params = SamplingParams(temperature=temperature, top_p=cfg.rollout.top_p,
                             max_tokens=cfg.rollout.max_tokens, stop_token_ids=renderer.stop_ids)

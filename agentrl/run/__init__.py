@@ -50,6 +50,7 @@ from agentrl.run.defaults import (  # noqa: F401 (re-exported: callers import th
     resolve_run_defaults,
 )
 from agentrl.run.setup import quiet_libraries, seed_everything, set_up  # noqa: F401 (re-exported)
+from agentrl.sft_repairs import wants_policy_repairs
 from agentrl.startup import (
     check_tokenizer,
     check_vision_training,
@@ -180,8 +181,7 @@ def build(cfg: Config, *, reporter: Any = None, warm_start: Callable[..., dict[s
         say(NO_TOOLS_NOTE)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else renderer.end_of_turn_id
     sft_info: dict[str, Any] = {}
-    second = cfg.sft.policy_repair_tasks > 0 and (cfg.env.max_turns or 1) > 1  # sft.policy_repair_tasks
-    if ck is None and (cfg.sft.steps > 0 or second) and warm_start is not None:
+    if ck is None and (cfg.sft.steps > 0 or wants_policy_repairs(cfg)) and warm_start is not None:
         sft_info = warm_start(cfg, model, tok, renderer, pad_id, out, say, reporter)  # sft_seconds
     if ck is None and cfg.model.lora_r > 0:  # LoRA: train adapters only; the base stays frozen
         model = wrap_lora(model, r=cfg.model.lora_r, alpha=cfg.model.lora_alpha,
