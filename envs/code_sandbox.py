@@ -97,6 +97,12 @@ def warn_once(message: str) -> None:
         log.warning("%s", message)
 
 
+def repeat_key(code: str) -> str:
+    """What makes two attempts the same for `repeat_penalty`: the extracted code with each
+    line's trailing whitespace dropped ("" for no code: never a repeat)."""
+    return "\n".join(line.rstrip() for line in code.split("\n")).strip("\n")
+
+
 def extract_code(text: str) -> str:
     """The code in an agent's answer: the last fenced block tagged python (or untagged; the
     last block of any tag when none is), where a final opening fence that is never closed
@@ -230,6 +236,12 @@ class CodeSandboxEnv(TextEnv):
             (`heldout_fraction` of the tasks are held out).
         reward: `binary` (1.0 iff every test passes) or `fraction` (tests passed / total).
         turn_penalty: subtracted from the reward of every turn after the first.
+        repeat_penalty: subtracted from the reward of an attempt whose code is the code of an
+            earlier attempt of the episode (`repeat_key`: the extracted code, trailing spaces
+            of each line dropped), e.g. 0.5; 0 (default): no penalty. A failed attempt that
+            is resubmitted unchanged fails again (the verdict does not depend on the turn), so
+            it is a wasted attempt; the penalty gives it a reward below a new failed attempt's.
+            Whether an attempt repeated is in `info["repeat"]` either way (every turn).
         max_turns: attempts per episode. After `max_turns > 1` failures the episode is
             truncated, at the same step where a Gymnasium TimeLimit of `max_turns` would (the
             smaller limit wins when both apply). With `max_turns=1` (single-turn) the one
@@ -274,7 +286,7 @@ class CodeSandboxEnv(TextEnv):
     """
 
     def __init__(self, dataset: str | None = None, split: str = "train", reward: str = "binary",
-                 turn_penalty: float = 0.0, max_turns: int = 1,
+                 turn_penalty: float = 0.0, repeat_penalty: float = 0.0, max_turns: int = 1,
                  limits: Limits | dict[str, Any] | None = None, feedback_chars: int = 400,
                  system_prompt: str | None = None, backend: str = "auto",
                  pool: SandboxPool | None = None, heldout_fraction: float = 0.2,
@@ -298,6 +310,10 @@ class CodeSandboxEnv(TextEnv):
         self.split = normalize_split(split)
         self.reward_mode = reward
         self.turn_penalty = float(turn_penalty)
+        if repeat_penalty < 0:
+            raise ValueError(f"repeat_penalty: must be >= 0, got {repeat_penalty}")
+        self.repeat_penalty = float(repeat_penalty)
+        self._seen: set[str] = set()  # this episode's attempts (`repeat_key`)
         self.max_turns = int(max_turns)
         self.limits = limits if isinstance(limits, Limits) else Limits(**(limits or {}))
         self.feedback_chars = int(feedback_chars)
@@ -475,6 +491,7 @@ class CodeSandboxEnv(TextEnv):
         self.task = self._draw(options or {})
         self.turn = 0
         self._done = False
+        self._seen = set()
         obs = [{"role": "system", "content": self.system_prompt},
                {"role": "user", "content": self.task.prompt}]
         info = {"task_id": self.task.task_id, "entry_point": self.task.entry_point,
@@ -489,8 +506,9 @@ class CodeSandboxEnv(TextEnv):
         info) with info `verdict`, `passed`, `total`, `error`, `wall_s`, `task_id`, `turn`,
         `success`, `backend`, `unisolated` (True when the code ran without a sandbox: the
         explicitly named `subprocess` backend; the trainer counts these as `sandbox/unisolated`)
-        and `cached` (the verdict came from the pool's verdict cache, `cache_verdicts`; counted
-        as `sandbox/cached`).
+        `cached` (the verdict came from the pool's verdict cache, `cache_verdicts`; counted
+        as `sandbox/cached`) and `repeat` (the code is an earlier attempt's, `repeat_penalty`;
+        the share per step is `rollout/repeat_rate`).
 
         Raises:
             RuntimeError: `step` before `reset`.
@@ -518,6 +536,11 @@ class CodeSandboxEnv(TextEnv):
             reward = 1.0 if success else (result.pass_fraction if self.reward_mode == "fraction" else 0.0)
         if self.turn > 1:
             reward -= self.turn_penalty
+        key = repeat_key(code)
+        repeat = bool(key) and key in self._seen
+        self._seen.add(key)
+        if repeat:
+            reward -= self.repeat_penalty
         reason = None if success else failure_reason(verdict, error)
         info = {"task_id": task.task_id, "turn": self.turn, "verdict": verdict,
                 "passed": result.passed if result else 0,
@@ -525,7 +548,7 @@ class CodeSandboxEnv(TextEnv):
                 "error": reason, "wall_s": result.wall_s if result else 0.0,
                 "backend": result.backend if result else None, "success": success,
                 "unisolated": bool(result.unisolated) if result else False,
-                "cached": bool(result.cached) if result else False}
+                "cached": bool(result.cached) if result else False, "repeat": repeat}
         # A pass ends the task. Failing the last allowed attempt is a truncation (a turn limit
         # was hit), except in single-attempt mode (max_turns == 1), where the one answer is the
         # whole task: it is graded and the episode terminates (nothing to bootstrap from).

@@ -156,8 +156,11 @@ def step_attempt_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     `rollout/reward_turn_<t>` (mean reward of turn t, 1-based, over the episodes that reached
     it), `rollout/first_attempt_pass_rate` (over every episode, as `rollout/pass_rate`),
     `rollout/repair_rate` (repaired / first-attempt failures, episodes without a turn in
-    neither; NaN without a failure). Attempts used per episode is `rollout/turns`. Only envs
-    that grade their turns as attempts (a turn's `info["verdict"]`, `has_attempts`)."""
+    neither; NaN without a failure), and `rollout/repeat_rate` (the share of attempts after
+    the first that resubmitted an earlier attempt's code: a turn's `info["repeat"]`, where the
+    env reports it, as `code_sandbox` does; NaN without a later attempt). Attempts used per
+    episode is `rollout/turns`. Only envs that grade their turns as attempts (a turn's
+    `info["verdict"]`, `has_attempts`)."""
     if not any(len(t.turns) > 1 for t in trajs) or not any(
             tn.info.get("verdict") is not None for t in trajs for tn in t.turns):
         return {}
@@ -178,4 +181,7 @@ def step_attempt_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
         repaired += (not first) and success
     m["rollout/first_attempt_pass_rate"] = firsts / len(trajs)
     m["rollout/repair_rate"] = repaired / fails if fails else float("nan")
+    later = [tn.info["repeat"] for t in trajs for tn in t.turns[1:] if "repeat" in tn.info]
+    if later or any("repeat" in t.turns[0].info for t in trajs if t.turns):
+        m["rollout/repeat_rate"] = float(np.mean(later)) if later else float("nan")
     return m

@@ -102,6 +102,30 @@ def test_max_turns_truncates_and_turn_penalty(pool):
     assert env.step(RIGHT)[1:4] == (pytest.approx(0.9), True, False)
 
 
+def test_repeat_penalty_and_repeat_flag(pool):
+    """An attempt whose code is an earlier attempt's (trailing spaces aside, fences or not) is
+    flagged `repeat` and loses `repeat_penalty`; a new wrong attempt is not; a new episode
+    forgets the earlier attempts; without the penalty the flag is still set."""
+    env = CodeSandboxEnv(max_turns=4, turn_penalty=0.1, repeat_penalty=0.5, pool=pool)
+    env.reset(options={"task": ADD7})
+    first = env.step(WRONG)
+    assert first[1] == 0.0 and first[4]["repeat"] is False
+    again = env.step("```python\n" + WRONG.replace("\n", "   \n") + "\n```")  # same code
+    assert again[4]["verdict"] == "fail" and again[4]["repeat"] is True
+    assert again[1] == pytest.approx(-0.6)  # 0 - turn penalty - repeat penalty
+    other = env.step("def add_seven(x):\n    return 0")
+    assert other[4]["repeat"] is False and other[1] == pytest.approx(-0.1)
+    env.reset(options={"task": ADD7})
+    assert env.step(WRONG)[4]["repeat"] is False  # a new episode
+    plain = CodeSandboxEnv(max_turns=2, pool=pool)
+    plain.reset(options={"task": ADD7})
+    plain.step(WRONG)
+    _, r, _, _, info = plain.step(WRONG)
+    assert (r, info["repeat"]) == (0.0, True)
+    with pytest.raises(ValueError, match="repeat_penalty"):
+        CodeSandboxEnv(repeat_penalty=-1, pool=pool)
+
+
 def test_own_turn_limit_agrees_with_gymnasium_time_limit(pool):
     """max_turns in the env and a TimeLimit on top truncate at the same step (G2: the smaller
     limit wins)."""

@@ -129,6 +129,22 @@ def test_step_attempt_metrics_by_hand():
     assert m["rollout/first_attempt_pass_rate"] == pytest.approx(3 / 12)
     assert m["rollout/repair_rate"] == pytest.approx(3 / 9)
     assert step_attempt_metrics([traj([P]), traj([F])]) == {}  # single-turn batch: nothing
+    assert "rollout/repeat_rate" not in m  # the turns carry no `repeat`: no figure
+
+
+def test_step_repeat_rate_by_hand():
+    """`rollout/repeat_rate`: the share of attempts after the first whose `info["repeat"]` is
+    true (episodes of 3, 2 and 1 attempts: 1 repeat of 3 later attempts)."""
+    def traj(repeats):
+        tr = Trajectory()
+        for i, rep in enumerate(repeats):
+            tr.turns.append(Turn(start=i, end=i + 1, reward=0.0, info={"verdict": F, "repeat": rep}))
+        return tr
+
+    m = step_attempt_metrics([traj([False, True, False]), traj([False, False]), traj([False])])
+    assert m["rollout/repeat_rate"] == pytest.approx(1 / 3)
+    m = step_attempt_metrics([traj([False]), traj([False]), Trajectory()])
+    assert m == {}  # single-turn batch
 
 
 def test_a_tool_env_has_no_attempts():
