@@ -93,8 +93,9 @@ def _f(x: Any, se: Any = None) -> str:
 def table(runs: dict[str, dict[str, Any]]) -> str:
     """The Markdown table: one row per run and evaluation."""
     head = ("| run | eval | first attempt | pass within k, feedback | pass within k, fresh | feedback gain | "
-            "repair rate, feedback | repair rate, fresh | 2nd attempt after a failure | one fresh attempt |")
-    lines = [head, "|" + " --- |" * 10]
+            "repair rate, feedback | repair rate, fresh | 2nd attempt after a failure | one fresh attempt | "
+            "2nd attempt repeats the 1st |")
+    lines = [head, "|" + " --- |" * 11]
     for name, r in runs.items():
         for when in ("before", "after"):
             x = r[when]
@@ -103,7 +104,8 @@ def table(runs: dict[str, dict[str, Any]]) -> str:
                 f"{_f(x['pass@1'], x['pass@1_se'])} | {_f(x['independent_pass'], x['independent_pass_se'])} | "
                 f"{_f(x['feedback_gain'], 'sign')} ± {_f(x['feedback_gain_se'])} | "
                 f"{_f(x['repair_rate'], x['repair_rate_se'])} | {_f(x['independent_repair_rate'])} | "
-                f"{_f(x['second_attempt_pass'])} | {_f(x['one_fresh_attempt'])} |")
+                f"{_f(x['second_attempt_pass'])} | {_f(x['one_fresh_attempt'])} | "
+                f"{_f(x['repeats'] / x['second_attempts'] if x['second_attempts'] else None)} |")
     return "\n".join(lines)
 
 
