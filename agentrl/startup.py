@@ -74,24 +74,31 @@ def check_settings(cfg: Config) -> None:
                                   "(reference_answer()) to mix into the warm start")
 
 
-def _ray_demands(cfg: Config) -> list[tuple[str, str, float, float]]:
-    """The Ray actors a run starts and keeps for the whole run, as (CPU key, GPU key, CPUs, GPUs)
-    per role: rollout workers, learner ranks, and the reference / teacher / reward-model
-    workers where `placement.*=worker` starts one (a reward-model worker is one per model
-    path: counted once, the least it needs)."""
+def _ray_demands(cfg: Config) -> dict[str, list[tuple[str, float]]]:
+    """The Ray actors a run starts and keeps for the whole run: per unit (`CPUs`, `GPUs`), a
+    (keys, amount) per role that reserves some: rollout workers, learner ranks, and the
+    reference / teacher / reward-model workers where `placement.*=worker` starts one (a
+    reward-model worker is one per model path: counted once, the least it needs)."""
     r, t, pl = cfg.rollout, cfg.train, cfg.placement
-    out = [(f"rollout.num_workers={r.num_workers} x rollout.worker_cpus={r.worker_cpus:g}",
-            f"rollout.num_workers={r.num_workers} x rollout.worker_gpus={r.worker_gpus:g}",
-            r.num_workers * r.worker_cpus, r.num_workers * r.worker_gpus),
-           (f"train.learner_workers={t.learner_workers} x train.learner_cpus={t.learner_cpus:g}",
-            f"train.learner_workers={t.learner_workers} x train.learner_gpus={t.learner_gpus:g}",
-            t.learner_workers * t.learner_cpus, t.learner_workers * t.learner_gpus)]
-    roles = [("reference", pl.reference == "worker" and get_algorithm(cfg.algo.name).needs_reference(cfg.algo)),
-             ("teacher", pl.teacher == "worker"), ("reward_model", pl.reward_model == "worker")]
-    for role, on in roles:
-        if on:
-            cpus, gpus = getattr(pl, f"{role}_cpus"), getattr(pl, f"{role}_gpus")
-            out.append((f"placement.{role}_cpus={cpus:g}", f"placement.{role}_gpus={gpus:g}", cpus, gpus))
+    out: dict[str, list[tuple[str, float]]] = {"CPUs": [], "GPUs": []}
+
+    def ask(unit: str, keys: str, amount: float) -> None:
+        if amount > 0:
+            out[unit].append((keys, amount))
+
+    for unit, kind in (("CPUs", "cpus"), ("GPUs", "gpus")):
+        per_worker = getattr(r, f"worker_{kind}")
+        ask(unit, f"rollout.num_workers={r.num_workers} x rollout.worker_{kind}={per_worker:g}",
+            r.num_workers * per_worker)
+        per_rank = getattr(t, f"learner_{kind}")
+        ask(unit, f"train.learner_workers={t.learner_workers} x train.learner_{kind}={per_rank:g}",
+            t.learner_workers * per_rank)
+        roles = [("reference", pl.reference == "worker" and get_algorithm(cfg.algo.name).needs_reference(cfg.algo)),
+                 ("teacher", pl.teacher == "worker"), ("reward_model", pl.reward_model == "worker")]
+        for role, on in roles:
+            if on:
+                n = getattr(pl, f"{role}_{kind}")
+                ask(unit, f"placement.{role}_{kind}={n:g}", n)
     return out
 
 
@@ -118,8 +125,8 @@ def check_local_cluster_fits(cfg: Config, cpus: float | None = None, gpus: float
     if cfg.rollout.ray_address:
         return
     demands = _ray_demands(cfg)
-    for unit, col, have_fn, given in (("CPUs", 0, local_cluster_cpus, cpus), ("GPUs", 1, local_cluster_gpus, gpus)):
-        asks = [(d[col], d[col + 2]) for d in demands if d[col + 2] > 0]
+    for unit, have_fn, given in (("CPUs", local_cluster_cpus, cpus), ("GPUs", local_cluster_gpus, gpus)):
+        asks = demands[unit]
         need = sum(n for _, n in asks)
         if not asks:
             continue
