@@ -70,6 +70,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
+from overhead_common import git_commit  # noqa: E402
 from vs_trl import worker_env  # noqa: E402  (the speed benchmark's offline, 1-thread environment)
 
 SIDES = ("trl", "ours")
@@ -78,19 +79,6 @@ TARGET_TIME_RATIO = 0.4  # issue 43: <= 0.4x TRL's wall time to its best
 
 
 # -- running ------------------------------------------------------------------------------------
-def git_commit() -> str:
-    """The short hash of HEAD, `+dirty` when tracked files other than this benchmark's outputs
-    differ from it ("unknown" outside git)."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True,
-                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", ".", ":!benchmarks/results",
-                                ":!docs/learning_vs_trl.png"], cwd=HERE.parent).returncode != 0
-        return head + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def build_warm(work: Path, extra: list[str], timeout: float) -> Path:
     """WORK/warm: the main job with `--steps 0` (model, tokenizer, warm start); reused when
     WORK/warm/sft_model exists."""
@@ -135,7 +123,7 @@ def run_side(side: str, warm: Path, work: Path, a: argparse.Namespace) -> dict[s
     res = json.loads((out / "result.json").read_text())
     res["process_wall_s"] = time.perf_counter() - t0
     res["loadavg_before"], res["loadavg_after"] = list(load0), list(os.getloadavg())
-    res["commit"] = git_commit()
+    res["commit"] = git_commit("benchmarks/results", "docs/learning_vs_trl.png")
     (out / "result.json").write_text(json.dumps(res, indent=1))
     cks = res["checkpoints"]
     print(f"[{side}] {res['steps_done']} steps, {len(cks)} checkpoints, last at "

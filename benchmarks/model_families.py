@@ -39,6 +39,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from overhead_common import git_commit  # noqa: E402
+
 OUT = ROOT / "benchmarks" / "results" / "model_families.json"
 COMMAND = "python benchmarks/model_families.py"
 
@@ -95,16 +99,6 @@ def child(model_dir: str) -> dict:
             "weights_mib": params * 4 / 2**20 if params else None}
 
 
-def _git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True).stdout.strip()
-        return out.stdout.strip() + ("+dirty" if dirty else "")
-    except OSError:
-        return "unknown"
-
-
 def run(families: list[str], rounds: int) -> dict:
     """Build each family's directory and measure it in `rounds` fresh subprocesses."""
     import torch
@@ -114,7 +108,7 @@ def run(families: list[str], rounds: int) -> dict:
 
     for f in FAMILIES.values():  # import every architecture's modules before timing the builds
         _model_class(f.arch)
-    commit = _git_commit()  # the code measured: read before the children start
+    commit = git_commit()  # the code measured: read before the children start
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     results = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -26,6 +26,20 @@ def pct(s: dict[str, Any]) -> str:
     return f"{100 * s['median']:+.1f} % [{100 * s['min']:+.1f}, {100 * s['max']:+.1f}]"
 
 
+def git_commit(*exclude: str) -> str:
+    """The short hash of HEAD, with `+dirty` when tracked files other than the paths in
+    `exclude` (a benchmark's own outputs) differ from it; "unknown" outside git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                *(f":(exclude){p}" for p in exclude)], cwd=ROOT, capture_output=True,
+                               text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
 def provenance() -> dict[str, Any]:
     """The commit (and whether tracked files other than benchmarks/results/ had uncommitted
     changes), the command line, the cores and the 1/5/15-minute load averages now."""

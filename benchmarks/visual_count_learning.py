@@ -43,6 +43,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from overhead_common import git_commit  # noqa: E402
+
 CONDITIONS = ("real", "blank", "shuffled")
 
 
@@ -297,14 +301,6 @@ def grpo_metrics(path: Path) -> list[dict[str, Any]]:
         if len(keep) > 1:
             rows.append(keep)
     return rows
-
-
-def git_commit() -> str:
-    """The checkout's commit (short hash), with `+dirty` when tracked files differ from it."""
-    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                           capture_output=True, text=True).stdout.strip()
-    return rev + ("+dirty" if dirty else "")
 
 
 def main() -> None:
