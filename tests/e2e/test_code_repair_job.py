@@ -60,7 +60,7 @@ def test_the_config_is_the_multi_turn_job():
         "code_sandbox", 3, "grpo", 0.5)
     assert (cfg.algo.turn_credit, cfg.sft.check_turns, cfg.env.kwargs.get("turn_penalty", 0.0),
             cfg.train.steps) == ("gigpo", 1, 0.0, 300)
-    assert (cfg.sft.policy_repair_tasks, cfg.sft.policy_repair_steps) == (768, 120)
+    assert (cfg.sft.policy_repair_tasks, cfg.sft.policy_repair_steps) == (1536, 240)
 
 
 def test_repair_examples_are_rendered_like_an_episode(tiny_tokenizer):
