@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentrl import pyast
 from agentrl_envs.code_evalplus import (
     HUMANEVAL_PLUS_MODES,
     MBPP_PLUS_DECODERS,
@@ -151,7 +152,7 @@ def _defined_functions(code: str) -> list[str]:
     try:
         with warnings.catch_warnings():  # e.g. invalid escape sequences in MBPP code
             warnings.simplefilter("ignore")
-            tree = ast.parse(code)
+            tree = pyast.parse(code)
         return [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     except SyntaxError:
         return re.findall(r"^def\s+(\w+)\s*\(", code, re.M)
@@ -176,7 +177,7 @@ def _infer_entry_point(code: str, tests: list[str]) -> str:
 def _split_statements(src: str) -> tuple[list[str], list[str]]:
     """Split a block of top-level statements into (non-assert statements, assert statements),
     each as its own source text. Used for MBPP+'s `assertion` field."""
-    tree = ast.parse(src)
+    tree = pyast.parse(src)
     other: list[str] = []
     asserts: list[str] = []
     for node in tree.body:
@@ -473,7 +474,7 @@ def reference_problems(tasks: list[CodeTask]) -> list[str]:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                tree = ast.parse(program)
+                tree = pyast.parse(program)
             compile(tree, t.task_id, "exec")
         except (SyntaxError, ValueError):
             bad.append(t.task_id)

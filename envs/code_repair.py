@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from agentrl import pyast
+
 _BINOPS: dict[type, type] = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Add,
                              ast.FloorDiv: ast.Mod, ast.Mod: ast.FloorDiv, ast.Pow: ast.Mult}
 _CMPOPS: dict[type, type] = {ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Lt: ast.LtE, ast.LtE: ast.Lt,
@@ -66,7 +68,7 @@ def mutants(solution: str, rng: np.random.Generator, limit: int = 4) -> list[str
     """Up to `limit` distinct one-edit mutants of `solution` (module doc), in an order drawn
     with `rng`; [] when it does not parse or offers no edit."""
     try:
-        tree = ast.parse(solution)
+        tree = pyast.parse(solution)
     except SyntaxError:
         return []
     edits = _edits(tree)

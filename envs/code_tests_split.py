@@ -35,6 +35,7 @@ import ast
 import warnings
 from dataclasses import dataclass
 
+from agentrl import pyast
 from agentrl_envs.code_datasets import CodeTask
 
 PUBLIC_FRACTION = 0.4
@@ -68,7 +69,7 @@ def _parse(src: str) -> ast.Module | None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return ast.parse(src)
+            return pyast.parse(src)
     except SyntaxError:
         return None
 

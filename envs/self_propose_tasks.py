@@ -15,6 +15,8 @@ import math
 import threading
 from typing import Any
 
+from agentrl import pyast
+
 #: Most characters of a proposed program, of one input or output literal, inputs per task.
 MAX_SOURCE_CHARS = 2000
 MAX_VALUE_CHARS = 300
@@ -132,7 +134,7 @@ def parse_program(text: str, allowed: frozenset[str] | set[str] = ALLOWED_IMPORT
     if len(src) > MAX_SOURCE_CHARS:
         raise ParseError(f"program longer than {MAX_SOURCE_CHARS} characters")
     try:
-        tree = ast.parse(src)
+        tree = pyast.parse(src)
     except (SyntaxError, ValueError, MemoryError, RecursionError) as e:
         raise ParseError(f"program does not parse: {type(e).__name__}") from None
     f = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "f"]
@@ -192,7 +194,7 @@ def parse_labelled_value(text: str, label: str) -> str:
 
 def arg_unused(src: str) -> bool:
     """True when `f`'s parameter is never read in its body (a constant function)."""
-    tree = ast.parse(src)
+    tree = pyast.parse(src)
     f = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "f"][-1]
     a = f.args
     name = (a.posonlyargs + a.args)[0].arg
@@ -216,7 +218,7 @@ def trivial_reason(src: str, inputs: list[str], outputs: list[str]) -> str | Non
 
 def normalise(src: str) -> str:
     """Source without comments or formatting (`ast.unparse`), for duplicate detection."""
-    return ast.unparse(ast.parse(src))
+    return ast.unparse(pyast.parse(src))
 
 
 def task_key(src: str, inputs: list[str]) -> str:
@@ -226,7 +228,7 @@ def task_key(src: str, inputs: list[str]) -> str:
 
 def docstring(src: str) -> str | None:
     """`f`'s docstring (its first line), or None."""
-    tree = ast.parse(src)
+    tree = pyast.parse(src)
     f = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "f"][-1]
     doc = ast.get_docstring(f)
     return doc.strip().split("\n")[0] if doc else None

@@ -31,6 +31,7 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
+from agentrl import pyast
 from agentrl_tools.registry import ToolError, tool
 
 MAX_EXPRESSION_CHARS = 1000
@@ -145,7 +146,7 @@ def evaluate(expression: str) -> Number:
         raise ToolError(f"invalid expression: it contains a lone surrogate (U+{ord(bad):04X}), "
                         "which is not text")
     try:
-        tree = ast.parse(expression.strip(), mode="eval")
+        tree = pyast.parse(expression.strip(), mode="eval")
     except SyntaxError as e:
         raise ToolError(f"invalid expression: {e.msg}") from None
     except (RecursionError, MemoryError):

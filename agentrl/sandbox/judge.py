@@ -22,6 +22,8 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentrl import pyast
+
 from .result import Limits, SandboxResult, TestOutcome
 from .rewrite import Site, bound_names, rewrite_test
 
@@ -66,7 +68,7 @@ def setup_stubs(setup: str) -> list[str]:
     solution may replace in a split run.  Setup functions with a real body (the prompt's
     helpers: ``encode_shift``, ``poly``) stay the setup's, since tests check answers with them."""
     try:
-        tree = ast.parse(setup)
+        tree = pyast.parse(setup)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return []
 
@@ -90,7 +92,7 @@ def one_process_safe(rewritten: list, setup: str) -> bool:
     if names & set(vars(builtins)):
         return False
     try:
-        tree = ast.parse(setup)
+        tree = pyast.parse(setup)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return False
     # a setup of anything but plain imports may bind names in ways bound_names cannot see

@@ -26,9 +26,10 @@ from __future__ import annotations
 import ast
 import builtins
 import functools
-import threading
 from dataclasses import dataclass, field
 from typing import Any
+
+from agentrl import pyast
 
 HELPERS = ("__agentrl_expect__", "__agentrl_cmp__", "__agentrl_chain__", "__agentrl_truth__")
 #: How the rewritten source calls helper ``h``: a string constant, ``'\x00agentrl:h'(...)``,
@@ -293,14 +294,6 @@ def _runner_decided(tree: ast.Module, called: set[str]) -> tuple[str, ...] | Non
     return tuple(sorted(callees)) if sites else None
 
 
-_AST_LOCK = threading.Lock()
-"""Serialises the runner's `ast.parse` calls only (the rest of a rewrite runs unlocked, so a
-big test never holds other env threads for its whole rewrite; issue 42): CPython 3.11 before
-3.11.8 keeps the AST converter's recursion-depth counter per interpreter, so `ast.parse` in two
-threads at once (env threads stepping sandbox runs) can raise `SystemError: AST constructor
-recursion depth mismatch` (CPython gh-106905), which surfaced as a sandbox_error on an honest
-solution."""
-
 #: Longest test source the rewriter takes, in characters (the largest shipped test chunk,
 #: MBPP+'s, is 108,516; rewriting costs ~70 us per statement, a 2.3 MB test took 29 s).
 MAX_TEST_CHARS = 1 << 19
@@ -313,8 +306,7 @@ class TestTooLarge(ValueError):
 
 
 def _parse(source: str) -> ast.Module:
-    with _AST_LOCK:
-        return ast.parse(source)
+    return pyast.parse(source)  # locked: CPython gh-106905 (agentrl.pyast)
 
 
 def rewrite_test(source: str) -> Rewritten:
