@@ -236,12 +236,6 @@ class CodeSandboxEnv(TextEnv):
             (`heldout_fraction` of the tasks are held out).
         reward: `binary` (1.0 iff every test passes) or `fraction` (tests passed / total).
         turn_penalty: subtracted from the reward of every turn after the first.
-        repeat_penalty: subtracted from the reward of an attempt whose code is the code of an
-            earlier attempt of the episode (`repeat_key`: the extracted code, trailing spaces
-            of each line dropped), e.g. 0.5; 0 (default): no penalty. A failed attempt that
-            is resubmitted unchanged fails again (the verdict does not depend on the turn), so
-            it is a wasted attempt; the penalty gives it a reward below a new failed attempt's.
-            Whether an attempt repeated is in `info["repeat"]` either way (every turn).
         max_turns: attempts per episode. After `max_turns > 1` failures the episode is
             truncated, at the same step where a Gymnasium TimeLimit of `max_turns` would (the
             smaller limit wins when both apply). With `max_turns=1` (single-turn) the one
@@ -277,6 +271,12 @@ class CodeSandboxEnv(TextEnv):
             "Verdict cache"); `false` runs every attempt. The verdict is the same either way
             for a program whose result does not depend on chance or time; one that passes by
             chance is not paid again in later steps (their seeds differ).
+        repeat_penalty: subtracted from the reward of an attempt whose code is the code of an
+            earlier attempt of the episode (`repeat_key`: the extracted code, trailing spaces
+            of each line dropped), e.g. 0.5; 0 (default): no penalty. A failed attempt that
+            is resubmitted unchanged fails again (the verdict does not depend on the turn), so
+            it is a wasted attempt; the penalty gives it a reward below a new failed attempt's.
+            Whether an attempt repeated is in `info["repeat"]` either way (every turn).
 
     Raises:
         ValueError: a bad argument, naming it and the allowed values.
@@ -286,13 +286,14 @@ class CodeSandboxEnv(TextEnv):
     """
 
     def __init__(self, dataset: str | None = None, split: str = "train", reward: str = "binary",
-                 turn_penalty: float = 0.0, repeat_penalty: float = 0.0, max_turns: int = 1,
+                 turn_penalty: float = 0.0, max_turns: int = 1,
                  limits: Limits | dict[str, Any] | None = None, feedback_chars: int = 400,
                  system_prompt: str | None = None, backend: str = "auto",
                  pool: SandboxPool | None = None, heldout_fraction: float = 0.2,
                  num_tasks: int = 500, families: list[str] | None = None,
                  levels: list[int] | None = None, trivial_tasks: str = "auto",
-                 check_references: bool = True, cache_verdicts: bool = True):
+                 check_references: bool = True, cache_verdicts: bool = True,
+                 repeat_penalty: float = 0.0):
         if reward not in REWARDS:
             raise ValueError(f"reward: unknown mode {reward!r}; allowed: {', '.join(REWARDS)}")
         if int(max_turns) < 1:

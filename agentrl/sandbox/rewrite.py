@@ -305,10 +305,6 @@ class TestTooLarge(ValueError):
     __test__ = False  # not a pytest class
 
 
-def _parse(source: str) -> ast.Module:
-    return pyast.parse(source)  # locked: CPython gh-106905 (agentrl.pyast)
-
-
 def rewrite_test(source: str) -> Rewritten:
     """The sandbox-side source of test ``source`` and its runner-side expectations (cached).
 
@@ -330,7 +326,7 @@ def _rewrite_cached(source: str) -> Rewritten:
 
 def _rewrite_test(source: str) -> Rewritten:
     try:
-        tree = _parse(source)
+        tree = pyast.parse(source)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return Rewritten(source)
     lines = source.splitlines()
@@ -359,7 +355,7 @@ def _rewrite_test(source: str) -> Rewritten:
     try:
         tree = ast.fix_missing_locations(_Plain().visit(tree))
         out = ast.unparse(tree)
-        again = _parse(out)
+        again = pyast.parse(out)
     except (ValueError, RecursionError, MemoryError, SyntaxError):
         return Rewritten(source)
     line_map = {}
