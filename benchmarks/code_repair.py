@@ -19,6 +19,9 @@ it after each seed's arms). Each run is `python -m agentrl.cli train --config
 configs/code_repair.yaml` in a subprocess, one at a time. Writes
 `benchmarks/results/code_repair[_TAG].json` and `.md` (the table) and prints the table; the
 run folders stay under `runs/code_repair/`. docs/learning.md quotes figures from these files only.
+With `train.eval_every=N` the held-out evaluations during RL are a second table (step, first
+attempt, pass within 3, gap, repair rate); `--tag T --add-curves` rewrites T's results with the
+curves read from its run folders.
 
 Targets (issue 40): after RL, pass within 3 attempts minus first-attempt pass@1 >= +0.10 on the
 held-out set (256 tasks x 4 samples); repair rate after RL >= 1.5x before RL; first-attempt
@@ -68,6 +71,19 @@ def step_profile(metrics_path: Path) -> dict[str, float]:
     return out
 
 
+CURVE = ("first_attempt_pass@1", "pass@1", "repair_rate")
+
+
+def curve(metrics_path: Path) -> list[dict]:
+    """The run's held-out evaluations in step order, from its metrics.jsonl: before RL (step 0),
+    every `train.eval_every` steps, and after RL (the last step); each row is `step` and the
+    `CURVE` metrics with their `_se` (None where the evaluation has none)."""
+    rows = [json.loads(x) for x in metrics_path.read_text().splitlines() if x.strip()]
+    out = [{"step": r["step"], **{m: r.get(f"eval/{m}") for k in CURVE for m in (k, f"{k}_se")}}
+           for r in rows if isinstance(r.get("eval/pass@1"), (int, float))]
+    return sorted(out, key=lambda r: r["step"])
+
+
 def run_one(seed: int, arm: str, out: Path, overrides: list[str], single_turn: bool = False) -> dict:
     """One run in a subprocess; returns its figures (or raises with the log's tail)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -88,7 +104,8 @@ def run_one(seed: int, arm: str, out: Path, overrides: list[str], single_turn: b
             "sft_steps": s.get("sft_steps"), "sft_seconds": s.get("sft_seconds"),
             "before": {m: s["eval_before"].get(m) for m in keep},
             "after": {m: s["eval_after"].get(m) for m in keep},
-            "step_profile": step_profile(out / "metrics.jsonl"), "cmd": cmd[3:]}
+            "step_profile": step_profile(out / "metrics.jsonl"), "curve": curve(out / "metrics.jsonl"),
+            "cmd": cmd[3:]}
 
 
 def _f(x: float | None, se: float | None = None) -> str:
@@ -124,15 +141,60 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def curve_table(results: list[dict]) -> str:
+    """The Markdown table of the held-out evaluations during RL (`curve`; one row per
+    evaluation of each run), empty when no run evaluated between before and after RL."""
+    if not any(len(r.get("curve") or []) > 2 for r in results):
+        return ""
+    lines = ["| arm | seed | RL step | first-attempt pass@1 | pass within 3 | gap | repair rate |",
+             "|" + " --- |" * 7]
+    for r in results:
+        for c in r.get("curve") or []:
+            first, within = c.get("first_attempt_pass@1"), c.get("pass@1")
+            gap = within - first if first is not None and within is not None else None
+            lines.append(f"| {r['arm']} | {r['seed']} | {c['step']} | {_f(first, c.get('first_attempt_pass@1_se'))} | "
+                         f"{_f(within, c.get('pass@1_se'))} | {_f(gap)} | "
+                         f"{_f(c.get('repair_rate'), c.get('repair_rate_se'))} |")
+    return "\n".join(lines)
+
+
+def add_curves(name: str) -> str:
+    """Rewrite `benchmarks/results/<name>.json|md` with each run's `curve` read from its run
+    folder (`runs/<name>/<arm>_seed<N>/metrics.jsonl`): for results written before the curve
+    was kept. Returns the curve table."""
+    path = RESULTS / f"{name}.json"
+    data = json.loads(path.read_text())
+    for r in data["runs"]:
+        folder = f"single_seed{r['seed']}" if r["arm"] == "single_turn" else f"{r['arm']}_seed{r['seed']}"
+        r["curve"] = curve(ROOT / "runs" / name / folder / "metrics.jsonl")
+    path.write_text(json.dumps(data, indent=1))
+    _write_md(name, data["meta"], data["runs"])
+    return curve_table(data["runs"])
+
+
+def _write_md(name: str, meta: dict, results: list[dict]) -> str:
+    md = table(results)
+    curves = curve_table(results)
+    (RESULTS / f"{name}.md").write_text(
+        f"commit `{meta['commit']}`, {meta['date']}, load {meta['loadavg_start'][0]:.1f} -> "
+        f"{meta['loadavg_end'][0]:.1f}\n\n{md}\n" + (f"\nHeld-out evaluations during RL:\n\n{curves}\n" if curves else ""))
+    return md
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--arms", nargs="+", default=["gigpo"], choices=sorted([*ARMS, "single_turn"]))
     ap.add_argument("--single-turn", action="store_true", help="also run the single-turn main job per seed")
     ap.add_argument("--tag", default="")
+    ap.add_argument("--add-curves", action="store_true",
+                    help="only rewrite the results of --tag with each run's held-out curve from its run folder")
     ap.add_argument("overrides", nargs="*", help="key=value config overrides for every run")
     args = ap.parse_args(argv)
     name = "code_repair" + (f"_{args.tag}" if args.tag else "")
+    if args.add_curves:
+        print(add_curves(name))
+        return 0
     runs = ROOT / "runs" / name
     results: list[dict] = []
     t0 = time.time()
@@ -140,15 +202,12 @@ def main(argv: list[str] | None = None) -> int:
     commit, date = _commit(), time.strftime("%Y-%m-%d %H:%M")
 
     def save() -> str:  # after every run: a stopped benchmark keeps the runs it finished
-        md = table(results)
         meta = {"commit": commit, "date": date, "machine": platform.node(), "cpus": os.cpu_count(),
                 "loadavg_start": load0, "loadavg_end": os.getloadavg(), "seconds": time.time() - t0,
                 "overrides": args.overrides}
         RESULTS.mkdir(parents=True, exist_ok=True)
         (RESULTS / f"{name}.json").write_text(json.dumps({"meta": meta, "runs": results}, indent=1))
-        (RESULTS / f"{name}.md").write_text(f"commit `{commit}`, {date}, load "
-                                            f"{load0[0]:.1f} -> {meta['loadavg_end'][0]:.1f}\n\n{md}\n")
-        return md
+        return _write_md(name, meta, results)
 
     for seed in args.seeds:
         for arm in args.arms:

@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from code_repair import step_profile, table  # noqa: E402
+from code_repair import curve, curve_table, step_profile, table  # noqa: E402
 
 PROFILE = {"generate_s": 3.0, "env_s": 2.0, "update_s": 5.0, "turns": 1.75}
 
@@ -62,3 +62,31 @@ def test_no_repair_rate_before_gives_no_ratio():
     run["before"]["repair_rate"], run["after"]["repair_rate"] = 0.25, nan
     cells = [c.strip() for c in table([run]).splitlines()[-1].split("|")]
     assert cells[7:9] == ["0.250 -> –", "–"]
+
+
+def test_curve_reads_the_evaluations_in_step_order(tmp_path):
+    """`curve` keeps the rows holding a held-out evaluation (before RL at step 0, mid-run, after
+    at the last step), in step order, with the first attempt, pass within 3 and repair rate."""
+    ev = {"eval/first_attempt_pass@1": 0.5, "eval/first_attempt_pass@1_se": 0.02, "eval/pass@1": 0.625,
+          "eval/pass@1_se": 0.03, "eval/repair_rate": 0.25, "eval/repair_rate_se": 0.04}
+    rows = [{"step": 40, **ev, "eval/pass@1": 0.7}, {"step": 0, **ev},
+            {"step": 1, "perf/step_s": 3.0, "rollout/pass_rate": 0.9}, {"step": 80, **ev, "eval/repair_rate": None}]
+    p = tmp_path / "metrics.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    c = curve(p)
+    assert [r["step"] for r in c] == [0, 40, 80]
+    assert c[1] == {"step": 40, "first_attempt_pass@1": 0.5, "first_attempt_pass@1_se": 0.02, "pass@1": 0.7,
+                    "pass@1_se": 0.03, "repair_rate": 0.25, "repair_rate_se": 0.04}
+    assert c[2]["repair_rate"] is None
+
+
+def test_curve_table_has_the_gap_per_evaluation_and_is_empty_without_mid_run_ones():
+    pt = {"first_attempt_pass@1": 0.5, "first_attempt_pass@1_se": 0.02, "pass@1": 0.625, "pass@1_se": 0.03,
+          "repair_rate": 0.25, "repair_rate_se": 0.04}
+    run = {"arm": "gigpo", "seed": 2, "curve": [{"step": 0, **pt}, {"step": 40, **pt, "pass@1": 0.75},
+                                                 {"step": 80, **pt, "repair_rate": None, "repair_rate_se": None}]}
+    lines = curve_table([run]).splitlines()
+    assert lines[2] == "| gigpo | 2 | 0 | 0.500 ± 0.020 | 0.625 ± 0.030 | 0.125 | 0.250 ± 0.040 |"
+    assert lines[3] == "| gigpo | 2 | 40 | 0.500 ± 0.020 | 0.750 ± 0.030 | 0.250 | 0.250 ± 0.040 |"
+    assert lines[4] == "| gigpo | 2 | 80 | 0.500 ± 0.020 | 0.625 ± 0.030 | 0.125 | – |"
+    assert curve_table([{**run, "curve": run["curve"][:2]}]) == ""  # before and after only: no table
