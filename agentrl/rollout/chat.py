@@ -58,6 +58,10 @@ _TEMPLATE_ROLES = ("system", "user", "assistant")
 """Roles every template renders; a message of another role (`tool`) that a template refuses
 or drops is rendered as a `user` message."""
 
+USER_JOIN = "\n\n"
+"""What joins the texts of consecutive `user` messages that a template refuses in a row (Mistral's
+and Gemma-3's alternation checks): `merge_user_runs`."""
+
 HISTORY_MODES = ("exact", "template")
 """`rollout.history`: `exact` (the context is the sampled ids plus observation deltas) or
 `template` (each turn's prompt is the template's rendering of the messages so far)."""
@@ -150,6 +154,31 @@ def encode_neutralized(tokenizer: Any, text: str, found: list[str]) -> list[int]
         ids += enc(orig[0]) + enc(orig[1:])
         cursor = m.end()
     return ids + enc(text[cursor:])
+
+
+def _parts(content: Any) -> list[Any]:
+    return list(content) if isinstance(content, (list, tuple)) else [{"type": "text", "text": str(content or "")}]
+
+
+def merge_user_runs(messages: list[Message]) -> list[Message]:
+    """`messages` with each run of consecutive `user` messages merged into one `user` message
+    whose text is theirs joined by `USER_JOIN` (content-part lists: the parts in order, a text
+    part `USER_JOIN` between messages); other keys of merged messages (a tool result's `name`)
+    are dropped. For templates that refuse two user turns in a row, where several observations
+    fall back to `user` (two tool results of one turn on Mistral v0.3) or an env sends several."""
+    out: list[Message] = []
+    for m in messages:
+        prev = out[-1] if out else None
+        if prev is None or m.get("role") != "user" or prev.get("role") != "user":
+            out.append(m)
+            continue
+        a, b = prev.get("content"), m.get("content")
+        if isinstance(a, str) and isinstance(b, str):
+            content: Any = a + USER_JOIN + b
+        else:
+            content = [*_parts(a), {"type": "text", "text": USER_JOIN}, *_parts(b)]
+        out[-1] = {"role": "user", "content": content}
+    return out
 
 
 def _first_diff(a: list[int], b: list[int]) -> int:
@@ -300,20 +329,24 @@ class ChatRenderer:
         return "; ".join(notes)
 
     def _render_observation(self, new_messages: list[Message]) -> list[int]:
-        try:
-            ids = self._after_turn(list(new_messages))
-        except RenderError:
-            raise
-        except Exception as e:  # noqa: BLE001 - a template that refuses a role: try it as user
-            as_user = [{**m, "role": "user"} if m.get("role") not in ("user", "system") else m
-                       for m in new_messages]
-            if as_user == list(new_messages):
-                raise RenderError(f"chat template cannot render the observation: {e}") from e
+        """`_after_turn` of `new_messages`; where the template refuses them, of them with roles
+        other than user / system as `user`, then with consecutive user messages merged
+        (`merge_user_runs`)."""
+        new_messages = list(new_messages)
+        as_user = [{**m, "role": "user"} if m.get("role") not in ("user", "system") else m
+                   for m in new_messages]
+        tries = [new_messages]
+        for c in (as_user, merge_user_runs(as_user)):
+            if c not in tries:
+                tries.append(c)
+        for msgs in tries:
             try:
-                ids = self._after_turn(as_user)
-            except Exception as e2:  # noqa: BLE001
-                raise RenderError(f"chat template cannot render the observation: {e2}") from e2
-        return ids
+                return self._after_turn(msgs)
+            except RenderError:
+                raise
+            except Exception as e:  # noqa: BLE001 - a template that refuses a role or a run of users
+                err = e
+        raise RenderError(f"chat template cannot render the observation: {err}") from err
 
     def _memoised(self, kind: str, key: str | None, render: Any) -> list[int]:
         """`render()`, or the ids it gave for `key` before (module doc); a fresh list either way."""
@@ -344,7 +377,8 @@ class ChatRenderer:
         """The template's rendering of `messages`; when it refuses them, or drops the text of a
         message of another role than system / user / assistant (Gemma-3 refuses `tool`, Phi-3
         drops it), those messages are rendered as `user` ones, as `delta_ids` renders them
-        (an `agentrl serve` request or a rewritten context holding tool results)."""
+        (an `agentrl serve` request or a rewritten context holding tool results); when it still
+        refuses them, with consecutive user messages merged (`merge_user_runs`)."""
         messages = list(messages)
         other = [m for m in messages if m.get("role") not in _TEMPLATE_ROLES]
         try:
@@ -354,17 +388,21 @@ class ChatRenderer:
         except RenderError:
             raise
         except Exception as e:  # noqa: BLE001 - jinja errors, raise_exception in templates
-            if not other:
+            if not other and merge_user_runs(messages) == messages:
                 raise RenderError(f"chat template cannot render the messages: {type(e).__name__}: {e}") from e
             first = e
         else:
             first = None
         as_user = [{**m, "role": "user"} if m.get("role") not in _TEMPLATE_ROLES else m for m in messages]
-        try:
-            return self._ids(as_user, True, tools)
-        except Exception as e:  # noqa: BLE001
-            e = first or e
-            raise RenderError(f"chat template cannot render the messages: {type(e).__name__}: {e}") from e
+        for c in (as_user, merge_user_runs(as_user)):
+            if c == messages and first is not None:
+                continue
+            try:
+                return self._ids(c, True, tools)
+            except Exception as e:  # noqa: BLE001
+                first = first or e
+        assert first is not None
+        raise RenderError(f"chat template cannot render the messages: {type(first).__name__}: {first}") from first
 
     def delta_ids(self, new_messages: list[Message]) -> list[int]:
         """Ids of `new_messages` (observations) as they render after an assistant turn, followed
@@ -374,7 +412,9 @@ class ChatRenderer:
         of `[user, assistant, *new_messages]`, wherever the template puts it, so a template
         that rewrites earlier turns (Qwen3, R1-distill) still gives the observation's exact
         rendering. A template that refuses or drops a role (Gemma-3 and Mistral for `tool`,
-        Phi-3 for anything but system/user/assistant) renders those messages as `user` ones.
+        Phi-3 for anything but system/user/assistant) renders those messages as `user` ones;
+        one that refuses consecutive user messages (Mistral, Gemma-3) gets each run of them
+        merged into one (`merge_user_runs`, texts joined by `USER_JOIN`).
 
         Raises:
             RenderError: the template cannot render the observation even so (recorded as the

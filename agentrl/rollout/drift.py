@@ -54,7 +54,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from agentrl.rollout.chat import ChatRenderer, Message, encode_neutralized, render_key
+from agentrl.rollout.chat import (
+    ChatRenderer,
+    Message,
+    encode_neutralized,
+    merge_user_runs,
+    render_key,
+)
 from agentrl.types import Trajectory
 
 PLACE = "\ue001"
@@ -139,7 +145,13 @@ def _region_ids(r: ChatRenderer, history: list[Message], obs: list[Message], gen
     except Exception:  # noqa: BLE001 - a role the template refuses: as the renderer does
         pass
     as_user = [{**m, "role": "user"} for m in obs]
-    return _after_place(r, history + as_user, gen, tools, cache), as_user
+    try:
+        return _after_place(r, history + as_user, gen, tools, cache), as_user
+    except _NotRendered:
+        raise
+    except Exception:  # noqa: BLE001 - a template that refuses users in a row: merged, as the renderer does
+        merged = merge_user_runs(as_user)
+        return _after_place(r, history + merged, gen, tools, cache), merged
 
 
 def _first_diff(a: list[int], b: list[int]) -> int:
