@@ -176,7 +176,8 @@ def check_learner_device(cfg: Config) -> None:
 def preflight(cfg: Config) -> list[str]:
     """Checks of the settings that would otherwise fail only after OUT was (re)written: the env
     is built once (with its wrappers), reset once and closed, `model.path` is a model
-    directory whose weights load and cover the tokenizer's ids (`check_tokenizer_fits`), vLLM
+    directory whose weights load and cover the tokenizer's ids (`check_tokenizer_fits`) and
+    whose chat template the policy's renderer can use (`check_chat_template`), vLLM
     imports when `rollout.engine=vllm`, a vision policy runs only where images do
     (`check_vision_training`), a text policy only where no image is
     (`check_policy_sees_images`), and W&B finds an API key (`log.wandb`, `check_wandb_login`).
@@ -203,6 +204,7 @@ def preflight(cfg: Config) -> list[str]:
         except ValueError as e:
             raise ConfigError(f"config error: model.path: {e}") from None
         check_tokenizer_fits(path)
+        check_chat_template(cfg, path)
     if path and cfg.model.vision and not is_vlm_dir(path):
         raise ConfigError(f"config error: model.vision=true with model.path={path}, a text-only model "
                           "(no image processor and vision tower): model.vision builds the embedded "
@@ -282,6 +284,41 @@ def check_tokenizer_fits(path: str) -> None:
     problem = tokenizer_overflow(path, tok)  # the wording of doctor and load_model too
     if problem:
         raise ConfigError(f"config error: model.path: {problem}")
+
+
+def check_chat_template(cfg: Config, path: str | Path, key: str = "model.path") -> None:
+    """The policy's renderer builds from model directory `path`'s tokenizer (its image
+    processor too, for a vision-language model), as `agentrl.run.policy_renderer` builds it
+    once the run has started: a tokenizer without a chat template, or a template the renderer
+    cannot use (no end of turn after an assistant message; a `rollout.chat_template_kwargs` it
+    refuses), fails here, before OUT is written (it was a traceback from transformers after
+    OUT/config.json was written). `key` names the setting in the message (`--model` for
+    `agentrl eval`).
+
+    Raises:
+        ConfigError: naming `key`, the missing chat template (where to add one) or the
+            renderer's error, and `agentrl doctor --model`.
+    """
+    from agentrl.rollout.chat import renderer_for  # deferred: transformers
+    from agentrl.rollout.engines.make import load_processor
+
+    try:
+        tok = load_processor(path)
+    except Exception as e:  # noqa: BLE001 - any loader failure: one line, before OUT
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise ConfigError(f"config error: {key}: {path}: the tokenizer does not load "
+                          f"({type(e).__name__}: {first}); agentrl doctor --model {path}") from None
+    if not getattr(tok, "chat_template", None):
+        raise ConfigError(f"config error: {key}: {path}: the tokenizer has no chat template (agentrl "
+                          "renders episodes with it): add the model's template as the `chat_template` "
+                          f"key of {Path(path) / 'tokenizer_config.json'} or as a chat_template.jinja file "
+                          "beside it (docs/models.md)")
+    try:
+        renderer_for(tok, cfg.rollout.history, cfg.rollout.chat_template_kwargs)
+    except Exception as e:  # noqa: BLE001 - jinja errors, raise_exception, no end of turn
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise ConfigError(f"config error: {key}: {path}: its chat template cannot be used "
+                          f"({type(e).__name__}: {first}); agentrl doctor --model {path}") from None
 
 
 def env_notes(cfg: Config, env: Any) -> list[str]:

@@ -12,6 +12,7 @@ import yaml
 
 from agentrl.config import Config, ConfigError, load_config
 from agentrl.run import VISION_DEFAULTS, build, env_observes_images, resolve_run_defaults
+from agentrl.startup import check_chat_template
 
 
 def _resolved(*overrides: str) -> Config:
@@ -216,3 +217,48 @@ def test_no_weights_or_an_unreadable_tokenizer_under_model_path_is_one_line_befo
     res = CliRunner().invoke(app, ["doctor", "--model", str(nowt)])
     assert res.exit_code == 1, res.output
     assert res.output.splitlines()[-1].startswith(f"vocabulary: tokenizer 640, config 640: MISSING: {nowt} holds no weights")
+
+
+def test_a_model_path_without_a_usable_chat_template_is_one_line_before_out(tmp_path):
+    """model.path whose tokenizer has no chat template (a base model folder): `agentrl train`
+    said a transformers traceback after OUT/config.json was written, and a rerun said OUT
+    "already holds an earlier run"; now a one-line config error, exit 2, nothing written, the
+    same on the rerun; `agentrl eval --model` the same (nothing in --out). A template the
+    renderer cannot use (no end of turn after an assistant message) likewise."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+    from agentrl.models.families import build_family
+
+    good = tmp_path / "mistral"
+    build_family("mistral_v0_3", good, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+    bare, noeot = tmp_path / "bare", tmp_path / "noeot"
+    shutil.copytree(good, bare)
+    (bare / "chat_template.jinja").unlink()
+    shutil.copytree(good, noeot)
+    (noeot / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    want = {bare: (f"config error: model.path: {bare}: the tokenizer has no chat template (agentrl renders "
+                   "episodes with it): add the model's template as the `chat_template` key of "
+                   f"{bare / 'tokenizer_config.json'} or as a chat_template.jinja file beside it (docs/models.md)"),
+            noeot: (f"config error: model.path: {noeot}: its chat template cannot be used (ValueError: chat "
+                    "template: cannot locate the assistant's end-of-turn token (no control token follows an "
+                    f"assistant message)); agentrl doctor --model {noeot}")}
+    runner = CliRunner()
+    for d, line in want.items():
+        out = tmp_path / f"run_{d.name}"
+        for _ in range(2):  # the rerun says the same: nothing was left behind
+            res = runner.invoke(app, ["train", "--env", "code_sandbox", f"model.path={d}", f"out={out}",
+                                      "sft.steps=0"], terminal_width=400)
+            assert res.exit_code == 2, res.output
+            assert res.output.strip() == line
+            assert not out.exists()
+        ev = tmp_path / f"eval_{d.name}"
+        res = runner.invoke(app, ["eval", "--env", "code_sandbox", "--model", str(d), "--out", str(ev)],
+                            terminal_width=400)
+        assert res.exit_code == 2, res.output
+        assert res.output.strip() == line.replace("config error: model.path:", "config error: --model:")
+        assert not ev.exists()
+    cfg = load_config(None, ["env.name=toy", f"model.path={good}", "sft.steps=0", f"out={tmp_path / 'ok'}"])
+    check_chat_template(cfg, good)  # the family's own template is accepted

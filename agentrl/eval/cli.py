@@ -78,6 +78,7 @@ from agentrl.eval.tasks import list_tasks
 from agentrl.learner.checkpoints import intact, run_checkpoint
 from agentrl.rollout.envs import _env_accepts, build_env
 from agentrl.run import build, default_model_dir, quiet_libraries, resolve_run_defaults
+from agentrl.startup import check_chat_template
 
 REFERENCE_NAMES = ("reference", "scripted")
 DEFAULT_NAMES = ("default", "tiny")
@@ -306,6 +307,8 @@ def eval_command(
     cfg = _prepare(cfg, builtin)
     split_arg = split or ("all" if dataset else "heldout")
     probe = _probe_env(cfg, split_arg, split)
+    if model_dir is not None:  # a tokenizer without a usable chat template: one line, nothing written
+        check_chat_template(cfg, model_dir, "--model")
     _remove(replaced)  # --overwrite: the earlier evaluation, once the arguments are checked
     if builtin:  # the embedded model, built as a run builds it
         model_dir = Path(default_model_dir(cfg, Path(out_dir)))
