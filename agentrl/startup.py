@@ -321,6 +321,30 @@ def check_chat_template(cfg: Config, path: str | Path, key: str = "model.path") 
                           f"({type(e).__name__}: {first}); agentrl doctor --model {path}") from None
 
 
+def first_turn_room_warning(cfg: Config, env: Any, renderer: Any) -> str | None:
+    """A `[warning]` line when the env's opening prompt (reset with seed `cfg.seed`, rendered
+    by the policy's `renderer` with the tools the reset names, as the agent loop renders it)
+    leaves the first turn less than `rollout.max_tokens` of `rollout.max_episode_tokens`: such
+    episodes are cut short (truncated after one turn, or never sampled) with nothing else said.
+    None when there is room, or when the reset or the rendering fails (met again, and recorded,
+    in the rollouts: contract 7). The env is reset once and not closed."""
+    try:
+        obs, info = call_with_timeout(lambda: env.reset(seed=cfg.seed), cfg.env.reset_timeout_s)
+        n = len(renderer.prompt_ids(obs, tools=(info or {}).get("tools")))
+    except Exception:  # noqa: BLE001 - the env's or the template's failure: the rollouts record it
+        return None
+    cap, turn = cfg.rollout.max_episode_tokens, cfg.rollout.max_tokens
+    left = cap - n
+    if left >= turn:
+        return None
+    what = (f"leaving {left} for the first turn, less than rollout.max_tokens={turn}: episodes are "
+            "truncated after their first turn" if left > 0 else
+            "leaving no room for a turn: episodes end before they are sampled")
+    return (f"[warning] env {cfg.env.name}: the opening prompt (seed {cfg.seed}) takes {n} of "
+            f"rollout.max_episode_tokens={cap} tokens, {what}; raise rollout.max_episode_tokens "
+            f"(to at least {n + turn})")
+
+
 def env_notes(cfg: Config, env: Any) -> list[str]:
     """`env.startup_notes()` (none without it), after the reference check of a new run's warm
     start (`env.reference_failures("train")`, when the env has it and `sft.steps > 0`)."""

@@ -138,7 +138,7 @@ class RolloutConfig(_Section):
     max_tokens: int = Field(default=96, ge=1)
     """Most tokens the agent may sample per turn."""
     max_episode_tokens: int = Field(default=1024, ge=16)
-    """Most tokens in a whole episode (prompt included); exceeding it truncates the episode."""
+    """Most tokens in a whole episode (prompt included); exceeding it truncates the episode. `agentrl train` warns at start-up (`[warning] env ...: the opening prompt ...`) when the env's opening prompt, rendered with the policy's tokenizer, leaves the first turn less than `rollout.max_tokens`."""
     env_threads: int = Field(default=4, ge=1)
     """Threads stepping envs concurrently (sandbox runs, HTTP calls)."""
     torch_threads: int = Field(default=1, ge=1)

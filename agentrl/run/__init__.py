@@ -54,6 +54,7 @@ from agentrl.sft_repairs import wants_policy_repairs
 from agentrl.startup import (
     check_tokenizer,
     check_vision_training,
+    first_turn_room_warning,
     restore_inline_reference,
     resume_checkpoint,
 )
@@ -191,6 +192,13 @@ def build(cfg: Config, *, reporter: Any = None, warm_start: Callable[..., dict[s
               policy_dir=str(out / "sft_model" if sft_info else path))
     resumed = _engine_and_learner(run, say)
     _envs(run, resumed)
+    probe = run.new_env("train")
+    try:
+        warning = first_turn_room_warning(cfg, probe, renderer)
+    finally:
+        probe.close()
+    if warning:
+        say(warning)
     return run
 
 
