@@ -16,7 +16,7 @@ from agentrl.models.families import FAMILIES, build_family, build_family_tokeniz
 from agentrl.rollout.chat import ChatRenderer
 from agentrl.rollout.envs import build_env
 from agentrl.run import build
-from agentrl.startup import first_turn_room_warning
+from agentrl.startup_model import first_turn_room_warning
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import yaml
 
 from agentrl.config import Config, ConfigError, load_config
 from agentrl.run import VISION_DEFAULTS, build, env_observes_images, resolve_run_defaults
-from agentrl.startup import check_chat_template
+from agentrl.startup_model import check_chat_template
 
 
 def _resolved(*overrides: str) -> Config:

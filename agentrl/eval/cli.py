@@ -78,7 +78,7 @@ from agentrl.eval.tasks import list_tasks
 from agentrl.learner.checkpoints import intact, run_checkpoint
 from agentrl.rollout.envs import _env_accepts, build_env
 from agentrl.run import build, default_model_dir, quiet_libraries, resolve_run_defaults
-from agentrl.startup import check_chat_template
+from agentrl.startup_model import check_chat_template
 
 REFERENCE_NAMES = ("reference", "scripted")
 DEFAULT_NAMES = ("default", "tiny")

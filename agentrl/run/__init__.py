@@ -52,12 +52,11 @@ from agentrl.run.defaults import (  # noqa: F401 (re-exported: callers import th
 from agentrl.run.setup import quiet_libraries, seed_everything, set_up  # noqa: F401 (re-exported)
 from agentrl.sft_repairs import wants_policy_repairs
 from agentrl.startup import (
-    check_tokenizer,
     check_vision_training,
-    first_turn_room_warning,
     restore_inline_reference,
     resume_checkpoint,
 )
+from agentrl.startup_model import check_tokenizer, first_turn_room_warning
 
 
 def policy_renderer(cfg: Config, tok: Any) -> ChatRenderer:

@@ -25,7 +25,7 @@ from agentrl.config import ConfigError, load_config  # noqa: E402
 from agentrl.learner.frozen import frozen_vocab_logprobs, inline_teacher  # noqa: E402
 from agentrl.learner.local import Learner  # noqa: E402
 from agentrl.models.tiny import build_tiny_model, load_model  # noqa: E402
-from agentrl.startup import check_tokenizer  # noqa: E402
+from agentrl.startup_model import check_tokenizer  # noqa: E402
 
 distill = get_algorithm("distill")
 PAD = 64
