@@ -189,5 +189,7 @@ def test_train_logs_no_template_drift(name, metaspace_family_dir, tmp_path):
         assert rows[step - 1]["rollout/template_drift"] == sum(bool(d) for d in drifts) / len(drifts)
     rep = inspect_model(model)
     assert rep["rewrites_history"] is (name == "mistral_v0_3") and rep["fragments"] == ""
-    if name == "phi3":
+    if name == "phi3":  # the same report as the byte-level Phi-3's (test_model_doctor.EXPECTED)
         assert "rewrites history: no" in format_report(rep)
+    merging = ["\nHello.", "\n\nHello."] if name == "phi3" else []
+    assert [m.split(": ")[0] for m in rep["boundary_merges"]] == [f"a turn starting {p!r}" for p in merging]
