@@ -193,3 +193,15 @@ def test_train_logs_no_template_drift(name, metaspace_family_dir, tmp_path):
         assert "rewrites history: no" in format_report(rep)
     merging = ["\nHello.", "\n\nHello."] if name == "phi3" else []
     assert [m.split(": ")[0] for m in rep["boundary_merges"]] == [f"a turn starting {p!r}" for p in merging]
+
+
+def test_without_a_usable_sentinel_fragments_are_plain_encodes():
+    """A tokenizer that splits special tokens (`split_special_tokens=True`) has no sentinel: the
+    fallback is the plain encode, and `continuation_note` (doctor's `fragments`) says why."""
+    from agentrl.models.families import build_metaspace_tokenizer
+
+    tok = build_metaspace_tokenizer(FAMILIES["phi3"])
+    tok.split_special_tokens = True
+    assert "split_special_tokens" in continuation_note(tok)
+    for frag in FRAGMENTS:
+        assert encode_continuation(tok, frag) == tok.encode(frag, add_special_tokens=False)
