@@ -44,7 +44,8 @@ of the same inputs (`_memo`), per `run_episodes` call (`check_episodes`):
   generation prompt, are computed once per batch;
 - the boundary check's two encodes per turn (generation prompt + text, text alone) are done
   for the whole batch in one call (`prefetch_boundaries`) that is the same function as one
-  `encode` per text (`_backend_batch`, `_batch_encode_is_encode`): most of the check's
+  `encode_continuation` per text (each text sent after the same sentinel, its id dropped;
+  `_backend_batch`, `_batch_encode_is_encode`): most of the check's
   encoding cost was per-call overhead and the offsets `encode` computes and drops.
 Nothing is skipped on the grounds that a merge "cannot" happen: whether a generation prompt's
 last character merges with a turn's first depends on the tokenizer's pre-tokenizer and merges,
