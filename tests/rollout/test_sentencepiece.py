@@ -156,6 +156,7 @@ def test_scripted_episode_has_no_drift_and_phi3_keeps_history(name, metaspace_to
     prefetch_boundaries(r, [tr], cache)
     if name == "phi3":  # its generation prompt ends in "\n" after <|assistant|>: the check ran batched
         assert cache.get("text")
+        assert all(list(v) == encode_continuation(tok, k) for k, v in cache["text"].items())
     assert episode_drift(r, tr, cache=cache) is None
     check_episodes(r, [tr], [None])
     assert tr.info["template_drift"] is False
