@@ -41,7 +41,8 @@ from agentrl.infra.jsonl import jsonl_rows
 from agentrl.learner.checkpoints import check_out
 from agentrl.learner.local import Learner
 from agentrl.log.metrics import MetricsLog
-from agentrl.rollout.chat import encode_continuation, renderer_for
+from agentrl.models.tokens import encode_continuation
+from agentrl.rollout.chat import renderer_for
 from agentrl.rollout.tool_format import tool_parser_for
 from agentrl.run import load_policy
 from agentrl.sft import sft_train, stage_device

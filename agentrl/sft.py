@@ -27,8 +27,9 @@ from agentrl.learner.forward import precision_autocast, to_device, token_logprob
 from agentrl.learner.lora import plain_copy
 from agentrl.learner.optim import NonFiniteLossError
 from agentrl.log.progress import Reporter
+from agentrl.models.tokens import encode_continuation
 from agentrl.rollout.agent_loop import check_images_allowed
-from agentrl.rollout.chat import ChatRenderer, encode_continuation
+from agentrl.rollout.chat import ChatRenderer
 from agentrl.rollout.collect import collect_independent
 from agentrl.rollout.engines.make import make_engine
 from agentrl.rollout.envs import build_env, build_named_env

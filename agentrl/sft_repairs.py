@@ -24,7 +24,8 @@ from typing import Any
 
 from agentrl.config import Config
 from agentrl.learner.lora import plain_copy
-from agentrl.rollout.chat import ChatRenderer, encode_continuation
+from agentrl.models.tokens import encode_continuation
+from agentrl.rollout.chat import ChatRenderer
 from agentrl.rollout.collect import collect_independent
 from agentrl.rollout.engines.make import make_engine
 from agentrl.rollout.envs import build_env

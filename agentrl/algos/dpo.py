@@ -43,7 +43,7 @@ from agentrl.algos.base import Algorithm
 from agentrl.algos.configs import DPOConfig
 from agentrl.algos.losses import _f
 from agentrl.infra.jsonl import jsonl_rows
-from agentrl.rollout.chat import encode_continuation
+from agentrl.models.tokens import encode_continuation
 from agentrl.types import Trajectory, collate
 
 

@@ -20,7 +20,8 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from agentrl.models.tiny import build_tokenizer
-from agentrl.rollout.chat import ChatRenderer, encode_continuation, renderer_for
+from agentrl.models.tokens import encode_continuation
+from agentrl.rollout.chat import ChatRenderer, renderer_for
 from agentrl.rollout.engines.scripted import ScriptedEngine
 
 

@@ -60,7 +60,8 @@ from agentrl.gateway.protocol import (
     stream_chunks,
 )
 from agentrl.gateway.record import PromptTooLong, RunRecord
-from agentrl.rollout.chat import ChatRenderer, encode_continuation
+from agentrl.models.tokens import encode_continuation
+from agentrl.rollout.chat import ChatRenderer
 from agentrl.rollout.engines.base import SamplingParams, prompt_key
 
 HOST = "127.0.0.1"

@@ -57,15 +57,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from agentrl.rollout.chat import (
-    ChatRenderer,
-    Message,
-    continuation_prefix,
-    decode_continuation,
-    encode_continuation,
-    encode_neutralized,
-    render_key,
-)
+from agentrl.models.tokens import continuation_prefix, decode_continuation, encode_continuation
+from agentrl.rollout.chat import ChatRenderer, Message, encode_neutralized, render_key
 from agentrl.types import Trajectory
 
 PLACE = "\ue001"

@@ -23,7 +23,8 @@ from agentrl.models.tiny import (
     weight_files,
     weight_rows,
 )
-from agentrl.rollout.chat import ChatRenderer, Message, continuation_note, encode_continuation
+from agentrl.models.tokens import continuation_note, encode_continuation
+from agentrl.rollout.chat import ChatRenderer, Message
 from agentrl.rollout.drift import episode_drift
 from agentrl.rollout.tool_format import detect_tool_parser
 from agentrl.types import Trajectory

@@ -15,14 +15,9 @@ import pytest
 from agentrl.env.base import TextEnv
 from agentrl.env.registry import register_env
 from agentrl.models.families import FAMILIES, build_family_tokenizer
+from agentrl.models.tokens import continuation_note, decode_continuation, encode_continuation
 from agentrl.rollout.agent_loop import EpisodeSpec, run_episodes
-from agentrl.rollout.chat import (
-    ChatRenderer,
-    continuation_note,
-    decode_continuation,
-    encode_continuation,
-    render_ids,
-)
+from agentrl.rollout.chat import ChatRenderer, render_ids
 from agentrl.rollout.drift import check_episodes, episode_drift, prefetch_boundaries
 from agentrl.rollout.engines.base import SamplingParams
 from agentrl.rollout.engines.scripted import ScriptedEngine

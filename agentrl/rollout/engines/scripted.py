@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from agentrl.rollout.chat import encode_continuation
+from agentrl.models.tokens import encode_continuation
 from agentrl.rollout.engines.base import Completion, SamplingParams
 
 
