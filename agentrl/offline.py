@@ -41,6 +41,7 @@ from agentrl.infra.jsonl import jsonl_rows
 from agentrl.learner.checkpoints import check_out
 from agentrl.learner.local import Learner
 from agentrl.log.metrics import MetricsLog
+from agentrl.models.tokens import encode_continuation
 from agentrl.rollout.chat import renderer_for
 from agentrl.rollout.tool_format import tool_parser_for
 from agentrl.run import load_policy
@@ -170,7 +171,7 @@ def conversation_examples(convs: list[list[dict[str, Any]]], renderer: Any,
             tr = Trajectory()
             tr.append_context(renderer.prompt_ids(template_messages(conv[:i]), tools))
             text = _target(m, parser, f"conversation {n + 1}, message {i}")
-            ids = tok.encode(text, add_special_tokens=False) + [renderer.end_of_turn_id]
+            ids = encode_continuation(tok, text) + [renderer.end_of_turn_id]
             tr.append_sampled(ids, [0.0] * len(ids), text=text)
             out.append(tr)
     return out

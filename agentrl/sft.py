@@ -27,6 +27,7 @@ from agentrl.learner.forward import precision_autocast, to_device, token_logprob
 from agentrl.learner.lora import plain_copy
 from agentrl.learner.optim import NonFiniteLossError
 from agentrl.log.progress import Reporter
+from agentrl.models.tokens import encode_continuation
 from agentrl.rollout.agent_loop import check_images_allowed
 from agentrl.rollout.chat import ChatRenderer
 from agentrl.rollout.collect import collect_independent
@@ -81,7 +82,7 @@ def sft_examples(env: Any, renderer: ChatRenderer, n: int, *, seed: int,
         else:  # a text-only model's template would drop image parts silently: refuse them
             check_images_allowed(env, renderer, obs)
             tr.append_context(renderer.prompt_ids(obs, tools=info.get("tools")))
-        ids = tok.encode(ans, add_special_tokens=False) + [renderer.end_of_turn_id]
+        ids = encode_continuation(tok, ans) + [renderer.end_of_turn_id]
         tr.append_sampled(ids, [0.0] * len(ids), text=ans)
         out.append(tr)
     if not out:
@@ -101,10 +102,10 @@ def repair_example(renderer: ChatRenderer, obs: list[dict[str, Any]], info: dict
     tok = renderer.tokenizer
     tr = Trajectory(task_id=str(info.get("task_id", "")))
     tr.append_context(renderer.prompt_ids(obs, tools=info.get("tools")))
-    attempt = tok.encode(wrong, add_special_tokens=False) + [renderer.end_of_turn_id]
+    attempt = encode_continuation(tok, wrong) + [renderer.end_of_turn_id]
     tr.append_context(attempt + renderer.close_turn(attempt))
     tr.append_context(renderer.delta_ids(feedback))
-    ids = tok.encode(fix, add_special_tokens=False) + [renderer.end_of_turn_id]
+    ids = encode_continuation(tok, fix) + [renderer.end_of_turn_id]
     tr.append_sampled(ids, [0.0] * len(ids), text=fix)
     tr.messages = [*obs, {"role": "assistant", "content": wrong}, *feedback,
                    {"role": "assistant", "content": fix}]

@@ -24,6 +24,7 @@ from typing import Any
 
 from agentrl.config import Config
 from agentrl.learner.lora import plain_copy
+from agentrl.models.tokens import encode_continuation
 from agentrl.rollout.chat import ChatRenderer
 from agentrl.rollout.collect import collect_independent
 from agentrl.rollout.engines.make import make_engine
@@ -93,7 +94,7 @@ def policy_repair_examples(cfg: Config, model: Any, tok: Any, renderer: ChatRend
         ref = get()
         if not ref:
             continue
-        ids = tok.encode(ref, add_special_tokens=False) + [renderer.end_of_turn_id]
+        ids = encode_continuation(tok, ref) + [renderer.end_of_turn_id]
         for ctx in contexts:
             ex = Trajectory(task_id=tr.task_id)
             ex.append_context(ctx)

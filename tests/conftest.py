@@ -48,3 +48,35 @@ def tiny_tokenizer(tiny_model_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def metaspace_tokenizer():
+    """`name -> build_metaspace_tokenizer(FAMILIES[name])`: a family's special tokens and chat
+    template on a SentencePiece-style tokenizer (Metaspace, `prepend_scheme="first"`, as the
+    published Mistral v0.3 / Phi-3 ones), each built once per test session."""
+    from agentrl.models.families import FAMILIES, build_metaspace_tokenizer
+
+    built: dict = {}
+
+    def get(name: str):
+        if name not in built:
+            built[name] = build_metaspace_tokenizer(FAMILIES[name])
+        return built[name]
+    return get
+
+
+@pytest.fixture(scope="session")
+def metaspace_family_dir(tmp_path_factory):
+    """`name -> DIR`: a tiny model of family `name` with a SentencePiece-style tokenizer
+    (`build_family(..., tokenizer="metaspace")`), each written once per test session."""
+    from agentrl.models.families import build_family
+
+    built: dict = {}
+
+    def get(name: str) -> str:
+        if name not in built:
+            built[name] = build_family(name, tmp_path_factory.mktemp("metaspace") / name,
+                                       tokenizer="metaspace")
+        return built[name]
+    return get

@@ -43,6 +43,7 @@ from agentrl.algos.base import Algorithm
 from agentrl.algos.configs import DPOConfig
 from agentrl.algos.losses import _f
 from agentrl.infra.jsonl import jsonl_rows
+from agentrl.models.tokens import encode_continuation
 from agentrl.types import Trajectory, collate
 
 
@@ -260,7 +261,7 @@ def preference_batch(pairs: list[dict[str, Any]], renderer: Any, pad_id: int) ->
     for p in pairs:
         prompt = renderer.prompt_ids(p["prompt"])
         for text in (p["chosen"], p["rejected"]):
-            ids = tok.encode(text, add_special_tokens=False) + [renderer.end_of_turn_id]
+            ids = encode_continuation(tok, text) + [renderer.end_of_turn_id]
             tr = Trajectory()
             tr.append_context(prompt)
             tr.append_sampled(ids, [0.0] * len(ids), text=text)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from agentrl.models.tiny import build_tokenizer
+from agentrl.models.tokens import encode_continuation
 from agentrl.rollout.chat import ChatRenderer, renderer_for
 from agentrl.rollout.engines.scripted import ScriptedEngine
 
@@ -144,6 +145,6 @@ def reference_setup(make_env: Callable[[], Any], tasks: Sequence[dict[str, Any]]
         tokenizer = build_tokenizer(reference_texts(make_env, tasks), vocab_size=vocab_size)
     renderer = renderer_for(tokenizer)
     table = reference_table(make_env, renderer, tasks)
-    answer_cap = max(len(tokenizer.encode(a, add_special_tokens=False)) for a in table.values()) + 1
+    answer_cap = max(len(encode_continuation(tokenizer, a)) for a in table.values()) + 1
     episode_cap = max(len(p) for p in table) + answer_cap + 1
     return ScriptedEngine(tokenizer, lookup_policy(table)), renderer, answer_cap, episode_cap

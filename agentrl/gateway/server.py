@@ -60,6 +60,7 @@ from agentrl.gateway.protocol import (
     stream_chunks,
 )
 from agentrl.gateway.record import PromptTooLong, RunRecord
+from agentrl.models.tokens import encode_continuation
 from agentrl.rollout.chat import ChatRenderer
 from agentrl.rollout.engines.base import SamplingParams, prompt_key
 
@@ -225,7 +226,7 @@ class Session:
                       "messages") from None
         if req.require_call:
             forced = forced_prefix(self.parser, req.call_name)
-            ids = self.renderer.tokenizer.encode(forced, add_special_tokens=False)
+            ids = encode_continuation(self.renderer.tokenizer, forced)
             prep = replace(prep, context_ids=prep.context_ids + ids, prompt_ids=prep.prompt_ids + ids,
                            forced=forced)
             if len(prep.prompt_ids) > record.max_prompt_tokens:

@@ -150,6 +150,59 @@ def build_family_tokenizer(family: Family, vocab_size: int = 640) -> Any:
     return hf
 
 
+_METASPACE_CORPUS = (
+    "def solve(xs):\n    return sorted(xs)\n",
+    "for i in range(len(xs)):\n    if xs[i] > 0:\n        total += xs[i]\nreturn total\n",
+    "Traceback (most recent call last):\n  File \"main.py\", line 3, in <module>\nNameError: name 'x'\n",
+)
+
+
+def build_metaspace_tokenizer(family: Family, vocab_size: int = 900) -> Any:
+    """An offline SentencePiece-style tokenizer with `family`'s special tokens and chat template:
+    a BPE model with byte fallback behind a `Metaspace` pre-tokenizer (`prepend_scheme="first"`:
+    a space before the *text*, "▁" for spaces, no split), the decoder of the published Mistral
+    v0.3 / Llama-2 (`legacy=False`) / Phi-3 tokenizers, as a `LlamaTokenizerFast` (`legacy=False`,
+    bos added by `encode` with special tokens, left padding). The published tokenizers of those
+    families are of this kind; `build_family_tokenizer`'s are byte-level BPE.
+
+    Special tokens take ids 0.. in `family.special` order, then the 256 byte tokens
+    (`<0x00>`..), then the BPE vocabulary learned from a small built-in corpus plus the template.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import LlamaTokenizerFast
+
+    template = chat_template(family)
+    tok = Tokenizer(models.BPE(unk_token="<unk>" if "<unk>" in family.special else None,
+                               fuse_unk=True, byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    alphabet = list("\n\t ▁") + [chr(c) for c in range(33, 127)]
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size,
+                                  special_tokens=[*family.special, *(f"<0x{i:02X}>" for i in range(256))],
+                                  initial_alphabet=alphabet, show_progress=False)
+    tok.train_from_iterator([*_CORPUS, *_METASPACE_CORPUS, template], trainer=trainer)
+    if family.bos:
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{family.bos} $A", pair=f"{family.bos} $A {family.bos} $B",
+            special_tokens=[(family.bos, tok.token_to_id(family.bos))])
+    hf = LlamaTokenizerFast(tokenizer_object=tok, bos_token=family.bos, eos_token=family.eos,
+                            unk_token="<unk>" if "<unk>" in family.special else None,
+                            pad_token=family.pad, add_bos_token=bool(family.bos), add_eos_token=False,
+                            legacy=False, padding_side="left", clean_up_tokenization_spaces=False)
+    hf.add_special_tokens({"additional_special_tokens": [t for t in family.special
+                                                         if t not in (family.bos, family.eos, family.pad)]})
+    if family.added:
+        hf.add_tokens(list(family.added))
+    hf.chat_template = template
+    return hf
+
+
+TOKENIZER_KINDS = ("byte_level", "metaspace")
+"""`build_family(tokenizer=...)`: byte-level BPE (`build_family_tokenizer`) or SentencePiece-style
+(`build_metaspace_tokenizer`)."""
+
+
 def family_config(family: Family, tokenizer: Any, *, hidden_size: int = 64, num_layers: int = 2,
                   num_heads: int = 4, intermediate_size: int = 128) -> Any:
     """The transformers config of `family`'s architecture at a tiny size (vocab =
@@ -184,7 +237,8 @@ def _model_class(arch: str) -> Any:
             "phi3": tf.Phi3ForCausalLM}[arch]
 
 
-def build_family(name: str, out_dir: str | Path, *, seed: int = 0, **sizes: int) -> str:
+def build_family(name: str, out_dir: str | Path, *, seed: int = 0, tokenizer: str = "byte_level",
+                 **sizes: int) -> str:
     """Write a tiny random-weight model of family `name` with its tokenizer and published chat
     template to `out_dir`, loadable by `agentrl.models.tiny.load_model` / `model.path=DIR`.
 
@@ -192,6 +246,7 @@ def build_family(name: str, out_dir: str | Path, *, seed: int = 0, **sizes: int)
         name: a key of `FAMILIES`.
         out_dir: directory to write (created).
         seed: torch seed of the initial weights (the global RNG is left as it was).
+        tokenizer: `byte_level` (default) or `metaspace` (`TOKENIZER_KINDS`).
         sizes: `family_config` size overrides (hidden_size, num_layers, num_heads,
             intermediate_size).
 
@@ -205,9 +260,11 @@ def build_family(name: str, out_dir: str | Path, *, seed: int = 0, **sizes: int)
 
     if name not in FAMILIES:
         raise KeyError(f"unknown model family {name!r}; known: {', '.join(FAMILIES)}")
+    if tokenizer not in TOKENIZER_KINDS:
+        raise KeyError(f"unknown tokenizer kind {tokenizer!r}; known: {', '.join(TOKENIZER_KINDS)}")
     family = FAMILIES[name]
-    tokenizer = build_family_tokenizer(family)
-    config = family_config(family, tokenizer, **sizes)
+    tok = (build_metaspace_tokenizer if tokenizer == "metaspace" else build_family_tokenizer)(family)
+    config = family_config(family, tok, **sizes)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = _model_class(family.arch)(config).float()
@@ -216,5 +273,5 @@ def build_family(name: str, out_dir: str | Path, *, seed: int = 0, **sizes: int)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    tok.save_pretrained(out)
     return str(out)

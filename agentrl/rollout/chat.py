@@ -8,7 +8,10 @@ earlier turns (a template that drops `<think>` blocks from history cannot change
 Deltas are cut after the assistant's end of turn wherever the template puts it, so templates
 that rewrite history (Qwen3, R1-distill) or move the system prompt (Mistral) are accepted; with
 `rollout.history=template` the agent loop renders each turn's prompt from the messages instead.
-Special-token strings in env text are encoded as text (`neutralize`). docs/models.md.
+Special-token strings in env text are encoded as text (`neutralize`), and every fragment that
+sits in the middle of a sequence (a piece of env text, an answer after a generation prompt) is
+encoded as a continuation (`encode_continuation`: no "▁" from a SentencePiece-style
+tokenizer). docs/models.md.
 
 Renders are memoised (`RENDER_CACHE_SIZE` entries per renderer and kind, keys of at most
 `RENDER_KEY_CHARS` characters): the ids of an opening
@@ -28,6 +31,7 @@ from typing import Any
 from agentrl.env.content import message_images
 from agentrl.models.tiny import generation_eos_ids
 from agentrl.models.tiny import render_ids as _render
+from agentrl.models.tokens import encode_continuation
 from agentrl.models.vlm import (
     IMAGE_PAD,
     VISION_TOKENS,
@@ -136,24 +140,31 @@ def neutralize(messages: list[Message], pattern: re.Pattern | None) -> tuple[lis
     return out, found
 
 
-def encode_neutralized(tokenizer: Any, text: str, found: list[str]) -> list[int]:
+def encode_neutralized(tokenizer: Any, text: str, found: list[str], *, continuation: bool = False
+                       ) -> list[int]:
     """Ids of `text` (a chat template's rendering of `neutralize`d messages): the template's
     own text with its control tokens live, and each placeholder as its original string encoded
     as plain text (its first character on its own, then the rest), the equivalent of
-    `split_special_tokens=True` for env text. Without placeholders: `tokenizer.encode(text)`."""
-    def enc(s: str) -> list[int]:
-        return list(tokenizer.encode(s, add_special_tokens=False)) if s else []
+    `split_special_tokens=True` for env text. Every piece after the first is encoded as a
+    continuation (`encode_continuation`: no "▁" added by a SentencePiece-style tokenizer, the
+    decoded ids are the text); the first piece too when `continuation` (`text` is itself cut
+    from the middle of a rendering). Without placeholders: `tokenizer.encode(text)` (or
+    `encode_continuation(text)`)."""
+    def enc(s: str, mid: bool) -> list[int]:
+        if not s:
+            return []
+        return encode_continuation(tokenizer, s) if mid else list(tokenizer.encode(s, add_special_tokens=False))
 
     if not found or _MARK not in text:
-        return enc(text)
+        return enc(text, continuation)
     ids: list[int] = []
     cursor = 0
     for m in _MARK_RE.finditer(text):
-        ids += enc(text[cursor:m.start()])
+        ids += enc(text[cursor:m.start()], continuation or cursor > 0)
         orig = found[ord(m.group(1)) - 0xE100]
-        ids += enc(orig[0]) + enc(orig[1:])
+        ids += enc(orig[0], continuation or m.start() > 0) + enc(orig[1:], True)
         cursor = m.end()
-    return ids + enc(text[cursor:])
+    return ids + enc(text[cursor:], True)
 
 
 def _parts(content: Any) -> list[Any]:
@@ -320,7 +331,7 @@ class ChatRenderer:
                 later = self._ids([_SYSTEM, _USER, _assistant(content), {"role": "user", "content": "v"}], True)
             except Exception as e:  # noqa: BLE001 - e.g. a template without a system role
                 return f"could not be checked ({type(e).__name__}: {e})"[:200]
-            sampled = head + self.tokenizer.encode(content, add_special_tokens=False) + [self.end_of_turn_id]
+            sampled = head + encode_continuation(self.tokenizer, content) + [self.end_of_turn_id]
             if content == "a" and later[: len(sampled)] != sampled:
                 notes.append("renders an earlier assistant turn or the system prompt differently "
                              "from the generation prompt and the sampled ids")

@@ -20,7 +20,9 @@ with the template and compares, region by region, with the tokenizer only (no mo
   to the last user message; the agent loop keeps them where they were, by policy).
 - **generation prompt / sampled text**: the text after the last control token of a turn's
   context, followed by the turn's text, encoded as one string, against the context's ids
-  followed by the encoding of the turn's text alone. A tokenizer that merges across this
+  followed by the encoding of the turn's text alone (both encoded as continuations,
+  `encode_continuation`: they sit after a control token, where a SentencePiece-style tokenizer
+  puts no "▁"). A tokenizer that merges across this
   boundary (e.g. a generation prompt ending in "\\n" and a turn starting with "\\n", which
   the template's rendering tokenizes as one "\\n\\n" token) shows here. The sampled ids
   themselves are not compared with the encoding of their text: a model may sample a split
@@ -42,7 +44,8 @@ of the same inputs (`_memo`), per `run_episodes` call (`check_episodes`):
   generation prompt, are computed once per batch;
 - the boundary check's two encodes per turn (generation prompt + text, text alone) are done
   for the whole batch in one call (`prefetch_boundaries`) that is the same function as one
-  `encode` per text (`_backend_batch`, `_batch_encode_is_encode`): most of the check's
+  `encode_continuation` per text (each text sent after the same sentinel, its id dropped;
+  `_backend_batch`, `_batch_encode_is_encode`): most of the check's
   encoding cost was per-call overhead and the offsets `encode` computes and drops.
 Nothing is skipped on the grounds that a merge "cannot" happen: whether a generation prompt's
 last character merges with a turn's first depends on the tokenizer's pre-tokenizer and merges,
@@ -54,6 +57,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from agentrl.models.tokens import continuation_prefix, decode_continuation, encode_continuation
 from agentrl.rollout.chat import (
     ChatRenderer,
     Message,
@@ -85,16 +89,20 @@ def _memo(cache: dict | None, kind: str, key: Any, fn: Callable[[], T]) -> T:
 
 
 def _encode(r: ChatRenderer, cache: dict | None, text: str, found: list[str]) -> list[int]:
-    """`encode_neutralized(r.tokenizer, text, found)`, memoised: the text after the placeholder
-    is the same for every turn followed by the same observations (a fresh list)."""
+    """`encode_neutralized(r.tokenizer, text, found, continuation=True)` (`text` is cut from the
+    middle of a rendering, after the placeholder), memoised: the text after the placeholder is
+    the same for every turn followed by the same observations (a fresh list)."""
     return list(_memo(cache, "encode", (text, *found),
-                      lambda: tuple(encode_neutralized(r.tokenizer, text, found))))
+                      lambda: tuple(encode_neutralized(r.tokenizer, text, found, continuation=True))))
 
 
-def _decode(r: ChatRenderer, cache: dict | None, ids: list[int]) -> str:
-    """`tokenizer.decode(ids, skip_special_tokens=False)`, memoised (generation prompts repeat)."""
-    return _memo(cache, "decode", tuple(ids),
-                 lambda: r.tokenizer.decode(ids, skip_special_tokens=False))
+def _decode(r: ChatRenderer, cache: dict | None, ids: list[int], mid: bool = True) -> str:
+    """The text of `ids`, memoised (generation prompts repeat): `decode_continuation` when they
+    follow a control token (`mid`: a SentencePiece decoder keeps their leading space), else
+    `tokenizer.decode(ids, skip_special_tokens=False)`."""
+    if not mid:
+        return _memo(cache, "decode0", tuple(ids), lambda: r.tokenizer.decode(ids, skip_special_tokens=False))
+    return _memo(cache, "decode", tuple(ids), lambda: decode_continuation(r.tokenizer, ids))
 
 
 class _NotRendered(ValueError):
@@ -177,10 +185,15 @@ def _tail(r: ChatRenderer, ctx: list[int]) -> list[int]:
     return ctx[i + 1:]
 
 
-def _text_ids(r: ChatRenderer, cache: dict | None, text: str) -> list[int]:
-    """`tokenizer.encode(text, add_special_tokens=False)` (a fresh list), from `cache` when
+def _text_ids(r: ChatRenderer, cache: dict | None, text: str, mid: bool = True) -> list[int]:
+    """`encode_continuation(tokenizer, text)` (`mid`: the text follows a control token or other
+    text, as every text the boundary check encodes does unless a context has no control token)
+    or `tokenizer.encode(text, add_special_tokens=False)`, a fresh list; from `cache` when
     `prefetch_boundaries` encoded it."""
-    return list(_memo(cache, "text", text, lambda: tuple(r.tokenizer.encode(text, add_special_tokens=False))))
+    if not mid:
+        return list(_memo(cache, "text0", text,
+                          lambda: tuple(r.tokenizer.encode(text, add_special_tokens=False))))
+    return list(_memo(cache, "text", text, lambda: tuple(encode_continuation(r.tokenizer, text))))
 
 
 def _batch_encode_is_encode(tok: Any) -> bool:
@@ -230,8 +243,13 @@ def prefetch_boundaries(r: ChatRenderer, trajs: list[Trajectory], cache: dict) -
     """Encode, in one batched call, the texts the boundary checks of `trajs` will encode (each
     turn's generation prompt + text, and the text alone), into `cache["text"]`, when that call
     is the same function as `tokenizer.encode` (`_backend_batch`, else the tokenizer's own
-    batch call when `_batch_encode_is_encode`). Never raises: on any error the checks encode
-    one text at a time, as without it."""
+    batch call when `_batch_encode_is_encode`). The checks encode continuations
+    (`encode_continuation`: `encode(SENTINEL + text)` less the sentinel's id), so each text is
+    sent with the same sentinel before it and its first id dropped, after checking that it is
+    the sentinel's (the same function, by construction); where `encode_continuation` has no
+    sentinel it is `encode`, and the texts are sent as they are. A context without a control
+    token (its generation prompt starts the text) is left to the check. Never raises: on any
+    error the checks encode one text at a time, as without it."""
     tok = r.tokenizer
     if r.accepts_images or not _batch_encode_is_encode(tok):
         return
@@ -241,13 +259,20 @@ def prefetch_boundaries(r: ChatRenderer, trajs: list[Trajectory], cache: dict) -
             for k, t in enumerate(tr.turns):
                 ctx = tr.turn_prompts[k] if tr.turn_prompts else tr.token_ids[: t.start]
                 tail = _tail(r, ctx)
-                if tail and t.text:
+                if tail and t.text and len(tail) < len(ctx):
                     texts[_decode(r, cache, tail) + t.text] = texts[t.text] = None
         if not texts:
             return
+        pre = continuation_prefix(tok)
+        head = pre[0] if pre else ""
+        sent = [head + x for x in texts]
         fast = _backend_batch(tok)
-        out = fast(list(texts)) if fast else tok(list(texts), add_special_tokens=False, return_attention_mask=False,
-                                                  return_token_type_ids=False)["input_ids"]
+        out = fast(sent) if fast else tok(sent, add_special_tokens=False, return_attention_mask=False,
+                                          return_token_type_ids=False)["input_ids"]
+        if pre:
+            if any(ids[:1] != [pre[1]] for ids in out):
+                raise ValueError("the sentinel did not come out first")  # the checks encode alone
+            out = [ids[1:] for ids in out]
         cache.setdefault("text", {}).update(zip(texts, map(tuple, out)))
     except Exception:  # noqa: BLE001 - an optimisation only: the checks encode on their own
         cache.pop("text", None)
@@ -256,12 +281,14 @@ def prefetch_boundaries(r: ChatRenderer, trajs: list[Trajectory], cache: dict) -
 def _boundary(r: ChatRenderer, ctx: list[int], text: str, start: int, k: int, cache: dict | None = None
               ) -> dict[str, Any] | None:
     """Turn k's generation prompt (the context after its last control token) and its text,
-    encoded as one string, against the context's ids + the text's own encoding; `start` is
-    the turn's first position."""
+    encoded as one string, against the context's ids + the text's own encoding, both as
+    continuations (`encode_continuation`: they follow the control token; a SentencePiece-style
+    tokenizer's "▁" of a text's start is no drift); `start` is the turn's first position."""
     tail = _tail(r, ctx)
     if not tail or not text:
         return None
-    joint = _text_ids(r, cache, _decode(r, cache, tail) + text)
+    mid = len(tail) < len(ctx)  # the generation prompt follows a control token: a continuation
+    joint = _text_ids(r, cache, _decode(r, cache, tail, mid) + text, mid)
     split = tail + _text_ids(r, cache, text)
     if joint == split:
         return None

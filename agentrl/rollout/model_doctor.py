@@ -23,6 +23,7 @@ from agentrl.models.tiny import (
     weight_files,
     weight_rows,
 )
+from agentrl.models.tokens import continuation_note, encode_continuation
 from agentrl.rollout.chat import ChatRenderer, Message
 from agentrl.rollout.drift import episode_drift
 from agentrl.rollout.tool_format import detect_tool_parser
@@ -64,7 +65,7 @@ def _probe(r: ChatRenderer, first: str) -> dict[str, Any] | None:
     tr = Trajectory(messages=[{"role": "user", "content": "What is 2 + 3?"}])
     tr.append_context(r.prompt_ids(tr.messages))
     for k, text in enumerate((first, "Done.")):
-        sampled = list(tok.encode(text, add_special_tokens=False)) + [r.end_of_turn_id]
+        sampled = encode_continuation(tok, text) + [r.end_of_turn_id]
         tr.append_sampled(sampled, [0.0] * len(sampled), text=text)
         tr.messages.append({"role": "assistant", "content": text})
         if k == 0:
@@ -157,7 +158,8 @@ def inspect_model(path: str | Path, template_kwargs: dict[str, Any] | None = Non
     """The template's and vocabulary's properties of model directory `path` (see the module
     docstring), as plain data: `end_of_turn` (id, token), `glue`, `stop`, `rewrites_history`,
     `history_note`, `tool_parser`, `tool_parser_why`, `boundary_merges` (list of lines),
-    `system_role`, `vocabulary`; `renderer_error` instead of the renderer's properties when
+    `system_role`, `vocabulary`, `fragments` ('' or why `encode_continuation` falls back to
+    encoding fragments as whole texts, `continuation_note`); `renderer_error` instead of the renderer's properties when
     agentrl cannot use the template.
 
     Raises:
@@ -170,7 +172,8 @@ def inspect_model(path: str | Path, template_kwargs: dict[str, Any] | None = Non
                           "episodes with it; set chat_template in tokenizer_config.json)")
     parser, why = detect_tool_parser(tok)
     out: dict[str, Any] = {"path": str(p), "tokenizer_class": type(tok).__name__,
-                           "tool_parser": parser, "tool_parser_why": why, "vocabulary": vocabulary(tok, p)}
+                           "tool_parser": parser, "tool_parser_why": why, "vocabulary": vocabulary(tok, p),
+                           "fragments": continuation_note(tok)}
     try:
         r = ChatRenderer(tok, template_kwargs=template_kwargs)
     except ValueError as e:
@@ -200,6 +203,8 @@ def format_report(rep: dict[str, Any]) -> list[str]:
                   "turn boundary merges: " + ("no (probed: " + ", ".join(repr(s) for s in PROBES) + ")"
                                               if not rep["boundary_merges"] else "yes")]
         lines += [f"  {m}" for m in rep["boundary_merges"]]
+    if rep.get("fragments"):  # said only where a SentencePiece-style tokenizer may add spaces
+        lines.append(f"mid-sequence text: {rep['fragments']}")
     lines += [f"tool format (rollout.tool_parser=auto): {rep['tool_parser']} ({rep['tool_parser_why']})",
               f"vocabulary: {sizes}: {v['verdict']}"]
     return lines

@@ -8,11 +8,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from agentrl.models.tokens import encode_continuation
 from agentrl.rollout.engines.base import Completion, SamplingParams
 
 
 class ScriptedEngine:
-    """Engine whose completions are `policy(prompt_ids) -> str`, tokenized and closed with the
+    """Engine whose completions are `policy(prompt_ids) -> str`, tokenized as text that follows
+    the prompt (`encode_continuation`: what a model emits after its generation prompt, no "▁" of
+    a SentencePiece-style tokenizer's text start) and closed with the
     first stop token of the request (finish reason "stop"), each token with logprob 0.0.
 
     Args:
@@ -33,7 +36,7 @@ class ScriptedEngine:
         out = []
         for p in prompts:
             for _ in range(params.n):
-                ids = self.tokenizer.encode(self.policy(p), add_special_tokens=False)
+                ids = encode_continuation(self.tokenizer, self.policy(p))
                 if params.stop_token_ids and len(ids) < params.max_tokens:
                     ids, finish = ids + [params.stop_token_ids[0]], "stop"
                 else:
