@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from agentrl.models.tokens import decode_fragment
 from agentrl.types import Trajectory
 
 OPEN, CLOSE = "⟦", "⟧"
@@ -182,7 +183,8 @@ def render_episode(traj: Trajectory, tokenizer: Any, *, marks: bool, trained: bo
                   | {e for e in notes if 0 < e < n})
     text = Text()
     for a, b in zip(cuts, cuts[1:]):
-        piece = _printable(tokenizer.decode(ids[a:b], skip_special_tokens=False))
+        piece = _printable(decode_fragment(tokenizer, ids[a:b]) if a else
+                           tokenizer.decode(ids[a:b], skip_special_tokens=False))
         if mask[a]:
             text.append(f"{OPEN}{piece}{CLOSE}" if marks else piece,
                         style=TRAINED_STYLE if trained else IDLE_STYLE)

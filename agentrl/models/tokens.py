@@ -15,10 +15,14 @@ layout forbids `agentrl.algos -> agentrl.rollout` (tests/test_layout.py).
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 _CONTINUATION: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """tokenizer -> (sentinel, its id) or (None, why there is none), worked out once per tokenizer."""
+
+_STRIPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""tokenizer -> whether `decode` drops a fragment's leading space (`decode_strips_first_space`)."""
 
 
 def _sentinel_of(tokenizer: Any) -> tuple[str | None, Any]:
@@ -48,6 +52,14 @@ def _sentinel_of(tokenizer: Any) -> tuple[str | None, Any]:
             found = (None, f"encoding the special token {c!r} failed: {type(e).__name__}")
             continue
         if alone == [int(i)] and with_text[:1] == [int(i)]:
+            after = tokenizer.convert_ids_to_tokens(with_text[1:2])
+            if after and str(after[0]).startswith("▁"):  # "▁" before "a": every text gets one
+                found = (None, "the tokenizer puts a '▁' (a space) before the text after every special "
+                               "token, a legacy SentencePiece conversion (a Prepend normalizer, or Metaspace "
+                               "prepend_scheme='always'): fragments and env text around special-token strings "
+                               "get a space the model's own rendering may lack; re-save the tokenizer with "
+                               "legacy=False (docs/models.md)")
+                break
             found = (c, int(i))
             break
         found = (None, f"the special token {c!r} does not encode to its own id alone "
@@ -114,3 +126,37 @@ def decode_continuation(tokenizer: Any, ids: list[int]) -> str:
         if out.startswith(s):
             return out[len(s):]
     return tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def decode_strips_first_space(tokenizer: Any) -> bool:
+    """Whether `tokenizer.decode(ids)` of ids taken from the middle of a sequence loses their
+    leading space where `decode_continuation` keeps it: a SentencePiece decoder strips the space
+    of a decoded text's first "▁" (its `Strip` step), so a sampled turn `▁▁▁▁return x` decodes
+    to three spaces of indentation, not four. Probed once per tokenizer (kept by weak reference)
+    on " a"; False for a byte-level tokenizer (decode is exact)."""
+    try:
+        return _STRIPS[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    probe = " a"
+    try:
+        ids = encode_continuation(tokenizer, probe)
+        strips = (tokenizer.decode(ids, skip_special_tokens=False) != probe
+                  and decode_continuation(tokenizer, ids) == probe)
+    except Exception:  # noqa: BLE001 - a tokenizer that refuses the probe: decode as it is
+        strips = False
+    try:
+        _STRIPS[tokenizer] = strips
+    except TypeError:  # not weak-referenceable: probed on each call
+        pass
+    return strips
+
+
+def decode_fragment(tokenizer: Any, ids: list[int], plain: Callable[[list[int]], str] | None = None) -> str:
+    """The text of `ids` from the middle of a sequence (a sampled turn, a region of an episode):
+    `decode_continuation` where plain `decode` would drop their leading space
+    (`decode_strips_first_space`), else `plain(ids)` (default
+    `tokenizer.decode(ids, skip_special_tokens=False)`)."""
+    if decode_strips_first_space(tokenizer):
+        return decode_continuation(tokenizer, ids)
+    return plain(ids) if plain is not None else tokenizer.decode(ids, skip_special_tokens=False)

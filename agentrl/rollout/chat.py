@@ -31,7 +31,7 @@ from typing import Any
 from agentrl.env.content import message_images
 from agentrl.models.tiny import generation_eos_ids
 from agentrl.models.tiny import render_ids as _render
-from agentrl.models.tokens import encode_continuation
+from agentrl.models.tokens import decode_fragment, encode_continuation
 from agentrl.models.vlm import (
     IMAGE_PAD,
     VISION_TOKENS,
@@ -459,9 +459,11 @@ class ChatRenderer:
         return closing + list(self.glue_ids)
 
     def decode_action(self, sampled_ids: list[int]) -> str:
-        """The text of a sampled turn as the env sees it: without the trailing stop token."""
+        """The text of a sampled turn as the env sees it: without the trailing stop token, decoded
+        as text that follows the generation prompt (`decode_fragment`: a SentencePiece decoder
+        would drop the turn's leading space, e.g. one space of a line's indentation)."""
         ids = sampled_ids[:-1] if sampled_ids and sampled_ids[-1] in self.stop_ids else sampled_ids
-        return self._decode_ids(ids)
+        return decode_fragment(self.tokenizer, ids, self._decode_ids)
 
     def _decode_ids(self, ids: list[int]) -> str:
         """`tokenizer.decode(ids, skip_special_tokens=False)`. A transformers tokenizer whose

@@ -201,3 +201,51 @@ def test_without_a_usable_sentinel_fragments_are_plain_encodes():
     assert "split_special_tokens" in continuation_note(tok)
     for frag in FRAGMENTS:
         assert encode_continuation(tok, frag) == tok.encode(frag, add_special_tokens=False)
+
+
+
+def test_a_tokenizer_that_prepends_after_every_special_token_is_named():
+    """Metaspace `prepend_scheme="always"` (or a legacy conversion's Prepend normalizer) puts a
+    "▁" before the text after every special token too, so no sentinel makes a continuation:
+    fragments stay plain encodes and `continuation_note` (doctor's `mid-sequence text:` line)
+    names the kind and the remedy instead of reporting the sentinel as usable."""
+    from tokenizers import pre_tokenizers
+
+    from agentrl.models.families import build_metaspace_tokenizer
+
+    tok = build_metaspace_tokenizer(FAMILIES["phi3"])
+    tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always",
+                                                                   split=False)
+    eot = FAMILIES["phi3"].end_of_turn
+    assert tok.convert_ids_to_tokens(tok.encode(eot + "a", add_special_tokens=False))[1].startswith("▁")
+    note = continuation_note(tok)
+    assert "before the text after every special token" in note and "legacy=False" in note
+    for frag in FRAGMENTS:
+        assert encode_continuation(tok, frag) == tok.encode(frag, add_special_tokens=False)
+
+@pytest.mark.parametrize("name", SP)
+def test_a_sampled_turn_reaches_the_env_with_its_leading_spaces(name, metaspace_tokenizer):
+    """The sampled ids of `    return x` (four spaces of indentation) decode, for the env and for
+    `agentrl show`, to those four spaces: plain `decode` strips the first "▁" of a text (a
+    SentencePiece decoder's `Strip`) and gave three. A byte-level tokenizer decodes as before."""
+    from agentrl.log.show import render_episode
+    from agentrl.models.tokens import decode_strips_first_space
+    from agentrl.types import Trajectory
+
+    tok = metaspace_tokenizer(name)
+    r = ChatRenderer(tok)
+    text = "    return x"
+    ids = encode_continuation(tok, text) + [r.end_of_turn_id]
+    assert tok.decode(ids[:-1], skip_special_tokens=False) == "   return x"  # the defect's premise
+    assert decode_strips_first_space(tok)
+    assert r.decode_action(ids) == text
+    tr = Trajectory()
+    tr.append_context(r.prompt_ids([{"role": "user", "content": "q"}]))
+    tr.append_sampled(ids, [0.0] * len(ids), text=text)
+    shown = str(render_episode(tr, tok, marks=False))
+    assert "    return x" in shown  # the old decode showed three spaces after the generation prompt
+    byte = build_family_tokenizer(FAMILIES[name])
+    assert not decode_strips_first_space(byte)
+    rb = ChatRenderer(byte)
+    bids = byte.encode(text, add_special_tokens=False) + [rb.end_of_turn_id]
+    assert rb.decode_action(bids) == text == byte.decode(bids[:-1], skip_special_tokens=False)
