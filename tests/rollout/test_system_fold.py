@@ -10,10 +10,14 @@ check: a false 100 % `rollout/template_drift`."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from test_families import ANSWERS, run_scripted
 from test_user_runs import _run
+from typer.testing import CliRunner
 
+from agentrl.cli import app
 from agentrl.config import load_config
 from agentrl.env.base import TextEnv
 from agentrl.models.families import FAMILIES, build_family, build_family_tokenizer
@@ -126,6 +130,28 @@ def test_gemma2_warm_start_on_code_sandbox_and_the_start_up_check(gemma2, tmp_pa
     rep = inspect_model(d)
     assert rep["rewrites_history"] is False
     assert "rewrites history: no" in format_report(rep)
+
+
+def test_agentrl_train_on_a_gemma2_model_dir_trains_with_no_drift(tmp_path):
+    """`agentrl train --env code_sandbox model.path=DIR` (DIR: a tiny Gemma-3-family model whose
+    template is Gemma-2's): the warm start trains, every episode samples its turn (no reset
+    error) and `rollout/template_drift` is 0."""
+    d = tmp_path / "gemma2"
+    build_family("gemma3", d, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+    (d / "chat_template.jinja").write_text(GEMMA2)
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, [
+        "train", "--env", "code_sandbox", f"model.path={d}", f"out={out}", "train.steps=1", "sft.steps=1",
+        "sft.batch_size=2", "rollout.tasks_per_step=2", "algo.group_size=2", "train.eval_tasks=2",
+        "train.eval_samples=1", "rollout.max_tokens=16"], terminal_width=400)
+    assert res.exit_code == 0, res.output
+    assert "could not be checked" not in res.output and "System role" not in res.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["sft_loss_first"] > 0 and summary["eval_after"]["turns_mean"] == 1.0
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["rollout/template_drift"] for m in metrics if "rollout/template_drift" in m] == [0.0]
+    eps = [json.loads(line) for line in (out / "rollouts" / "step_1.jsonl").read_text().splitlines()]
+    assert len(eps) == 4 and all(e["info"]["num_turns"] == 1 and e["info"]["template_drift"] is False for e in eps)
 
 
 def test_a_history_check_that_cannot_run_claims_neither(gemma2):
