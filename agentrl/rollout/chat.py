@@ -81,8 +81,7 @@ class RenderError(ValueError):
 
 
 class _Dropped(Exception):
-    """The template rendered the messages without a message's text (Phi-3's `tool`): the next
-    role fallback is tried."""
+    """The template rendered the messages without a message's text (Phi-3's `tool`)."""
 
 
 def _assistant(content: str) -> Message:
@@ -251,7 +250,7 @@ class ChatRenderer:
         self.tokenizer = tokenizer
         self.history = history
         self.template_kwargs = dict(template_kwargs or {})
-        self._memo: dict[str, dict[str, tuple[int, ...]]] = {"prompt": {}, "delta": {}}
+        self._memo: dict[str, dict[str, tuple]] = {"prompt": {}, "delta": {}, "rendered": {}}
         specials = special_strings(tokenizer)
         self._pattern = re.compile("|".join(re.escape(c) for c in specials)) if specials else None
         vocab = tokenizer.get_vocab()
@@ -308,9 +307,8 @@ class ChatRenderer:
         return a[end + 1:]
 
     def _history_check(self) -> tuple[bool | None, str]:
-        """(rewrites, note): False and '' when the template renders earlier turns as they were
-        sampled, True and how not; None and 'could not be checked (...)' when the template
-        refuses the probe conversations even with the role fallbacks (`role_fallbacks`)."""
+        """(rewrites, note): False and '' when the template renders earlier turns as sampled,
+        True and how not; None and 'could not be checked (...)' when it refuses the probes."""
         notes = []
         for content in ("a", _THINK):
             try:
@@ -329,17 +327,14 @@ class ChatRenderer:
 
     def render_observation(self, new_messages: list[Message], render: Any = None
                            ) -> tuple[list[int], list[Message]]:
-        """`render(messages)` (default `_after_turn`) of `new_messages` as an observation renders,
-        and the messages it rendered: where the template refuses them, the first of their
-        `role_fallbacks` it accepts (roles other than user / system as `user`, runs of users
-        merged, system messages folded); where it drops a message's text, the same with every
-        message as `user`. The drift check renders observations through this too.
+        """`render(messages)` (default `_after_turn`) of `new_messages` and the messages rendered:
+        the first of their `role_fallbacks` the template accepts; where it drops a message's
+        text, the same with every message as `user`. The drift check renders through this too.
 
         Raises:
             RenderError: the template refuses every fallback (or `render` raised it).
         """
-        new_messages = list(new_messages)
-        render = render or self._after_turn
+        new_messages, render = list(new_messages), render or self._after_turn
 
         def pick(msgs: list[Message]) -> tuple[list[int], list[Message]]:
             try:
@@ -370,20 +365,40 @@ class ChatRenderer:
 
     def prompt_ids(self, messages: list[Message], tools: list[dict] | None = None) -> list[int]:
         """Ids of the opening messages followed by the assistant generation prompt (control
-        strings in their text encoded as text: `neutralize`, `encode_neutralized`). Memoised
-        (module doc).
+        strings in their text encoded as text: `neutralize`, `encode_neutralized`), through the
+        role fallbacks (`_prompt_render`). Memoised (module doc).
 
         Raises:
             RenderError: the template refuses the messages (e.g. roles out of order).
         """
-        key = None if self.accepts_images else render_key(list(messages), tools)
-        return self._memoised("prompt", key, lambda: self._prompt_ids(messages, tools))
-
-    def _prompt_ids(self, messages: list[Message], tools: list[dict] | None) -> list[int]:
         return self.prompt_render(messages, tools)[0]
 
     def prompt_render(self, messages: list[Message], tools: list[dict] | None = None
                       ) -> tuple[list[int], list[Message]]:
+        """`prompt_ids` and the messages it rendered (`_prompt_render`), memoised with it (the
+        messages kept only where a fallback changed them); the drift check reads both."""
+        key = None if self.accepts_images else render_key(list(messages), tools)
+        fresh: list[list[Message]] = []
+
+        def render() -> list[int]:
+            ids, used = self._prompt_render(messages, tools)
+            fresh.append(used)
+            return ids
+
+        ids, kept = self._memoised("prompt", key, render), self._memo["rendered"]
+        if fresh:
+            if key is not None and fresh[0] != list(messages):
+                if len(kept) >= RENDER_CACHE_SIZE:
+                    kept.clear()
+                kept[key] = tuple(fresh[0])
+            return ids, fresh[0]
+        return ids, list(kept.get(key, messages))
+
+    def _prompt_ids(self, messages: list[Message], tools: list[dict] | None) -> list[int]:
+        return self._prompt_render(messages, tools)[0]
+
+    def _prompt_render(self, messages: list[Message], tools: list[dict] | None
+                       ) -> tuple[list[int], list[Message]]:
         """The ids of `prompt_ids` (not memoised) and the messages rendered: `messages`, or where
         the template refuses them, or drops the text of a message of another role than system /
         user / assistant (Gemma-3 refuses `tool`, Phi-3 drops it), the first of their
@@ -418,10 +433,9 @@ class ChatRenderer:
         The delta is cut after the end-of-turn of the assistant turn in the template's rendering
         of `[user, assistant, *new_messages]`, wherever the template puts it, so a template
         that rewrites earlier turns (Qwen3, R1-distill) still gives the observation's exact
-        rendering. A template that refuses or drops a role (Gemma-3 and Mistral for `tool`,
-        Phi-3 for anything but system/user/assistant) renders those messages as `user` ones;
-        one that refuses consecutive user messages (Mistral, Gemma-3) gets each run of them
-        merged into one (`merge_user_runs`, texts joined by `USER_JOIN`).
+        rendering. Messages the template refuses or drops go through the role fallbacks
+        (`render_observation`: `tool` as `user` on Gemma-3, Mistral, Phi-3; runs of users merged
+        with `USER_JOIN` on Mistral, Gemma-3; system messages folded on Gemma-2).
 
         Raises:
             RenderError: the template cannot render the observation even so (recorded as the

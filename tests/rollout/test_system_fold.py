@@ -80,6 +80,9 @@ def test_gemma2_opening_is_the_template_s_rendering_of_the_folded_messages(gemma
     assert ids == render_ids(gemma2, folded, add_generation_prompt=True)
     assert gemma2.decode(ids, skip_special_tokens=False) == (
         "<bos><start_of_turn>user\nUse the calculator.\n\nWhat is 2 + 3?<end_of_turn>\n<start_of_turn>model\n")
+    # the messages rendered, memoised with the ids (the drift check reads them)
+    assert r.prompt_render(msgs) == r.prompt_render(msgs) == (ids, folded)
+    assert r.prompt_render(folded) == (ids, folded)
     # the history check runs on the folded conversation: no rewrite (was: "yes: could not be checked")
     assert r.rewrites_history is False and r.history_note == ""
     assert system_role(r) == ("refused (TemplateError: System role not supported); "
