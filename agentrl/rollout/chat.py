@@ -11,7 +11,9 @@ that rewrite history (Qwen3, R1-distill) or move the system prompt (Mistral) are
 Special-token strings in env text are encoded as text (`neutralize`), and every fragment that
 sits in the middle of a sequence (a piece of env text, an answer after a generation prompt) is
 encoded as a continuation (`encode_continuation`: no "▁" from a SentencePiece-style
-tokenizer). docs/models.md.
+tokenizer). Messages a template refuses or drops are rendered through the role fallbacks of
+`agentrl.rollout.roles` (roles as `user`, runs of users merged, system messages folded), in one
+order on every path. docs/models.md.
 
 Renders are memoised (`RENDER_CACHE_SIZE` entries per renderer and kind, keys of at most
 `RENDER_KEY_CHARS` characters): the ids of an opening
@@ -40,6 +42,15 @@ from agentrl.models.vlm import (
     image_token_counts,
     to_pil,
 )
+from agentrl.rollout.roles import (  # noqa: F401 - USER_JOIN, merge_user_runs: re-exported
+    OBSERVATION_ROLES,
+    SYSTEM_JOIN,
+    TEMPLATE_ROLES,
+    USER_JOIN,
+    first_accepted,
+    merge_user_runs,
+    role_fallbacks,
+)
 
 Message = dict[str, Any]
 
@@ -58,13 +69,6 @@ RENDER_KEY_CHARS = 8192
 holds at most about `2 * RENDER_CACHE_SIZE * RENDER_KEY_CHARS` characters of keys."""
 
 _PLAIN = (str, int, float, bool, type(None))
-_TEMPLATE_ROLES = ("system", "user", "assistant")
-"""Roles every template renders; a message of another role (`tool`) that a template refuses
-or drops is rendered as a `user` message."""
-
-USER_JOIN = "\n\n"
-"""What joins the texts of consecutive `user` messages that a template refuses in a row (Mistral's
-and Gemma-3's alternation checks): `merge_user_runs`."""
 
 HISTORY_MODES = ("exact", "template")
 """`rollout.history`: `exact` (the context is the sampled ids plus observation deltas) or
@@ -74,6 +78,10 @@ HISTORY_MODES = ("exact", "template")
 class RenderError(ValueError):
     """The chat template cannot render an observation (e.g. a role it refuses): a recorded env
     error for that episode (contract 7), never a crash."""
+
+
+class _Dropped(Exception):
+    """The template rendered the messages without a message's text (Phi-3's `tool`)."""
 
 
 def _assistant(content: str) -> Message:
@@ -167,31 +175,6 @@ def encode_neutralized(tokenizer: Any, text: str, found: list[str], *, continuat
     return ids + enc(text[cursor:], True)
 
 
-def _parts(content: Any) -> list[Any]:
-    return list(content) if isinstance(content, (list, tuple)) else [{"type": "text", "text": str(content or "")}]
-
-
-def merge_user_runs(messages: list[Message]) -> list[Message]:
-    """`messages` with each run of consecutive `user` messages merged into one `user` message
-    whose text is theirs joined by `USER_JOIN` (content-part lists: the parts in order, a text
-    part `USER_JOIN` between messages); other keys of merged messages (a tool result's `name`)
-    are dropped. For templates that refuse two user turns in a row, where several observations
-    fall back to `user` (two tool results of one turn on Mistral v0.3) or an env sends several."""
-    out: list[Message] = []
-    for m in messages:
-        prev = out[-1] if out else None
-        if prev is None or m.get("role") != "user" or prev.get("role") != "user":
-            out.append(m)
-            continue
-        a, b = prev.get("content"), m.get("content")
-        if isinstance(a, str) and isinstance(b, str):
-            content: Any = a + USER_JOIN + b
-        else:
-            content = [*_parts(a), {"type": "text", "text": USER_JOIN}, *_parts(b)]
-        out[-1] = {"role": "user", "content": content}
-    return out
-
-
 def _first_diff(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     return next((i for i in range(n) if a[i] != b[i]), n)
@@ -246,7 +229,9 @@ class ChatRenderer:
         rewrites_history: True when the template renders an earlier assistant turn (or the
             system prompt) differently from how it was sampled once more messages follow
             (Qwen3 and R1-distill drop `<think>` blocks, Mistral moves the system prompt to the
-            last user message); `history_note` says how.
+            last user message); `history_note` says how. None when the check could not run (the
+            template refuses its probe conversations even with the role fallbacks):
+            `history_note` says so, claiming neither.
         control_ids: ids of the tokenizer's special and added tokens (never merged with text).
         accepts_images: False: this renderer renders text only; an observation with image
             parts is refused by the agent loop (`check_images_allowed`).
@@ -265,7 +250,7 @@ class ChatRenderer:
         self.tokenizer = tokenizer
         self.history = history
         self.template_kwargs = dict(template_kwargs or {})
-        self._memo: dict[str, dict[str, tuple[int, ...]]] = {"prompt": {}, "delta": {}}
+        self._memo: dict[str, dict[str, tuple]] = {"prompt": {}, "delta": {}, "rendered": {}}
         specials = special_strings(tokenizer)
         self._pattern = re.compile("|".join(re.escape(c) for c in specials)) if specials else None
         vocab = tokenizer.get_vocab()
@@ -287,8 +272,7 @@ class ChatRenderer:
         model_eos = generation_eos_ids(getattr(tokenizer, "name_or_path", "") or "")
         firsts = [self.end_of_turn_id] + ([] if eos is None else [int(eos)])
         self.stop_ids = list(dict.fromkeys(firsts + model_eos))
-        self.history_note = self._history_check()
-        self.rewrites_history = bool(self.history_note)
+        self.rewrites_history, self.history_note = self._history_check()
 
     # -- rendering -----------------------------------------------------------------------
     def render_text(self, messages: list[Message], gen: bool, tools: list[dict] | None = None
@@ -322,42 +306,48 @@ class ChatRenderer:
                               "messages follow it") from None
         return a[end + 1:]
 
-    def _history_check(self) -> str:
-        """'' when the template renders earlier turns as they were sampled, else how not."""
+    def _history_check(self) -> tuple[bool | None, str]:
+        """(rewrites, note): False and '' when the template renders earlier turns as sampled,
+        True and how not; None and 'could not be checked (...)' when it refuses the probes."""
         notes = []
         for content in ("a", _THINK):
             try:
-                head = self._ids([_SYSTEM, _USER], True)
-                later = self._ids([_SYSTEM, _USER, _assistant(content), {"role": "user", "content": "v"}], True)
-            except Exception as e:  # noqa: BLE001 - e.g. a template without a system role
-                return f"could not be checked ({type(e).__name__}: {e})"[:200]
+                head = self._prompt_ids([_SYSTEM, _USER], None)
+                later = self._prompt_ids([_SYSTEM, _USER, _assistant(content), {"role": "user", "content": "v"}], None)
+            except RenderError as e:
+                cause = e.__cause__ or e
+                return None, f"could not be checked ({type(cause).__name__}: {cause})"[:200]
             sampled = head + encode_continuation(self.tokenizer, content) + [self.end_of_turn_id]
             if content == "a" and later[: len(sampled)] != sampled:
                 notes.append("renders an earlier assistant turn or the system prompt differently "
                              "from the generation prompt and the sampled ids")
             if content == _THINK and "\nx\n" not in self.tokenizer.decode(later):
                 notes.append("drops the <think> blocks of earlier assistant turns")
-        return "; ".join(notes)
+        return bool(notes), "; ".join(notes)
 
-    def _render_observation(self, new_messages: list[Message]) -> list[int]:
-        """`_after_turn` of `new_messages`; where the template refuses them, of them with roles
-        other than user / system as `user`, then with consecutive user messages merged
-        (`merge_user_runs`)."""
-        new_messages = list(new_messages)
-        as_user = [{**m, "role": "user"} if m.get("role") not in ("user", "system") else m
-                   for m in new_messages]
-        tries = [new_messages]
-        for c in (as_user, merge_user_runs(as_user)):
-            if c not in tries:
-                tries.append(c)
-        for msgs in tries:
+    def render_observation(self, new_messages: list[Message], render: Any = None
+                           ) -> tuple[list[int], list[Message]]:
+        """`render(messages)` (default `_after_turn`) of `new_messages` and the messages rendered:
+        the first of their `role_fallbacks` the template accepts; where it drops a message's
+        text, the same with every message as `user`. The drift check renders through this too.
+
+        Raises:
+            RenderError: the template refuses every fallback (or `render` raised it).
+        """
+        new_messages, render = list(new_messages), render or self._after_turn
+
+        def pick(msgs: list[Message]) -> tuple[list[int], list[Message]]:
             try:
-                return self._after_turn(msgs)
+                return first_accepted(role_fallbacks(msgs, OBSERVATION_ROLES), render, RenderError)
             except RenderError:
                 raise
-            except Exception as e:  # noqa: BLE001 - a template that refuses a role or a run of users
-                err = e
-        raise RenderError(f"chat template cannot render the observation: {err}") from err
+            except Exception as e:  # noqa: BLE001 - a template that refuses every fallback
+                raise RenderError(f"chat template cannot render the observation: {e}") from e
+
+        ids, used = pick(new_messages)
+        if not self._renders_contents(ids, new_messages):
+            ids, used = pick([{**m, "role": "user"} for m in new_messages])
+        return ids, used
 
     def _memoised(self, kind: str, key: str | None, render: Any) -> list[int]:
         """`render()`, or the ids it gave for `key` before (module doc); a fresh list either way."""
@@ -375,45 +365,66 @@ class ChatRenderer:
 
     def prompt_ids(self, messages: list[Message], tools: list[dict] | None = None) -> list[int]:
         """Ids of the opening messages followed by the assistant generation prompt (control
-        strings in their text encoded as text: `neutralize`, `encode_neutralized`). Memoised
-        (module doc).
+        strings in their text encoded as text: `neutralize`, `encode_neutralized`), through the
+        role fallbacks (`_prompt_render`). Memoised (module doc).
 
         Raises:
             RenderError: the template refuses the messages (e.g. roles out of order).
         """
+        return self.prompt_render(messages, tools)[0]
+
+    def prompt_render(self, messages: list[Message], tools: list[dict] | None = None
+                      ) -> tuple[list[int], list[Message]]:
+        """`prompt_ids` and the messages it rendered (`_prompt_render`), memoised with it (the
+        messages kept only where a fallback changed them); the drift check reads both."""
         key = None if self.accepts_images else render_key(list(messages), tools)
-        return self._memoised("prompt", key, lambda: self._prompt_ids(messages, tools))
+        fresh: list[list[Message]] = []
+
+        def render() -> list[int]:
+            ids, used = self._prompt_render(messages, tools)
+            fresh.append(used)
+            return ids
+
+        ids, kept = self._memoised("prompt", key, render), self._memo["rendered"]
+        if fresh:
+            if key is not None and fresh[0] != list(messages):
+                if len(kept) >= RENDER_CACHE_SIZE:
+                    kept.clear()
+                kept[key] = tuple(fresh[0])
+            return ids, fresh[0]
+        return ids, list(kept.get(key, messages))
 
     def _prompt_ids(self, messages: list[Message], tools: list[dict] | None) -> list[int]:
-        """The template's rendering of `messages`; when it refuses them, or drops the text of a
-        message of another role than system / user / assistant (Gemma-3 refuses `tool`, Phi-3
-        drops it), those messages are rendered as `user` ones, as `delta_ids` renders them
-        (an `agentrl serve` request or a rewritten context holding tool results); when it still
-        refuses them, with consecutive user messages merged (`merge_user_runs`)."""
+        return self._prompt_render(messages, tools)[0]
+
+    def _prompt_render(self, messages: list[Message], tools: list[dict] | None
+                       ) -> tuple[list[int], list[Message]]:
+        """The ids of `prompt_ids` (not memoised) and the messages rendered: `messages`, or where
+        the template refuses them, or drops the text of a message of another role than system /
+        user / assistant (Gemma-3 refuses `tool`, Phi-3 drops it), the first of their
+        `role_fallbacks` it accepts: those messages as `user` ones, as `delta_ids` renders them
+        (an `agentrl serve` request or a rewritten context holding tool results), then runs of
+        users merged (`merge_user_runs`), then system messages folded into the next user message
+        (`fold_system`: Gemma-2 refuses the system role), then both.
+
+        Raises:
+            RenderError: the template refuses every fallback.
+        """
         messages = list(messages)
-        other = [m for m in messages if m.get("role") not in _TEMPLATE_ROLES]
+        other = [m for m in messages if m.get("role") not in TEMPLATE_ROLES]
+
+        def render(c: list[Message]) -> list[int]:
+            ids = self._ids(c, True, tools)
+            if c == messages and other and not self._renders_contents(ids, other):
+                raise _Dropped("the template drops a message's text")
+            return ids
+
         try:
-            ids = self._ids(messages, True, tools)
-            if not other or self._renders_contents(ids, other):
-                return ids
+            return first_accepted(role_fallbacks(messages), render, RenderError)
         except RenderError:
             raise
         except Exception as e:  # noqa: BLE001 - jinja errors, raise_exception in templates
-            if not other and merge_user_runs(messages) == messages:
-                raise RenderError(f"chat template cannot render the messages: {type(e).__name__}: {e}") from e
-            first = e
-        else:
-            first = None
-        as_user = [{**m, "role": "user"} if m.get("role") not in _TEMPLATE_ROLES else m for m in messages]
-        for c in (as_user, merge_user_runs(as_user)):
-            if c == messages and first is not None:
-                continue
-            try:
-                return self._ids(c, True, tools)
-            except Exception as e:  # noqa: BLE001
-                first = first or e
-        assert first is not None
-        raise RenderError(f"chat template cannot render the messages: {type(first).__name__}: {first}") from first
+            raise RenderError(f"chat template cannot render the messages: {type(e).__name__}: {e}") from e
 
     def delta_ids(self, new_messages: list[Message]) -> list[int]:
         """Ids of `new_messages` (observations) as they render after an assistant turn, followed
@@ -422,10 +433,9 @@ class ChatRenderer:
         The delta is cut after the end-of-turn of the assistant turn in the template's rendering
         of `[user, assistant, *new_messages]`, wherever the template puts it, so a template
         that rewrites earlier turns (Qwen3, R1-distill) still gives the observation's exact
-        rendering. A template that refuses or drops a role (Gemma-3 and Mistral for `tool`,
-        Phi-3 for anything but system/user/assistant) renders those messages as `user` ones;
-        one that refuses consecutive user messages (Mistral, Gemma-3) gets each run of them
-        merged into one (`merge_user_runs`, texts joined by `USER_JOIN`).
+        rendering. Messages the template refuses or drops go through the role fallbacks
+        (`render_observation`: `tool` as `user` on Gemma-3, Mistral, Phi-3; runs of users merged
+        with `USER_JOIN` on Mistral, Gemma-3; system messages folded on Gemma-2).
 
         Raises:
             RenderError: the template cannot render the observation even so (recorded as the
@@ -435,10 +445,7 @@ class ChatRenderer:
         return self._memoised("delta", key, lambda: self._delta_ids(new_messages))
 
     def _delta_ids(self, new_messages: list[Message]) -> list[int]:
-        ids = self._render_observation(new_messages)
-        if not self._renders_contents(ids, new_messages):
-            as_user = [{**m, "role": "user"} for m in new_messages]
-            ids = self._render_observation(as_user)
+        ids, _ = self.render_observation(new_messages)
         if ids[: len(self.glue_ids)] != self.glue_ids:
             raise RenderError("chat template puts different ids after an assistant turn before "
                               "these messages than before a user message")

@@ -7,7 +7,11 @@ conversation (`ChatRenderer.delta_ids`). This module renders the episode's *actu
 with the template and compares, region by region, with the tokenizer only (no model):
 
 - **opening**: the ids before the first turn against the template's rendering of the opening
-  messages (`prompt_ids`).
+  messages (`prompt_ids`, through `ChatRenderer.prompt_render`, which also gives the messages
+  it rendered: the renderer's role fallbacks, `agentrl.rollout.roles`, e.g. two opening user
+  messages merged, a system message folded; the later regions render those messages, and each
+  observation through the renderer's own `render_observation`, so the check renders what the
+  renderer rendered, same fallbacks, same order).
 - **after turn k**: the ids from turn k's end of turn to the start of turn k+1 (end of turn,
   glue, the observations, the next generation prompt; to the end of the episode for the last
   turn; a turn that stopped at another stop id, e.g. eos, counts as closed by the end of turn,
@@ -61,8 +65,8 @@ from agentrl.models.tokens import continuation_prefix, decode_continuation, enco
 from agentrl.rollout.chat import (
     ChatRenderer,
     Message,
+    RenderError,
     encode_neutralized,
-    merge_user_runs,
     render_key,
 )
 from agentrl.types import Trajectory
@@ -105,7 +109,7 @@ def _decode(r: ChatRenderer, cache: dict | None, ids: list[int], mid: bool = Tru
     return _memo(cache, "decode", tuple(ids), lambda: decode_continuation(r.tokenizer, ids))
 
 
-class _NotRendered(ValueError):
+class _NotRendered(RenderError):
     """The template did not render the placeholder exactly once."""
 
 
@@ -138,28 +142,14 @@ def _after_place(r: ChatRenderer, msgs: list[Message], gen: bool, tools: list | 
 
 def _region_ids(r: ChatRenderer, history: list[Message], obs: list[Message], gen: bool,
                 tools: list | None, cache: dict | None) -> tuple[list[int], list[Message]]:
-    """The template's ids after the placeholder turn ending `history`, with `obs` after it, and
-    `obs` as rendered: observations the template refuses or drops render as `user` messages,
-    as the renderer renders them (`ChatRenderer.delta_ids`)."""
+    """The template's ids after the placeholder turn ending `history` (the messages as rendered
+    so far), with `obs` after it, and `obs` as rendered: through the renderer's own fallbacks,
+    in its order (`ChatRenderer.render_observation`: roles refused or dropped as `user`, runs of
+    users merged, system messages folded), rendered after `history`."""
     if r.rewrites_history:
         history = [m for m in history if m.get("role") != "system"]
         tools = None
-    try:
-        ids = _after_place(r, history + obs, gen, tools, cache)
-        if not obs or r._renders_contents(ids, obs):
-            return ids, obs
-    except _NotRendered:
-        raise
-    except Exception:  # noqa: BLE001 - a role the template refuses: as the renderer does
-        pass
-    as_user = [{**m, "role": "user"} for m in obs]
-    try:
-        return _after_place(r, history + as_user, gen, tools, cache), as_user
-    except _NotRendered:
-        raise
-    except Exception:  # noqa: BLE001 - a template that refuses users in a row: merged, as the renderer does
-        merged = merge_user_runs(as_user)
-        return _after_place(r, history + merged, gen, tools, cache), merged
+    return r.render_observation(obs, lambda c: _after_place(r, history + c, gen, tools, cache))
 
 
 def _first_diff(a: list[int], b: list[int]) -> int:
@@ -319,8 +309,8 @@ def episode_drift(r: ChatRenderer, tr: Trajectory, tools: list | None = None,
     msgs, ids, turns = tr.messages, tr.token_ids, tr.turns
     at = assistant_indices(msgs, turns)
     try:
-        expected = _memo(cache, "open", render_key(msgs[: at[0]], tools, max_chars=None),
-                         lambda: r.prompt_ids(msgs[: at[0]], tools))
+        expected, opening = _memo(cache, "open", render_key(msgs[: at[0]], tools, max_chars=None),
+                                  lambda: r.prompt_render(msgs[: at[0]], tools))
     except ValueError as e:
         return {"turn": 0, "where": "template refuses the messages", "position": 0, "error": str(e)[:300]}
     if tr.turn_prompts:  # history=template: each context is the template's own rendering
@@ -332,7 +322,7 @@ def episode_drift(r: ChatRenderer, tr: Trajectory, tools: list | None = None,
     if expected != ids[: turns[0].start]:
         d = _first_diff(expected, ids[: turns[0].start])
         return _report(0, "opening", d, expected, ids[: turns[0].start], d, r.tokenizer)
-    rendered = list(msgs[: at[0]])  # the messages as the template renders them (observation roles)
+    rendered = list(opening)  # the messages as the renderer rendered them (its role fallbacks)
     for k, t in enumerate(turns):
         found = _boundary(r, ids[: t.start], t.text, t.start, k, cache)
         if found:

@@ -24,7 +24,7 @@ from agentrl.models.tiny import (
     weight_rows,
 )
 from agentrl.models.tokens import continuation_note, encode_continuation
-from agentrl.rollout.chat import ChatRenderer, Message
+from agentrl.rollout.chat import SYSTEM_JOIN, ChatRenderer, Message
 from agentrl.rollout.drift import episode_drift
 from agentrl.rollout.tool_format import detect_tool_parser
 from agentrl.types import Trajectory
@@ -94,12 +94,20 @@ def boundary_merges(r: ChatRenderer) -> list[str]:
 def system_role(r: ChatRenderer) -> str:
     """How the template renders a system message: `rendered`, `folded into the user turn` (the
     system text + a blank line + the user's, Gemma-3; Mistral puts it in the last user turn),
-    `dropped`, or `refused (...)`."""
+    `dropped`, or `refused (...)`, followed by `; agentrl folds it into the first user turn`
+    where the renderer's fallback does so (Gemma-2: `fold_system`)."""
     user = {"role": "user", "content": "U"}
     try:
         text, _ = r.render_text([{"role": "system", "content": "Sys"}, user], True)
     except Exception as e:  # noqa: BLE001 - raise_exception in the template
-        return f"refused ({type(e).__name__}: {str(e)[:120]})"
+        why = f"{type(e).__name__}: {str(e)[:120]}"
+        try:  # the renderer's fallback (`fold_system`)
+            _, used = r.prompt_render([{"role": "system", "content": "Sys"}, user])
+        except Exception:  # noqa: BLE001
+            return f"refused ({why})"
+        if used == [{"role": "user", "content": "Sys" + SYSTEM_JOIN + "U"}]:
+            return f"refused ({why}); agentrl folds it into the first user turn"
+        return f"refused ({why})"
     if "Sys" not in text:
         return "dropped"
     try:
@@ -196,7 +204,8 @@ def format_report(rep: dict[str, Any]) -> list[str]:
     else:
         eot, stops = rep["end_of_turn"], ", ".join(f"{t} ({i})" for i, t in rep["stop"])
         lines += [f"end of turn: {eot[1]} (id {eot[0]}); glue after it: {rep['glue']!r}; stop ids: {stops}",
-                  "rewrites history: " + (f"yes: {rep['history_note']} (rollout.history=exact trains what was "
+                  "rewrites history: " + (rep["history_note"] if rep["rewrites_history"] is None else
+                                          f"yes: {rep['history_note']} (rollout.history=exact trains what was "
                                           "sampled; =template renders each turn's prompt)"
                                           if rep["rewrites_history"] else "no"),
                   f"system role: {rep['system_role']}",

@@ -167,7 +167,9 @@ def build(cfg: Config, *, reporter: Any = None, warm_start: Callable[..., dict[s
         return Run(cfg, out, algo, ck, summary=json.loads((out / "summary.json").read_text()))
     model, tok, path = load_policy(cfg, out, ck, reporter)
     renderer = policy_renderer(cfg, tok)
-    if renderer.rewrites_history:
+    if renderer.rewrites_history is None:
+        say(f"[template] whether the chat template rewrites history {renderer.history_note}")
+    elif renderer.rewrites_history:
         say(f"[template] the chat template {renderer.history_note}: with rollout.history="
             f"{cfg.rollout.history} " + ("the policy samples each turn from its own sampled ids "
                                          "(token-exact), not from the template's re-rendering"
