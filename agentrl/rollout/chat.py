@@ -42,15 +42,7 @@ from agentrl.models.vlm import (
     image_token_counts,
     to_pil,
 )
-from agentrl.rollout.roles import (  # noqa: F401 - USER_JOIN, merge_user_runs: re-exported
-    OBSERVATION_ROLES,
-    SYSTEM_JOIN,
-    TEMPLATE_ROLES,
-    USER_JOIN,
-    first_accepted,
-    merge_user_runs,
-    role_fallbacks,
-)
+from agentrl.rollout.roles import OBSERVATION_ROLES, first_accepted, role_fallbacks
 
 Message = dict[str, Any]
 
@@ -336,9 +328,15 @@ class ChatRenderer:
         """
         new_messages, render = list(new_messages), render or self._after_turn
 
+        def checked(c: list[Message]) -> list[int]:  # a template checking alternation by parity
+            ids = render(c)  # accepts [user, tool] after a turn, then refuses the next assistant turn
+            if any(m.get("role") != "user" for m in c):
+                self._ids([_USER, _assistant("a"), *c, _assistant("b")], False)
+            return ids
+
         def pick(msgs: list[Message]) -> tuple[list[int], list[Message]]:
             try:
-                return first_accepted(role_fallbacks(msgs, OBSERVATION_ROLES), render, RenderError)
+                return first_accepted(role_fallbacks(msgs, OBSERVATION_ROLES), checked, RenderError)
             except RenderError:
                 raise
             except Exception as e:  # noqa: BLE001 - a template that refuses every fallback
@@ -411,7 +409,7 @@ class ChatRenderer:
             RenderError: the template refuses every fallback.
         """
         messages = list(messages)
-        other = [m for m in messages if m.get("role") not in TEMPLATE_ROLES]
+        other = [m for m in messages if m.get("role") not in ("user", "assistant")]  # system too
 
         def render(c: list[Message]) -> list[int]:
             ids = self._ids(c, True, tools)

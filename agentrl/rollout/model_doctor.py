@@ -24,8 +24,9 @@ from agentrl.models.tiny import (
     weight_rows,
 )
 from agentrl.models.tokens import continuation_note, encode_continuation
-from agentrl.rollout.chat import SYSTEM_JOIN, ChatRenderer, Message
+from agentrl.rollout.chat import ChatRenderer, Message
 from agentrl.rollout.drift import episode_drift
+from agentrl.rollout.roles import SYSTEM_JOIN
 from agentrl.rollout.tool_format import detect_tool_parser
 from agentrl.types import Trajectory
 

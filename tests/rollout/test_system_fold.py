@@ -21,11 +21,11 @@ from agentrl.cli import app
 from agentrl.config import load_config
 from agentrl.env.base import TextEnv
 from agentrl.models.families import FAMILIES, build_family, build_family_tokenizer
-from agentrl.rollout.chat import SYSTEM_JOIN, USER_JOIN, ChatRenderer, render_ids
+from agentrl.rollout.chat import ChatRenderer, render_ids
 from agentrl.rollout.drift import episode_drift
 from agentrl.rollout.envs import build_env
 from agentrl.rollout.model_doctor import format_report, inspect_model, system_role
-from agentrl.rollout.roles import fold_system, role_fallbacks
+from agentrl.rollout.roles import SYSTEM_JOIN, USER_JOIN, fold_system, role_fallbacks
 from agentrl.sft import sft_examples
 from agentrl.startup_model import check_chat_template
 
@@ -210,3 +210,56 @@ def test_an_opening_with_two_user_messages_has_no_drift(name, opening):
     assert (USER_JOIN.join(["Task.", "Hint."]) in opening) is (name != "qwen2_5")
     assert tr.info["template_drift"] is False
     assert episode_drift(r, tr) is None  # uncached, too
+
+
+class ObservationEnv(TextEnv):
+    """Opens with `opening`; answers the first turn with `after`, then ends."""
+
+    def __init__(self, opening, after):
+        super().__init__()
+        self.opening, self.after = opening, after
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.turn = 0
+        return [dict(m) for m in self.opening], {}
+
+    def step(self, action):
+        self.turn += 1
+        if self.turn == 1:
+            return [dict(m) for m in self.after], 0.0, False, False, {}
+        return [], 1.0, True, False, {}
+
+
+@pytest.mark.parametrize("template", ["gemma3", "gemma2"])
+@pytest.mark.parametrize("second", ["tool", "system"])
+def test_observation_ending_in_another_role_on_a_parity_template(template, second, gemma2):
+    """Templates that check alternation by index parity (Gemma-2, Gemma-3) accept `[user, tool]`
+    or `[user, system]` after an assistant turn as two turns, then refuse the next assistant
+    turn: the episode got a `<start_of_turn>tool` turn and the drift check 100 % drift (trial 3).
+    An observation must leave room for the next turn, so the fallbacks go on to one user turn:
+    the texts joined, drift 0."""
+    tok = gemma2 if template == "gemma2" else build_family_tokenizer(FAMILIES["gemma3"])
+    r = ChatRenderer(tok)
+    env = ObservationEnv([{"role": "user", "content": "Start."}],
+                         [{"role": "user", "content": "More."}, {"role": second, "content": "Note."}])
+    tr = _run(tok, r, env, ["first", "second"])
+    assert not tr.info.get("errors"), tr.info.get("errors")
+    assert len(tr.turns) == 2 and tr.terminated
+    between = tok.decode(tr.token_ids[tr.turns[0].end: tr.turns[1].start], skip_special_tokens=False)
+    assert between == "\n<start_of_turn>user\nMore.\n\nNote.<end_of_turn>\n<start_of_turn>model\n"
+    assert tr.info["template_drift"] is False
+
+
+@pytest.mark.parametrize("name", ["mistral_v0_3", "gemma3"])
+def test_an_opening_of_one_system_message_keeps_its_text(name, gemma2):
+    """Mistral's template moves the system text into the last user turn, so with no user message
+    it rendered `<s>` alone: the text was dropped (trial 3). A dropped system message goes on
+    through the fallbacks (folded: a system message no user follows renders as a user turn)."""
+    tok = build_family_tokenizer(FAMILIES[name])
+    r = ChatRenderer(tok)
+    opening = [{"role": "system", "content": "Solve the task."}]
+    assert "Solve the task." in tok.decode(r.prompt_ids(opening), skip_special_tokens=False)
+    tr = _run(tok, r, ObservationEnv(opening, [{"role": "user", "content": "Again."}]), ["first", "second"])
+    assert not tr.info.get("errors"), tr.info.get("errors")
+    assert tr.info["template_drift"] is False

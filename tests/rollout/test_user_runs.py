@@ -12,9 +12,10 @@ import pytest
 from agentrl.env.base import TextEnv
 from agentrl.models.families import FAMILIES, build_family_tokenizer
 from agentrl.rollout.agent_loop import EpisodeSpec, run_episodes
-from agentrl.rollout.chat import USER_JOIN, ChatRenderer, merge_user_runs
+from agentrl.rollout.chat import ChatRenderer
 from agentrl.rollout.engines.base import SamplingParams
 from agentrl.rollout.engines.scripted import ScriptedEngine
+from agentrl.rollout.roles import USER_JOIN, merge_user_runs
 from agentrl_envs.web_qa import WebQAEnv
 
 
