@@ -79,6 +79,21 @@ def continuation_note(tokenizer: Any) -> str:
     return "" if s is not None else f"fragments are encoded as whole texts: {why}"
 
 
+def fragment_warning(tokenizer: Any) -> str:
+    """`continuation_note` where it matters: '' unless fragments fall back to plain encodes AND
+    a plain encode puts a "▁" (a space) before a text's start (a legacy or `"always"`
+    SentencePiece tokenizer, or a SentencePiece one without a usable special token); the
+    `[template] mid-sequence text:` start-up line of `agentrl train`."""
+    note = continuation_note(tokenizer)
+    if not note:
+        return ""
+    try:
+        first = tokenizer.convert_ids_to_tokens(tokenizer.encode("a", add_special_tokens=False)[:1])
+    except Exception:  # noqa: BLE001 - a tokenizer that refuses the probe: nothing to say
+        return ""
+    return note if first and str(first[0]).startswith("\u2581") else ""
+
+
 def encode_continuation(tokenizer: Any, text: str) -> list[int]:
     """Ids of `text` as it is encoded in the *middle* of a sequence (after a control token or
     other text), not as the start of a text; no special tokens are added.

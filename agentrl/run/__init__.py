@@ -35,6 +35,7 @@ from agentrl.learner.rank import ModelSource
 from agentrl.learner.schedules import lr_multiplier
 from agentrl.log.progress import Reporter
 from agentrl.models.tiny import build_tiny_model, load_model
+from agentrl.models.tokens import fragment_warning
 from agentrl.models.vlm import build_tiny_vlm, is_vlm_dir, load_vlm
 from agentrl.rewards import RewardWrappers
 from agentrl.rollout.chat import NO_TOOLS_NOTE, ChatRenderer, renderer_for, renders_tools
@@ -176,6 +177,8 @@ def build(cfg: Config, *, reporter: Any = None, warm_start: Callable[..., dict[s
                                          if cfg.rollout.history == "exact" else
                                          "each turn is sampled from the template's rendering and "
                                          "trained as its own sample"))
+    if warning := fragment_warning(tok):  # a legacy SentencePiece tokenizer: spaces before fragments
+        say(f"[template] mid-sequence text: {warning}")
     check_tokenizer(cfg, algo, tok)  # e.g. a teacher's, compared by id
     if any(k not in cfg.env.kwargs and _env_accepts(cfg.env.name, k) for k in PARSER_KWARGS):  # build_env's
         say("[tools] tool-call format {}: {}".format(*resolve_tool_parser(cfg)))

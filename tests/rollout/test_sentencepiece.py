@@ -15,7 +15,12 @@ import pytest
 from agentrl.env.base import TextEnv
 from agentrl.env.registry import register_env
 from agentrl.models.families import FAMILIES, build_family_tokenizer
-from agentrl.models.tokens import continuation_note, decode_continuation, encode_continuation
+from agentrl.models.tokens import (
+    continuation_note,
+    decode_continuation,
+    encode_continuation,
+    fragment_warning,
+)
 from agentrl.rollout.agent_loop import EpisodeSpec, run_episodes
 from agentrl.rollout.chat import ChatRenderer, render_ids
 from agentrl.rollout.drift import check_episodes, episode_drift, prefetch_boundaries
@@ -204,7 +209,7 @@ def test_without_a_usable_sentinel_fragments_are_plain_encodes():
 
 
 
-def test_a_tokenizer_that_prepends_after_every_special_token_is_named():
+def test_a_tokenizer_that_prepends_after_every_special_token_is_named(metaspace_tokenizer):
     """Metaspace `prepend_scheme="always"` (or a legacy conversion's Prepend normalizer) puts a
     "▁" before the text after every special token too, so no sentinel makes a continuation:
     fragments stay plain encodes and `continuation_note` (doctor's `mid-sequence text:` line)
@@ -220,6 +225,9 @@ def test_a_tokenizer_that_prepends_after_every_special_token_is_named():
     assert tok.convert_ids_to_tokens(tok.encode(eot + "a", add_special_tokens=False))[1].startswith("▁")
     note = continuation_note(tok)
     assert "before the text after every special token" in note and "legacy=False" in note
+    assert fragment_warning(tok) == note  # agentrl train's [template] mid-sequence text: line
+    assert fragment_warning(metaspace_tokenizer("phi3")) == ""  # "first": continuations work
+    assert fragment_warning(build_family_tokenizer(FAMILIES["phi3"])) == ""  # byte-level
     for frag in FRAGMENTS:
         assert encode_continuation(tok, frag) == tok.encode(frag, add_special_tokens=False)
 
