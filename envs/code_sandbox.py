@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from agentrl.env.base import TextEnv
+from agentrl.rewards.parse import strip_think
 from agentrl.sandbox import Limits, SandboxPool, SandboxResult
 from agentrl.sandbox.pool import default_pool
 from agentrl_envs import code_repair, code_tasks
@@ -108,8 +109,10 @@ def extract_code(text: str) -> str:
     last block of any tag when none is), where a final opening fence that is never closed
     (generation stopped inside it) counts as the last block; without fences, the whole text.
     Leading blank lines and trailing whitespace are dropped; indentation is kept (a HumanEval
-    body completion stays indented)."""
-    blocks = _fenced_blocks(text)
+    body completion stays indented). `<think>` blocks are dropped first (`strip_think`, as for
+    judges): code only in a thinking model's reasoning is no answer (it passed), and code after
+    a block runs without the tags (a syntax error); a literal `<think>` in a program is lost."""
+    blocks = _fenced_blocks(text := strip_think(text))
     if blocks:
         py = [code for tag, code in blocks if tag.lower() in _PYTHON_TAGS]
         code = py[-1] if py else blocks[-1][1]

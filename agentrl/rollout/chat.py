@@ -409,7 +409,8 @@ class ChatRenderer:
             RenderError: the template refuses every fallback.
         """
         messages = list(messages)
-        other = [m for m in messages if m.get("role") not in ("user", "assistant")]  # system too
+        users = any(m.get("role") == "user" for m in messages)  # else a system text must show
+        other = [m for m in messages if m.get("role") not in ("user", "assistant", "system" if users else "")]
 
         def render(c: list[Message]) -> list[int]:
             ids = self._ids(c, True, tools)

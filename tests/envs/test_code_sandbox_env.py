@@ -284,6 +284,12 @@ def test_corpus_and_reference_answer():
     ("```python\na = 1\n```\n```python\nb = 2", "b = 2"),  # the last, unclosed block
     ("```python\na = 1\n```\nand ```x``` inline", "a = 1"),
     ("```python\n\n    return x\n```", "    return x"),  # a body keeps its indentation
+    # a thinking model's reasoning is not its answer (trial 4: code only in <think> passed; code
+    # after a <think> block ran with the tags, a syntax error)
+    ("<think>\n```python\ndef f():\n    return 1\n```\n</think>\n\nI am not sure.", "I am not sure."),
+    ("<think>\nok\n</think>\n\ndef f():\n    return 1", "def f():\n    return 1"),
+    ("<think>plan</think>\n```python\na = 1\n```", "a = 1"),
+    ("<think>\nunfinished reasoning with ```python\na = 1", ""),  # unclosed: no answer
 ])
 def test_extract_code(text, code):
     assert extract_code(text) == code
