@@ -46,8 +46,8 @@ class ToolEnv(gym.Wrapper):
         timeout_s: wall-clock limit per tool call, seconds.
         tool_call_penalty: reward subtracted per call attempt (>= 0).
         tool_error_penalty: reward subtracted per failed call (>= 0).
-        tools_in_prompt: list the tools in the system message (Hermes/Qwen layout, the same
-            text Qwen's chat template renders). When False they are exposed as `info["tools"]`
+        tools_in_prompt: list the tools in the system message, in the tool-call format's own
+            layout (`parser.format_tools`: for hermes the text Qwen's template renders). When False they are exposed as `info["tools"]`
             for the chat template instead.
         max_output_chars: tool output longer than this is truncated.
 

@@ -178,7 +178,8 @@ def inspect_model(path: str | Path, template_kwargs: dict[str, Any] | None = Non
     tok = load_tokenizer(p)
     if not getattr(tok, "chat_template", None):
         raise DoctorError(f"--model {path}: the tokenizer has no chat template (agentrl renders "
-                          "episodes with it; set chat_template in tokenizer_config.json)")
+                          "episodes with it): add the model's template as the `chat_template` key of "
+                          "tokenizer_config.json or as a chat_template.jinja file beside it (docs/models.md)")
     parser, why = detect_tool_parser(tok)
     out: dict[str, Any] = {"path": str(p), "tokenizer_class": type(tok).__name__,
                            "tool_parser": parser, "tool_parser_why": why, "vocabulary": vocabulary(tok, p),
