@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentrl import pyast
+from agentrl.infra import pyast
 from agentrl_envs.code_evalplus import (
     HUMANEVAL_PLUS_MODES,
     MBPP_PLUS_DECODERS,

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from agentrl import pyast
+from agentrl.infra import pyast
 
 _BINOPS: dict[type, type] = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Add,
                              ast.FloorDiv: ast.Mod, ast.Mod: ast.FloorDiv, ast.Pow: ast.Mult}

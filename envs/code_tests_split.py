@@ -35,7 +35,7 @@ import ast
 import warnings
 from dataclasses import dataclass
 
-from agentrl import pyast
+from agentrl.infra import pyast
 from agentrl_envs.code_datasets import CodeTask
 
 PUBLIC_FRACTION = 0.4

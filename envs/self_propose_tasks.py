@@ -15,7 +15,7 @@ import math
 import threading
 from typing import Any
 
-from agentrl import pyast
+from agentrl.infra import pyast
 
 #: Most characters of a proposed program, of one input or output literal, inputs per task.
 MAX_SOURCE_CHARS = 2000

@@ -31,7 +31,7 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
-from agentrl import pyast
+from agentrl.infra import pyast
 from agentrl_tools.registry import ToolError, tool
 
 MAX_EXPRESSION_CHARS = 1000

@@ -116,6 +116,17 @@ def chat_template(family: Family) -> str:
     return (TEMPLATE_DIR / family.template).read_text(encoding="utf-8")
 
 
+def _with_family_tokens(hf: Any, family: Family, template: str) -> Any:
+    """`hf` with `family`'s special tokens (those not bos / eos / pad), its added tokens and its
+    chat template `template`: the last steps of both tokenizer builders."""
+    hf.add_special_tokens({"additional_special_tokens": [t for t in family.special
+                                                         if t not in (family.bos, family.eos, family.pad)]})
+    if family.added:
+        hf.add_tokens(list(family.added))
+    hf.chat_template = template
+    return hf
+
+
 def build_family_tokenizer(family: Family, vocab_size: int = 640) -> Any:
     """An offline byte-level BPE tokenizer with `family`'s special and added tokens and chat
     template (`PreTrainedTokenizerFast`, left padding).
@@ -142,12 +153,7 @@ def build_family_tokenizer(family: Family, vocab_size: int = 640) -> Any:
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=family.bos, eos_token=family.eos,
                                  pad_token=family.pad, unk_token=None, padding_side="left",
                                  clean_up_tokenization_spaces=False)
-    hf.add_special_tokens({"additional_special_tokens": [t for t in family.special
-                                                         if t not in (family.bos, family.eos, family.pad)]})
-    if family.added:
-        hf.add_tokens(list(family.added))
-    hf.chat_template = template
-    return hf
+    return _with_family_tokens(hf, family, template)
 
 
 _METASPACE_CORPUS = (
@@ -190,12 +196,7 @@ def build_metaspace_tokenizer(family: Family, vocab_size: int = 900) -> Any:
                             unk_token="<unk>" if "<unk>" in family.special else None,
                             pad_token=family.pad, add_bos_token=bool(family.bos), add_eos_token=False,
                             legacy=False, padding_side="left", clean_up_tokenization_spaces=False)
-    hf.add_special_tokens({"additional_special_tokens": [t for t in family.special
-                                                         if t not in (family.bos, family.eos, family.pad)]})
-    if family.added:
-        hf.add_tokens(list(family.added))
-    hf.chat_template = template
-    return hf
+    return _with_family_tokens(hf, family, template)
 
 
 TOKENIZER_KINDS = ("byte_level", "metaspace")

@@ -22,7 +22,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl import pyast
+from agentrl.infra import pyast
 
 from .result import Limits, SandboxResult, TestOutcome
 from .rewrite import Site, bound_names, rewrite_test

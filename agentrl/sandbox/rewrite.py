@@ -29,7 +29,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl import pyast
+from agentrl.infra import pyast
 
 HELPERS = ("__agentrl_expect__", "__agentrl_cmp__", "__agentrl_chain__", "__agentrl_truth__")
 #: How the rewritten source calls helper ``h``: a string constant, ``'\x00agentrl:h'(...)``,
